@@ -1,0 +1,198 @@
+// Package config is the compiled sidecar configuration: the versioned
+// document that floodgate-manager writes into each namespace's
+// "floodgate-policies" ConfigMap, and that floodgate-sidecar reads from that
+// ConfigMap or, in standalone mode, from --policy-file (YAML or JSON).
+//
+// The schema is versioned by APIVersion. Parse is strict: unknown fields are
+// errors, so a typo never silently drops a limit. Validate reports every
+// problem at once, each with its field path.
+package config
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// APIVersion is the only schema version this package reads and writes.
+const APIVersion = "floodgate.dev/sidecar-config/v1"
+
+// ConfigMapName is the ConfigMap, one per namespace, that holds the compiled
+// config under the DataKey key.
+const (
+	ConfigMapName = "floodgate-policies"
+	DataKey       = "config.json"
+)
+
+// Config is the whole compiled document.
+type Config struct {
+	APIVersion string `json:"apiVersion"`
+	// Revision identifies this content. The manager sets it to a hash of
+	// the document, so equal inputs give equal revisions.
+	Revision string `json:"revision"`
+	// Store is the counter store the sidecars use.
+	Store Store `json:"store"`
+	// Policies are the policies of the namespace. A sidecar enforces those
+	// whose PodSelector matches its own labels.
+	Policies []Policy `json:"policies"`
+}
+
+// Store types.
+const (
+	StoreMemory = "memory"
+	StoreRedis  = "redis"
+)
+
+// Store is where counters live.
+type Store struct {
+	// Name is the CounterStore's name, for reporting.
+	Name string `json:"name,omitempty"`
+	// Type is "memory" (per-sidecar, standalone use) or "redis".
+	Type string `json:"type"`
+	// Addresses are the Redis Cluster seed addresses, host:port.
+	Addresses []string `json:"addresses,omitempty"`
+	// AuthSecretName names the Secret, in the sidecar's namespace, that
+	// holds the store password under the key "password".
+	AuthSecretName string `json:"authSecretName,omitempty"`
+	// TLS enables TLS to the store.
+	TLS *TLS `json:"tls,omitempty"`
+}
+
+// TLS configures TLS to the store.
+type TLS struct {
+	// CAFile verifies the store's certificates; empty uses the system pool.
+	CAFile string `json:"caFile,omitempty"`
+	// ServerName overrides the name checked in the store's certificate.
+	ServerName string `json:"serverName,omitempty"`
+	// InsecureSkipVerify disables verification. For testing only.
+	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"`
+}
+
+// Policy is one compiled RateLimitPolicy.
+type Policy struct {
+	Name       string `json:"name"`
+	Namespace  string `json:"namespace,omitempty"`
+	UID        string `json:"uid"`
+	Generation int64  `json:"generation,omitempty"`
+	// PodSelector selects the pods whose sidecars enforce this policy. Nil
+	// selects every pod.
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+	// Replicas is the number of ready pods the policy targets, at least 1.
+	// A rule that fails open falls back to a local bucket of
+	// limit/Replicas.
+	Replicas int32 `json:"replicas"`
+	// TrustedProxies says how X-Forwarded-For is read. Nil means the
+	// client IP is the socket peer.
+	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
+	// JWT says how tokens are verified before their claims may key a rule.
+	JWT   *JWT   `json:"jwt,omitempty"`
+	Rules []Rule `json:"rules"`
+}
+
+// TrustedProxies configures client-IP extraction.
+type TrustedProxies struct {
+	// CIDRs are the proxies whose X-Forwarded-For entries are believed. The
+	// client IP is the right-most address not in these ranges.
+	CIDRs []string `json:"cidrs,omitempty"`
+	// Hops, when non-zero, trusts exactly this many proxies in front of the
+	// pod: the client IP is the Hops-th address from the right.
+	Hops int32 `json:"hops,omitempty"`
+}
+
+// JWT configures the verification of bearer tokens.
+type JWT struct {
+	// Header carries the token; default "Authorization" with a "Bearer "
+	// prefix.
+	Header string `json:"header,omitempty"`
+	// HMACSecretFile holds the HMAC key for HS256/HS384/HS512 tokens.
+	HMACSecretFile string `json:"hmacSecretFile,omitempty"`
+	// JWKSFile holds a JSON Web Key Set for RS*/ES*/EdDSA tokens.
+	JWKSFile string `json:"jwksFile,omitempty"`
+	// Issuer and Audience, when set, must match the token's claims.
+	Issuer   string `json:"issuer,omitempty"`
+	Audience string `json:"audience,omitempty"`
+	// UpstreamVerified says a proxy in front of the pod already verified
+	// the token, so its claims are read without checking the signature.
+	UpstreamVerified bool `json:"upstreamVerified,omitempty"`
+}
+
+// Rule is one limit with the requests it applies to.
+type Rule struct {
+	// Name is unique within its policy.
+	Name  string `json:"name"`
+	Match Match  `json:"match,omitempty"`
+	// Key lists the descriptor parts whose values identify a counter.
+	Key []KeyPart `json:"key"`
+	// OnMissingKey says what happens when a key part cannot be read from a
+	// request: "Skip" (default) means the rule does not apply, "Shared"
+	// counts all such requests in one counter, "Reject" answers 400.
+	OnMissingKey string `json:"onMissingKey,omitempty"`
+	Limit        Limit  `json:"limit"`
+	Cost         Cost   `json:"cost,omitempty"`
+	// FailureMode is "Open" (default): fall back to a local bucket of
+	// limit/replicas when the store is unreachable, or "Closed": answer
+	// 503.
+	FailureMode string `json:"failureMode,omitempty"`
+	// Mode is "Enforce" (default) or "Shadow": count and report, never
+	// block.
+	Mode string `json:"mode,omitempty"`
+}
+
+// Match selects the requests a rule applies to. An empty Match selects all.
+type Match struct {
+	Path    *PathMatch    `json:"path,omitempty"`
+	Methods []string      `json:"methods,omitempty"`
+	Headers []HeaderMatch `json:"headers,omitempty"`
+}
+
+// Path match types.
+const (
+	PathExact             = "Exact"
+	PathPrefix            = "Prefix"
+	PathRegularExpression = "RegularExpression"
+)
+
+// PathMatch matches the request path.
+type PathMatch struct {
+	Type  string `json:"type"`
+	Value string `json:"value"`
+}
+
+// HeaderMatch matches a request header. Exact match on Value; an empty
+// Value only requires the header to be present.
+type HeaderMatch struct {
+	Name  string `json:"name"`
+	Value string `json:"value,omitempty"`
+}
+
+// KeyPart is one descriptor part. Exactly one field is set.
+type KeyPart struct {
+	Header   string    `json:"header,omitempty"`
+	Query    string    `json:"query,omitempty"`
+	ClientIP *struct{} `json:"clientIP,omitempty"`
+	JWTClaim string    `json:"jwtClaim,omitempty"`
+	Path     *struct{} `json:"path,omitempty"`
+	Method   *struct{} `json:"method,omitempty"`
+}
+
+// Limit is a rule's limit.
+type Limit struct {
+	Requests int64 `json:"requests"`
+	// Per is the period, between 1s and 366d.
+	Per metav1.Duration `json:"per"`
+	// Burst is the bucket capacity for TokenBucket and GCRA; 0 means
+	// Requests.
+	Burst int64 `json:"burst,omitempty"`
+	// Algorithm is TokenBucket (default), GCRA, SlidingWindow, FixedWindow
+	// or SlidingLog.
+	Algorithm string `json:"algorithm,omitempty"`
+}
+
+// Cost says what a request spends.
+type Cost struct {
+	// FromHeader reads the cost from this request header, when present.
+	FromHeader string `json:"fromHeader,omitempty"`
+	// Default is the cost when FromHeader is unset or absent; 0 means 1.
+	Default int64 `json:"default,omitempty"`
+	// Max bounds a header-supplied cost; larger values are rejected with
+	// 400. 0 means the rule's capacity.
+	Max int64 `json:"max,omitempty"`
+}

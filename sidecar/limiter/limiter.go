@@ -1,0 +1,162 @@
+// Package limiter holds floodgate's rate-limiting math: the algorithms, the
+// limit and decision types, and the Store interface that the in-memory and
+// Redis stores implement.
+//
+// The package is pure. It imports no Redis, no net/http and no Kubernetes,
+// and every function that needs the time takes it as a parameter.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Algorithm names a limiting algorithm.
+type Algorithm uint8
+
+// The algorithms floodgate implements. The zero value is invalid so that a
+// forgotten field is caught by Limit.Validate.
+const (
+	// TokenBucket refills continuously at Requests per Period up to a
+	// capacity of Burst (or Requests when Burst is 0).
+	TokenBucket Algorithm = iota + 1
+	// GCRA is the generic cell rate algorithm with redis-cell's CL.THROTTLE
+	// semantics.
+	GCRA
+	// SlidingWindow is the sliding-window counter: the previous window's
+	// count weighted by its overlap with the sliding window.
+	SlidingWindow
+	// FixedWindow counts in windows aligned to the Unix epoch.
+	FixedWindow
+	// SlidingLog keeps an exact log of admitted request timestamps.
+	SlidingLog
+)
+
+var algorithmNames = [...]string{
+	TokenBucket:   "TokenBucket",
+	GCRA:          "GCRA",
+	SlidingWindow: "SlidingWindow",
+	FixedWindow:   "FixedWindow",
+	SlidingLog:    "SlidingLog",
+}
+
+// String returns the algorithm's name as written in policies.
+func (a Algorithm) String() string {
+	if a == 0 || int(a) >= len(algorithmNames) {
+		return fmt.Sprintf("Algorithm(%d)", uint8(a))
+	}
+	return algorithmNames[a]
+}
+
+// ParseAlgorithm returns the algorithm with the given policy name.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, name := range algorithmNames {
+		if i > 0 && name == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q: want one of TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog", s)
+}
+
+// Bounds on a Limit. They keep every computation free of integer overflow
+// and exact in the Lua scripts, whose numbers are IEEE doubles.
+const (
+	MinPeriod   = time.Second
+	MaxPeriod   = 366 * 24 * time.Hour
+	MaxRequests = 1_000_000_000
+)
+
+// Limit is one rule's limit: Requests per Period, shaped by Algorithm.
+type Limit struct {
+	Algorithm Algorithm
+	// Requests is the number of requests admitted per Period. It sets the
+	// rate for TokenBucket and GCRA and the window count for the window
+	// algorithms.
+	Requests int64
+	// Period is the window length, or the time over which Requests tokens
+	// refill.
+	Period time.Duration
+	// Burst is the bucket capacity for TokenBucket and GCRA: how many
+	// requests a client that has been idle may send at once. 0 means
+	// Requests. The window algorithms reject a non-zero Burst.
+	Burst int64
+}
+
+// Capacity returns the most cost a single key can spend at once.
+func (l Limit) Capacity() int64 {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Requests
+}
+
+// Validate reports every problem with l at once.
+func (l Limit) Validate() error {
+	var errs []error
+	if l.Algorithm == 0 || int(l.Algorithm) >= len(algorithmNames) {
+		errs = append(errs, fmt.Errorf("algorithm: unknown algorithm %d", l.Algorithm))
+	}
+	if l.Requests <= 0 || l.Requests > MaxRequests {
+		errs = append(errs, fmt.Errorf("requests: must be between 1 and %d, got %d", MaxRequests, l.Requests))
+	}
+	if l.Period < MinPeriod || l.Period > MaxPeriod {
+		errs = append(errs, fmt.Errorf("per: must be between %v and %v, got %v", MinPeriod, MaxPeriod, l.Period))
+	}
+	if l.Burst < 0 || l.Burst > MaxRequests {
+		errs = append(errs, fmt.Errorf("burst: must be between 0 and %d, got %d", MaxRequests, l.Burst))
+	}
+	switch l.Algorithm {
+	case SlidingWindow, FixedWindow, SlidingLog:
+		if l.Burst != 0 {
+			errs = append(errs, fmt.Errorf("burst: only TokenBucket and GCRA take a burst, %v counts Requests per Period", l.Algorithm))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Decision is the answer for one request of some cost against one key.
+type Decision struct {
+	// Allowed reports whether the request is admitted. A denied request
+	// spends nothing.
+	Allowed bool
+	// Limit is the key's capacity (Limit.Capacity).
+	Limit int64
+	// Remaining is what the key may still spend now, after this request.
+	Remaining int64
+	// ResetAfter is how long until the key is back to full capacity.
+	ResetAfter time.Duration
+	// RetryAfter is how long until the same request would be admitted. It
+	// is 0 when Allowed, and at least one microsecond when denied.
+	RetryAfter time.Duration
+}
+
+// Request is one decision asked of a Store.
+type Request struct {
+	// Key is the counter identity: rule identity plus the hash of the
+	// descriptor values. It never holds raw client-supplied strings.
+	Key string
+	// Limit is the limit to apply. Changing it between calls keeps the
+	// key's state, so counters survive limit edits.
+	Limit Limit
+	// Cost is what the request spends. 0 is a peek.
+	Cost int64
+	// Now, when non-zero, overrides the store's own clock. Only tests set
+	// it; the Redis store otherwise reads Redis TIME.
+	Now time.Time
+}
+
+// ErrUnavailable marks a store error after which the caller cannot know the
+// shared count: the store is unreachable, timed out, or its circuit breaker
+// is open. Rules fall back to their failure mode on it. Stores wrap it with
+// %w so that errors.Is finds it.
+var ErrUnavailable = errors.New("counter store unavailable")
+
+// Store decides requests against keyed limiter state. Implementations are
+// safe for concurrent use.
+type Store interface {
+	// Take applies req atomically and returns the decision. An error
+	// wrapping ErrUnavailable means the state could not be reached.
+	Take(ctx context.Context, req Request) (Decision, error)
+}
