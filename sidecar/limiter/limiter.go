@@ -1,9 +1,3 @@
-// Package limiter holds floodgate's rate-limiting math: the algorithms, the
-// limit and decision types, and the Store interface that the in-memory and
-// Redis stores implement.
-//
-// The package is pure. It imports no Redis, no net/http and no Kubernetes,
-// and every function that needs the time takes it as a parameter.
 package limiter
 
 import (
@@ -61,11 +55,18 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 }
 
 // Bounds on a Limit. They keep every computation free of integer overflow
-// and exact in the Lua scripts, whose numbers are IEEE doubles.
+// and exact in the Lua scripts, whose numbers are IEEE doubles (see
+// ALGORITHMS.md, section 7).
 const (
 	MinPeriod   = time.Second
 	MaxPeriod   = 366 * 24 * time.Hour
 	MaxRequests = 1_000_000_000
+	// MaxLogRequests bounds Requests for SlidingLog, whose state holds one
+	// entry per admitted request in the window.
+	MaxLogRequests = 100_000
+	// MaxFillTime bounds how long an empty TokenBucket or GCRA bucket takes
+	// to refill (Capacity * Period / Requests).
+	MaxFillTime = 100 * MaxPeriod
 )
 
 // Limit is one rule's limit: Requests per Period, shaped by Algorithm.
@@ -103,6 +104,8 @@ func (l Limit) Validate() error {
 	}
 	if l.Period < MinPeriod || l.Period > MaxPeriod {
 		errs = append(errs, fmt.Errorf("per: must be between %v and %v, got %v", MinPeriod, MaxPeriod, l.Period))
+	} else if l.Period%time.Microsecond != 0 {
+		errs = append(errs, fmt.Errorf("per: must be a whole number of microseconds, got %v", l.Period))
 	}
 	if l.Burst < 0 || l.Burst > MaxRequests {
 		errs = append(errs, fmt.Errorf("burst: must be between 0 and %d, got %d", MaxRequests, l.Burst))
@@ -111,6 +114,15 @@ func (l Limit) Validate() error {
 	case SlidingWindow, FixedWindow, SlidingLog:
 		if l.Burst != 0 {
 			errs = append(errs, fmt.Errorf("burst: only TokenBucket and GCRA take a burst, %v counts Requests per Period", l.Algorithm))
+		}
+	}
+	if len(errs) == 0 {
+		// The checks below need the field bounds above to hold.
+		if l.Algorithm == SlidingLog && l.Requests > MaxLogRequests {
+			errs = append(errs, fmt.Errorf("requests: SlidingLog keeps one entry per admitted request, so it takes at most %d, got %d; use SlidingWindow for larger limits", MaxLogRequests, l.Requests))
+		}
+		if err := l.checkScale(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -159,4 +171,13 @@ type Store interface {
 	// Take applies req atomically and returns the decision. An error
 	// wrapping ErrUnavailable means the state could not be reached.
 	Take(ctx context.Context, req Request) (Decision, error)
+}
+
+// String formats d compactly, for logs and test failures.
+func (d Decision) String() string {
+	verdict := "deny"
+	if d.Allowed {
+		verdict = "allow"
+	}
+	return fmt.Sprintf("{%s limit=%d remaining=%d reset=%v retry=%v}", verdict, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter)
 }

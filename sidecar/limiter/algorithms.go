@@ -1,0 +1,273 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is the fixed-size state of one key for TokenBucket, GCRA,
+// FixedWindow and SlidingWindow, in the layout of ALGORITHMS.md:
+//
+//	TokenBucket    A = L (level, units)        B = T (last tick)
+//	GCRA           A = A (TAT, whole ticks)    B = F (TAT fraction, units)
+//	FixedWindow    A = W (window start, µs)    B = N (count)
+//	SlidingWindow  A = W (window start, µs)    B = cur             C = prev
+//
+// The zero State is absent, which every algorithm reads as a full key. A
+// State is written with the Params of the limit in force; a store keeps
+// those Params (or their identity) beside it so that a later limit edit can
+// convert it.
+type State struct {
+	A, B, C int64
+	// Set is false for an absent state.
+	Set bool
+}
+
+// Errors for bad requests. They are returned wrapped with the offending value.
+var (
+	// ErrNegativeCost is returned for a cost below zero.
+	ErrNegativeCost = errors.New("cost must not be negative")
+	// ErrTimeRange is returned for an instant before the Unix epoch or at
+	// or after 2^53 µs after it (year 2255), which the Lua scripts' doubles
+	// cannot hold exactly.
+	ErrTimeRange = errors.New("time out of range")
+)
+
+// checkTake validates the per-call inputs shared by every algorithm.
+func checkTake(nowUs, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("cost %d: %w", n, ErrNegativeCost)
+	}
+	if nowUs < 0 || nowUs >= maxNowMicros {
+		return fmt.Errorf("now %v: %w", time.UnixMicro(nowUs).UTC(), ErrTimeRange)
+	}
+	return nil
+}
+
+// Micros converts t to the integer microseconds since the Unix epoch that
+// every algorithm takes, rounding down.
+func Micros(t time.Time) int64 {
+	return t.UnixMicro()
+}
+
+// Take decides a request of cost n at nowUs (µs since the epoch) against
+// the fixed-size state s of p's algorithm, following ALGORITHMS.md. The
+// state was written under the Params sp; sp may be nil when s is absent or
+// when it was written under p. Take updates s and reports write = true only
+// when the request is admitted with a non-zero cost; a deny or a peek
+// leaves s untouched. For SlidingLog use TakeLog.
+//
+// Take does no I/O and does not retain s or sp. Callers serialise access to
+// one State.
+func (p *Params) Take(s *State, sp *Params, nowUs, n int64) (d Decision, write bool, err error) {
+	if err := checkTake(nowUs, n); err != nil {
+		return Decision{}, false, err
+	}
+	st := *s
+	if st.Set && sp != nil && sp.Limit.Algorithm != p.Limit.Algorithm {
+		// State of another algorithm means nothing here: start afresh.
+		st = State{}
+	}
+	switch p.Limit.Algorithm {
+	case TokenBucket:
+		d, write = p.tokenBucket(&st, sp, nowUs, n)
+	case GCRA:
+		d, write = p.gcra(&st, sp, nowUs, n)
+	case FixedWindow:
+		d, write = p.fixedWindow(&st, nowUs, n)
+	case SlidingWindow:
+		d, write = p.slidingWindow(&st, nowUs, n)
+	default:
+		return Decision{}, false, fmt.Errorf("take with %v: the algorithm has no fixed-size state, use TakeLog", p.Limit.Algorithm)
+	}
+	if write {
+		st.Set = true
+		*s = st
+	}
+	return d, write, nil
+}
+
+// sameScale reports whether a state written under sp reads the same under p.
+func (p *Params) sameScale(sp *Params) bool {
+	return sp == nil || sp == p ||
+		(sp.TickMicros == p.TickMicros && sp.TickUnits == p.TickUnits &&
+			sp.TokenUnits == p.TokenUnits && sp.Capacity == p.Capacity)
+}
+
+func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decision {
+	return Decision{
+		Allowed:    allowed,
+		Limit:      p.Capacity,
+		Remaining:  remaining,
+		ResetAfter: micros(resetUs),
+		RetryAfter: micros(retryUs),
+	}
+}
+
+func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
+	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
+	t := now / q
+	l, last := s.A, s.B
+	switch {
+	case !s.Set:
+		l, last = cu, t
+	case !p.sameScale(sp):
+		spent := min(sp.Capacity-l/sp.TokenUnits, c)
+		l = cu - spent*k
+		last = ceilDiv(last*sp.TickMicros, q)
+	}
+	if t > last {
+		e := min(t-last, p.FullTicks)
+		l = min(l+e*u, cu)
+		last = t
+	}
+	var allowed, write bool
+	var retry int64
+	switch {
+	case n > c:
+		retry = p.PeriodMicros
+	case n == 0:
+		allowed = true
+	case n*k <= l:
+		l -= n * k
+		allowed, write = true, true
+	default:
+		w := ceilDiv(n*k-l, u)
+		retry = (last+w)*q - now
+	}
+	var reset int64
+	if l != cu {
+		reset = (last+ceilDiv(cu-l, u))*q - now
+	}
+	s.A, s.B = l, last
+	return p.decision(allowed, l/k, reset, retry), write
+}
+
+func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
+	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
+	t := now / q
+	a, f := s.A, s.B
+	switch {
+	case !s.Set:
+		a, f = t, 0
+	case !p.sameScale(sp):
+		to := now / sp.TickMicros
+		bo := max(to, a-ceilDiv(sp.TokenUnits*sp.Capacity, sp.TickUnits))
+		var do int64
+		if a >= bo {
+			do = (a-bo)*sp.TickUnits + f
+		}
+		spent := min(ceilDiv(do, sp.TokenUnits), c)
+		debt := spent * k
+		b := ceilDiv(bo*sp.TickMicros, q)
+		a, f = b+debt/u, debt%u
+	}
+	b := max(t, a-p.FullTicks)
+	var debt int64
+	if a >= b {
+		debt = (a-b)*u + f
+	}
+	var allowed, write bool
+	var retry int64
+	switch {
+	case n > c:
+		retry = p.PeriodMicros
+	case n == 0:
+		allowed = true
+	case debt+n*k <= cu:
+		debt += n * k
+		a, f = b+debt/u, debt%u
+		allowed, write = true, true
+	default:
+		w := ceilDiv(debt+n*k-cu, u)
+		retry = (b+w)*q - now
+	}
+	var reset int64
+	if debt != 0 {
+		reset = (b+ceilDiv(debt, u))*q - now
+	}
+	s.A, s.B = a, f
+	return p.decision(allowed, max(0, cu-debt)/k, reset, retry), write
+}
+
+func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
+	per, c := p.PeriodMicros, p.Capacity
+	ws := now - now%per
+	w, cnt := s.A, s.B
+	if !s.Set || ws > w {
+		w, cnt = ws, 0
+	}
+	var allowed, write bool
+	var retry int64
+	switch {
+	case n > c:
+		retry = per
+	case n == 0:
+		allowed = true
+	case cnt+n <= c:
+		cnt += n
+		allowed, write = true, true
+	default:
+		retry = w + per - now
+	}
+	var reset int64
+	if cnt != 0 {
+		reset = w + per - now
+	}
+	s.A, s.B = w, cnt
+	return p.decision(allowed, max(0, c-cnt), reset, retry), write
+}
+
+func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
+	per, c, q, pw := p.PeriodMicros, p.Capacity, p.TickMicros, p.WindowTicks
+	ws := now - now%per
+	w, cur, prev := s.A, s.B, s.C
+	if !s.Set {
+		w, cur, prev = ws, 0, 0
+	} else if d := ws - w; d >= 2*per {
+		w, cur, prev = ws, 0, 0
+	} else if d > 0 {
+		w, cur, prev = ws, 0, cur
+	}
+	var e int64
+	if now > w {
+		e = (now - w) / q
+	}
+	x := prev*(pw-e) + cur*pw
+	var allowed, write bool
+	var retry int64
+	switch {
+	case n > c:
+		retry = per
+	case n == 0:
+		allowed = true
+	case x+n*pw <= c*pw:
+		cur += n
+		x += n * pw
+		allowed, write = true, true
+	default:
+		e2 := pw
+		if a := c - cur - n; a >= 0 {
+			e2 = pw - a*pw/prev
+		}
+		if e2 <= pw-1 {
+			retry = w + e2*q - now
+		} else if b := c - n; cur <= b {
+			retry = w + per - now
+		} else if e3 := pw - b*pw/cur; e3 <= pw-1 {
+			retry = w + per + e3*q - now
+		} else {
+			retry = w + 2*per - now
+		}
+	}
+	var reset int64
+	switch {
+	case cur > 0:
+		reset = w + 2*per - now
+	case prev > 0:
+		reset = w + per - now
+	}
+	s.A, s.B, s.C = w, cur, prev
+	return p.decision(allowed, max(0, c*pw-x)/pw, reset, retry), write
+}
