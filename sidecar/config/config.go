@@ -24,9 +24,12 @@ const (
 
 // Config is the whole compiled document.
 type Config struct {
+	// APIVersion must be APIVersion.
 	APIVersion string `json:"apiVersion"`
 	// Revision identifies this content. The manager sets it to a hash of
-	// the document, so equal inputs give equal revisions.
+	// the document, so equal inputs give equal revisions. It is optional in
+	// a standalone --policy-file; the sidecar then derives one from the
+	// file's bytes (Digest).
 	Revision string `json:"revision"`
 	// Store is the counter store the sidecars use.
 	Store Store `json:"store"`
@@ -45,7 +48,8 @@ const (
 type Store struct {
 	// Name is the CounterStore's name, for reporting.
 	Name string `json:"name,omitempty"`
-	// Type is "memory" (per-sidecar, standalone use) or "redis".
+	// Type is "memory" (per-sidecar, standalone use) or "redis". Empty
+	// leaves the choice to the sidecar's flags, whose default is memory.
 	Type string `json:"type"`
 	// Addresses are the Redis Cluster seed addresses, host:port.
 	Addresses []string `json:"addresses,omitempty"`
@@ -68,22 +72,29 @@ type TLS struct {
 
 // Policy is one compiled RateLimitPolicy.
 type Policy struct {
-	Name       string `json:"name"`
-	Namespace  string `json:"namespace,omitempty"`
-	UID        string `json:"uid"`
-	Generation int64  `json:"generation,omitempty"`
+	// Name is the RateLimitPolicy's name. It labels metrics and names the
+	// policy in the RateLimit-Policy response field.
+	Name string `json:"name"`
+	// Namespace is the RateLimitPolicy's namespace.
+	Namespace string `json:"namespace,omitempty"`
+	// UID is the RateLimitPolicy's UID. It prefixes every counter key, so
+	// it is restricted to letters, digits, '-', '_' and '.'.
+	UID string `json:"uid"`
+	// Generation is the RateLimitPolicy's metadata.generation.
+	Generation int64 `json:"generation,omitempty"`
 	// PodSelector selects the pods whose sidecars enforce this policy. Nil
 	// selects every pod.
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
-	// Replicas is the number of ready pods the policy targets, at least 1.
-	// A rule that fails open falls back to a local bucket of
-	// limit/Replicas.
+	// Replicas is the number of ready pods the policy targets. A rule that
+	// fails open falls back to a local bucket of limit/Replicas. 0 (unset)
+	// means 1; negative values are invalid.
 	Replicas int32 `json:"replicas"`
 	// TrustedProxies says how X-Forwarded-For is read. Nil means the
 	// client IP is the socket peer.
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
 	// JWT says how tokens are verified before their claims may key a rule.
-	JWT   *JWT   `json:"jwt,omitempty"`
+	JWT *JWT `json:"jwt,omitempty"`
+	// Rules are the policy's limits; at least one.
 	Rules []Rule `json:"rules"`
 }
 
@@ -116,17 +127,22 @@ type JWT struct {
 
 // Rule is one limit with the requests it applies to.
 type Rule struct {
-	// Name is unique within its policy.
-	Name  string `json:"name"`
-	Match Match  `json:"match,omitempty"`
-	// Key lists the descriptor parts whose values identify a counter.
+	// Name is unique within its policy: letters, digits, '-', '_' and
+	// '.', at most 63 characters.
+	Name string `json:"name"`
+	// Match selects the requests the rule applies to.
+	Match Match `json:"match,omitempty"`
+	// Key lists the descriptor parts whose values identify a counter. An
+	// empty Key gives the rule one counter shared by every request.
 	Key []KeyPart `json:"key"`
 	// OnMissingKey says what happens when a key part cannot be read from a
 	// request: "Skip" (default) means the rule does not apply, "Shared"
 	// counts all such requests in one counter, "Reject" answers 400.
 	OnMissingKey string `json:"onMissingKey,omitempty"`
-	Limit        Limit  `json:"limit"`
-	Cost         Cost   `json:"cost,omitempty"`
+	// Limit is the rule's limit.
+	Limit Limit `json:"limit"`
+	// Cost says what each request spends.
+	Cost Cost `json:"cost,omitempty"`
 	// FailureMode is "Open" (default): fall back to a local bucket of
 	// limit/replicas when the store is unreachable, or "Closed": answer
 	// 503.
@@ -136,10 +152,14 @@ type Rule struct {
 	Mode string `json:"mode,omitempty"`
 }
 
-// Match selects the requests a rule applies to. An empty Match selects all.
+// Match selects the requests a rule applies to. An empty Match selects all;
+// otherwise every field that is set must match.
 type Match struct {
-	Path    *PathMatch    `json:"path,omitempty"`
-	Methods []string      `json:"methods,omitempty"`
+	// Path matches the cleaned request path.
+	Path *PathMatch `json:"path,omitempty"`
+	// Methods, when non-empty, lists the accepted request methods.
+	Methods []string `json:"methods,omitempty"`
+	// Headers must all match.
 	Headers []HeaderMatch `json:"headers,omitempty"`
 }
 
@@ -150,31 +170,56 @@ const (
 	PathRegularExpression = "RegularExpression"
 )
 
-// PathMatch matches the request path.
+// PathMatch matches the request path, after the sidecar has cleaned it
+// (path.Clean, keeping a trailing slash), so "/a/../admin" and "//admin" are
+// matched as "/admin".
+//
+// Exact compares the whole path. Prefix compares whole path elements, as the
+// Gateway API's PathPrefix does: "/api" matches "/api", "/api/" and
+// "/api/v1" but not "/apiv1"; a trailing slash in Value is ignored.
+// RegularExpression is an RE2 expression that must match the whole path.
 type PathMatch struct {
-	Type  string `json:"type"`
+	// Type is Exact, Prefix or RegularExpression.
+	Type string `json:"type"`
+	// Value is the path, prefix or expression.
 	Value string `json:"value"`
 }
 
 // HeaderMatch matches a request header. Exact match on Value; an empty
 // Value only requires the header to be present.
 type HeaderMatch struct {
-	Name  string `json:"name"`
+	// Name is the header name, matched case-insensitively.
+	Name string `json:"name"`
+	// Value, when set, must equal one of the header's values.
 	Value string `json:"value,omitempty"`
 }
 
-// KeyPart is one descriptor part. Exactly one field is set.
+// KeyPart is one descriptor part. Exactly one field is set. The values read
+// are hashed into the counter key, never embedded in it.
 type KeyPart struct {
-	Header   string    `json:"header,omitempty"`
-	Query    string    `json:"query,omitempty"`
+	// Header reads the named request header; several values are joined
+	// with ",". An absent header is a missing part.
+	Header string `json:"header,omitempty"`
+	// Query reads the first value of the named query parameter. An absent
+	// parameter is a missing part.
+	Query string `json:"query,omitempty"`
+	// ClientIP reads the client address: the socket peer, or the
+	// X-Forwarded-For entry that the policy's TrustedProxies select.
 	ClientIP *struct{} `json:"clientIP,omitempty"`
-	JWTClaim string    `json:"jwtClaim,omitempty"`
-	Path     *struct{} `json:"path,omitempty"`
-	Method   *struct{} `json:"method,omitempty"`
+	// JWTClaim reads a claim of the request's verified bearer token (see
+	// Policy.JWT). A dotted name ("org.id") reads a nested claim when no
+	// top-level claim has that exact name. A missing, unverifiable or
+	// forged token is a missing part.
+	JWTClaim string `json:"jwtClaim,omitempty"`
+	// Path reads the cleaned request path.
+	Path *struct{} `json:"path,omitempty"`
+	// Method reads the request method.
+	Method *struct{} `json:"method,omitempty"`
 }
 
 // Limit is a rule's limit.
 type Limit struct {
+	// Requests is the number of requests admitted per Per.
 	Requests int64 `json:"requests"`
 	// Per is the period, between 1s and 366d.
 	Per metav1.Duration `json:"per"`
