@@ -1,0 +1,59 @@
+package v1alpha1
+
+// Condition types of a RateLimitPolicy.
+const (
+	// ConditionAccepted is True when the spec is valid. When False, the
+	// message names every invalid field, and the last accepted generation,
+	// if any, keeps running.
+	ConditionAccepted = "Accepted"
+	// ConditionResolvedRefs is True when the policy's CounterStore exists
+	// and is Ready.
+	ConditionResolvedRefs = "ResolvedRefs"
+	// ConditionProgrammed is True when the targeted sidecars enforce the
+	// policy's current generation.
+	ConditionProgrammed = "Programmed"
+)
+
+// Condition reasons of a RateLimitPolicy.
+const (
+	// ReasonAccepted: the spec is valid.
+	ReasonAccepted = "Accepted"
+	// ReasonInvalid: the spec has errors that the API server's schema and
+	// CEL rules cannot catch, such as a regular expression that does not
+	// compile.
+	ReasonInvalid = "Invalid"
+
+	// ReasonResolvedRefs: the CounterStore exists and is Ready.
+	ReasonResolvedRefs = "ResolvedRefs"
+	// ReasonStoreNotFound: no CounterStore has the referenced name.
+	ReasonStoreNotFound = "StoreNotFound"
+	// ReasonStoreNotReady: the CounterStore exists but is not Ready, or
+	// publishes no endpoints yet.
+	ReasonStoreNotReady = "StoreNotReady"
+	// ReasonStoreConflict: another policy of the namespace, created
+	// earlier, uses a different CounterStore. A namespace's sidecars share
+	// one store.
+	ReasonStoreConflict = "StoreConflict"
+
+	// ReasonWaitingForSidecars: the policy is compiled into the
+	// namespace's ConfigMap, and the sidecars have not yet reported it
+	// loaded.
+	ReasonWaitingForSidecars = "WaitingForSidecars"
+	// ReasonPending: the current generation cannot be compiled until it is
+	// Accepted and its references resolve. The message says whether an
+	// earlier generation keeps running.
+	ReasonPending = "Pending"
+	// ReasonConfigMapError: writing the namespace's ConfigMap failed; the
+	// manager retries with backoff.
+	ReasonConfigMapError = "ConfigMapError"
+)
+
+// Condition types of a CounterStore.
+const (
+	// ConditionReady is True when every hash slot is served and the
+	// endpoints are published.
+	ConditionReady = "Ready"
+	// ConditionDegraded is True when the store serves every slot but has
+	// lost redundancy, for example a shard without a healthy replica.
+	ConditionDegraded = "Degraded"
+)
