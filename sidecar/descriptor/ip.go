@@ -1,0 +1,111 @@
+package descriptor
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// IPResolver finds a request's client address. The zero value, and a nil
+// *IPResolver, use the socket peer and never read X-Forwarded-For.
+//
+// With CIDRs, X-Forwarded-For is read only when the socket peer is inside
+// them, and the client is the right-most entry that is not. With Hops, the
+// client is the Hops-th entry from the right (the left-most when there are
+// fewer); combined with CIDRs, the peer must also be trusted. An entry that
+// is not an address is never believed: the resolver then answers the hop
+// that appended it. An IResolver is immutable and safe for concurrent use.
+type IPResolver struct {
+	cidrs []netip.Prefix
+	hops  int
+}
+
+// NewIPResolver builds the resolver for a policy's TrustedProxies.
+func NewIPResolver(tp *config.TrustedProxies) (*IPResolver, error) {
+	r := &IPResolver{}
+	if tp == nil {
+		return r, nil
+	}
+	for _, c := range tp.CIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, err
+		}
+		r.cidrs = append(r.cidrs, p.Masked())
+	}
+	r.hops = int(tp.Hops)
+	return r, nil
+}
+
+// ClientIP returns the client address of a request whose socket peer is
+// remoteAddr (host:port, as http.Request.RemoteAddr). It returns the zero
+// Addr when not even the peer is an IP address.
+func (r *IPResolver) ClientIP(remoteAddr string, h http.Header) netip.Addr {
+	peer := parseAddr(remoteAddr)
+	if r == nil || (len(r.cidrs) == 0 && r.hops == 0) || !peer.IsValid() {
+		return peer
+	}
+	if len(r.cidrs) > 0 && !r.trusted(peer) {
+		return peer
+	}
+	xff := h["X-Forwarded-For"]
+	last := peer // the hop to the right of the entry being read
+	seen := 0
+	for i := len(xff) - 1; i >= 0; i-- {
+		line := xff[i]
+		for line != "" {
+			entry := line
+			if j := strings.LastIndexByte(line, ','); j >= 0 {
+				entry, line = line[j+1:], line[:j]
+			} else {
+				line = ""
+			}
+			entry = strings.TrimSpace(entry)
+			if entry == "" {
+				continue
+			}
+			a := parseAddr(entry)
+			if !a.IsValid() {
+				return last
+			}
+			seen++
+			if r.hops > 0 {
+				if seen == r.hops {
+					return a
+				}
+			} else if !r.trusted(a) {
+				return a
+			}
+			last = a
+		}
+	}
+	return last
+}
+
+func (r *IPResolver) trusted(a netip.Addr) bool {
+	for _, p := range r.cidrs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseAddr reads "ip", "ip:port", "[ip]:port" or "[ip]"; IPv4-mapped IPv6
+// addresses are unmapped and zones dropped so one client has one form.
+func parseAddr(s string) netip.Addr {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap().WithZone("")
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap().WithZone("")
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return a.Unmap().WithZone("")
+		}
+	}
+	return netip.Addr{}
+}

@@ -1,0 +1,218 @@
+package descriptor
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// JWTVerifier reads claims from a request's bearer token. It only returns
+// claims from a token whose signature verified against the configured HMAC
+// secret or JSON Web Key Set, or from any well-formed token when the policy
+// says an upstream proxy verified it.
+//
+// Algorithm confusion is ruled out by construction: the accepted algorithms
+// are exactly those of the configured keys (HS* only with an HMAC secret,
+// RS*/PS*/ES*/EdDSA only with a JWKS), "none" is never accepted, and a key
+// is only used with algorithms of its own type (an RSA public key is never
+// an HMAC secret). A JWTVerifier is immutable and safe for concurrent use.
+type JWTVerifier struct {
+	header   string
+	bearer   bool
+	upstream bool
+	parser   *jwt.Parser
+	hmac     []byte
+	keys     []jose.JSONWebKey
+}
+
+// NewJWTVerifier loads the keys a policy's JWT section names.
+func NewJWTVerifier(c *config.JWT) (*JWTVerifier, error) {
+	v := &JWTVerifier{header: "Authorization", bearer: true, upstream: c.UpstreamVerified}
+	if c.Header != "" {
+		v.header = http.CanonicalHeaderKey(c.Header)
+		v.bearer = v.header == "Authorization"
+	}
+	var methods []string
+	if c.HMACSecretFile != "" {
+		b, err := os.ReadFile(c.HMACSecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("read hmac secret: %w", err)
+		}
+		b = []byte(strings.TrimRight(string(b), "\r\n"))
+		if len(b) < 32 {
+			return nil, fmt.Errorf("hmac secret in %s is %d bytes, want at least 32", c.HMACSecretFile, len(b))
+		}
+		v.hmac = b
+		methods = append(methods, "HS256", "HS384", "HS512")
+	}
+	if c.JWKSFile != "" {
+		b, err := os.ReadFile(c.JWKSFile)
+		if err != nil {
+			return nil, fmt.Errorf("read jwks: %w", err)
+		}
+		var set jose.JSONWebKeySet
+		if err := json.Unmarshal(b, &set); err != nil {
+			return nil, fmt.Errorf("parse jwks %s: %w", c.JWKSFile, err)
+		}
+		for i, k := range set.Keys {
+			k = k.Public()
+			switch k.Key.(type) {
+			case *rsa.PublicKey, *ecdsa.PublicKey, ed25519.PublicKey:
+			default:
+				return nil, fmt.Errorf("jwks %s: key %d (kid %q): only RSA, EC and Ed25519 public keys are accepted, got %T", c.JWKSFile, i, k.KeyID, set.Keys[i].Key)
+			}
+			v.keys = append(v.keys, k)
+		}
+		if len(v.keys) == 0 {
+			return nil, fmt.Errorf("jwks %s holds no keys", c.JWKSFile)
+		}
+		methods = append(methods, "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+	}
+	if !v.upstream && len(methods) == 0 {
+		return nil, errors.New("no hmac secret or jwks to verify tokens with")
+	}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(methods)}
+	if c.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(c.Issuer))
+	}
+	if c.Audience != "" {
+		opts = append(opts, jwt.WithAudience(c.Audience))
+	}
+	v.parser = jwt.NewParser(opts...)
+	return v, nil
+}
+
+// token returns the raw token of a request, or "".
+func (v *JWTVerifier) token(h http.Header) string {
+	s := h.Get(v.header)
+	if v.bearer {
+		const p = "bearer "
+		if len(s) <= len(p) || !strings.EqualFold(s[:len(p)], p) {
+			return ""
+		}
+		s = s[len(p):]
+	}
+	return strings.TrimSpace(s)
+}
+
+// Claims returns the claims of the request's token, or nil when there is
+// no token or it does not verify.
+func (v *JWTVerifier) Claims(h http.Header) jwt.MapClaims {
+	raw := v.token(h)
+	if raw == "" {
+		return nil
+	}
+	claims := jwt.MapClaims{}
+	if v.upstream {
+		// An upstream proxy verified the signature; the claims must still
+		// be well formed and current.
+		if _, _, err := v.parser.ParseUnverified(raw, claims); err != nil {
+			return nil
+		}
+		if err := jwt.NewValidator().Validate(claims); err != nil {
+			return nil
+		}
+		return claims
+	}
+	if _, err := v.parser.ParseWithClaims(raw, claims, v.key); err != nil {
+		return nil
+	}
+	return claims
+}
+
+// key picks the verification key for a token by its algorithm and kid.
+func (v *JWTVerifier) key(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
+		if v.hmac == nil {
+			return nil, errors.New("hmac tokens are not accepted")
+		}
+		return v.hmac, nil
+	}
+	kid, _ := t.Header["kid"].(string)
+	var set jwt.VerificationKeySet
+	for _, k := range v.keys {
+		if kid != "" && k.KeyID != kid {
+			continue
+		}
+		if k.Algorithm != "" && k.Algorithm != alg {
+			continue
+		}
+		if keyFits(alg, k.Key) {
+			set.Keys = append(set.Keys, k.Key)
+		}
+	}
+	if len(set.Keys) == 0 {
+		return nil, fmt.Errorf("no key for alg %s, kid %q", alg, kid)
+	}
+	return set, nil
+}
+
+// keyFits reports whether a key's type belongs to an algorithm.
+func keyFits(alg string, key any) bool {
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		return strings.HasPrefix(alg, "RS") || strings.HasPrefix(alg, "PS")
+	case *ecdsa.PublicKey:
+		switch alg {
+		case "ES256":
+			return k.Curve == elliptic.P256()
+		case "ES384":
+			return k.Curve == elliptic.P384()
+		case "ES512":
+			return k.Curve == elliptic.P521()
+		}
+	case ed25519.PublicKey:
+		return alg == "EdDSA"
+	}
+	return false
+}
+
+// claimValue renders a claim as the bytes a key part hashes. Dotted names
+// read nested claims when there is no top-level claim of that name.
+func claimValue(c jwt.MapClaims, name string, buf []byte) ([]byte, bool) {
+	v, ok := c[name]
+	if !ok && strings.Contains(name, ".") {
+		var cur any = map[string]any(c)
+		for _, seg := range strings.Split(name, ".") {
+			m, isMap := cur.(map[string]any)
+			if !isMap {
+				return buf, false
+			}
+			if cur, ok = m[seg]; !ok {
+				return buf, false
+			}
+		}
+		v = cur
+	}
+	if !ok || v == nil {
+		return buf, false
+	}
+	switch x := v.(type) {
+	case string:
+		return append(buf, x...), true
+	case float64:
+		return strconv.AppendFloat(buf, x, 'f', -1, 64), true
+	case bool:
+		return strconv.AppendBool(buf, x), true
+	default:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return buf, false
+		}
+		return append(buf, b...), true
+	}
+}
