@@ -1,0 +1,732 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configures a cluster. The zero value is a 3-master cluster
+// without replicas.
+type Options struct {
+	// Masters is the number of masters, 1 to 16. 0 means 3.
+	Masters int
+	// Replicas is the number of replicas of each master, 0 to 5.
+	Replicas int
+	// NodeTimeout is cluster-node-timeout: how long a node may be
+	// unreachable before it is failed over. 0 means 2s. Fault tests that
+	// wait for a failover lower it to 1s.
+	NodeTimeout time.Duration
+	// PartialCoverage sets cluster-require-full-coverage no, so that the
+	// other shards keep serving while one shard has no master. Redis's
+	// default (false here) stops the whole cluster.
+	PartialCoverage bool
+	// Password, when set, is required of clients (requirepass) and used
+	// between nodes (masterauth).
+	Password string
+	// ExtraArgs are appended to every redis-server command line, for
+	// example []string{"--maxmemory", "64mb"}.
+	ExtraArgs []string
+	// StartTimeout bounds starting and forming the cluster. 0 means 60s.
+	StartTimeout time.Duration
+}
+
+func (o *Options) setDefaults() error {
+	if o.Masters == 0 {
+		o.Masters = 3
+	}
+	if o.NodeTimeout == 0 {
+		o.NodeTimeout = 2 * time.Second
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 60 * time.Second
+	}
+	var errs []error
+	if o.Masters < 1 || o.Masters > 16 {
+		errs = append(errs, fmt.Errorf("masters: must be between 1 and 16, got %d", o.Masters))
+	}
+	if o.Replicas < 0 || o.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("replicas: must be between 0 and 5, got %d", o.Replicas))
+	}
+	if o.NodeTimeout < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("nodeTimeout: must be at least 100ms, got %v", o.NodeTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redistest: invalid options: %w", err)
+	}
+	return nil
+}
+
+// Cluster is a running Redis Cluster of local redis-server processes on
+// loopback. Its methods are safe for concurrent use.
+type Cluster struct {
+	opts  Options
+	dir   string
+	owned bool // dir was made by NewCluster and is removed by Close
+	nodes []*Node
+
+	closeOnce sync.Once
+}
+
+// Node is one redis-server process of a cluster. Its role can change under
+// failover; ask the cluster (Masters, MasterForKey, Topology) for the
+// current one.
+type Node struct {
+	c    *Cluster
+	idx  int
+	id   string
+	proc *process
+
+	mu        sync.Mutex
+	lastSlots []SlotRange // slots served when last killed or paused
+}
+
+// StartCluster starts and forms a cluster for tb and registers its teardown
+// with tb.Cleanup. It fails tb when redis-server is missing or the cluster
+// cannot be formed.
+func StartCluster(tb testing.TB, opts Options) *Cluster {
+	tb.Helper()
+	c, err := newCluster(opts, tb.TempDir(), false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// NewCluster starts and forms a cluster outside any test, for TestMain.
+// The caller must call Close. Even without Close, the nodes die with the
+// process.
+func NewCluster(opts Options) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "redistest-cluster-")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: temp dir: %w", err)
+	}
+	c, err := newCluster(opts, dir, true)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+// Main starts one cluster for a whole test package: call it from TestMain.
+// It hands the cluster to set, runs the tests, tears the cluster down and
+// exits with the tests' code.
+//
+//	var cluster *redistest.Cluster
+//
+//	func TestMain(m *testing.M) {
+//		redistest.Main(m, redistest.Options{Masters: 3, Replicas: 1}, func(c *redistest.Cluster) { cluster = c })
+//	}
+func Main(m *testing.M, opts Options, set func(*Cluster)) {
+	c, err := NewCluster(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	set(c)
+	code := m.Run()
+	c.Close()
+	os.Exit(code)
+}
+
+func newCluster(opts Options, dir string, owned bool) (*Cluster, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	bin, err := FindServer()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts, dir: dir, owned: owned}
+	total := opts.Masters * (1 + opts.Replicas)
+	for i := range total {
+		c.nodes = append(c.nodes, &Node{c: c, idx: i, proc: &process{
+			bin:      bin,
+			dir:      filepath.Join(dir, "node"+strconv.Itoa(i)),
+			password: opts.Password,
+			cluster:  true,
+			extra:    opts.ExtraArgs,
+		}})
+	}
+	deadline := time.Now().Add(opts.StartTimeout)
+	if err := c.startAll(deadline); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := c.form(deadline); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redistest: forming a %d-master cluster with %d replicas each: %w", opts.Masters, opts.Replicas, err)
+	}
+	return c, nil
+}
+
+func (c *Cluster) startAll(deadline time.Time) error {
+	errs := make([]error, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() {
+			errs[i] = n.proc.start(c.opts.NodeTimeout, c.opts.PartialCoverage, time.Until(deadline))
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// form joins the started nodes into a cluster the way redis-cli --cluster
+// create does: distinct config epochs, contiguous slot ranges for the
+// masters, MEET, then REPLICATE.
+func (c *Cluster) form(deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	m := c.opts.Masters
+	for i, n := range c.nodes {
+		cl := n.Client()
+		id, err := cl.ClusterMyID(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("cluster myid on %s: %w", n.Addr(), err)
+		}
+		n.id = id
+		if err := cl.Do(ctx, "cluster", "set-config-epoch", i+1).Err(); err != nil {
+			return fmt.Errorf("set-config-epoch on %s: %w", n.Addr(), err)
+		}
+		if i < m {
+			start, end := i*16384/m, (i+1)*16384/m-1
+			if err := cl.Do(ctx, "cluster", "addslotsrange", start, end).Err(); err != nil {
+				return fmt.Errorf("addslotsrange %d-%d on %s: %w", start, end, n.Addr(), err)
+			}
+		}
+	}
+	// Meeting every pair converges faster than waiting for gossip.
+	for i, a := range c.nodes {
+		for _, b := range c.nodes[i+1:] {
+			host, port := b.hostPort()
+			if err := a.Client().ClusterMeet(ctx, host, strconv.Itoa(port)).Err(); err != nil {
+				return fmt.Errorf("cluster meet %s -> %s: %w", a.Addr(), b.Addr(), err)
+			}
+		}
+	}
+	if err := c.waitAllKnown(ctx); err != nil {
+		return err
+	}
+	for i := m; i < len(c.nodes); i++ {
+		master := c.nodes[i%m]
+		if err := c.nodes[i].Client().ClusterReplicate(ctx, master.id).Err(); err != nil {
+			return fmt.Errorf("cluster replicate %s -> %s: %w", c.nodes[i].Addr(), master.Addr(), err)
+		}
+	}
+	return c.WaitClusterOK(time.Until(deadline))
+}
+
+// waitAllKnown waits until every node knows every other, out of handshake
+// and connected.
+func (c *Cluster) waitAllKnown(ctx context.Context) error {
+	var last error
+	for {
+		last = nil
+		for _, n := range c.nodes {
+			view, err := n.view(ctx)
+			if err != nil {
+				last = err
+				break
+			}
+			linked := 0
+			for _, v := range view {
+				if !v.HasFlag("handshake") && (v.Connected || v.HasFlag("myself")) {
+					linked++
+				}
+			}
+			if linked != len(c.nodes) {
+				last = fmt.Errorf("%s links %d of %d nodes", n.Addr(), linked, len(c.nodes))
+				break
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nodes did not all meet: %w", last)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Close kills every node and removes the cluster's files. It is idempotent.
+func (c *Cluster) Close() {
+	c.closeOnce.Do(func() {
+		var wg sync.WaitGroup
+		for _, n := range c.nodes {
+			wg.Go(n.proc.close)
+		}
+		wg.Wait()
+		if c.owned {
+			os.RemoveAll(c.dir)
+		}
+	})
+}
+
+// Nodes returns every node, masters first in their formation order, then
+// the replicas.
+func (c *Cluster) Nodes() []*Node { return append([]*Node(nil), c.nodes...) }
+
+// Addrs returns the addresses of the running nodes, the seed list for a
+// cluster client.
+func (c *Cluster) Addrs() []string {
+	var out []string
+	for _, n := range c.nodes {
+		if alive, _ := n.proc.state(); alive {
+			out = append(out, n.Addr())
+		}
+	}
+	return out
+}
+
+// Password returns the password clients must send, or "".
+func (c *Cluster) Password() string { return c.opts.Password }
+
+// NewClient returns a go-redis cluster client for the cluster. The caller
+// closes it.
+func (c *Cluster) NewClient() *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:       c.Addrs(),
+		Password:    c.opts.Password,
+		DialTimeout: time.Second,
+		ReadTimeout: 2 * time.Second,
+	})
+}
+
+// liveNodes returns the nodes that run and are not paused.
+func (c *Cluster) liveNodes() []*Node {
+	var out []*Node
+	for _, n := range c.nodes {
+		if alive, paused := n.proc.state(); alive && !paused {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (c *Cluster) byID(id string) *Node {
+	for _, n := range c.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// Topology returns the cluster as the first live node sees it.
+func (c *Cluster) Topology(ctx context.Context) ([]NodeInfo, error) {
+	live := c.liveNodes()
+	if len(live) == 0 {
+		return nil, errors.New("redistest: no live node to ask")
+	}
+	return live[0].view(ctx)
+}
+
+// Masters returns the nodes that serve slots as masters and are not failed,
+// as the first live node sees it.
+func (c *Cluster) Masters(ctx context.Context) ([]*Node, error) {
+	view, err := c.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Node
+	for _, v := range view {
+		if v.IsMaster() && len(v.Slots) > 0 && !v.Failing() {
+			if n := c.byID(v.ID); n != nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ReplicasOf returns the nodes replicating master, as the first live node
+// sees it.
+func (c *Cluster) ReplicasOf(ctx context.Context, master *Node) ([]*Node, error) {
+	view, err := c.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Node
+	for _, v := range view {
+		if v.MasterID == master.id {
+			if n := c.byID(v.ID); n != nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out, nil
+}
+
+// KeySlot returns the hash slot of key, computed by Redis (CLUSTER KEYSLOT).
+func (c *Cluster) KeySlot(ctx context.Context, key string) (int, error) {
+	live := c.liveNodes()
+	if len(live) == 0 {
+		return 0, errors.New("redistest: no live node to ask")
+	}
+	slot, err := live[0].Client().ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redistest: cluster keyslot: %w", err)
+	}
+	return int(slot), nil
+}
+
+// MasterForSlot returns the master serving slot, as the first live node
+// sees it.
+func (c *Cluster) MasterForSlot(ctx context.Context, slot int) (*Node, error) {
+	view, err := c.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range view {
+		if v.IsMaster() && v.Owns(slot) {
+			if n := c.byID(v.ID); n != nil {
+				return n, nil
+			}
+			return nil, fmt.Errorf("redistest: slot %d is served by unknown node %s", slot, v.ID)
+		}
+	}
+	return nil, fmt.Errorf("redistest: slot %d is not served", slot)
+}
+
+// MasterForKey returns the master serving key's slot.
+func (c *Cluster) MasterForKey(ctx context.Context, key string) (*Node, error) {
+	slot, err := c.KeySlot(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return c.MasterForSlot(ctx, slot)
+}
+
+// recordSlots remembers which slots n serves, as a peer sees it, before a
+// fault is injected, so WaitForFailover knows what to wait for.
+func (c *Cluster) recordSlots(n *Node) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var slots []SlotRange
+	for _, peer := range append(c.liveNodesExcept(n), n) {
+		view, err := peer.view(ctx)
+		if err != nil {
+			continue
+		}
+		for _, v := range view {
+			if v.ID == n.id && v.IsMaster() {
+				slots = v.Slots
+			}
+		}
+		break
+	}
+	n.mu.Lock()
+	n.lastSlots = slots
+	n.mu.Unlock()
+}
+
+func (c *Cluster) liveNodesExcept(n *Node) []*Node {
+	var out []*Node
+	for _, m := range c.liveNodes() {
+		if m != n {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Kill sends SIGKILL to n and waits for it to exit. Its data is lost (no
+// persistence); Restart brings it back empty with the same node ID.
+func (c *Cluster) Kill(n *Node) error {
+	if alive, _ := n.proc.state(); !alive {
+		return fmt.Errorf("redistest: kill %s: not running", n.Addr())
+	}
+	c.recordSlots(n)
+	n.proc.mu.Lock()
+	n.proc.killLocked()
+	n.proc.mu.Unlock()
+	return nil
+}
+
+// Pause stops n with SIGSTOP: its sockets stay open but it answers nothing,
+// like a hung host.
+func (c *Cluster) Pause(n *Node) error {
+	c.recordSlots(n)
+	return n.proc.signal(syscall.SIGSTOP)
+}
+
+// Resume continues a paused node with SIGCONT.
+func (c *Cluster) Resume(n *Node) error { return n.proc.signal(syscall.SIGCONT) }
+
+// Restart starts a killed node again on its address, with its node ID and
+// cluster config kept. It waits until the node answers PING; call
+// WaitClusterOK to wait until the cluster has taken it back.
+func (c *Cluster) Restart(n *Node) error {
+	host, _ := n.hostPort()
+	return c.restart(n, host)
+}
+
+// RestartAt starts a killed node again on a new loopback host (for example
+// 127.0.0.2) with the same port and node ID, announcing the new address
+// with --cluster-announce-ip, as a pod rescheduled with a new IP would.
+func (c *Cluster) RestartAt(n *Node, host string) error {
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+		return fmt.Errorf("redistest: restart %s at %q: want an IPv4 loopback address such as 127.0.0.2", n.Addr(), host)
+	}
+	return c.restart(n, host)
+}
+
+func (c *Cluster) restart(n *Node, host string) error {
+	p := n.proc
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.aliveLocked() {
+		return fmt.Errorf("redistest: restart %s: still running, Kill it first", p.addrLocked())
+	}
+	if host != p.host && !portsFree(host, p.port) {
+		return fmt.Errorf("redistest: restart at %s:%d: port or bus port in use", host, p.port)
+	}
+	if err := p.spawnLocked(host, c.opts.NodeTimeout, c.opts.PartialCoverage, 30*time.Second); err != nil {
+		return fmt.Errorf("redistest: restart %s: %w", n.id, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	id, err := p.client.ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("redistest: restart %s: cluster myid: %w", p.addrLocked(), err)
+	}
+	if id != n.id {
+		return fmt.Errorf("redistest: restart %s: came back as node %s, want %s", p.addrLocked(), id, n.id)
+	}
+	return nil
+}
+
+// WaitClusterOK waits until every running, unpaused node reports
+// cluster_state:ok with all 16384 slots served, all of them agree on which
+// node serves each slot, every slot's master is running and not failed in
+// anyone's view, no running node is flagged as failing, and every running
+// replica's link to its master is up.
+func (c *Cluster) WaitClusterOK(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		err := c.clusterOK(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redistest: cluster not ok after %v: %w", timeout, err)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) clusterOK(ctx context.Context) error {
+	live := c.liveNodes()
+	if len(live) == 0 {
+		return errors.New("no live node")
+	}
+	liveIDs := map[string]bool{}
+	for _, n := range live {
+		liveIDs[n.id] = true
+	}
+	var owners string
+	for i, n := range live {
+		info, err := n.Client().ClusterInfo(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("cluster info on %s: %w", n.Addr(), err)
+		}
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
+			return fmt.Errorf("%s: %s", n.Addr(), infoSummary(info))
+		}
+		view, err := n.view(ctx)
+		if err != nil {
+			return err
+		}
+		self := ""
+		for _, v := range view {
+			if v.HasFlag("myself") {
+				if v.MasterID != "" {
+					self = v.MasterID
+				}
+				continue
+			}
+			if liveIDs[v.ID] && v.Failing() {
+				return fmt.Errorf("%s still flags live node %s as %v", n.Addr(), v.Addr, v.Flags)
+			}
+			if v.IsMaster() && len(v.Slots) > 0 && (!liveIDs[v.ID] || v.Failing()) {
+				return fmt.Errorf("%s routes slots to %s, which is down", n.Addr(), v.Addr)
+			}
+		}
+		o := slotOwners(view)
+		if i == 0 {
+			owners = o
+		} else if o != owners {
+			return fmt.Errorf("%s disagrees with %s on slot owners", n.Addr(), live[0].Addr())
+		}
+		if self != "" {
+			repl, err := n.Client().Info(ctx, "replication").Result()
+			if err != nil {
+				return fmt.Errorf("info replication on %s: %w", n.Addr(), err)
+			}
+			if !strings.Contains(repl, "master_link_status:up") {
+				return fmt.Errorf("replica %s has no link to its master yet", n.Addr())
+			}
+		}
+	}
+	return nil
+}
+
+// WaitForFailover waits until the slots that n served when it was killed or
+// paused are served by another running master, in every live node's view,
+// and returns that master.
+func (c *Cluster) WaitForFailover(n *Node, timeout time.Duration) (*Node, error) {
+	n.mu.Lock()
+	slots := n.lastSlots
+	n.mu.Unlock()
+	if len(slots) == 0 {
+		return nil, fmt.Errorf("redistest: %s served no slots when it was killed or paused, so nothing fails over", n.Addr())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last error
+	for {
+		m, err := c.failedOver(ctx, n, slots[0].Start)
+		if err == nil {
+			return m, nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("redistest: no failover of %s within %v: %w", n.Addr(), timeout, last)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) failedOver(ctx context.Context, old *Node, slot int) (*Node, error) {
+	var winner *Node
+	for _, peer := range c.liveNodesExcept(old) {
+		view, err := peer.view(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var owner *Node
+		for _, v := range view {
+			if v.IsMaster() && v.Owns(slot) && !v.Failing() {
+				owner = c.byID(v.ID)
+			}
+		}
+		if owner == nil || owner == old {
+			return nil, fmt.Errorf("%s still routes slot %d to the old master", peer.Addr(), slot)
+		}
+		if winner != nil && owner != winner {
+			return nil, fmt.Errorf("views disagree on the new master of slot %d", slot)
+		}
+		winner = owner
+	}
+	if winner == nil {
+		return nil, errors.New("no live peer")
+	}
+	role, err := winner.Client().Do(ctx, "role").Slice()
+	if err != nil {
+		return nil, fmt.Errorf("role on %s: %w", winner.Addr(), err)
+	}
+	if len(role) == 0 || role[0] != "master" {
+		return nil, fmt.Errorf("%s is not master yet", winner.Addr())
+	}
+	return winner, nil
+}
+
+// ID returns the node's cluster ID.
+func (n *Node) ID() string { return n.id }
+
+// Addr returns the node's current host:port.
+func (n *Node) Addr() string {
+	n.proc.mu.Lock()
+	defer n.proc.mu.Unlock()
+	return n.proc.addrLocked()
+}
+
+func (n *Node) hostPort() (string, int) {
+	n.proc.mu.Lock()
+	defer n.proc.mu.Unlock()
+	return n.proc.host, n.proc.port
+}
+
+// Pid returns the process ID of the node's redis-server, 0 when it is not
+// running.
+func (n *Node) Pid() int {
+	n.proc.mu.Lock()
+	defer n.proc.mu.Unlock()
+	if !n.proc.aliveLocked() {
+		return 0
+	}
+	return n.proc.cmd.Process.Pid
+}
+
+// Running reports whether the node's process runs (paused or not).
+func (n *Node) Running() bool {
+	alive, _ := n.proc.state()
+	return alive
+}
+
+// Paused reports whether the node is stopped by Pause.
+func (n *Node) Paused() bool {
+	_, paused := n.proc.state()
+	return paused
+}
+
+// Client returns a plain client for this one node, for admin commands. It
+// does not retry and must not be closed by the caller; it is replaced on
+// restart, so fetch it again after one.
+func (n *Node) Client() *redis.Client {
+	n.proc.mu.Lock()
+	defer n.proc.mu.Unlock()
+	return n.proc.client
+}
+
+// Dir returns the node's data directory, which holds redis.log.
+func (n *Node) Dir() string { return n.proc.dir }
+
+// String returns the node's address and ID prefix.
+func (n *Node) String() string {
+	id := n.id
+	if len(id) > 8 {
+		id = id[:8]
+	}
+	return n.Addr() + "/" + id
+}
+
+// view returns CLUSTER NODES as n sees it.
+func (n *Node) view(ctx context.Context) ([]NodeInfo, error) {
+	s, err := n.Client().ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redistest: cluster nodes on %s: %w", n.Addr(), err)
+	}
+	return parseClusterNodes(s)
+}
+
+// infoSummary picks the state and slot counters out of CLUSTER INFO.
+func infoSummary(info string) string {
+	var parts []string
+	for _, f := range strings.Fields(info) {
+		if strings.HasPrefix(f, "cluster_state:") || strings.HasPrefix(f, "cluster_slots_") {
+			parts = append(parts, f)
+		}
+	}
+	return strings.Join(parts, " ")
+}

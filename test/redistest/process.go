@@ -1,0 +1,358 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Port selection. Nodes take a port in [portLow, portHigh) and their
+// cluster bus the port plus busOffset, so node ports and bus ports come from
+// disjoint ranges, and both stay below the kernel's usual ephemeral range
+// (32768 and up) that outgoing connections draw from.
+const (
+	portLow   = 12000
+	portHigh  = 22000
+	busOffset = 10000
+)
+
+// startAttempts bounds how often a node start is retried on a new port
+// after losing a bind race.
+const startAttempts = 20
+
+// FindServer returns the path of redis-server: the one on PATH, else
+// /usr/bin/redis-server.
+func FindServer() (string, error) {
+	if p, err := exec.LookPath("redis-server"); err == nil {
+		return p, nil
+	}
+	const debian = "/usr/bin/redis-server"
+	if _, err := os.Stat(debian); err == nil {
+		return debian, nil
+	}
+	return "", errors.New("redistest: redis-server not found on PATH or at /usr/bin/redis-server: run `hack/redis-cluster.sh install` (as root or with sudo) to install it")
+}
+
+// portLock is an exclusive, cross-process claim on a port number, held as
+// a flock on a file under the temp dir. The kernel drops it when the
+// process dies, so a crashed test never leaks a claim.
+type portLock struct {
+	port int
+	f    *os.File
+}
+
+func lockDir() (string, error) {
+	dir := filepath.Join(os.TempDir(), "floodgate-redistest-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return "", fmt.Errorf("redistest: port lock dir: %w", err)
+	}
+	return dir, nil
+}
+
+// tryLockPort claims port for this process or reports false.
+func tryLockPort(port int) (*portLock, bool, error) {
+	dir, err := lockDir()
+	if err != nil {
+		return nil, false, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, false, fmt.Errorf("redistest: port lock %d: %w", port, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("redistest: flock port %d: %w", port, err)
+	}
+	return &portLock{port: port, f: f}, true, nil
+}
+
+func (l *portLock) release() {
+	if l != nil && l.f != nil {
+		l.f.Close() // closing drops the flock
+		l.f = nil
+	}
+}
+
+// portsFree reports whether host:port and host:port+busOffset can be bound
+// right now.
+func portsFree(host string, port int) bool {
+	for _, p := range []int{port, port + busOffset} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+	}
+	return true
+}
+
+// claimPort finds a port whose bus port is free too, claims it and returns
+// the claim.
+func claimPort(host string) (*portLock, error) {
+	for range 500 {
+		port := portLow + rand.IntN(portHigh-portLow)
+		l, ok, err := tryLockPort(port)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if portsFree(host, port) {
+			return l, nil
+		}
+		l.release()
+	}
+	return nil, fmt.Errorf("redistest: no free port pair (p, p+%d) in [%d, %d) on %s after 500 tries", busOffset, portLow, portHigh, host)
+}
+
+// process is one redis-server child. Its fields are guarded by mu.
+type process struct {
+	bin      string
+	dir      string // data dir, also holds logs and nodes.conf
+	password string
+	cluster  bool
+	extra    []string // extra redis-server arguments from the options
+
+	mu     sync.Mutex
+	host   string
+	port   int
+	lock   *portLock
+	cmd    *exec.Cmd
+	done   chan struct{} // closed when cmd has exited
+	paused bool
+	client *redis.Client
+	starts int
+}
+
+func (p *process) addrLocked() string {
+	return net.JoinHostPort(p.host, strconv.Itoa(p.port))
+}
+
+// args builds the redis-server command line.
+func (p *process) args(host string, port int, nodeTimeout time.Duration, partial bool) []string {
+	a := []string{
+		"--port", strconv.Itoa(port),
+		"--bind", host,
+		"--protected-mode", "no",
+		"--daemonize", "no",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", p.dir,
+		"--logfile", filepath.Join(p.dir, "redis.log"),
+		"--enable-debug-command", "local",
+	}
+	if p.password != "" {
+		a = append(a, "--requirepass", p.password, "--masterauth", p.password)
+	}
+	if p.cluster {
+		coverage := "yes"
+		if partial {
+			coverage = "no"
+		}
+		a = append(a,
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(p.dir, "nodes.conf"),
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--cluster-announce-ip", host,
+			"--cluster-require-full-coverage", coverage,
+			"--cluster-replica-validity-factor", "0",
+			"--cluster-allow-replica-migration", "no",
+		)
+	}
+	return append(a, p.extra...)
+}
+
+// errAddrInUse marks a start that lost a bind race.
+var errAddrInUse = errors.New("address already in use")
+
+// spawn starts redis-server on host and the claimed port and waits until it
+// answers PING. It must be called with p.mu held.
+func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bool, wait time.Duration) error {
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		return fmt.Errorf("redistest: data dir: %w", err)
+	}
+	out, err := os.OpenFile(filepath.Join(p.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("redistest: stdout log: %w", err)
+	}
+	defer out.Close()
+	// Truncate the redis log so that a bind error found there is this
+	// start's, not a previous one's.
+	logPath := filepath.Join(p.dir, "redis.log")
+	if err := os.WriteFile(logPath, nil, 0o644); err != nil {
+		return fmt.Errorf("redistest: redis log: %w", err)
+	}
+	cmd := exec.Command(p.bin, p.args(host, p.port, nodeTimeout, partial)...)
+	cmd.Stdout = out
+	cmd.Stderr = out
+	// Pdeathsig makes the kernel SIGKILL redis-server when the test
+	// process dies, however it dies, so no node outlives its test.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start %s: %w", p.bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait() //nolint:errcheck // the exit status is read from the log
+		close(done)
+	}()
+	p.host = host
+	p.cmd = cmd
+	p.done = done
+	p.paused = false
+	p.starts++
+	if p.client != nil {
+		p.client.Close()
+	}
+	p.client = redis.NewClient(&redis.Options{
+		Addr:         p.addrLocked(),
+		Password:     p.password,
+		DialTimeout:  time.Second,
+		ReadTimeout:  2 * time.Second,
+		WriteTimeout: 2 * time.Second,
+		MaxRetries:   -1,
+		PoolSize:     4,
+		Protocol:     2,
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			logTail := tail(logPath, 10) + tail(filepath.Join(p.dir, "stdout.log"), 5)
+			if strings.Contains(logTail, "Address already in use") {
+				return errAddrInUse
+			}
+			return fmt.Errorf("redistest: redis-server on %s exited during start: %s", p.addrLocked(), logTail)
+		case <-ctx.Done():
+			p.killLocked()
+			return fmt.Errorf("redistest: redis-server on %s did not answer PING within %v: %s", p.addrLocked(), wait, tail(logPath, 10))
+		case <-tick.C:
+			pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			err := p.client.Ping(pctx).Err()
+			pcancel()
+			if err == nil {
+				return nil
+			}
+		}
+	}
+}
+
+// start claims a port and starts the process, retrying on a new port when
+// another process wins the bind race.
+func (p *process) start(nodeTimeout time.Duration, partial bool, wait time.Duration) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var last error
+	for range startAttempts {
+		l, err := claimPort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		p.lock = l
+		p.port = l.port
+		err = p.spawnLocked("127.0.0.1", nodeTimeout, partial, wait)
+		if err == nil {
+			return nil
+		}
+		p.lock.release()
+		p.lock = nil
+		if !errors.Is(err, errAddrInUse) {
+			return err
+		}
+		last = err
+	}
+	return fmt.Errorf("redistest: could not bind a port after %d tries: %w", startAttempts, last)
+}
+
+// killLocked sends SIGKILL and waits for the exit. Callers hold p.mu.
+func (p *process) killLocked() {
+	if p.cmd == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill() // a paused process dies from SIGKILL too
+	<-p.done
+}
+
+// signal sends sig to a running process.
+func (p *process) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.aliveLocked() {
+		return fmt.Errorf("redistest: node %s is not running", p.addrLocked())
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("redistest: signal %v to %s: %w", sig, p.addrLocked(), err)
+	}
+	p.paused = sig == syscall.SIGSTOP
+	return nil
+}
+
+func (p *process) aliveLocked() bool {
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// state reports whether the process runs and whether it is stopped.
+func (p *process) state() (alive, paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a := p.aliveLocked()
+	return a, a && p.paused
+}
+
+// close kills the process, closes its client and drops the port claim.
+func (p *process) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.killLocked()
+	if p.client != nil {
+		p.client.Close()
+		p.client = nil
+	}
+	p.lock.release()
+}
+
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
