@@ -1,0 +1,251 @@
+// Package limitertest is the conformance suite for limiter.Store
+// implementations. Run it from a store's tests:
+//
+//	func TestConformance(t *testing.T) {
+//		limitertest.Run(t, func(t *testing.T) limiter.Store { return newStore(t) })
+//	}
+//
+// The same step tables also run against the pure algorithms in package
+// limiter, and Model is the brute-force reference both are compared to.
+// Every subtest uses keys with a prefix of its own, so several subtests,
+// or several runs, can share one Redis.
+package limitertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+)
+
+// AllowFunc decides a request of cost n at t under l, for one key.
+type AllowFunc func(t time.Time, n int64, l limiter.Limit) (limiter.Decision, error)
+
+// RunTable applies tb's steps in order through allow and reports every
+// decision that differs from the table.
+func RunTable(t *testing.T, tb Table, allow AllowFunc) {
+	t.Helper()
+	l := tb.Limit
+	for i, s := range tb.Steps {
+		if s.Edit != nil {
+			l = *s.Edit
+		}
+		at := tb.Base.Add(s.At)
+		got, err := allow(at, s.Cost, l)
+		if err != nil {
+			t.Fatalf("step %d: AllowN(%v, %v): %v", i, at.UTC().Format(time.RFC3339Nano), s.Cost, err)
+		}
+		if got != s.Want {
+			t.Errorf("step %d: AllowN(%v, %v) = %v, want %v", i, at.UTC().Format(time.RFC3339Nano), s.Cost, got, s.Want)
+		}
+	}
+}
+
+var runSeq atomic.Int64
+
+// keyPrefix returns a key prefix unique to this process, subtest and run.
+func keyPrefix(t *testing.T) string {
+	name := strings.NewReplacer(" ", "_", "/", ".").Replace(t.Name())
+	return fmt.Sprintf("lt:%d:%d:%s:", time.Now().UnixNano(), runSeq.Add(1), name)
+}
+
+// Run runs the conformance suite against the stores newStore returns. It
+// may call newStore once per subtest; stores are not required to be empty,
+// since every subtest uses keys of its own.
+func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
+	t.Run("Tables", func(t *testing.T) {
+		t.Parallel()
+		for _, tb := range Tables() {
+			t.Run(tb.Name, func(t *testing.T) {
+				t.Parallel()
+				s, key := newStore(t), keyPrefix(t)+"k"
+				RunTable(t, tb, func(at time.Time, n int64, l limiter.Limit) (limiter.Decision, error) {
+					return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+				})
+			})
+		}
+	})
+	t.Run("Model", func(t *testing.T) {
+		t.Parallel()
+		for _, alg := range algorithms {
+			t.Run(alg.String(), func(t *testing.T) {
+				t.Parallel()
+				s, prefix := newStore(t), keyPrefix(t)
+				rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(alg)))
+				for i := range 4 {
+					l := RandomLimit(rng, alg)
+					key := fmt.Sprintf("%s%d", prefix, i)
+					CompareTrace(t, l, rng, 1000, func(now, n int64) (limiter.Decision, error) {
+						return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: time.UnixMicro(now)})
+					})
+				}
+			})
+		}
+	})
+	t.Run("Race", func(t *testing.T) {
+		t.Parallel()
+		for _, alg := range algorithms {
+			t.Run(alg.String(), func(t *testing.T) {
+				t.Parallel()
+				testRace(t, newStore(t), keyPrefix(t)+"k", alg)
+			})
+		}
+	})
+	t.Run("KeysIndependent", func(t *testing.T) {
+		t.Parallel()
+		s, prefix := newStore(t), keyPrefix(t)
+		l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Minute}
+		now := time.Unix(1_700_000_000, 0)
+		for i := range 50 {
+			key := fmt.Sprintf("%s%d", prefix, i)
+			for j := range 3 {
+				d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+				if err != nil {
+					t.Fatalf("Take(%s): %v", key, err)
+				}
+				if got, want := d.Allowed, j < 2; got != want {
+					t.Fatalf("key %d request %d: Allowed = %v, want %v", i, j, got, want)
+				}
+			}
+		}
+	})
+	t.Run("BadInput", func(t *testing.T) {
+		t.Parallel()
+		s, key := newStore(t), keyPrefix(t)+"k"
+		good := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Minute}
+		bad := []limiter.Request{
+			{Key: key, Limit: good, Cost: -1, Now: time.Unix(1_700_000_000, 0)},
+			{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 0, Period: time.Minute}, Cost: 1},
+			{Key: key, Limit: limiter.Limit{Requests: 5, Period: time.Minute}, Cost: 1},
+			{Key: key, Limit: good, Cost: 1, Now: time.Unix(-5, 0)},
+		}
+		for i, req := range bad {
+			if _, err := s.Take(t.Context(), req); err == nil || errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("request %d (%+v): err = %v, want a validation error", i, req, err)
+			}
+		}
+		// None of them spent anything.
+		for j := range 3 {
+			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: good, Cost: 1, Now: time.Unix(1_700_000_000, 0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := d.Allowed, j < 2; got != want {
+				t.Fatalf("request %d after bad input: Allowed = %v, want %v", j, got, want)
+			}
+		}
+	})
+	t.Run("ClockDefault", func(t *testing.T) {
+		t.Parallel()
+		// Without Request.Now the store uses its own clock (Redis TIME):
+		// a full bucket admits exactly its capacity at once.
+		s, key := newStore(t), keyPrefix(t)+"k"
+		l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
+		for j := range 4 {
+			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := d.Allowed, j < 3; got != want {
+				t.Fatalf("request %d: Allowed = %v, want %v (%v)", j, got, want, d)
+			}
+		}
+	})
+}
+
+var algorithms = []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog}
+
+// testRace has 1000 goroutines take 1 at the same instant from a key of
+// capacity 10: exactly 10 must win.
+func testRace(t *testing.T, s limiter.Store, key string, alg limiter.Algorithm) {
+	l := limiter.Limit{Algorithm: alg, Requests: 10, Period: time.Hour}
+	now := time.Unix(1_700_000_000, 123_000)
+	var wins, errs atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 1000 {
+		wg.Go(func() {
+			<-start
+			d, err := s.Take(context.Background(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+			switch {
+			case err != nil:
+				errs.Add(1)
+			case d.Allowed:
+				wins.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := errs.Load(); n != 0 {
+		t.Fatalf("%d of 1000 takes failed", n)
+	}
+	if got, want := wins.Load(), int64(10); got != want {
+		t.Fatalf("%d of 1000 goroutines won, want %d", got, want)
+	}
+}
+
+// RandomLimit returns a valid limit of algorithm alg with small numbers, so
+// that random traces hit every boundary often, and with periods and rates
+// that exercise non-integer emission intervals.
+func RandomLimit(rng *rand.Rand, alg limiter.Algorithm) limiter.Limit {
+	periods := []time.Duration{time.Second, 1500 * time.Millisecond, 7 * time.Second, time.Minute, 1_000_001 * time.Microsecond}
+	l := limiter.Limit{
+		Algorithm: alg,
+		Requests:  1 + rng.Int64N(12),
+		Period:    periods[rng.IntN(len(periods))],
+	}
+	if (alg == limiter.TokenBucket || alg == limiter.GCRA) && rng.IntN(2) == 0 {
+		l.Burst = 1 + rng.Int64N(20)
+	}
+	return l
+}
+
+// CompareTrace drives a fresh key under l through steps random requests,
+// with the clock moving forward by random amounts (zero, a microsecond, a
+// fraction of the emission interval, up to two periods), and fails on the
+// first decision that differs from Model's.
+func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take func(now, n int64) (limiter.Decision, error)) {
+	t.Helper()
+	m, err := NewModel(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := l.Period.Microseconds()
+	interval := max(1, per/l.Requests)
+	now := 1_700_000_000_000_000 + rng.Int64N(per)
+	for i := range steps {
+		switch rng.IntN(6) {
+		case 0:
+		case 1:
+			now += 1 + rng.Int64N(3)
+		case 2, 3:
+			now += rng.Int64N(interval + 1)
+		case 4:
+			now += rng.Int64N(per/4 + 1)
+		default:
+			now += rng.Int64N(2*per + 1)
+		}
+		n := rng.Int64N(l.Capacity() + 2)
+		if rng.IntN(3) > 0 {
+			n = min(n, 1+rng.Int64N(2))
+		}
+		got, err := take(now, n)
+		if err != nil {
+			t.Fatalf("%v step %d: AllowN(%d, %d): %v", l, i, now, n, err)
+		}
+		if want := m.AllowN(now, n); got != want {
+			t.Fatalf("%v step %d: AllowN(%d, %d) = %v, want %v (model)", l, i, now, n, got, want)
+		}
+		if !got.Allowed && got.RetryAfter <= 0 {
+			t.Fatalf("%v step %d: deny with RetryAfter %v", l, i, got.RetryAfter)
+		}
+	}
+}
