@@ -1,0 +1,406 @@
+// Package policy is the RateLimitPolicy controller of floodgate-manager.
+//
+// # What it does
+//
+// For every namespace that has RateLimitPolicies, it compiles all of them,
+// with the pods they select and the CounterStore they use, into one
+// document (see package compiler), writes it into the ConfigMap
+// "floodgate-policies" of that namespace, which the namespace's sidecars
+// watch, and reports each policy's status: Accepted, ResolvedRefs,
+// Programmed and the number of targeted pods.
+//
+// # One reconcile per namespace
+//
+// The ConfigMap is per namespace but is built from several policies, so the
+// reconcile key is the ConfigMap itself, <namespace>/floodgate-policies,
+// not a policy. Every watched event maps to that key: a policy's create,
+// spec change or delete; a pod's creation, deletion, label or readiness
+// change; a CounterStore change (to every namespace whose policies use it,
+// found through a cache index); and a change to the ConfigMap, so a manual
+// edit or delete is undone. A namespace therefore has a single writer, and
+// one reconcile sees every policy at once, which is what the document, the
+// store choice and the replica counts need. Concurrent reconciles only ever
+// work on different namespaces.
+//
+// # Ownership of the ConfigMap
+//
+// The ConfigMap carries an owner reference, not a controller reference, to
+// every live policy of its namespace. The reconcile deletes the ConfigMap as
+// soon as no policy has an entry; the owner references are the backstop:
+// should the last policy go while the manager is down, the garbage
+// collector removes the ConfigMap. The ConfigMap is written with
+// server-side apply under the field owner "floodgate-manager", and only
+// when its content, labels or owners differ from the desired ones, so an
+// unchanged input causes no write.
+//
+// # Errors
+//
+// Transient API errors are returned and retried with the workqueue's
+// exponential backoff. A spec the compiler rejects is reported in the
+// policy's Accepted condition and an Event, and the reconcile returns a
+// reconcile.TerminalError for it, so it is not retried until something
+// changes. Its earlier accepted generation, if any, keeps running.
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+const (
+	// FieldOwner is the server-side apply field manager of the ConfigMaps
+	// this controller writes.
+	FieldOwner = "floodgate-manager"
+	// ControllerName names the controller in logs, metrics and Events.
+	ControllerName = "ratelimitpolicy"
+	// ManagedByLabel is set to ManagedByValue on every ConfigMap this
+	// controller writes. The manager's cache watches only ConfigMaps with
+	// this label.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	// ManagedByValue is the value of ManagedByLabel.
+	ManagedByValue = "floodgate-manager"
+	// RevisionAnnotation holds the document's revision on the ConfigMap,
+	// for people and tools that do not want to parse the document.
+	RevisionAnnotation = "floodgate.dev/revision"
+
+	// maxConditionMessage is the API's limit on a condition message.
+	maxConditionMessage = 32768
+	// maxEventNote is the API's limit on an Event note.
+	maxEventNote = 1024
+)
+
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies/status,verbs=update
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconciler reconciles the RateLimitPolicies of one namespace per call.
+// Its fields are set before SetupWithManager and not changed afterwards;
+// Reconcile is safe for concurrent use on different namespaces, which is
+// all the workqueue ever asks of it.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes to the API
+	// server.
+	Client client.Client
+	// Recorder emits the Events on rejected policies.
+	Recorder events.EventRecorder
+}
+
+// Reconcile compiles the namespace req.Namespace; req.Name is always
+// config.ConfigMapName.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	ns := req.Namespace
+	in, existing, err := r.observe(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	out, err := compiler.Compile(in)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("compile namespace %s: %w", ns, err)
+	}
+	specErr := r.reconcileSpec(ctx, ns, existing, in.Policies, out)
+	statusErr := r.reconcileStatus(ctx, in.Policies, out, specErr)
+	if err := errors.Join(specErr, statusErr); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	var rejected []string
+	for _, res := range out.Policies {
+		if !res.Accepted() {
+			rejected = append(rejected, res.Name)
+		}
+	}
+	if len(rejected) > 0 {
+		// Retrying cannot fix a spec: wait for the next change.
+		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("namespace %s: rejected RateLimitPolicies %s (see their Accepted condition)",
+			ns, strings.Join(rejected, ", ")))
+	}
+	return ctrl.Result{}, nil
+}
+
+// observe reads everything the compiler needs from the cache, and the
+// current ConfigMap.
+func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *corev1.ConfigMap, error) {
+	in := compiler.Input{Namespace: ns, Stores: map[string]*v1alpha1.CounterStore{}}
+
+	var policies v1alpha1.RateLimitPolicyList
+	if err := r.Client.List(ctx, &policies, client.InNamespace(ns)); err != nil {
+		return in, nil, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
+	}
+	in.Policies = policies.Items
+
+	var cm corev1.ConfigMap
+	existing := &cm
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
+		existing = nil
+	} else if err != nil {
+		return in, nil, fmt.Errorf("get ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
+	}
+	if existing != nil {
+		if data, ok := existing.Data[config.DataKey]; ok {
+			prev, err := config.Parse([]byte(data))
+			if err != nil {
+				// Not fatal: the document is rewritten from the policies.
+				log.FromContext(ctx).Info("ignoring the unreadable document in the ConfigMap", "error", err.Error())
+			} else {
+				in.Previous = prev
+			}
+		}
+	}
+	if len(in.Policies) == 0 {
+		return in, existing, nil
+	}
+
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return in, nil, fmt.Errorf("list pods in %s: %w", ns, err)
+	}
+	in.Pods = pods.Items
+
+	for i := range in.Policies {
+		name := in.Policies[i].StoreName()
+		if _, seen := in.Stores[name]; seen {
+			continue
+		}
+		var cs v1alpha1.CounterStore
+		switch err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cs); {
+		case apierrors.IsNotFound(err):
+			in.Stores[name] = nil
+		case err != nil:
+			return in, nil, fmt.Errorf("get CounterStore %s: %w", name, err)
+		default:
+			in.Stores[name] = &cs
+		}
+	}
+	return in, existing, nil
+}
+
+// reconcileSpec brings the ConfigMap to what the compiler decided.
+func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *corev1.ConfigMap, policies []v1alpha1.RateLimitPolicy, out compiler.Output) error {
+	switch out.Action {
+	case compiler.Keep:
+		return nil
+	case compiler.Delete:
+		if existing == nil {
+			return nil
+		}
+		err := r.Client.Delete(ctx, existing, client.Preconditions{UID: &existing.UID})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
+		}
+		log.FromContext(ctx).Info("deleted the ConfigMap: no policy has an entry")
+		return nil
+	}
+
+	owners := ownerReferences(policies)
+	if existing != nil && upToDate(existing, out, owners) {
+		return nil
+	}
+	if err := r.Client.Apply(ctx, desiredConfigMap(ns, out, owners), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
+	}
+	log.FromContext(ctx).Info("applied the ConfigMap", "revision", out.Config.Revision, "policies", len(out.Config.Policies))
+	return nil
+}
+
+// ownerReferences points at every live policy, ordered by name.
+func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReference {
+	refs := make([]metav1.OwnerReference, 0, len(policies))
+	for i := range policies {
+		p := &policies[i]
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		refs = append(refs, metav1.OwnerReference{
+			APIVersion: v1alpha1.GroupVersion.String(),
+			Kind:       "RateLimitPolicy",
+			Name:       p.Name,
+			UID:        p.UID,
+		})
+	}
+	slices.SortFunc(refs, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	return refs
+}
+
+// desiredConfigMap is the ConfigMap to apply.
+func desiredConfigMap(ns string, out compiler.Output, owners []metav1.OwnerReference) *corev1ac.ConfigMapApplyConfiguration {
+	cm := corev1ac.ConfigMap(config.ConfigMapName, ns).
+		WithLabels(map[string]string{ManagedByLabel: ManagedByValue}).
+		WithAnnotations(map[string]string{RevisionAnnotation: out.Config.Revision}).
+		WithData(map[string]string{config.DataKey: out.Data})
+	for _, o := range owners {
+		cm.WithOwnerReferences(metav1ac.OwnerReference().
+			WithAPIVersion(o.APIVersion).WithKind(o.Kind).WithName(o.Name).WithUID(o.UID))
+	}
+	return cm
+}
+
+// upToDate reports whether existing already holds what desiredConfigMap
+// would apply.
+func upToDate(existing *corev1.ConfigMap, out compiler.Output, owners []metav1.OwnerReference) bool {
+	if existing.DeletionTimestamp != nil ||
+		existing.Labels[ManagedByLabel] != ManagedByValue ||
+		existing.Annotations[RevisionAnnotation] != out.Config.Revision ||
+		len(existing.Data) != 1 || existing.Data[config.DataKey] != out.Data ||
+		len(existing.BinaryData) != 0 {
+		return false
+	}
+	have := slices.Clone(existing.OwnerReferences)
+	slices.SortFunc(have, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	return slices.EqualFunc(have, owners, func(a, b metav1.OwnerReference) bool {
+		return a.APIVersion == b.APIVersion && a.Kind == b.Kind && a.Name == b.Name && a.UID == b.UID &&
+			a.Controller == nil && a.BlockOwnerDeletion == nil
+	})
+}
+
+// reconcileStatus writes each live policy's status where it changed.
+func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.RateLimitPolicy, out compiler.Output, specErr error) error {
+	results := make(map[string]*compiler.PolicyResult, len(out.Policies))
+	for i := range out.Policies {
+		results[out.Policies[i].Name] = &out.Policies[i]
+	}
+	var errs []error
+	for i := range policies {
+		p := &policies[i]
+		res, ok := results[p.Name]
+		if !ok || p.DeletionTimestamp != nil {
+			continue
+		}
+		status := desiredStatus(p, res, out, specErr)
+		if equality.Semantic.DeepEqual(p.Status, status) {
+			continue
+		}
+		r.recordTransitions(p, status)
+		updated := p.DeepCopy()
+		updated.Status = status
+		if err := r.Client.Status().Update(ctx, updated); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			errs = append(errs, fmt.Errorf("update status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// desiredStatus is the status of p given the compiler's findings. It keeps
+// each condition's lastTransitionTime while its status does not change.
+func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, out compiler.Output, specErr error) v1alpha1.RateLimitPolicyStatus {
+	st := *p.Status.DeepCopy()
+	st.ObservedGeneration = p.Generation
+	st.TargetedPods = res.TargetedPods
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type:               typ,
+			Status:             status,
+			Reason:             reason,
+			Message:            truncate(msg, maxConditionMessage),
+			ObservedGeneration: p.Generation,
+		})
+	}
+
+	if res.Accepted() {
+		set(v1alpha1.ConditionAccepted, true, v1alpha1.ReasonAccepted, "The spec is valid.")
+	} else {
+		set(v1alpha1.ConditionAccepted, false, v1alpha1.ReasonInvalid, invalidMessage(res))
+	}
+	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), res.StoreReason, res.StoreMessage)
+
+	switch {
+	case specErr != nil && res.CompiledGeneration != 0:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
+			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", config.ConfigMapName, specErr))
+	case res.CompiledGeneration == p.Generation:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonWaitingForSidecars,
+			fmt.Sprintf("Generation %d is compiled into ConfigMap %s at revision %s; waiting for the sidecars of the %d targeted pods to report it loaded.",
+				p.Generation, config.ConfigMapName, out.Config.Revision, res.TargetedPods))
+	case res.CompiledGeneration != 0:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonPending,
+			fmt.Sprintf("Generation %d cannot be compiled until it is Accepted and its CounterStore resolves; generation %d keeps running.",
+				p.Generation, res.CompiledGeneration))
+	default:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonPending,
+			fmt.Sprintf("Generation %d cannot be compiled until it is Accepted and its CounterStore resolves; no generation of this policy is running.",
+				p.Generation))
+	}
+	return st
+}
+
+func invalidMessage(res *compiler.PolicyResult) string {
+	msgs := make([]string, len(res.Invalid))
+	for i, e := range res.Invalid {
+		msgs[i] = e.Error()
+	}
+	return "The spec is invalid: " + strings.Join(msgs, "; ")
+}
+
+// recordTransitions emits a Warning Event when the policy is newly rejected
+// or newly fails to resolve its store, or when the reason changes.
+func (r *Reconciler) recordTransitions(p *v1alpha1.RateLimitPolicy, next v1alpha1.RateLimitPolicyStatus) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, typ := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionResolvedRefs} {
+		now := meta.FindStatusCondition(next.Conditions, typ)
+		if now == nil || now.Status != metav1.ConditionFalse {
+			continue
+		}
+		if before := meta.FindStatusCondition(p.Status.Conditions, typ); before != nil &&
+			before.Status == now.Status && before.Reason == now.Reason && before.Message == now.Message {
+			continue
+		}
+		action := "Validate"
+		if typ == v1alpha1.ConditionResolvedRefs {
+			action = "ResolveRefs"
+		}
+		r.Recorder.Eventf(p, nil, corev1.EventTypeWarning, now.Reason, action, "%s",
+			truncate(fmt.Sprintf("Generation %d: %s", p.Generation, now.Message), maxEventNote))
+	}
+}
+
+// truncate shortens s to at most n bytes without splitting a rune.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ellipsis = "..."
+	cut := n - len(ellipsis)
+	for cut > 0 && !utf8RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// requestFor is the reconcile key of namespace ns.
+func requestFor(ns string) reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: config.ConfigMapName}}
+}

@@ -1,0 +1,180 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// StoreIndex is the cache index of RateLimitPolicies by the name of the
+// CounterStore they use (their storeRef, or "default").
+const StoreIndex = "floodgate.dev/store"
+
+// SetupWithManager registers the store index and the controller with mgr.
+// The controller's watches read from mgr's cache; Reconcile uses r.Client.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	if r.Client == nil {
+		return errors.New("policy reconciler: Client is nil")
+	}
+	if r.Recorder == nil {
+		return errors.New("policy reconciler: Recorder is nil")
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.RateLimitPolicy{}, StoreIndex, func(o client.Object) []string {
+		p, ok := o.(*v1alpha1.RateLimitPolicy)
+		if !ok {
+			return nil
+		}
+		return []string{p.StoreName()}
+	}); err != nil {
+		return fmt.Errorf("index RateLimitPolicies by store: %w", err)
+	}
+
+	cache := mgr.GetClient()
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		WithOptions(opts).
+		Watches(&v1alpha1.RateLimitPolicy{},
+			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{requestFor(o.GetNamespace())}
+			}),
+			builder.WithPredicates(policyChanged())).
+		Watches(&corev1.Pod{},
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+				return namespaceWithPolicies(ctx, cache, o.GetNamespace())
+			}),
+			builder.WithPredicates(podChanged())).
+		Watches(&v1alpha1.CounterStore{},
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+				return namespacesUsingStore(ctx, cache, o.GetName())
+			}),
+			builder.WithPredicates(storeChanged())).
+		Watches(&corev1.ConfigMap{},
+			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{requestFor(o.GetNamespace())}
+			}),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetName() == config.ConfigMapName
+			}))).
+		Complete(r)
+}
+
+// namespaceWithPolicies maps a pod event to its namespace, when the
+// namespace has policies: pod churn elsewhere costs nothing.
+func namespaceWithPolicies(ctx context.Context, c client.Reader, ns string) []reconcile.Request {
+	var policies v1alpha1.RateLimitPolicyList
+	if err := c.List(ctx, &policies, client.InNamespace(ns), client.Limit(1)); err != nil {
+		// The cache does not fail lists of a synced informer; enqueue to be safe.
+		log.FromContext(ctx).Error(err, "listing RateLimitPolicies for a pod event", "namespace", ns)
+		return []reconcile.Request{requestFor(ns)}
+	}
+	if len(policies.Items) == 0 {
+		return nil
+	}
+	return []reconcile.Request{requestFor(ns)}
+}
+
+// namespacesUsingStore maps a CounterStore event to every namespace whose
+// policies use the store.
+func namespacesUsingStore(ctx context.Context, c client.Reader, store string) []reconcile.Request {
+	var policies v1alpha1.RateLimitPolicyList
+	if err := c.List(ctx, &policies, client.MatchingFields{StoreIndex: store}); err != nil {
+		log.FromContext(ctx).Error(err, "listing the RateLimitPolicies of a CounterStore", "store", store)
+		return nil
+	}
+	var namespaces []string
+	for _, p := range policies.Items {
+		namespaces = append(namespaces, p.Namespace)
+	}
+	slices.Sort(namespaces)
+	namespaces = slices.Compact(namespaces)
+	reqs := make([]reconcile.Request, len(namespaces))
+	for i, ns := range namespaces {
+		reqs[i] = requestFor(ns)
+	}
+	return reqs
+}
+
+// policyChanged passes creations, deletions, spec changes (generation) and
+// the start of a deletion. Status writes, including the controller's own,
+// do not pass.
+func policyChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if e.ObjectOld == nil || e.ObjectNew == nil {
+				return true
+			}
+			return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() ||
+				(e.ObjectOld.GetDeletionTimestamp() == nil) != (e.ObjectNew.GetDeletionTimestamp() == nil)
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// podChanged passes what changes the pod counts: creation, deletion, and
+// updates of labels, readiness, phase or the start of a deletion.
+func podChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			old, okOld := e.ObjectOld.(*corev1.Pod)
+			now, okNew := e.ObjectNew.(*corev1.Pod)
+			if !okOld || !okNew {
+				return true
+			}
+			return !labels.Equals(old.Labels, now.Labels) ||
+				podReady(old) != podReady(now) ||
+				old.Status.Phase != now.Status.Phase ||
+				(old.DeletionTimestamp == nil) != (now.DeletionTimestamp == nil)
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// storeChanged passes what the compiled document or the ResolvedRefs
+// condition depend on: the spec, the Ready condition, the endpoints and the
+// auth Secret name.
+func storeChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			old, okOld := e.ObjectOld.(*v1alpha1.CounterStore)
+			now, okNew := e.ObjectNew.(*v1alpha1.CounterStore)
+			if !okOld || !okNew {
+				return true
+			}
+			ro := meta.FindStatusCondition(old.Status.Conditions, v1alpha1.ConditionReady)
+			rn := meta.FindStatusCondition(now.Status.Conditions, v1alpha1.ConditionReady)
+			readyChanged := (ro == nil) != (rn == nil) ||
+				(ro != nil && (ro.Status != rn.Status || ro.Message != rn.Message))
+			return old.Generation != now.Generation || readyChanged ||
+				!equality.Semantic.DeepEqual(old.Status.Endpoints, now.Status.Endpoints) ||
+				old.Status.AuthSecretName != now.Status.AuthSecretName
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}

@@ -1,0 +1,594 @@
+// Package engine is floodgate-sidecar's decision engine. It is transport
+// neutral: a front end (the HTTP proxy, later an Envoy rate-limit service)
+// matches a request to rules and computes their counter keys, and the engine
+// decides the resulting hits against the counter store.
+//
+// # Semantics
+//
+// Every hit is checked and the tightest wins: if any enforced rule denies,
+// the request is denied. A rule that denies takes no tokens. Shadow rules
+// are counted and reported as if each were the only rule, but never change
+// the outcome. The headers describe one hit, the binding one: the denying
+// rule with the longest wait, or else the enforced rule with least
+// remaining.
+//
+// # Multi-rule atomicity
+//
+// The Store interface is one key per call, and keys of different rules may
+// live on different Redis shards, so a decision over several rules cannot be
+// one atomic script. With one enforced hit (the common case) the engine
+// makes exactly one Take. With several it first peeks every rule (a Take of
+// cost 0, which never writes), denies without taking anything if a peek
+// shows a rule short, and otherwise takes every rule. Between the peeks and
+// the takes other requests (from this or other replicas) may spend the same
+// counters; if one of the takes is then denied, the takes that succeeded
+// have been charged for a request that is denied. That race window is the
+// length of one store round trip, and it can only over-charge (never
+// over-admit) by at most one request's cost per rule per raced request. A
+// single-rule decision has no such window.
+//
+// # Local deny cache
+//
+// A key the store has denied is denied locally until its RetryAfter, and a
+// key that an allowed decision left empty is denied locally until the
+// earliest instant it could admit again (exact for TokenBucket, GCRA and
+// FixedWindow; the other algorithms are only cached after a deny). When the
+// entry expires one probe goes to the store while the other requests on that
+// key wait for its answer. A hot key flooded far beyond its limit therefore
+// costs the store about one call per admitted request.
+//
+// # Failure modes
+//
+// When the store is unavailable (its error wraps limiter.ErrUnavailable, as
+// it does when the Redis breaker is open), a rule with FailClosed makes the
+// outcome Unavailable (the HTTP front answers 503), and any other rule is
+// decided on a local fallback bucket of limit/replicas.
+//
+// An Engine is safe for concurrent use.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+)
+
+// Rule is one rule as the engine applies it. It is immutable once built.
+type Rule struct {
+	// Policy and Name identify the rule in metrics, events and headers.
+	Policy, Name string
+	// Limit is the shared limit.
+	Limit limiter.Limit
+	// Fallback is the local limit used while the store is unavailable:
+	// Limit with Requests and Burst divided by the replica count.
+	Fallback limiter.Limit
+	// FailClosed makes the request Unavailable, instead of using Fallback,
+	// while the store is unavailable.
+	FailClosed bool
+	// Shadow rules are counted and reported but never deny.
+	Shadow bool
+
+	params *limiter.Params
+	m      *metrics.Rule
+}
+
+// NewRule validates a rule's limit and derives its fallback limit for the
+// given replica count (values below 1 count as 1).
+func NewRule(policy, name string, lim limiter.Limit, replicas int32, failClosed, shadow bool, m *metrics.Metrics) (*Rule, error) {
+	p, err := limiter.NewParams(lim)
+	if err != nil {
+		return nil, err
+	}
+	fb := lim
+	if replicas > 1 {
+		fb.Requests = max(1, lim.Requests/int64(replicas))
+		if lim.Burst > 0 {
+			fb.Burst = max(1, lim.Burst/int64(replicas))
+		}
+		if err := fb.Validate(); err != nil {
+			return nil, fmt.Errorf("fallback limit %v for %d replicas: %w", fb, replicas, err)
+		}
+	}
+	if m == nil {
+		return nil, errors.New("engine: nil metrics")
+	}
+	return &Rule{Policy: policy, Name: name, Limit: lim, Fallback: fb, FailClosed: failClosed, Shadow: shadow,
+		params: p, m: m.ForRule(policy, name)}, nil
+}
+
+// Hit is a rule that matched a request, with the request's counter key and
+// cost under that rule.
+type Hit struct {
+	Rule *Rule
+	Key  string
+	Cost int64
+}
+
+// Outcome is a request's verdict.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Allow Outcome = iota
+	Deny
+	// Unavailable means a fail-closed rule could not reach the store.
+	Unavailable
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Allow:
+		return "allow"
+	case Deny:
+		return "deny"
+	case Unavailable:
+		return "unavailable"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Source says where a hit's decision came from.
+type Source uint8
+
+// Sources.
+const (
+	// NotEvaluated: the request was decided before this hit was checked.
+	NotEvaluated Source = iota
+	// FromStore: the counter store decided.
+	FromStore
+	// FromDenyCache: the local deny cache denied without a store call.
+	FromDenyCache
+	// FromFallback: the local fallback bucket decided (store unavailable).
+	FromFallback
+	// FromNowhere: the store was unavailable and the rule fails closed.
+	FromNowhere
+)
+
+func (s Source) String() string {
+	return [...]string{"none", "store", "local", "fallback", "unavailable"}[s]
+}
+
+// Result is the decision on one hit.
+type Result struct {
+	limiter.Decision
+	Source Source
+	// Taken reports that the hit's cost was spent.
+	Taken bool
+}
+
+// Verdict is the decision on a request.
+type Verdict struct {
+	Outcome Outcome
+	// Results has one entry per hit, in the order of the hits.
+	Results []Result
+	// Binding is the index of the hit the response headers describe, or -1
+	// when no enforced hit was evaluated.
+	Binding int
+	// RetryAfter is how long the client should wait when the outcome is
+	// not Allow.
+	RetryAfter time.Duration
+}
+
+func (v *Verdict) reset(n int) {
+	v.Outcome, v.Binding, v.RetryAfter = Allow, -1, 0
+	if cap(v.Results) < n {
+		v.Results = make([]Result, n)
+	}
+	v.Results = v.Results[:n]
+	clear(v.Results)
+}
+
+// UnavailableRetryAfter is the Retry-After given when a fail-closed rule
+// cannot reach the store.
+const UnavailableRetryAfter = time.Second
+
+// Options configure an Engine.
+type Options struct {
+	// Store holds the shared counters. Required.
+	Store limiter.Store
+	// StoreName labels store metrics ("memory", "redis").
+	StoreName string
+	// ShardOf, when set, names the store shard of a key for the store
+	// metrics; otherwise they are labelled shard="all".
+	ShardOf func(key string) string
+	// Fallback holds the local fallback buckets. Required.
+	Fallback limiter.Store
+	// Metrics receives the engine's metrics. Required.
+	Metrics *metrics.Metrics
+	// DenyCacheKeys bounds the local deny cache; default 100000.
+	DenyCacheKeys int
+	// Parallel issues a decision's store calls concurrently, which pays
+	// off for a remote store.
+	Parallel bool
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Engine decides hits. See the package documentation.
+type Engine struct {
+	o        Options
+	deny     *denyCache
+	fallback atomic.Bool
+	allObs   prometheus.Observer
+	allOK    prometheus.Counter
+	allUnav  prometheus.Counter
+	allErr   prometheus.Counter
+	shardObs sync.Map // shard -> *shardMetrics
+}
+
+type shardMetrics struct {
+	obs             prometheus.Observer
+	ok, unav, error prometheus.Counter
+}
+
+// New returns an engine.
+func New(o Options) (*Engine, error) {
+	if o.Store == nil || o.Fallback == nil || o.Metrics == nil {
+		return nil, errors.New("engine: Store, Fallback and Metrics are required")
+	}
+	if o.StoreName == "" {
+		o.StoreName = "store"
+	}
+	if o.DenyCacheKeys <= 0 {
+		o.DenyCacheKeys = 100000
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	e := &Engine{o: o, deny: newDenyCache(o.DenyCacheKeys)}
+	sm := e.shardMetrics("all")
+	e.allObs, e.allOK, e.allUnav, e.allErr = sm.obs, sm.ok, sm.unav, sm.error
+	o.Metrics.SetDenyCacheSize(func() float64 { return float64(e.deny.len()) })
+	return e, nil
+}
+
+func (e *Engine) shardMetrics(shard string) *shardMetrics {
+	if v, ok := e.shardObs.Load(shard); ok {
+		return v.(*shardMetrics)
+	}
+	m := e.o.Metrics
+	sm := &shardMetrics{
+		obs:   m.StoreOpDuration.WithLabelValues(e.o.StoreName, shard),
+		ok:    m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "ok"),
+		unav:  m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "unavailable"),
+		error: m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "error"),
+	}
+	v, _ := e.shardObs.LoadOrStore(shard, sm)
+	return v.(*shardMetrics)
+}
+
+// ForgetLocalState drops the local deny cache, as after a config change
+// that may have raised a limit. Counters in the stores are kept.
+func (e *Engine) ForgetLocalState() { e.deny.clear() }
+
+// FallbackActive reports whether the last store call found the store
+// unavailable.
+func (e *Engine) FallbackActive() bool { return e.fallback.Load() }
+
+// call is one store call of a decision.
+type call struct {
+	hit   int
+	cost  int64
+	probe *denyEntry
+	res   Result
+	err   error
+}
+
+// Decide decides hits into v, whose Results it reuses. ctx bounds the
+// waits and store calls.
+func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
+	start := time.Now()
+	defer func() { e.o.Metrics.DecisionDuration.Observe(time.Since(start).Seconds()) }()
+	v.reset(len(hits))
+	now := e.o.Now()
+
+	var buf [8]call
+	calls := buf[:0]
+	var shadow [8]call
+	shadowCalls := shadow[:0]
+	denied, probing := false, false
+	for i := range hits {
+		h := &hits[i]
+		// Never wait for another request's probe while holding one: two
+		// requests could otherwise wait on each other.
+		l := e.check(ctx, h, now, probing)
+		probing = probing || l.kind == lookupProbe
+		if l.kind == lookupDeny {
+			v.Results[i] = Result{Decision: limiter.Decision{Limit: l.limit, RetryAfter: l.retry}, Source: FromDenyCache}
+			h.Rule.m.LocalDenials.Inc()
+			if h.Rule.Shadow {
+				h.Rule.m.ShadowDenied.Inc()
+			} else {
+				denied = true
+				h.Rule.m.Denied.Inc()
+			}
+			continue
+		}
+		c := call{hit: i, cost: h.Cost, probe: l.entry}
+		if h.Rule.Shadow {
+			shadowCalls = append(shadowCalls, c)
+		} else {
+			calls = append(calls, c)
+		}
+	}
+	if denied {
+		// Another enforced rule is already known to deny: take nothing.
+		for i := range calls {
+			e.abandon(hits[calls[i].hit].Key, calls[i].probe)
+		}
+		calls = calls[:0]
+	}
+
+	switch {
+	case len(calls) <= 1:
+		// One enforced call (or none): take directly, together with the
+		// shadow calls.
+		all := append(calls, shadowCalls...)
+		e.run(ctx, hits, all, now)
+		copy(shadowCalls, all[len(calls):])
+		copy(calls, all[:len(calls)])
+		for _, c := range calls {
+			v.Results[c.hit] = c.res
+		}
+	default:
+		e.decideMany(ctx, hits, calls, shadowCalls, now, v)
+	}
+	for _, c := range shadowCalls {
+		v.Results[c.hit] = c.res
+	}
+	e.count(hits, calls, v)
+	e.conclude(hits, v)
+}
+
+// decideMany decides several enforced hits: peek all, then take all.
+func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls []call, now time.Time, v *Verdict) {
+	peeks := make([]call, 0, len(calls)+len(shadowCalls))
+	for _, c := range calls {
+		peeks = append(peeks, call{hit: c.hit, cost: 0})
+	}
+	peeks = append(peeks, shadowCalls...)
+	e.run(ctx, hits, peeks, now)
+	copy(shadowCalls, peeks[len(calls):])
+	peeks = peeks[:len(calls)]
+
+	short := -1
+	for i, p := range peeks {
+		if p.res.Source == FromNowhere {
+			// A fail-closed rule cannot reach the store: take nothing.
+			for j := range calls {
+				e.abandon(hits[calls[j].hit].Key, calls[j].probe)
+			}
+			v.Results[p.hit] = p.res
+			return
+		}
+		if short < 0 && p.res.Remaining < hits[p.hit].Cost {
+			short = i
+		}
+	}
+	rest := calls
+	if short >= 0 {
+		// The peek says this rule denies: confirm with a Take, which
+		// spends nothing when it denies and reports the wait.
+		one := calls[short : short+1]
+		e.run(ctx, hits, one, now)
+		v.Results[one[0].hit] = one[0].res
+		if !one[0].res.Allowed {
+			for j := range calls {
+				if j != short {
+					e.abandon(hits[calls[j].hit].Key, calls[j].probe)
+					v.Results[calls[j].hit] = Result{Decision: peeks[j].res.Decision, Source: peeks[j].res.Source}
+				}
+			}
+			return
+		}
+		// Tokens came back between peek and take: it is taken, take
+		// the others.
+		rest = append(append([]call(nil), calls[:short]...), calls[short+1:]...)
+	}
+	e.run(ctx, hits, rest, now)
+	for _, c := range rest {
+		v.Results[c.hit] = c.res
+	}
+}
+
+// check consults the deny cache for a hit, waiting for a probe in flight
+// unless noWait.
+func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) lookup {
+	for range 3 {
+		l := e.deny.lookup(h.Key, h.Cost, now)
+		if l.kind != lookupWait || noWait {
+			if l.kind == lookupWait {
+				return lookup{kind: lookupMiss}
+			}
+			return l
+		}
+		if e.deny.wait(ctx, l.ch) != nil {
+			break
+		}
+		now = e.o.Now()
+	}
+	return lookup{kind: lookupMiss}
+}
+
+// abandon releases a probe that was not sent.
+func (e *Engine) abandon(key string, probe *denyEntry) {
+	if probe != nil {
+		e.deny.resolve(key, probe, time.Unix(0, probe.until), probe.cost, probe.limit)
+	}
+}
+
+// run makes the store calls, concurrently when the engine is Parallel.
+func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Time) {
+	if len(calls) == 1 || !e.o.Parallel {
+		for i := range calls {
+			e.take(ctx, &hits[calls[i].hit], &calls[i], now)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() { e.take(ctx, &hits[calls[i].hit], &calls[i], now) })
+	}
+	wg.Wait()
+}
+
+// take makes one store call, falls back when the store is unavailable, and
+// maintains the deny cache.
+func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
+	r := h.Rule
+	sm := e.shard(h.Key)
+	t0 := time.Now()
+	d, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Limit, Cost: c.cost})
+	sm.obs.Observe(time.Since(t0).Seconds())
+	if err == nil {
+		sm.ok.Inc()
+		if e.fallback.Load() {
+			e.fallback.Store(false)
+			e.o.Metrics.FallbackActive.Set(0)
+		}
+		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
+		if c.cost > 0 {
+			e.remember(h, c, d, now)
+		}
+		return
+	}
+	if errors.Is(err, limiter.ErrUnavailable) {
+		sm.unav.Inc()
+	} else {
+		// Any other error also leaves the shared count unknown.
+		sm.error.Inc()
+	}
+	if c.probe != nil {
+		e.deny.resolve(h.Key, c.probe, time.Time{}, 0, 0)
+		c.probe = nil
+	}
+	if !e.fallback.Load() {
+		e.fallback.Store(true)
+		e.o.Metrics.FallbackActive.Set(1)
+	}
+	c.err = err
+	if r.FailClosed {
+		c.res = Result{Decision: limiter.Decision{Limit: r.Limit.Capacity(), RetryAfter: UnavailableRetryAfter}, Source: FromNowhere}
+		return
+	}
+	d, ferr := e.o.Fallback.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Fallback, Cost: c.cost})
+	if ferr != nil {
+		// The local store failing is a bug; admit rather than block on it.
+		c.res = Result{Decision: limiter.Decision{Allowed: true, Limit: r.Limit.Capacity()}, Source: FromFallback}
+		return
+	}
+	c.res = Result{Decision: d, Source: FromFallback, Taken: d.Allowed && c.cost > 0}
+	if c.cost > 0 {
+		if d.Allowed {
+			r.m.FallbackAllowed.Inc()
+		} else {
+			r.m.FallbackDenied.Inc()
+		}
+	}
+}
+
+func (e *Engine) shard(key string) *shardMetrics {
+	if e.o.ShardOf == nil {
+		return &shardMetrics{obs: e.allObs, ok: e.allOK, unav: e.allUnav, error: e.allErr}
+	}
+	return e.shardMetrics(e.o.ShardOf(key))
+}
+
+// remember updates the deny cache with a store decision.
+func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
+	var until time.Time
+	cost := c.cost
+	switch {
+	case !d.Allowed:
+		until = now.Add(d.RetryAfter)
+	default:
+		if w := exhaustedFor(h.Rule.params, d); w > 0 {
+			until, cost = now.Add(w), 1
+		}
+	}
+	switch {
+	case c.probe != nil:
+		e.deny.resolve(h.Key, c.probe, until, cost, d.Limit)
+		c.probe = nil
+	case !until.IsZero():
+		e.deny.put(h.Key, until, cost, d.Limit)
+	}
+}
+
+// exhaustedFor returns how long a key that an allowed decision left with
+// nothing remaining cannot admit even a request of cost 1, or 0 when that
+// is not known exactly. The bounds follow ALGORITHMS.md: for the buckets,
+// ResetAfter minus the ticks that refill all but one token, rounded up, is
+// a lower bound on the time to one token that is off by less than a tick.
+func exhaustedFor(p *limiter.Params, d limiter.Decision) time.Duration {
+	if !d.Allowed || d.Remaining > 0 || d.ResetAfter <= 0 {
+		return 0
+	}
+	switch p.Limit.Algorithm {
+	case limiter.TokenBucket, limiter.GCRA:
+		slackTicks := (p.CapacityUnits - p.TokenUnits + p.TickUnits - 1) / p.TickUnits
+		return max(0, d.ResetAfter-time.Duration(slackTicks*p.TickMicros)*time.Microsecond)
+	case limiter.FixedWindow:
+		return d.ResetAfter
+	}
+	return 0
+}
+
+// count records the decisions of the evaluated calls in metrics.
+func (e *Engine) count(hits []Hit, _ []call, v *Verdict) {
+	for i, r := range v.Results {
+		if r.Source == NotEvaluated || r.Source == FromDenyCache {
+			continue
+		}
+		rm := hits[i].Rule.m
+		switch {
+		case r.Source == FromNowhere:
+			rm.Unavailable.Inc()
+		case r.Allowed:
+			rm.Allowed.Inc()
+		case hits[i].Rule.Shadow:
+			rm.ShadowDenied.Inc()
+		default:
+			rm.Denied.Inc()
+		}
+	}
+}
+
+// conclude sets the outcome and the binding hit from the results.
+func (e *Engine) conclude(hits []Hit, v *Verdict) {
+	for i, r := range v.Results {
+		if hits[i].Rule.Shadow || r.Source == NotEvaluated {
+			continue
+		}
+		switch {
+		case r.Source == FromNowhere:
+			if v.Outcome != Unavailable {
+				v.Outcome, v.Binding, v.RetryAfter = Unavailable, i, r.RetryAfter
+			}
+		case !r.Allowed:
+			if v.Outcome == Allow || (v.Outcome == Deny && r.RetryAfter > v.RetryAfter) {
+				v.Outcome, v.Binding, v.RetryAfter = Deny, i, r.RetryAfter
+			}
+		case v.Outcome == Allow:
+			if v.Binding < 0 || tighter(r.Decision, v.Results[v.Binding].Decision) {
+				v.Binding = i
+			}
+		}
+	}
+}
+
+// tighter reports whether a leaves less room than b.
+func tighter(a, b limiter.Decision) bool {
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.Limit < b.Limit
+}

@@ -1,0 +1,358 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// keyedStore applies the limiter's own math per key at the test clock's
+// time: the same arithmetic the stores implement. calls counts Takes.
+type keyedStore struct {
+	clock *clock
+	mu    sync.Mutex
+	m     map[string]*limiter.Limiter
+	calls atomic.Int64
+	// fail, when set, makes every Take fail with ErrUnavailable.
+	fail atomic.Bool
+	// gate, when non-nil, is waited on by every Take.
+	gate chan struct{}
+}
+
+func newKeyedStore(c *clock) *keyedStore { return &keyedStore{clock: c, m: map[string]*limiter.Limiter{}} }
+
+func (s *keyedStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+	s.calls.Add(1)
+	if s.gate != nil {
+		<-s.gate
+	}
+	if s.fail.Load() {
+		return limiter.Decision{}, fmt.Errorf("dial 127.0.0.1:1: %w", limiter.ErrUnavailable)
+	}
+	s.mu.Lock()
+	l := s.m[req.Key]
+	if l == nil {
+		var err error
+		if l, err = limiter.New(req.Limit); err != nil {
+			s.mu.Unlock()
+			return limiter.Decision{}, err
+		}
+		s.m[req.Key] = l
+	} else if l.Limit() != req.Limit {
+		if err := l.SetLimit(req.Limit); err != nil {
+			s.mu.Unlock()
+			return limiter.Decision{}, err
+		}
+	}
+	s.mu.Unlock()
+	return l.AllowN(s.clock.Now(), req.Cost)
+}
+
+type fixture struct {
+	clock    *clock
+	store    *keyedStore
+	fallback *keyedStore
+	m        *metrics.Metrics
+	e        *Engine
+}
+
+func newFixture(t *testing.T, parallel bool) *fixture {
+	t.Helper()
+	f := &fixture{clock: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	f.store, f.fallback = newKeyedStore(f.clock), newKeyedStore(f.clock)
+	f.m = metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	var err error
+	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Parallel: parallel, Now: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) rule(t *testing.T, name string, lim limiter.Limit, replicas int32, failClosed, shadow bool) *Rule {
+	t.Helper()
+	r, err := NewRule("pol", name, lim, replicas, failClosed, shadow, f.m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (f *fixture) decide(hits ...Hit) Verdict {
+	var v Verdict
+	f.e.Decide(context.Background(), hits, &v)
+	return v
+}
+
+func perMinute(alg limiter.Algorithm, n int64) limiter.Limit {
+	return limiter.Limit{Algorithm: alg, Requests: n, Period: time.Minute}
+}
+
+func TestExactCountsAndLocalDenials(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.SlidingWindow, limiter.FixedWindow, limiter.SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, false)
+			r := f.rule(t, "r", perMinute(alg, 5), 1, false, false)
+			allowed := 0
+			for i := range 50 {
+				v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+				if v.Outcome == Allow {
+					allowed++
+				} else if v.RetryAfter <= 0 {
+					t.Fatalf("request %d: denied with RetryAfter %v", i, v.RetryAfter)
+				}
+			}
+			if got, want := allowed, 5; got != want {
+				t.Errorf("allowed %d of 50, want %d", got, want)
+			}
+			// 5 allowed calls, at most one deny from the store; the rest
+			// are local denials.
+			if got := f.store.calls.Load(); got > 6 {
+				t.Errorf("store calls = %d, want at most 6", got)
+			}
+			if got, want := value(f.m.DecisionsTotal.WithLabelValues("pol", "r", "allowed")), 5.0; got != want {
+				t.Errorf("allowed metric = %v, want %v", got, want)
+			}
+			if got, want := value(f.m.DecisionsTotal.WithLabelValues("pol", "r", "denied")), 45.0; got != want {
+				t.Errorf("denied metric = %v, want %v", got, want)
+			}
+			if value(f.m.LocalDenialsTotal.WithLabelValues("pol", "r")) < 44 {
+				t.Errorf("local denials = %v, want >= 44", value(f.m.LocalDenialsTotal.WithLabelValues("pol", "r")))
+			}
+			// A minute later the key admits again.
+			f.clock.Add(time.Minute + time.Second)
+			if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome != Allow {
+				t.Errorf("after a minute: outcome %v, want allow", v.Outcome)
+			}
+		})
+	}
+}
+
+func TestExhaustedKeyIsDeniedLocallyUntilExactlyRefilled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	r := f.rule(t, "r", perMinute(limiter.TokenBucket, 60), 1, false, false) // 1 token/s
+	for range 60 {
+		if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome != Allow {
+			t.Fatal("bucket denied before it was empty")
+		}
+	}
+	calls := f.store.calls.Load()
+	v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+	if v.Outcome != Deny || v.Results[0].Source != FromDenyCache {
+		t.Fatalf("empty bucket: %v from %v, want a local deny", v.Outcome, v.Results[0].Source)
+	}
+	if got := f.store.calls.Load(); got != calls {
+		t.Errorf("a local deny called the store")
+	}
+	if v.RetryAfter <= 0 || v.RetryAfter > time.Second {
+		t.Errorf("RetryAfter = %v, want (0, 1s]", v.RetryAfter)
+	}
+	f.clock.Add(v.RetryAfter)
+	if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome != Allow || v.Results[0].Source != FromStore {
+		t.Errorf("at the refill instant: %v from %v, want allowed by the store", v.Outcome, v.Results[0].Source)
+	}
+}
+
+func TestTightestWinsAndDenyingRuleTakesNothing(t *testing.T) {
+	t.Parallel()
+	for _, parallel := range []bool{false, true} {
+		f := newFixture(t, parallel)
+		wide := f.rule(t, "wide", perMinute(limiter.FixedWindow, 10), 1, false, false)
+		tight := f.rule(t, "tight", perMinute(limiter.FixedWindow, 2), 1, false, false)
+		hits := []Hit{{Rule: wide, Key: "w", Cost: 1}, {Rule: tight, Key: "t", Cost: 1}}
+		for i := range 2 {
+			v := f.decide(hits...)
+			if v.Outcome != Allow {
+				t.Fatalf("request %d denied", i)
+			}
+			if got, want := v.Binding, 1; got != want {
+				t.Errorf("binding = %d, want the tight rule", got)
+			}
+		}
+		v := f.decide(hits...)
+		if v.Outcome != Deny || v.Binding != 1 {
+			t.Fatalf("third request: %v binding %d, want deny by the tight rule", v.Outcome, v.Binding)
+		}
+		// The wide rule was not charged for the denied request.
+		d, err := f.store.Take(context.Background(), limiter.Request{Key: "w", Limit: wide.Limit, Cost: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := d.Remaining, int64(8); got != want {
+			t.Errorf("parallel=%v: wide remaining = %d, want %d", parallel, got, want)
+		}
+	}
+}
+
+func TestShadowCountsButNeverBlocks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	sh := f.rule(t, "shadow", perMinute(limiter.TokenBucket, 2), 1, false, true)
+	for i := range 10 {
+		v := f.decide(Hit{Rule: sh, Key: "k", Cost: 1})
+		if v.Outcome != Allow {
+			t.Fatalf("request %d: shadow rule blocked", i)
+		}
+		if v.Binding != -1 {
+			t.Errorf("a shadow rule must not bind the headers")
+		}
+	}
+	if got, want := value(f.m.DecisionsTotal.WithLabelValues("pol", "shadow", "shadow_denied")), 8.0; got != want {
+		t.Errorf("shadow_denied = %v, want %v", got, want)
+	}
+}
+
+func TestFailOpenUsesLocalShare(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	r := f.rule(t, "open", perMinute(limiter.FixedWindow, 10), 4, false, false)
+	f.store.fail.Store(true)
+	allowed := 0
+	for range 20 {
+		if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome == Allow {
+			allowed++
+		} else if v.Results[0].Source != FromFallback {
+			t.Fatalf("deny from %v, want fallback", v.Results[0].Source)
+		}
+	}
+	if got, want := allowed, 2; got != want { // 10/4 = 2 per replica
+		t.Errorf("allowed %d with the store down, want %d", got, want)
+	}
+	if !f.e.FallbackActive() || value(f.m.FallbackActive) != 1 {
+		t.Errorf("fallback not reported active")
+	}
+	f.store.fail.Store(false)
+	if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome != Allow || v.Results[0].Source != FromStore {
+		t.Errorf("store back: %v from %v", v.Outcome, v.Results[0].Source)
+	}
+	if f.e.FallbackActive() {
+		t.Errorf("fallback still active after a good store call")
+	}
+}
+
+func TestFailClosedIsUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	closed := f.rule(t, "closed", perMinute(limiter.TokenBucket, 10), 1, true, false)
+	open := f.rule(t, "open", perMinute(limiter.TokenBucket, 10), 1, false, false)
+	f.store.fail.Store(true)
+	v := f.decide(Hit{Rule: open, Key: "a", Cost: 1}, Hit{Rule: closed, Key: "b", Cost: 1})
+	if v.Outcome != Unavailable || v.Binding != 1 || v.RetryAfter != UnavailableRetryAfter {
+		t.Errorf("verdict %+v, want Unavailable bound to the closed rule", v)
+	}
+	if f.fallback.calls.Load() != 0 {
+		t.Errorf("fallback buckets were charged for an unavailable request")
+	}
+}
+
+func TestProbeGatesConcurrentRequests(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 1, false, false)
+	for range 4 {
+		f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+	}
+	// Next window: the deny entry has expired.
+	f.clock.Add(time.Minute)
+	before := f.store.calls.Load()
+	f.store.gate = make(chan struct{})
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome == Allow {
+				allowed.Add(1)
+			}
+		})
+	}
+	// Only the probe reaches the store while it is in flight.
+	for f.store.calls.Load() == before {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := f.store.calls.Load() - before; got != 1 {
+		t.Errorf("%d store calls while the probe was in flight, want 1", got)
+	}
+	close(f.store.gate)
+	wg.Wait()
+	if got, want := allowed.Load(), int64(3); got != want {
+		t.Errorf("allowed %d in the new window, want %d", got, want)
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		lim  limiter.Limit
+		keys int
+	}{
+		{"hot-allowed", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxRequests, Period: time.Second}, 1},
+		{"hot-denied", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Period: time.Hour}, 1},
+		{"cold-keys", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second}, 1 << 16},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := &clock{t: time.Now()}
+			st := newKeyedStore(c)
+			m := metrics.NewMetrics(prometheus.NewRegistry())
+			e, err := New(Options{Store: st, Fallback: st, Metrics: m, Now: c.Now})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := NewRule("p", "r", tc.lim, 1, false, false, m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, tc.keys)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("uid:r:%032x", i)
+			}
+			hits := []Hit{{Rule: r, Cost: 1}}
+			var v Verdict
+			ctx := context.Background()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				hits[0].Key = keys[i%len(keys)]
+				i++
+				e.Decide(ctx, hits, &v)
+			}
+		})
+	}
+}
+
+// value reads a counter or gauge.
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}

@@ -1,0 +1,176 @@
+// Package metrics holds floodgate-sidecar's Prometheus metrics. They are
+// registered on the registry the caller passes to NewMetrics, never on the
+// global one, so tests and several sidecars in one process do not collide.
+//
+// Label values are policy and rule names, results, store names and shard
+// addresses: all bounded by configuration. Client keys, addresses and
+// descriptor values never appear as label values.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const namespace = "floodgate_sidecar"
+
+// Decision results, the values of the "result" label of DecisionsTotal.
+const (
+	ResultAllowed      = "allowed"
+	ResultDenied       = "denied"
+	ResultShadowDenied = "shadow_denied"
+	ResultUnavailable  = "unavailable"
+)
+
+// Metrics are the sidecar's collectors. All methods of the collectors are
+// safe for concurrent use.
+type Metrics struct {
+	// DecisionsTotal counts rule decisions by policy, rule and result.
+	DecisionsTotal *prometheus.CounterVec
+	// DecisionDuration observes the time to decide one request, over all
+	// its rules, including store calls.
+	DecisionDuration prometheus.Histogram
+	// StoreOpsTotal counts store calls by store, shard and result (ok,
+	// unavailable, error).
+	StoreOpsTotal *prometheus.CounterVec
+	// StoreOpDuration observes store call latency by store and shard.
+	StoreOpDuration *prometheus.HistogramVec
+	// LocalDenialsTotal counts decisions answered from the local deny cache
+	// without a store call, by policy and rule.
+	LocalDenialsTotal *prometheus.CounterVec
+	// FallbackDecisionsTotal counts decisions taken on a local fallback
+	// bucket because the store was unavailable, by policy, rule and result.
+	FallbackDecisionsTotal *prometheus.CounterVec
+	// FallbackActive is 1 while the store is unavailable and rules follow
+	// their failure mode, 0 otherwise.
+	FallbackActive prometheus.Gauge
+	// DenyCacheKeys is the number of keys in the local deny cache.
+	DenyCacheKeys prometheus.GaugeFunc
+	// ConfigInfo is 1 for the revision of the config in force.
+	ConfigInfo *prometheus.GaugeVec
+	// ConfigLoadsTotal counts config loads by result (ok, error).
+	ConfigLoadsTotal *prometheus.CounterVec
+	// ConfigErrorsTotal counts configs that were rejected.
+	ConfigErrorsTotal prometheus.Counter
+	// ConfigValid is 1 when the last config seen was applied, 0 when it was
+	// rejected and the last good one is still in force.
+	ConfigValid prometheus.Gauge
+	// ConfigLastSuccess is the Unix time of the last applied config.
+	ConfigLastSuccess prometheus.Gauge
+	// DenyEventsTotal counts deny events by outcome (logged, dropped).
+	DenyEventsTotal *prometheus.CounterVec
+	// RequestsTotal counts proxied and answered requests by status class.
+	RequestsTotal *prometheus.CounterVec
+
+	denyCacheSize func() float64
+}
+
+// NewMetrics creates the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		DecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "decisions_total",
+			Help: "Rate-limit decisions by policy, rule and result (allowed, denied, shadow_denied, unavailable).",
+		}, []string{"policy", "rule", "result"}),
+		DecisionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "decision_duration_seconds",
+			Help:    "Time to decide one request over all its matching rules, store calls included.",
+			Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1},
+		}),
+		StoreOpsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "store_operations_total",
+			Help: "Counter store calls by store, shard and result (ok, unavailable, error).",
+		}, []string{"store", "shard", "result"}),
+		StoreOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "store_operation_duration_seconds",
+			Help:    "Counter store call latency by store and shard.",
+			Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1},
+		}, []string{"store", "shard"}),
+		LocalDenialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "local_denials_total",
+			Help: "Requests denied from the local deny cache without a store call, by policy and rule.",
+		}, []string{"policy", "rule"}),
+		FallbackDecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "fallback_decisions_total",
+			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
+		}, []string{"policy", "rule", "result"}),
+		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "fallback_active",
+			Help: "1 while the counter store is unavailable and rules follow their failure mode.",
+		}),
+		ConfigInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "config_info",
+			Help: "1 for the revision of the sidecar config in force.",
+		}, []string{"revision"}),
+		ConfigLoadsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "config_loads_total",
+			Help: "Sidecar config loads by result (ok, error).",
+		}, []string{"result"}),
+		ConfigErrorsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "config_errors_total",
+			Help: "Sidecar configs rejected as invalid; the last good config stays in force.",
+		}),
+		ConfigValid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "config_valid",
+			Help: "1 when the last config seen was applied, 0 when it was rejected.",
+		}),
+		ConfigLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "config_last_success_timestamp_seconds",
+			Help: "Unix time of the last applied sidecar config.",
+		}),
+		DenyEventsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "deny_events_total",
+			Help: "Deny events by outcome: logged, or dropped because the queue was full.",
+		}, []string{"outcome"}),
+		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "requests_total",
+			Help: "Requests handled by the sidecar, by response code class (2xx, 4xx, ...).",
+		}, []string{"code"}),
+	}
+	m.DenyCacheKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "deny_cache_keys",
+		Help: "Keys held in the local deny cache.",
+	}, func() float64 {
+		if m.denyCacheSize == nil {
+			return 0
+		}
+		return m.denyCacheSize()
+	})
+	reg.MustRegister(m.DecisionsTotal, m.DecisionDuration, m.StoreOpsTotal, m.StoreOpDuration,
+		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
+		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
+		m.DenyEventsTotal, m.RequestsTotal)
+	return m
+}
+
+// SetDenyCacheSize installs the function DenyCacheKeys reads. It must be
+// called before the metrics are scraped concurrently.
+func (m *Metrics) SetDenyCacheSize(f func() float64) { m.denyCacheSize = f }
+
+// Rule holds the pre-resolved counters of one rule, so that the hot path
+// never looks labels up.
+type Rule struct {
+	Allowed, Denied, ShadowDenied, Unavailable prometheus.Counter
+	LocalDenials                               prometheus.Counter
+	FallbackAllowed, FallbackDenied            prometheus.Counter
+}
+
+// ForRule resolves a rule's counters.
+func (m *Metrics) ForRule(policy, rule string) *Rule {
+	return &Rule{
+		Allowed:         m.DecisionsTotal.WithLabelValues(policy, rule, ResultAllowed),
+		Denied:          m.DecisionsTotal.WithLabelValues(policy, rule, ResultDenied),
+		ShadowDenied:    m.DecisionsTotal.WithLabelValues(policy, rule, ResultShadowDenied),
+		Unavailable:     m.DecisionsTotal.WithLabelValues(policy, rule, ResultUnavailable),
+		LocalDenials:    m.LocalDenialsTotal.WithLabelValues(policy, rule),
+		FallbackAllowed: m.FallbackDecisionsTotal.WithLabelValues(policy, rule, ResultAllowed),
+		FallbackDenied:  m.FallbackDecisionsTotal.WithLabelValues(policy, rule, ResultDenied),
+	}
+}
+
+// ForgetRule deletes the series of a rule that is no longer configured.
+func (m *Metrics) ForgetRule(policy, rule string) {
+	labels := prometheus.Labels{"policy": policy, "rule": rule}
+	m.DecisionsTotal.DeletePartialMatch(labels)
+	m.LocalDenialsTotal.DeletePartialMatch(labels)
+	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
+}
