@@ -175,6 +175,8 @@ type Verdict struct {
 	// RetryAfter is how long the client should wait when the outcome is
 	// not Allow.
 	RetryAfter time.Duration
+
+	scratch []call // reused store calls
 }
 
 func (v *Verdict) reset(n int) {
@@ -290,10 +292,13 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	v.reset(len(hits))
 	now := e.o.Now()
 
-	var buf [8]call
-	calls := buf[:0]
-	var shadow [8]call
-	shadowCalls := shadow[:0]
+	// Enforced calls, shadow calls and their concatenation in one reused
+	// slice of three sections.
+	if cap(v.scratch) < 3*len(hits) {
+		v.scratch = make([]call, 3*len(hits))
+	}
+	calls := v.scratch[:0]
+	shadowCalls := v.scratch[len(hits):len(hits)]
 	denied, probing := false, false
 	for i := range hits {
 		h := &hits[i]
@@ -331,10 +336,15 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	case len(calls) <= 1:
 		// One enforced call (or none): take directly, together with the
 		// shadow calls.
-		all := append(calls, shadowCalls...)
-		e.run(ctx, hits, all, now)
-		copy(shadowCalls, all[len(calls):])
-		copy(calls, all[:len(calls)])
+		if len(shadowCalls) == 0 {
+			e.run(ctx, hits, calls, now)
+		} else {
+			all := append(v.scratch[len(hits)+len(shadowCalls):len(hits)+len(shadowCalls)], calls...)
+			all = append(all, shadowCalls...)
+			e.run(ctx, hits, all, now)
+			copy(calls, all[:len(calls)])
+			copy(shadowCalls, all[len(calls):])
+		}
 		for _, c := range calls {
 			v.Results[c.hit] = c.res
 		}
