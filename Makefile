@@ -72,7 +72,7 @@ test-deps: ## Install redis-server and build the envtest binaries and tools.
 .PHONY: test
 test: test-deps ## Run every test: unit, envtest and real-Redis suites.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
-		$(GO) test $(GO_TEST_FLAGS) $(PKGS)
+		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $(PKGS)
 
 .PHONY: bench
 bench: build ## Run the micro-benchmarks and the load harnesses.
@@ -82,4 +82,4 @@ bench: build ## Run the micro-benchmarks and the load harnesses.
 
 .PHONY: demo
 demo: ## Run the whole system locally and show it working.
-	hack/demo.sh
+	hack/with-reaper.sh hack/demo.sh
