@@ -1,0 +1,206 @@
+package memstore_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+)
+
+// The benchmarks compare a keyed decision with golang.org/x/time/rate's
+// AllowN on a single Limiter, in the same run, so the ratio can be read
+// directly. Time is passed in, as AllowN takes it, so neither side pays for
+// reading the clock.
+
+const manyKeys = 1_000_000
+
+var benchLimit = limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second, Burst: 100}
+
+// keyedLimit is the limit of the 1M-key benchmarks: slow enough that no
+// key's state expires during a run, so every decision is on an existing key.
+var keyedLimit = limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Period: time.Hour, Burst: 1000}
+
+var keyedBase = time.Unix(1_700_000_000, 0)
+
+// keyed is a store holding manyKeys keys and the keys in a random order,
+// laid out in memory in that order, so that the slot a decision touches is
+// random but reading the next key is not.
+type keyed struct {
+	store *memstore.Store
+	keys  []string
+}
+
+var (
+	keyedOnce = map[limiter.Algorithm]*sync.Once{}
+	keyedSets = map[limiter.Algorithm]*keyed{}
+	keyedMu   sync.Mutex
+)
+
+// keyedStore builds, once per algorithm and process, a store with manyKeys
+// keys.
+func keyedStore(b *testing.B, l limiter.Limit) *keyed {
+	keyedMu.Lock()
+	once, ok := keyedOnce[l.Algorithm]
+	if !ok {
+		once = new(sync.Once)
+		keyedOnce[l.Algorithm] = once
+	}
+	keyedMu.Unlock()
+	once.Do(func() {
+		s, err := memstore.New(memstore.WithMaxKeys(manyKeys))
+		if err != nil {
+			b.Fatal(err)
+		}
+		order := rand.New(rand.NewPCG(1, 2)).Perm(manyKeys)
+		keys := make([]string, manyKeys)
+		for i, k := range order {
+			keys[i] = "fg:policy:rule:" + strconv.Itoa(k)
+		}
+		now := keyedBase
+		for _, k := range keys {
+			if _, err := s.Take(context.Background(), limiter.Request{Key: k, Limit: l, Cost: 1, Now: now}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		keyedMu.Lock()
+		keyedSets[l.Algorithm] = &keyed{store: s, keys: keys}
+		keyedMu.Unlock()
+	})
+	keyedMu.Lock()
+	defer keyedMu.Unlock()
+	return keyedSets[l.Algorithm]
+}
+
+// BenchmarkTake is a decision on an existing key.
+func BenchmarkTake(b *testing.B) {
+	b.Run("1key", func(b *testing.B) {
+		s, err := memstore.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		now := time.Unix(1_700_000_000, 0)
+		req := limiter.Request{Key: "fg:policy:rule:42", Limit: benchLimit, Cost: 1}
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			now = now.Add(10 * time.Millisecond)
+			req.Now = now
+			if _, err := s.Take(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
+		b.Run("1Mkeys-random/"+alg.String(), func(b *testing.B) {
+			l := keyedLimit
+			l.Algorithm = alg
+			if alg != limiter.TokenBucket && alg != limiter.GCRA {
+				l.Burst = 0
+			}
+			ks := keyedStore(b, l)
+			now := keyedBase
+			ctx := context.Background()
+			req := limiter.Request{Limit: l, Cost: 1}
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				req.Key = ks.keys[i]
+				if i++; i == manyKeys {
+					i = 0
+				}
+				now = now.Add(time.Microsecond)
+				req.Now = now
+				if _, err := ks.store.Take(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkTakeParallel is BenchmarkTake from GOMAXPROCS goroutines.
+func BenchmarkTakeParallel(b *testing.B) {
+	b.Run("1key", func(b *testing.B) {
+		s, err := memstore.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			now := time.Unix(1_700_000_000, 0)
+			req := limiter.Request{Key: "fg:policy:rule:42", Limit: benchLimit, Cost: 1}
+			ctx := context.Background()
+			for pb.Next() {
+				now = now.Add(10 * time.Millisecond)
+				req.Now = now
+				if _, err := s.Take(ctx, req); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("1Mkeys-random", func(b *testing.B) {
+		ks := keyedStore(b, keyedLimit)
+		var worker atomic.Int64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(worker.Add(1)) * 7919 % manyKeys
+			now := keyedBase
+			ctx := context.Background()
+			req := limiter.Request{Limit: keyedLimit, Cost: 1}
+			for pb.Next() {
+				req.Key = ks.keys[i]
+				if i++; i == manyKeys {
+					i = 0
+				}
+				now = now.Add(time.Microsecond)
+				req.Now = now
+				if _, err := ks.store.Take(ctx, req); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+// BenchmarkXTimeRateAllowN is the reference: golang.org/x/time/rate's
+// AllowN on one Limiter with the same rate and burst.
+func BenchmarkXTimeRateAllowN(b *testing.B) {
+	b.Run("serial", func(b *testing.B) {
+		lim := rate.NewLimiter(rate.Limit(100), 100)
+		now := time.Unix(1_700_000_000, 0)
+		b.ReportAllocs()
+		for b.Loop() {
+			now = now.Add(10 * time.Millisecond)
+			lim.AllowN(now, 1)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		lim := rate.NewLimiter(rate.Limit(100), 100)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			now := time.Unix(1_700_000_000, 0)
+			for pb.Next() {
+				now = now.Add(10 * time.Millisecond)
+				lim.AllowN(now, 1)
+			}
+		})
+	})
+}
+
+// BenchmarkHeapPerKey reports the heap per key after 1M keys.
+func BenchmarkHeapPerKey(b *testing.B) {
+	for b.Loop() {
+		b.ReportMetric(heapPerKey(b, limiter.TokenBucket, manyKeys), "B/key")
+	}
+}
