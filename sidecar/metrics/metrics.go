@@ -58,7 +58,9 @@ type Metrics struct {
 	ConfigLastSuccess prometheus.Gauge
 	// DenyEventsTotal counts deny events by outcome (logged, dropped).
 	DenyEventsTotal *prometheus.CounterVec
-	// RequestsTotal counts proxied and answered requests by status class.
+	// RequestsTotal counts requests by outcome: proxied (sent upstream),
+	// denied (429), unavailable (503: fail-closed or no config), rejected
+	// (400: bad cost or missing key part) and upstream_error (502).
 	RequestsTotal *prometheus.CounterVec
 
 	denyCacheSize func() float64
@@ -123,8 +125,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
-			Help: "Requests handled by the sidecar, by response code class (2xx, 4xx, ...).",
-		}, []string{"code"}),
+			Help: "Requests handled by the sidecar, by outcome (proxied, denied, unavailable, rejected, upstream_error).",
+		}, []string{"outcome"}),
 	}
 	m.DenyCacheKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "deny_cache_keys",

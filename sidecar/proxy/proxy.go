@@ -1,0 +1,346 @@
+// Package proxy is floodgate-sidecar's HTTP front: it matches each request
+// to the rules in force, asks the decision engine, and either proxies the
+// request to the application or answers 429 (or 503 for a fail-closed rule
+// whose store is unreachable) itself. A denied request never reaches the
+// application.
+//
+// Proxying is httputil.ReverseProxy: HTTP/1.1 and h2c in front, streaming
+// bodies both ways, WebSocket and other upgrades passed through, hop-by-hop
+// headers removed, and copy buffers taken from a pool rather than allocated
+// per request.
+//
+// # Response fields
+//
+// Every response to a request that an enforced rule matched carries the
+// fields of the binding rule (see package engine): X-RateLimit-Limit (the
+// key's capacity), X-RateLimit-Remaining and X-RateLimit-Reset (seconds
+// until the key is back to full, rounded up), plus the RateLimit-Policy and
+// RateLimit fields of draft-ietf-httpapi-ratelimit-headers-09 in their
+// structured-field form:
+//
+//	RateLimit-Policy: "checkout.per-user";q=100;w=60
+//	RateLimit: "checkout.per-user";r=42;t=18
+//
+// where the item names the rule as "<policy>.<rule>", q and w are the
+// rule's requests and period in seconds, r the remaining quota and t the
+// seconds until reset. A deny adds Retry-After (whole seconds, rounded up,
+// at least 1) and an RFC 9457 application/problem+json body.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/events"
+	"github.com/floodgate-dev/floodgate/sidecar/match"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+)
+
+// ProblemType is the type URI of floodgate's problem details.
+const (
+	ProblemRateLimited = "https://floodgate.dev/problems/rate-limited"
+	ProblemUnavailable = "https://floodgate.dev/problems/limiter-unavailable"
+	ProblemBadRequest  = "https://floodgate.dev/problems/bad-request"
+	ProblemNoConfig    = "https://floodgate.dev/problems/no-config"
+	ProblemUpstream    = "https://floodgate.dev/problems/upstream-unreachable"
+)
+
+// Options configure a Proxy.
+type Options struct {
+	// Upstream is the application, e.g. http://127.0.0.1:8080. Required.
+	Upstream *url.URL
+	// UpstreamH2C speaks HTTP/2 without TLS (h2c) to the upstream, for
+	// gRPC applications. Otherwise HTTP/1.1 is used.
+	UpstreamH2C bool
+	// Transport overrides the upstream transport (tests).
+	Transport http.RoundTripper
+	// Engine decides requests. Required.
+	Engine *engine.Engine
+	// Metrics receives request counts. Required.
+	Metrics *metrics.Metrics
+	// Events receives deny events; nil disables them.
+	Events *events.Queue
+	// Log receives upstream errors; nil uses slog.Default().
+	Log *slog.Logger
+}
+
+// Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
+// be called at any time and applies to requests that start afterwards.
+type Proxy struct {
+	o     Options
+	rules atomic.Pointer[ruleset.Set]
+	rp    *httputil.ReverseProxy
+	pool  sync.Pool
+
+	proxied, denied, unavailable, rejected, upstreamErr prometheus.Counter
+}
+
+// New returns a Proxy. It answers 503 until SetRules is called.
+func New(o Options) (*Proxy, error) {
+	if o.Upstream == nil || o.Engine == nil || o.Metrics == nil {
+		return nil, errors.New("proxy: Upstream, Engine and Metrics are required")
+	}
+	if o.Upstream.Scheme != "http" && o.Upstream.Scheme != "https" {
+		return nil, errors.New("proxy: upstream scheme must be http or https")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Transport == nil {
+		o.Transport = NewTransport(o.UpstreamH2C)
+	}
+	p := &Proxy{o: o}
+	p.pool.New = func() any { return new(state) }
+	up := o.Upstream
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			// The application sees the Host the client asked for.
+			pr.Out.Host = pr.In.Host
+			// Keep the client's chain and append the peer, as a proxy does.
+			// Whether the chain is believed is the rules' business
+			// (trustedProxies), not the application's.
+			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			pr.SetXForwarded()
+		},
+		Transport:  o.Transport,
+		BufferPool: bufferPool{},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				// The client went away; nobody is listening.
+				return
+			}
+			p.upstreamErr.Inc()
+			o.Log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
+			problem(w, http.StatusBadGateway, ProblemUpstream, "Bad Gateway", "the application did not answer", 0)
+		},
+	}
+	rt := o.Metrics.RequestsTotal
+	p.proxied = rt.WithLabelValues("proxied")
+	p.denied = rt.WithLabelValues("denied")
+	p.unavailable = rt.WithLabelValues("unavailable")
+	p.rejected = rt.WithLabelValues("rejected")
+	p.upstreamErr = rt.WithLabelValues("upstream_error")
+	return p, nil
+}
+
+// NewTransport returns the upstream transport: keep-alive connections to
+// one local application, no transparent compression (the client's
+// Accept-Encoding is passed through as is), and h2c when asked.
+func NewTransport(h2c bool) *http.Transport {
+	t := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+	if h2c {
+		var ps http.Protocols
+		ps.SetUnencryptedHTTP2(true)
+		t.Protocols = &ps
+	}
+	return t
+}
+
+// SetRules installs a compiled rule set.
+func (p *Proxy) SetRules(s *ruleset.Set) { p.rules.Store(s) }
+
+// Rules returns the rule set in force, or nil.
+func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
+
+// state is the per-request scratch space, pooled.
+type state struct {
+	idx  []int
+	hits []engine.Hit
+	rule []int // set rule index of each hit
+	v    engine.Verdict
+	dreq descriptor.Request
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	set := p.rules.Load()
+	if set == nil {
+		p.unavailable.Inc()
+		problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", time.Second)
+		return
+	}
+	st := p.pool.Get().(*state)
+	defer p.release(st)
+
+	path := match.CleanPath(r.URL.Path)
+	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
+	st.hits, st.rule = st.hits[:0], st.rule[:0]
+	if len(st.idx) > 0 {
+		st.dreq.Reset(r, path, set.Policies)
+		for _, i := range st.idx {
+			rule := &set.Rules[i]
+			key, ok, err := rule.Extract.Key(&st.dreq)
+			if err != nil {
+				p.rejected.Inc()
+				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
+				return
+			}
+			if !ok {
+				continue
+			}
+			cost, err := rule.Cost.Of(r.Header)
+			if err != nil {
+				p.rejected.Inc()
+				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
+				return
+			}
+			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
+			st.rule = append(st.rule, i)
+		}
+	}
+	if len(st.hits) == 0 {
+		p.proxied.Inc()
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	v := &st.v
+	p.o.Engine.Decide(r.Context(), st.hits, v)
+	if v.Binding >= 0 {
+		writeFields(w.Header(), &set.Rules[st.rule[v.Binding]], v.Results[v.Binding], v.Outcome != engine.Allow)
+	}
+	p.publish(r, st, v)
+	switch v.Outcome {
+	case engine.Allow:
+		p.proxied.Inc()
+		p.rp.ServeHTTP(w, r)
+	case engine.Deny:
+		p.denied.Inc()
+		rule := set.Rules[st.rule[v.Binding]].Engine
+		problem(w, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
+			"rate limit of policy "+rule.Policy+", rule "+rule.Name+" exceeded", v.RetryAfter)
+	default:
+		p.unavailable.Inc()
+		rule := set.Rules[st.rule[v.Binding]].Engine
+		problem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
+			"the counter store for policy "+rule.Policy+", rule "+rule.Name+" is unreachable and the rule fails closed", v.RetryAfter)
+	}
+}
+
+func (p *Proxy) release(st *state) {
+	st.dreq.Reset(nil, "", 0)
+	clear(st.hits)
+	p.pool.Put(st)
+}
+
+// publish queues a deny event for each denying hit, shadow ones included.
+func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
+	if p.o.Events == nil {
+		return
+	}
+	for i, res := range v.Results {
+		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
+			continue
+		}
+		h := st.hits[i]
+		client, _, _ := net.SplitHostPort(r.RemoteAddr)
+		p.o.Events.Publish(events.Event{
+			Time: time.Now(), Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
+			Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
+			RetryAfter: res.RetryAfter, Method: r.Method, Path: r.URL.Path, Client: client,
+		})
+	}
+}
+
+// writeFields sets the rate-limit response fields of the binding rule.
+func writeFields(h http.Header, rule *ruleset.Rule, res engine.Result, denied bool) {
+	reset := res.ResetAfter
+	if res.RetryAfter > reset {
+		reset = res.RetryAfter
+	}
+	resetSec := ceilSeconds(reset, 0)
+	remaining := res.Remaining
+	if denied {
+		remaining = 0
+	}
+	lim := rule.Engine.Limit
+	h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(res.Limit, 10)}
+	h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(remaining, 10)}
+	h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(resetSec, 10)}
+	name := strconv.Quote(rule.PolicyName) // names are restricted to [A-Za-z0-9._-]
+	h["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(lim.Requests, 10) + ";w=" + strconv.FormatInt(int64(lim.Period/time.Second), 10)}
+	h["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(resetSec, 10)}
+}
+
+// ceilSeconds rounds d up to whole seconds, at least floor.
+func ceilSeconds(d time.Duration, floor int64) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, floor)
+}
+
+// problem writes an RFC 9457 problem+json answer. retry > 0 adds a
+// Retry-After of at least one second.
+func problem(w http.ResponseWriter, status int, typ, title, detail string, retry time.Duration) {
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["Cache-Control"] = []string{"no-store"}
+	b := make([]byte, 0, 256)
+	b = append(b, `{"type":`...)
+	b = strconv.AppendQuote(b, typ)
+	b = append(b, `,"title":`...)
+	b = strconv.AppendQuote(b, title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"detail":`...)
+	b = appendJSONString(b, detail)
+	if retry > 0 {
+		secs := ceilSeconds(retry, 1)
+		h["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+		b = append(b, `,"retryAfter":`...)
+		b = strconv.AppendInt(b, secs, 10)
+	}
+	b = append(b, "}\n"...)
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// appendJSONString appends s as a JSON string. Control characters and
+// non-ASCII bytes are escaped, so the output is valid JSON whatever s holds.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c >= 0x7f:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// bufferPool lends ReverseProxy its copy buffers.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
