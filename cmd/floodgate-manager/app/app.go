@@ -1,0 +1,194 @@
+// Package app is floodgate-manager's composition root: it turns the
+// validated Options into a controller-runtime Manager with the metrics and
+// probe servers, leader election, a cache sized for what the controllers
+// read, and every component (controller or webhook) registered.
+//
+// To add a component, append it to components: its setup function gets the
+// manager and the options, and is called once before the manager starts.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	kubeconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/policy"
+)
+
+// Name is the binary's name, also the Event reporter's.
+const Name = "floodgate-manager"
+
+// component is one controller or webhook run by the manager.
+type component struct {
+	name  string
+	setup func(ctx context.Context, mgr ctrl.Manager, o *Options) error
+}
+
+// components are the manager's controllers and webhooks, set up in order.
+var components = []component{
+	{name: policy.ControllerName, setup: setupPolicy},
+}
+
+func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
+	r := &policy.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Name)}
+	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
+}
+
+// Main runs the manager with the command line args, and returns the exit
+// status: 0 after a clean stop, 1 when the manager fails, 2 for bad flags.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet(Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.BindFlags(fs)
+	kubeconfig.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", Name, fs.Args())
+		return 2
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(stderr, "%s: invalid flags:\n%v\n", Name, err)
+		return 2
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Zap)))
+	log := ctrl.Log.WithName("setup")
+
+	cfg, err := kubeconfig.GetConfig()
+	if err != nil {
+		log.Error(err, "loading the kubeconfig")
+		return 1
+	}
+	if err := Run(ctx, cfg, o); err != nil {
+		log.Error(err, "manager stopped")
+		return 1
+	}
+	return 0
+}
+
+// NewScheme returns the scheme of every type the manager reads or writes.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add client-go types to the scheme: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add %s to the scheme: %w", v1alpha1.GroupVersion, err)
+	}
+	return s, nil
+}
+
+// NewManager builds the manager and sets up every component, without
+// starting it.
+func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+
+	var tlsOpts []func(*tls.Config)
+	if !o.EnableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metrics := metricsserver.Options{
+		BindAddress:   o.MetricsAddr,
+		SecureServing: o.SecureMetrics,
+		CertDir:       o.MetricsCertDir,
+		TLSOpts:       tlsOpts,
+	}
+	if o.SecureMetrics {
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+
+	graceful := o.GracefulShutdown
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metrics,
+		HealthProbeBindAddress:        o.ProbeAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.LeaseDuration,
+		RenewDeadline:                 &o.RenewDeadline,
+		RetryPeriod:                   &o.RetryPeriod,
+		GracefulShutdownTimeout:       &graceful,
+		Cache:                         CacheOptions(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add the health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return errors.New("informers not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("add the readiness check: %w", err)
+	}
+	for _, c := range components {
+		if err := c.setup(ctx, mgr, &o); err != nil {
+			return nil, fmt.Errorf("set up %s: %w", c.name, err)
+		}
+	}
+	return mgr, nil
+}
+
+// CacheOptions keeps the cache to what the controllers need: ConfigMaps
+// only with the policy controller's label, no managedFields on any object.
+// A component that needs other ConfigMaps adds its own label selector
+// here.
+func CacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {
+				Label: labels.SelectorFromSet(labels.Set{policy.ManagedByLabel: policy.ManagedByValue}),
+			},
+		},
+	}
+}
+
+// Run builds the manager and runs it until ctx is done.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	mgr, err := NewManager(ctx, cfg, o)
+	if err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("starting", "metrics", o.MetricsAddr, "probes", o.ProbeAddr, "leaderElection", o.LeaderElect)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run the manager: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// Options is the manager's whole configuration, filled from flags.
+type Options struct {
+	// MetricsAddr is where /metrics is served; "0" disables it.
+	MetricsAddr string
+	// SecureMetrics serves /metrics over HTTPS, and only to callers the
+	// API server authenticates and authorizes for GET /metrics.
+	SecureMetrics bool
+	// MetricsCertDir holds tls.crt and tls.key for the metrics server.
+	// When empty, a self-signed certificate is generated.
+	MetricsCertDir string
+	// ProbeAddr is where /healthz and /readyz are served; "0" disables
+	// them.
+	ProbeAddr string
+	// EnableHTTP2 allows HTTP/2 on the metrics server. It is off by
+	// default because of the HTTP/2 stream-reset attacks
+	// (CVE-2023-44487, CVE-2023-39325).
+	EnableHTTP2 bool
+
+	// LeaderElect makes only one replica active at a time.
+	LeaderElect bool
+	// LeaderElectionID names the Lease.
+	LeaderElectionID string
+	// LeaderElectionNamespace holds the Lease; empty means the namespace
+	// the manager runs in.
+	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// PolicyConcurrency is how many namespaces the policy controller
+	// reconciles at once.
+	PolicyConcurrency int
+	// GracefulShutdown bounds how long the manager waits for running
+	// reconciles when it stops.
+	GracefulShutdown time.Duration
+
+	// Zap configures logging.
+	Zap zap.Options
+}
+
+// DefaultOptions returns the options the flags default to.
+func DefaultOptions() Options {
+	return Options{
+		MetricsAddr:       ":8443",
+		SecureMetrics:     true,
+		ProbeAddr:         ":8081",
+		LeaderElectionID:  "floodgate-manager.ratelimit.floodgate.dev",
+		LeaseDuration:     15 * time.Second,
+		RenewDeadline:     10 * time.Second,
+		RetryPeriod:       2 * time.Second,
+		PolicyConcurrency: 4,
+		GracefulShutdown:  30 * time.Second,
+		Zap:               zap.Options{Development: false},
+	}
+}
+
+// BindFlags registers the options as flags of fs, with o's values as
+// defaults.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr,
+		"Address the /metrics endpoint binds to, such as :8443; 0 disables it.")
+	fs.BoolVar(&o.SecureMetrics, "metrics-secure", o.SecureMetrics,
+		"Serve /metrics over HTTPS to callers authorized by the API server (TokenReview and SubjectAccessReview); false serves plain HTTP to anyone.")
+	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir,
+		"Directory with tls.crt and tls.key for the metrics server; empty generates a self-signed certificate.")
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr,
+		"Address the /healthz and /readyz probes bind to; 0 disables them.")
+	fs.BoolVar(&o.EnableHTTP2, "enable-http2", o.EnableHTTP2,
+		"Allow HTTP/2 on the metrics server (off by default: HTTP/2 stream-reset attacks).")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect,
+		"Elect a leader so that only one replica reconciles at a time. Enable it when running more than one replica.")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID,
+		"Name of the Lease used for leader election.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace,
+		"Namespace of the leader-election Lease; empty uses the namespace the manager runs in.")
+	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", o.LeaseDuration,
+		"How long non-leaders wait before trying to take over an unrenewed lease.")
+	fs.DurationVar(&o.RenewDeadline, "leader-election-renew-deadline", o.RenewDeadline,
+		"How long the leader keeps trying to renew before it gives up leadership.")
+	fs.DurationVar(&o.RetryPeriod, "leader-election-retry-period", o.RetryPeriod,
+		"How often leader-election clients retry.")
+	fs.IntVar(&o.PolicyConcurrency, "policy-concurrency", o.PolicyConcurrency,
+		"Number of namespaces the RateLimitPolicy controller reconciles concurrently.")
+	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
+		"How long to wait for running reconciles on shutdown.")
+	o.Zap.BindFlags(fs)
+}
+
+// Validate reports every problem with o at once.
+func (o *Options) Validate() error {
+	var errs []error
+	for _, a := range []struct{ flag, addr string }{
+		{"metrics-bind-address", o.MetricsAddr},
+		{"health-probe-bind-address", o.ProbeAddr},
+	} {
+		if err := validateBindAddress(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", a.flag, err))
+		}
+	}
+	if o.MetricsCertDir != "" && !o.SecureMetrics {
+		errs = append(errs, errors.New("--metrics-cert-dir: only used with --metrics-secure"))
+	}
+	if o.LeaderElect && o.LeaderElectionID == "" {
+		errs = append(errs, errors.New("--leader-election-id: must not be empty with --leader-elect"))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"leader-election-lease-duration", o.LeaseDuration},
+		{"leader-election-renew-deadline", o.RenewDeadline},
+		{"leader-election-retry-period", o.RetryPeriod},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("--%s: must be positive, got %v", d.flag, d.v))
+		}
+	}
+	if o.RenewDeadline >= o.LeaseDuration {
+		errs = append(errs, fmt.Errorf("--leader-election-renew-deadline: must be shorter than the lease duration %v, got %v", o.LeaseDuration, o.RenewDeadline))
+	}
+	if o.RetryPeriod >= o.RenewDeadline {
+		errs = append(errs, fmt.Errorf("--leader-election-retry-period: must be shorter than the renew deadline %v, got %v", o.RenewDeadline, o.RetryPeriod))
+	}
+	if o.PolicyConcurrency < 1 || o.PolicyConcurrency > 64 {
+		errs = append(errs, fmt.Errorf("--policy-concurrency: must be between 1 and 64, got %d", o.PolicyConcurrency))
+	}
+	if o.GracefulShutdown < 0 {
+		errs = append(errs, fmt.Errorf("--graceful-shutdown-timeout: must not be negative, got %v", o.GracefulShutdown))
+	}
+	return errors.Join(errs...)
+}
+
+// validateBindAddress accepts "0" (disabled) or host:port with a port in
+// 0-65535 (0 picks a free port).
+func validateBindAddress(addr string) error {
+	if addr == "0" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("must be host:port, :port or 0, got %q", addr)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port must be 0-65535, got %q", port)
+	}
+	return nil
+}
