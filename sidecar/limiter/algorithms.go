@@ -34,6 +34,14 @@ var (
 	ErrTimeRange = errors.New("time out of range")
 )
 
+// CheckInput reports a cost or an instant (µs since the epoch) that no
+// algorithm accepts, wrapping ErrNegativeCost or ErrTimeRange. The Redis
+// store calls it before running a script, so that bad input gets the same
+// error from every store.
+func CheckInput(nowUs, cost int64) error {
+	return checkTake(nowUs, cost)
+}
+
 // checkTake validates the per-call inputs shared by every algorithm.
 func checkTake(nowUs, n int64) error {
 	if n < 0 {
@@ -107,7 +115,7 @@ func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decis
 
 func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
-	t := now / q
+	t := div(now, q)
 	l, last := s.A, s.B
 	switch {
 	case !s.Set:
@@ -133,12 +141,12 @@ func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool
 		l -= n * k
 		allowed, write = true, true
 	default:
-		w := ceilDiv(n*k-l, u)
+		w := ceilDivBy(n*k-l, u)
 		retry = (last+w)*q - now
 	}
 	var reset int64
 	if l != cu {
-		reset = (last+ceilDiv(cu-l, u))*q - now
+		reset = (last+ceilDivBy(cu-l, u))*q - now
 	}
 	s.A, s.B = l, last
 	return p.decision(allowed, l/k, reset, retry), write
@@ -146,7 +154,7 @@ func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool
 
 func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
-	t := now / q
+	t := div(now, q)
 	a, f := s.A, s.B
 	switch {
 	case !s.Set:
@@ -177,15 +185,15 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 		allowed = true
 	case debt+n*k <= cu:
 		debt += n * k
-		a, f = b+debt/u, debt%u
+		a, f = b+div(debt, u), mod(debt, u)
 		allowed, write = true, true
 	default:
-		w := ceilDiv(debt+n*k-cu, u)
+		w := ceilDivBy(debt+n*k-cu, u)
 		retry = (b+w)*q - now
 	}
 	var reset int64
 	if debt != 0 {
-		reset = (b+ceilDiv(debt, u))*q - now
+		reset = (b+ceilDivBy(debt, u))*q - now
 	}
 	s.A, s.B = a, f
 	return p.decision(allowed, max(0, cu-debt)/k, reset, retry), write
@@ -232,7 +240,7 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	}
 	var e int64
 	if now > w {
-		e = (now - w) / q
+		e = div(now-w, q)
 	}
 	x := prev*(pw-e) + cur*pw
 	var allowed, write bool
@@ -270,4 +278,28 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	}
 	s.A, s.B, s.C = w, cur, prev
 	return p.decision(allowed, max(0, c*pw-x)/pw, reset, retry), write
+}
+
+// div, mod and ceilDivBy skip the hardware division for the common divisor
+// 1 (a clock tick of 1µs, a rate of one unit per tick), which keeps a
+// decision cheap. a >= 0, b > 0.
+func div(a, b int64) int64 {
+	if b == 1 {
+		return a
+	}
+	return a / b
+}
+
+func mod(a, b int64) int64 {
+	if b == 1 {
+		return 0
+	}
+	return a % b
+}
+
+func ceilDivBy(a, b int64) int64 {
+	if b == 1 {
+		return a
+	}
+	return (a + b - 1) / b
 }
