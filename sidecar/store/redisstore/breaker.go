@@ -1,0 +1,143 @@
+package redisstore
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// BreakerState is the state of a shard's circuit breaker.
+type BreakerState int32
+
+// Breaker states.
+const (
+	// BreakerClosed passes every call.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen fails every call at once, until the cooldown ends.
+	BreakerOpen
+	// BreakerHalfOpen has let one probe through and fails the other calls
+	// until the probe's outcome is known.
+	BreakerHalfOpen
+)
+
+// String returns the state's name.
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return "unknown"
+}
+
+// breaker is a per-shard circuit breaker: threshold consecutive failed
+// calls open it; while open it fails fast; after cooldown one probe goes
+// through (half-open), and the probe's success closes it while its failure
+// opens it again for another cooldown.
+//
+// The closed, healthy path is one atomic load per call and one per
+// outcome; the mutex is taken only while failures are being counted or the
+// breaker is not closed.
+type breaker struct {
+	threshold int
+	cooldown  time.Duration
+	now       func() time.Time
+	onChange  func(BreakerState)
+
+	state    atomic.Int32 // BreakerState
+	failing  atomic.Bool  // failures > 0
+	mu       sync.Mutex
+	failures int
+	openedAt time.Time
+}
+
+func newBreaker(threshold int, cooldown time.Duration, now func() time.Time, onChange func(BreakerState)) *breaker {
+	return &breaker{threshold: threshold, cooldown: cooldown, now: now, onChange: onChange}
+}
+
+// State returns the breaker's current state.
+func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
+
+// allow reports whether a call may go out, and whether it is the half-open
+// probe. A probe's caller must report its outcome with success, failure or
+// release.
+func (b *breaker) allow() (ok, probe bool) {
+	if BreakerState(b.state.Load()) == BreakerClosed {
+		return true, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch BreakerState(b.state.Load()) {
+	case BreakerClosed:
+		return true, false
+	case BreakerOpen:
+		if b.now().Sub(b.openedAt) < b.cooldown {
+			return false, false
+		}
+		b.setLocked(BreakerHalfOpen)
+		return true, true
+	default: // half-open: the probe is out
+		return false, false
+	}
+}
+
+// success records a call that reached the shard and got an answer.
+func (b *breaker) success(probe bool) {
+	if !probe && !b.failing.Load() && BreakerState(b.state.Load()) == BreakerClosed {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch st := BreakerState(b.state.Load()); {
+	case st == BreakerClosed:
+		b.failures = 0
+		b.failing.Store(false)
+	case probe && st == BreakerHalfOpen:
+		b.failures = 0
+		b.failing.Store(false)
+		b.setLocked(BreakerClosed)
+	}
+	// A late success of a call sent before the breaker opened does not
+	// close it: only the probe does.
+}
+
+// failure records n calls that could not get an answer from the shard.
+func (b *breaker) failure(probe bool, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch st := BreakerState(b.state.Load()); {
+	case st == BreakerClosed:
+		b.failures += n
+		b.failing.Store(true)
+		if b.failures >= b.threshold {
+			b.openedAt = b.now()
+			b.setLocked(BreakerOpen)
+		}
+	case probe && st == BreakerHalfOpen:
+		b.openedAt = b.now()
+		b.setLocked(BreakerOpen)
+	}
+}
+
+// release gives back a probe that never reached the shard (its caller gave
+// up first): the breaker is open again, and the next call may probe at once.
+func (b *breaker) release(probe bool) {
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if BreakerState(b.state.Load()) == BreakerHalfOpen {
+		b.openedAt = b.now().Add(-b.cooldown)
+		b.setLocked(BreakerOpen)
+	}
+}
+
+func (b *breaker) setLocked(s BreakerState) {
+	if BreakerState(b.state.Swap(int32(s))) != s && b.onChange != nil {
+		b.onChange(s)
+	}
+}

@@ -1,0 +1,80 @@
+// Package redisstore is floodgate's limiter.Store on a Redis Cluster (or on
+// one standalone redis-server): the shared counters every sidecar replica
+// decides against.
+//
+// # Scripts and keys
+//
+// Each decision is one atomic Lua script on the master of the counter's
+// slot, one per algorithm (lua/*.lua, embedded), mirroring
+// sidecar/limiter/ALGORITHMS.md line by line: the same integers, the same
+// rounding, so the Redis store and the in-memory store return the same
+// Decision for the same state, instant and cost. The limit's derived
+// integers (limiter.Params) travel as ARGV, so the scripts never compute a
+// gcd or pick a tick. The clock is Redis TIME; Request.Now, when set (tests
+// only), is passed as ARGV instead.
+//
+// A counter has two keys, fg:{<tag>}:s (a hash: TokenBucket, GCRA,
+// FixedWindow, SlidingWindow) and fg:{<tag>}:l (a sorted set: SlidingLog).
+// The hash tag <tag> is Request.Key, which the engine builds as
+// <policy-uid>:<rule>:<hash of the descriptor values>; a key that is longer
+// than MaxKeyTag bytes, or holds a brace, a space, a control or non-ASCII
+// byte, or starts with '#', is replaced by '#' and 128 bits of its SHA-256.
+// So no client string can move a counter to another slot or grow a key past
+// MaxRedisKeyLen. Both keys are in one slot and every script gets both: a
+// write under one algorithm deletes the other algorithm's state, so an
+// algorithm edit starts afresh, as in memory. Every write sets a TTL of
+// limiter.StateTTL(ResetAfter); a peek or a deny writes nothing.
+//
+// # Call discipline
+//
+// Every call has a deadline (Options.Timeout, 50ms by default) and returns
+// by it, whatever Redis does. The store never sends a script twice unless
+// the first answer proves it did not run:
+//
+//   - NOSCRIPT: the node lost its script cache (a restart, SCRIPT FLUSH, a
+//     new master); the op is sent once more as EVAL with the source, which
+//     also caches it again.
+//   - MOVED and ASK: the op is sent to the named node (ASK with ASKING), at
+//     most twice, and the slot map is reloaded in the background.
+//   - A timeout, a refused or dropped connection, or a cancelled caller:
+//     the script may have run, so the op fails with an error wrapping
+//     limiter.ErrUnavailable and is never resent. Charging twice is worse
+//     than failing over to the rule's failure mode.
+//
+// go-redis retries on its own in ways that could charge twice: a Client
+// with MaxRetries >= 0 resends a whole pipeline after a read timeout, EOF,
+// or a retryable error on its first command (LOADING, TRYAGAIN,
+// CLUSTERDOWN, ...), and a ClusterClient resends commands and pipelines
+// after timeouts and EOF up to MaxRedirects times. So the scripts do not
+// go through the ClusterClient at all: it only keeps the slot map (MasterForKey,
+// ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly, RouteRandomly
+// or RouteByLatency), and the store sends to each master through its own
+// node client with MaxRetries -1, DialerRetries 1 and context deadlines.
+//
+// Errors: limiter.ErrUnavailable for anything that leaves the count
+// unknown (the shard is unreachable, timed out, its breaker is open, the
+// cluster is down for the slot, the node is loading or out of memory, the
+// credentials are refused); any other error is a bad request (caught before
+// any I/O) or a script failure (an error reply or a malformed reply, every
+// element of which is type-checked).
+//
+// # Circuit breakers
+//
+// Each master address has a breaker. Options.BreakerFailures consecutive
+// unavailable calls open it; while open, decisions for its slots fail at
+// once with ErrUnavailable (and nudge a slot-map reload, so that after a
+// failover the slots route to the new master, whose breaker is closed).
+// After Options.BreakerCooldown one probe goes through; its success closes
+// the breaker, its failure opens it for another cooldown. A dead shard
+// costs a decision one map lookup and one atomic load.
+//
+// # Micro-batching
+//
+// Decisions bound for the same master within Options.BatchWindow (100µs by
+// default, NoBatching to turn it off) leave in one pipeline of EVALSHAs, up
+// to Options.MaxBatch per pipeline. The first decision of a batch waits the
+// window and sends the batch; the others only wait for their answers. A
+// decision thus waits at most one window more than its round trip. The
+// pipeline's NOSCRIPT, MOVED and ASK answers are handled per decision as
+// above.
+package redisstore

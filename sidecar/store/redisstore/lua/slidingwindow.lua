@@ -1,0 +1,105 @@
+-- floodgate SlidingWindow, the sliding-window counter
+-- (sidecar/limiter/ALGORITHMS.md section 5.2).
+--
+-- KEYS[1]  state hash: a=alg ("sw"), W=current window start in µs,
+--          c=current window count, p=previous window count
+-- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
+--          writes (a new algorithm replaces the old algorithm's state)
+-- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
+-- ARGV[2]  n, the cost (an integer >= 0)
+-- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
+-- ARGV[5]  q tick in µs        ARGV[6..9] unused here
+-- ARGV[10] PW = ceil(P/q), the window in ticks
+-- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
+--
+-- Every number is an integer below 2^52, so Lua's doubles are exact and
+-- math.floor(a / b) equals Go's integer division.
+local floor, ceil = math.floor, math.ceil
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local n = tonumber(ARGV[2])
+local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
+local q, PW = tonumber(ARGV[5]), tonumber(ARGV[10])
+
+local ws = now - now % P
+local st = redis.call('HMGET', KEYS[1], 'a', 'W', 'c', 'p')
+local fresh = st[1] ~= 'sw'
+local W, cur, prev
+if fresh then
+  W, cur, prev = ws, 0, 0
+else
+  W, cur, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
+  if not (W and cur and prev) then
+    return redis.error_reply('ERR floodgate: corrupt SlidingWindow state at ' .. KEYS[1])
+  end
+  local d = ws - W
+  if d >= 2 * P then
+    W, cur, prev = ws, 0, 0
+  elseif d > 0 then
+    W, cur, prev = ws, 0, cur
+  end
+  -- d <= 0: the same window, or the clock went back.
+end
+
+local e = 0
+if now > W then e = floor((now - W) / q) end
+local x = prev * (PW - e) + cur * PW
+
+local allowed, retry, write = 0, 0, false
+if n > C then
+  retry = P
+elseif n == 0 then
+  allowed = 1
+elseif x + n * PW <= C * PW then
+  cur = cur + n
+  x = x + n * PW
+  allowed, write = 1, true
+else
+  local e2 = PW
+  local a = C - cur - n
+  if a >= 0 then e2 = PW - floor(a * PW / prev) end
+  if e2 <= PW - 1 then
+    retry = W + e2 * q - now
+  else
+    -- Not in this window: the next one has prev' = cur, cur' = 0.
+    local b = C - n
+    if cur <= b then
+      retry = W + P - now
+    else
+      local e3 = PW - floor(b * PW / cur)
+      if e3 <= PW - 1 then
+        retry = W + P + e3 * q - now
+      else
+        retry = W + 2 * P - now
+      end
+    end
+  end
+end
+
+local reset = 0
+if cur > 0 then
+  reset = W + 2 * P - now
+elseif prev > 0 then
+  reset = W + P - now
+end
+local left = C * PW - x
+if left < 0 then left = 0 end
+
+if write then
+  if fresh and st[1] then
+    -- Another algorithm's state: replace it whole.
+    redis.call('DEL', KEYS[1])
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'a', 'sw', 'W', W, 'c', cur, 'p', prev)
+  local r = reset
+  if r < 0 then r = 0 end
+  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
+end
+return {allowed, floor(left / PW), reset, retry}

@@ -1,0 +1,90 @@
+-- floodgate TokenBucket (sidecar/limiter/ALGORITHMS.md section 3).
+--
+-- KEYS[1]  state hash: a=alg ("tb"), L=level in units, T=last tick,
+--          sq, su, sk, sc = the scale (q, U, K, C) the state was written with
+-- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
+--          writes (a new algorithm replaces the old algorithm's state)
+-- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
+-- ARGV[2]  n, the cost (an integer >= 0)
+-- ARGV[3]  C capacity          ARGV[4]  P period in microseconds
+-- ARGV[5]  q tick in µs        ARGV[6]  U units refilled per tick
+-- ARGV[7]  K units per token   ARGV[8]  CU = C*K, a full bucket
+-- ARGV[9]  FT ticks from empty to full
+-- ARGV[10] PW (unused here)
+-- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
+--
+-- Every number is an integer below 2^52, so Lua's doubles are exact and
+-- math.floor(a / b), math.ceil(a / b) equal Go's integer division.
+local floor, ceil = math.floor, math.ceil
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local n = tonumber(ARGV[2])
+local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
+local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
+
+local t = floor(now / q)
+local st = redis.call('HMGET', KEYS[1], 'a', 'L', 'T', 'sq', 'su', 'sk', 'sc')
+local fresh = st[1] ~= 'tb'
+local L, T
+if fresh then
+  L = CU
+  T = t
+else
+  L, T = tonumber(st[2]), tonumber(st[3])
+  local sq, su, sk, sc = tonumber(st[4]), tonumber(st[5]), tonumber(st[6]), tonumber(st[7])
+  if not (L and T and sq and su and sk and sc) then
+    return redis.error_reply('ERR floodgate: corrupt TokenBucket state at ' .. KEYS[1])
+  end
+  if sq ~= q or su ~= U or sk ~= K or sc ~= C then
+    -- Limit edited: the whole tokens spent survive (section 3.1).
+    local spent = sc - floor(L / sk)
+    if spent > C then spent = C end
+    L = CU - spent * K
+    T = ceil(T * sq / q)
+  end
+end
+if t > T then
+  local e = t - T
+  if e > FT then e = FT end
+  L = L + e * U
+  if L > CU then L = CU end
+  T = t
+end
+
+local allowed, retry, write = 0, 0, false
+if n > C then
+  retry = P
+elseif n == 0 then
+  allowed = 1
+elseif n * K <= L then
+  L = L - n * K
+  allowed, write = 1, true
+else
+  local w = ceil((n * K - L) / U)
+  retry = (T + w) * q - now
+end
+
+local reset = 0
+if L ~= CU then
+  reset = (T + ceil((CU - L) / U)) * q - now
+end
+
+if write then
+  if fresh and st[1] then
+    -- Another algorithm's state: replace it whole.
+    redis.call('DEL', KEYS[1])
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'a', 'tb', 'L', L, 'T', T, 'sq', q, 'su', U, 'sk', K, 'sc', C)
+  local r = reset
+  if r < 0 then r = 0 end
+  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
+end
+return {allowed, floor(L / K), reset, retry}

@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Defaults for Options.
+const (
+	// DefaultTimeout is the per-call deadline: the most a decision waits for
+	// Redis, batching window included.
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultBatchWindow is how long a decision waits for others bound to
+	// the same shard before their pipeline goes out.
+	DefaultBatchWindow = 100 * time.Microsecond
+	// MaxBatchWindow bounds BatchWindow: batching trades a little latency
+	// for throughput, never a lot.
+	MaxBatchWindow = 10 * time.Millisecond
+	// DefaultMaxBatch is the most decisions one pipeline carries.
+	DefaultMaxBatch = 128
+	// DefaultBreakerFailures is how many consecutive failed calls open a
+	// shard's circuit breaker.
+	DefaultBreakerFailures = 5
+	// DefaultBreakerCooldown is how long an open breaker fails fast before
+	// it lets one probe through.
+	DefaultBreakerCooldown = 500 * time.Millisecond
+	// DefaultDialTimeout bounds connecting to a node outside any call (a
+	// call's own deadline bounds the dials it waits for).
+	DefaultDialTimeout = time.Second
+)
+
+// NoBatching, as Options.BatchWindow, sends every decision as its own
+// EVALSHA, unpipelined.
+const NoBatching time.Duration = -1
+
+// Options configure a Store. The zero value of every field but Addrs picks
+// the default.
+type Options struct {
+	// Addrs are the seed addresses, host:port. In cluster mode (the
+	// default) any reachable node will do; the store learns the rest. In
+	// single mode there must be exactly one.
+	Addrs []string
+	// Single talks to one standalone redis-server instead of a Redis
+	// Cluster.
+	Single bool
+	// Username and Password authenticate to every node (AUTH). Username is
+	// for ACL users; empty means the default user.
+	Username string
+	Password string
+	// TLS, when set, is used for every connection. Each node connection
+	// gets a clone.
+	TLS *tls.Config
+	// Timeout is the per-call deadline: a decision returns within it
+	// whatever Redis does (plus at most one batch window when it leads a
+	// batch). 0 means DefaultTimeout.
+	Timeout time.Duration
+	// BatchWindow is how long a decision may wait for others bound to the
+	// same shard, so that they share one pipelined round trip. 0 means
+	// DefaultBatchWindow; NoBatching (any negative value) turns batching
+	// off. At most MaxBatchWindow.
+	BatchWindow time.Duration
+	// MaxBatch is the most decisions per pipeline; a batch that fills up
+	// goes out before its window ends. 0 means DefaultMaxBatch.
+	MaxBatch int
+	// BreakerFailures is how many consecutive failed calls to a shard open
+	// its circuit breaker. 0 means DefaultBreakerFailures.
+	BreakerFailures int
+	// BreakerCooldown is how long an open breaker fails fast before one
+	// probe may test the shard again. 0 means DefaultBreakerCooldown.
+	BreakerCooldown time.Duration
+	// DialTimeout bounds background connection attempts. 0 means
+	// DefaultDialTimeout.
+	DialTimeout time.Duration
+	// PoolSize is the connection pool size per node. 0 means go-redis's
+	// default (10 per GOMAXPROCS).
+	PoolSize int
+}
+
+// withDefaults returns o with defaults filled in, or every problem with it.
+func (o Options) withDefaults() (Options, error) {
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.BatchWindow == 0 {
+		o.BatchWindow = DefaultBatchWindow
+	}
+	if o.BatchWindow < 0 {
+		o.BatchWindow = NoBatching
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.BreakerFailures == 0 {
+		o.BreakerFailures = DefaultBreakerFailures
+	}
+	if o.BreakerCooldown == 0 {
+		o.BreakerCooldown = DefaultBreakerCooldown
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	return o, o.Validate()
+}
+
+// Validate reports every problem with o at once. Zero fields are valid:
+// they mean the defaults.
+func (o Options) Validate() error {
+	var errs []error
+	if len(o.Addrs) == 0 {
+		errs = append(errs, errors.New("addrs: at least one address is required"))
+	}
+	if o.Single && len(o.Addrs) > 1 {
+		errs = append(errs, fmt.Errorf("addrs: single mode takes exactly one address, got %d", len(o.Addrs)))
+	}
+	for i, a := range o.Addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" || port == "" {
+			errs = append(errs, fmt.Errorf("addrs[%d]: %q is not host:port", i, a))
+		}
+	}
+	if o.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout: must not be negative, got %v", o.Timeout))
+	}
+	if o.BatchWindow > MaxBatchWindow {
+		errs = append(errs, fmt.Errorf("batchWindow: at most %v, got %v", MaxBatchWindow, o.BatchWindow))
+	}
+	if o.MaxBatch < 0 {
+		errs = append(errs, fmt.Errorf("maxBatch: must not be negative, got %d", o.MaxBatch))
+	}
+	if o.BreakerFailures < 0 {
+		errs = append(errs, fmt.Errorf("breakerFailures: must not be negative, got %d", o.BreakerFailures))
+	}
+	if o.BreakerCooldown < 0 {
+		errs = append(errs, fmt.Errorf("breakerCooldown: must not be negative, got %v", o.BreakerCooldown))
+	}
+	if o.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("dialTimeout: must not be negative, got %v", o.DialTimeout))
+	}
+	if o.PoolSize < 0 {
+		errs = append(errs, fmt.Errorf("poolSize: must not be negative, got %d", o.PoolSize))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redisstore: invalid options: %w", err)
+	}
+	return nil
+}

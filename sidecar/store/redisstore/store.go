@@ -1,0 +1,378 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+)
+
+var _ limiter.Store = (*Store)(nil)
+
+// maxNowMicros is the first instant the scripts' doubles cannot hold
+// exactly together with their sums (limiter's bound).
+const maxNowMicros = 1 << 53
+
+// maxRedirects bounds how many MOVED or ASK hops one decision follows.
+const maxRedirects = 2
+
+// paramsCacheSize bounds the cache of derived limit parameters.
+const paramsCacheSize = 4096
+
+// Store is a limiter.Store on a Redis Cluster (or one standalone server).
+// Every decision is one atomic Lua script on the master of the counter's
+// slot. See the package documentation for the call discipline. A Store is
+// safe for concurrent use.
+type Store struct {
+	opts Options
+	cc   *redis.ClusterClient // slot map only; nil in single mode
+	// route guards topology lookups: when no node can tell the slot map,
+	// it fails decisions fast like a shard breaker.
+	route *breaker
+
+	mu     sync.Mutex
+	shards atomic.Pointer[map[string]*shard] // copy on write under mu
+
+	pmu    sync.Mutex
+	params map[limiter.Limit]*limiter.Params
+
+	// The first slot-map load is shared by the callers that arrive before
+	// it ends, instead of each loading it (go-redis would).
+	loadMu   sync.Mutex
+	loaded   atomic.Bool
+	inflight *slotLoad
+
+	closed atomic.Bool
+}
+
+// slotLoad is one slot-map load in flight.
+type slotLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// New returns a Store. It does not connect: a store whose Redis is down
+// starts, and its decisions fail with limiter.ErrUnavailable until Redis
+// answers.
+func New(opts Options) (*Store, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o.Addrs = append([]string(nil), o.Addrs...)
+	s := &Store{
+		opts:   o,
+		route:  newBreaker(o.BreakerFailures, o.BreakerCooldown, time.Now, nil),
+		params: map[limiter.Limit]*limiter.Params{},
+	}
+	empty := map[string]*shard{}
+	s.shards.Store(&empty)
+	if !o.Single {
+		s.cc = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:     o.Addrs,
+			Username:  o.Username,
+			Password:  o.Password,
+			TLSConfig: cloneTLS(o.TLS),
+			Protocol:  2,
+			// The cluster client only loads the slot map (CLUSTER
+			// SLOTS); the scripts go through the store's own node
+			// clients. Still, nothing in it may retry.
+			MaxRedirects:               -1,
+			MaxRetries:                 -1,
+			DialTimeout:                o.DialTimeout,
+			DialerRetries:              1,
+			ReadTimeout:                time.Second,
+			WriteTimeout:               time.Second,
+			ContextTimeoutEnabled:      true,
+			PoolSize:                   2,
+			DisableIdentity:            true,
+			ClusterStateReloadInterval: 5 * time.Second,
+			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+		// Start loading the slot map now; the first decisions wait for
+		// this load instead of starting their own.
+		go func() { _ = s.loadSlots(context.Background()) }()
+	}
+	return s, nil
+}
+
+func cloneTLS(c *tls.Config) *tls.Config {
+	if c == nil {
+		return nil
+	}
+	return c.Clone()
+}
+
+// nodeOptions are the options of a node client: no retries of any kind,
+// deadlines from the call's context, RESP2.
+func (s *Store) nodeOptions(addr string) *redis.Options {
+	o := s.opts
+	return &redis.Options{
+		Addr:      addr,
+		Username:  o.Username,
+		Password:  o.Password,
+		TLSConfig: cloneTLS(o.TLS),
+		Protocol:  2,
+		// -1: never resend a command. A script that timed out may have
+		// run; sending it again could charge twice.
+		MaxRetries:              -1,
+		DialTimeout:             o.DialTimeout,
+		DialerRetries:           1,
+		ReadTimeout:             o.Timeout,
+		WriteTimeout:            o.Timeout,
+		ContextTimeoutEnabled:   true,
+		PoolSize:                o.PoolSize,
+		MinIdleConns:            1, // dialled in the background, ready for the first call
+		PipelineReadBufferSize:  32 << 10,
+		PipelineWriteBufferSize: 32 << 10,
+		DisableIdentity:         true,
+		MaintNotificationsConfig: &maintnotifications.Config{
+			Mode: maintnotifications.ModeDisabled,
+		},
+	}
+}
+
+// Close closes every connection. Decisions after Close fail with
+// limiter.ErrUnavailable.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, sh := range *s.shards.Load() {
+		if err := sh.client.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", sh.addr, err))
+		}
+	}
+	if s.cc != nil {
+		if err := s.cc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close cluster client: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ShardState is one shard's address and breaker state.
+type ShardState struct {
+	Addr    string
+	Breaker BreakerState
+}
+
+// Shards returns the shards the store has talked to, sorted by address,
+// with their breaker states.
+func (s *Store) Shards() []ShardState {
+	m := *s.shards.Load()
+	out := make([]ShardState, 0, len(m))
+	for addr, sh := range m {
+		out = append(out, ShardState{Addr: addr, Breaker: sh.br.State()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return out
+}
+
+// ShardOf returns the address of the master that holds the counter with
+// the given Request.Key, for metrics labels, or "unknown" when the slot map
+// is not loaded yet. It does no I/O.
+func (s *Store) ShardOf(key string) string {
+	if s.opts.Single {
+		return s.opts.Addrs[0]
+	}
+	if !s.loaded.Load() {
+		return "unknown"
+	}
+	state, _ := counterKeys(key)
+	c, err := s.cc.MasterForKey(context.Background(), state) // the map is loaded: no I/O
+	if err != nil {
+		return "unknown"
+	}
+	return c.Options().Addr
+}
+
+// shard returns the shard for a node address, creating it on first use.
+func (s *Store) shard(addr string) *shard {
+	if sh, ok := (*s.shards.Load())[addr]; ok {
+		return sh
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := *s.shards.Load()
+	if sh, ok := m[addr]; ok {
+		return sh
+	}
+	sh := &shard{s: s, addr: addr, client: redis.NewClient(s.nodeOptions(addr))}
+	sh.br = newBreaker(s.opts.BreakerFailures, s.opts.BreakerCooldown, time.Now, func(st BreakerState) {
+		if st != BreakerClosed {
+			s.reloadTopology()
+		}
+	})
+	next := make(map[string]*shard, len(m)+1)
+	for k, v := range m {
+		next[k] = v
+	}
+	next[addr] = sh
+	s.shards.Store(&next)
+	return sh
+}
+
+// shardFor returns the shard of the master that holds key's slot.
+func (s *Store) shardFor(ctx context.Context, key string) (*shard, error) {
+	if s.opts.Single {
+		return s.shard(s.opts.Addrs[0]), nil
+	}
+	ok, probe := s.route.allow()
+	if !ok {
+		return nil, unavailable("cluster", errors.New("no node answers with the slot map; failing fast"))
+	}
+	if !s.loaded.Load() {
+		if err := s.loadSlots(ctx); err != nil {
+			s.route.failure(probe, 1)
+			return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
+		}
+	}
+	c, err := s.cc.MasterForKey(ctx, key)
+	if err != nil {
+		s.route.failure(probe, 1)
+		return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
+	}
+	s.route.success(probe)
+	return s.shard(c.Options().Addr), nil
+}
+
+// slotLoadTimeout bounds one background load of the slot map.
+const slotLoadTimeout = 5 * time.Second
+
+// loadSlots waits, at most until ctx ends, for the first slot map. One
+// load runs at a time, under its own timeout, so that it completes for the
+// callers that come later even when the first caller gives up.
+func (s *Store) loadSlots(ctx context.Context) error {
+	s.loadMu.Lock()
+	if s.loaded.Load() {
+		s.loadMu.Unlock()
+		return nil
+	}
+	l := s.inflight
+	if l == nil {
+		l = &slotLoad{done: make(chan struct{})}
+		s.inflight = l
+		go func() {
+			lctx, cancel := context.WithTimeout(context.Background(), slotLoadTimeout)
+			defer cancel()
+			// MasterForKey loads the whole map when there is none.
+			_, err := s.cc.MasterForKey(lctx, "fg:{}")
+			s.loadMu.Lock()
+			l.err = err
+			if err == nil {
+				s.loaded.Store(true)
+			}
+			s.inflight = nil
+			s.loadMu.Unlock()
+			close(l.done)
+		}()
+	}
+	s.loadMu.Unlock()
+	select {
+	case <-l.done:
+		return l.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// reloadTopology asks the cluster client to reload the slot map in the
+// background. Concurrent requests coalesce into one reload at a time, at
+// most one per 200ms.
+func (s *Store) reloadTopology() {
+	if s.cc != nil && !s.closed.Load() {
+		s.cc.ReloadState(context.Background())
+	}
+}
+
+// limitParams returns the validated parameters of l, cached.
+func (s *Store) limitParams(l limiter.Limit) (*limiter.Params, error) {
+	s.pmu.Lock()
+	p, ok := s.params[l]
+	s.pmu.Unlock()
+	if ok {
+		return p, nil
+	}
+	p, err := limiter.NewParams(l)
+	if err != nil {
+		return nil, err
+	}
+	s.pmu.Lock()
+	if len(s.params) >= paramsCacheSize {
+		clear(s.params)
+	}
+	s.params[l] = p
+	s.pmu.Unlock()
+	return p, nil
+}
+
+// Take applies req with one script run on the master of req.Key's slot.
+// It returns within Options.Timeout. An error wrapping
+// limiter.ErrUnavailable means the shard could not answer, or answered in
+// a way that leaves the count unknown (a timeout after the script was
+// sent); any other error is a bad request or a script failure.
+func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+	p, err := s.limitParams(req.Limit)
+	if err != nil {
+		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
+	}
+	if req.Cost < 0 {
+		return limiter.Decision{}, fmt.Errorf("redisstore: cost %d: %w", req.Cost, limiter.ErrNegativeCost)
+	}
+	if req.Key == "" {
+		return limiter.Decision{}, errors.New("redisstore: empty key")
+	}
+	var nowUs int64
+	haveNow := !req.Now.IsZero()
+	if haveNow {
+		nowUs = req.Now.UnixMicro()
+		if nowUs < 0 || nowUs >= maxNowMicros {
+			return limiter.Decision{}, fmt.Errorf("redisstore: now %v: %w", req.Now.UTC(), limiter.ErrTimeRange)
+		}
+	}
+	if s.closed.Load() {
+		return limiter.Decision{}, unavailable("store", errors.New("store is closed"))
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	stateKey, logKey := counterKeys(req.Key)
+	sh, err := s.shardFor(ctx, stateKey)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	o := &op{
+		ctx:    ctx,
+		script: scripts[p.Limit.Algorithm],
+		keys:   [2]string{stateKey, logKey},
+		done:   make(chan struct{}),
+	}
+	o.args = scriptArgs(make([]any, 0, numArgs), p, nowUs, haveNow, req.Cost)
+	res, err := sh.do(ctx, o)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	d, err := parseReply(res, p)
+	if err != nil {
+		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.script.name, o.addr, err)
+	}
+	return d, nil
+}
+
+// unavailable wraps cause as limiter.ErrUnavailable, naming the shard.
+func unavailable(shard string, cause error) error {
+	return fmt.Errorf("redisstore: shard %s: %w: %w", shard, limiter.ErrUnavailable, cause)
+}
