@@ -221,14 +221,15 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 		p.client.Close()
 	}
 	p.client = redis.NewClient(&redis.Options{
-		Addr:         p.addrLocked(),
-		Password:     p.password,
-		DialTimeout:  time.Second,
-		ReadTimeout:  2 * time.Second,
-		WriteTimeout: 2 * time.Second,
-		MaxRetries:   -1,
-		PoolSize:     4,
-		Protocol:     2,
+		Addr:          p.addrLocked(),
+		Password:      p.password,
+		DialTimeout:   time.Second,
+		ReadTimeout:   2 * time.Second,
+		WriteTimeout:  2 * time.Second,
+		MaxRetries:    -1,
+		DialerRetries: 1,
+		PoolSize:      4,
+		Protocol:      2,
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -247,8 +248,15 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 			p.killLocked()
 			return fmt.Errorf("redistest: redis-server on %s did not answer PING within %v: %s", p.addrLocked(), wait, tail(logPath, 10))
 		case <-tick.C:
+			// Dial first: go-redis logs every failed dial, and the node
+			// refuses connections until it has bound its port.
+			c, err := net.DialTimeout("tcp", p.addrLocked(), 200*time.Millisecond)
+			if err != nil {
+				continue
+			}
+			c.Close()
 			pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			err := p.client.Ping(pctx).Err()
+			err = p.client.Ping(pctx).Err()
 			pcancel()
 			if err == nil {
 				return nil
