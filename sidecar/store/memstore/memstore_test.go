@@ -265,19 +265,32 @@ func TestConcurrentManyKeys(t *testing.T) {
 // TestHeapPerKey measures the heap one million keys take, index included,
 // with runtime.MemStats, and asserts the 128-byte bound. It is not
 // parallel so that no other test allocates meanwhile.
+//
+// Every fixed-size algorithm uses the same 32-byte slot; TokenBucket and
+// SlidingWindow (which packs two counts into one word) stand for them.
+// SlidingLog is measured too, with its O(Requests) log: 3 requests per key
+// at 3 instants hold 3 runs.
 func TestHeapPerKey(t *testing.T) {
-	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
-			perKey := heapPerKey(t, alg, 1_000_000)
+			perKey := heapPerKey(t, alg, 1_000_000, 1)
 			t.Logf("%v: %.1f bytes of heap per key after 1M keys", alg, perKey)
 			if perKey > 128 {
 				t.Fatalf("%v: %.1f bytes per key, want at most 128", alg, perKey)
 			}
 		})
 	}
+	t.Run("SlidingLog", func(t *testing.T) {
+		perKey := heapPerKey(t, limiter.SlidingLog, 100_000, 3)
+		t.Logf("SlidingLog: %.1f bytes of heap per key holding 3 runs, after 100k keys", perKey)
+		// Slot (at most 73) + Log (40) + a run buffer of capacity 4 (64).
+		if perKey > 73+40+64+8 {
+			t.Fatalf("SlidingLog: %.1f bytes per key holding 3 runs, want at most 185", perKey)
+		}
+	})
 }
 
-func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys int) float64 {
+func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys, requests int) float64 {
 	l := limiter.Limit{Algorithm: alg, Requests: 100, Period: time.Minute}
 	now := time.Unix(1_700_000_000, 0)
 	var before, after runtime.MemStats
@@ -290,8 +303,11 @@ func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys int) float64 {
 	buf := make([]byte, 0, 32)
 	for i := range keys {
 		buf = strconv.AppendInt(append(buf[:0], "policy-uid:rule:"...), int64(i), 10)
-		if _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1, Now: now}); err != nil {
-			tb.Fatal(err)
+		for r := range requests {
+			at := now.Add(time.Duration(r) * time.Millisecond)
+			if _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1, Now: at}); err != nil {
+				tb.Fatal(err)
+			}
 		}
 	}
 	runtime.GC()
@@ -319,4 +335,28 @@ func ExampleStore_Take() {
 	// {allow limit=2 remaining=1 reset=500ms retry=0s}
 	// {allow limit=2 remaining=0 reset=1s retry=0s}
 	// {deny limit=2 remaining=0 reset=1s retry=500ms}
+}
+
+// TestExistingKeyAllocatesNothing: a decision on a key that has state makes
+// no heap allocation, for every fixed-size algorithm.
+func TestExistingKeyAllocatesNothing(t *testing.T) {
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
+		s := newStore(t)
+		l := limiter.Limit{Algorithm: alg, Requests: 1000, Period: time.Hour}
+		now := time.Unix(1_700_000_000, 0)
+		req := limiter.Request{Key: "fg:{uid:rule:0123456789abcdef}:" + alg.String(), Limit: l, Cost: 1, Now: now}
+		ctx := context.Background()
+		if _, err := s.Take(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(500, func() {
+			req.Now = req.Now.Add(time.Millisecond)
+			if _, err := s.Take(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%v: %v allocations per decision on an existing key, want 0", alg, allocs)
+		}
+	}
 }
