@@ -13,17 +13,16 @@
 // gcd or pick a tick. The clock is Redis TIME; Request.Now, when set (tests
 // only), is passed as ARGV instead.
 //
-// A counter has two keys, fg:{<tag>}:s (a hash: TokenBucket, GCRA,
-// FixedWindow, SlidingWindow) and fg:{<tag>}:l (a sorted set: SlidingLog).
-// The hash tag <tag> is Request.Key, which the engine builds as
-// <policy-uid>:<rule>:<hash of the descriptor values>; a key that is longer
-// than MaxKeyTag bytes, or holds a brace, a space, a control or non-ASCII
-// byte, or starts with '#', is replaced by '#' and 128 bits of its SHA-256.
-// So no client string can move a counter to another slot or grow a key past
-// MaxRedisKeyLen. Both keys are in one slot and every script gets both: a
-// write under one algorithm deletes the other algorithm's state, so an
-// algorithm edit starts afresh, as in memory. Every write sets a TTL of
-// limiter.StateTTL(ResetAfter); a peek or a deny writes nothing.
+// A counter's state is one key, fg:{<tag>}:<alg> with <alg> one of tb,
+// gcra, fw, sw (hashes) or sl (a sorted set), so every script touches one
+// key and an algorithm edit starts afresh, as in memory. The hash tag <tag>
+// is Request.Key, which the engine builds as <policy-uid>:<rule>:<hash of
+// the descriptor values>; a key that is longer than MaxKeyTag bytes, or
+// holds a brace, a space, a control or non-ASCII byte, or starts with '#',
+// is replaced by '#' and 128 bits of its SHA-256. So no client string can
+// move a counter to another slot or grow a key past MaxRedisKeyLen. Every
+// write sets a TTL of limiter.StateTTL(ResetAfter); a peek or a deny
+// writes nothing.
 //
 // # Call discipline
 //

@@ -3,20 +3,25 @@ package redisstore
 import (
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
 // MaxKeyTag is the longest Request.Key used verbatim as a key's hash tag.
 // Longer keys, and keys with bytes that could break the tag, are hashed.
 const MaxKeyTag = 200
 
-// Key parts: every counter has a state hash (TokenBucket, GCRA,
-// FixedWindow, SlidingWindow) and a log (SlidingLog). Both are passed to
-// every script, so that a write under one algorithm removes the other's
-// state.
-const (
-	statePart = ":s"
-	logPart   = ":l"
-)
+// keyParts name a counter's key per algorithm. Keying the state by
+// algorithm makes an algorithm edit start afresh (ALGORITHMS.md section
+// 2, rule 7), and gives every script exactly one key, so a slot migration
+// redirects it with ASK instead of failing it with TRYAGAIN.
+var keyParts = [...]string{
+	limiter.TokenBucket:   "tb",
+	limiter.GCRA:          "gcra",
+	limiter.FixedWindow:   "fw",
+	limiter.SlidingWindow: "sw",
+	limiter.SlidingLog:    "sl",
+}
 
 // keyTag returns the hash tag for a counter: Request.Key itself when it is
 // short and plain, otherwise "#" and the first 128 bits of its SHA-256 in
@@ -50,19 +55,18 @@ func plainTag(key string) bool {
 	return true
 }
 
-// counterKeys returns a counter's state and log keys:
-// fg:{<tag>}:s and fg:{<tag>}:l, in the same slot by construction.
-func counterKeys(key string) (state, log string) {
-	base := "fg:{" + keyTag(key) + "}"
-	return base + statePart, base + logPart
+// counterKey returns the Redis key of the counter with the given
+// Request.Key under alg: fg:{<tag>}:<part>. alg must be valid.
+func counterKey(key string, alg limiter.Algorithm) string {
+	return "fg:{" + keyTag(key) + "}:" + keyParts[alg]
 }
 
 // MaxRedisKeyLen is the longest Redis key the store ever writes.
-const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}") + len(statePart)
+const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}:gcra")
 
 // KeySlot returns the Redis Cluster hash slot of the counter with the given
-// Request.Key. It computes what CLUSTER KEYSLOT computes for both of its
-// keys.
+// Request.Key, whatever its algorithm: what CLUSTER KEYSLOT answers for its
+// Redis keys.
 func KeySlot(key string) int {
 	return int(crc16(keyTag(key)) % 16384)
 }

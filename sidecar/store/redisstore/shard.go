@@ -16,7 +16,7 @@ import (
 type op struct {
 	ctx    context.Context
 	script *script
-	keys   [2]string
+	key    string
 	args   []any
 	probe  bool // the half-open probe of the breaker it was admitted by
 
@@ -234,13 +234,13 @@ func (sh *shard) settle(o *op, cmd *redis.Cmd, err error, out outcome) {
 func (sh *shard) exec(ctx context.Context, ops []*op, useSha, asking bool) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(ops))
 	for i, o := range ops {
-		a := make([]any, 0, 5+len(o.args))
+		a := make([]any, 0, 4+len(o.args))
 		if useSha {
 			a = append(a, "evalsha", o.script.sha)
 		} else {
 			a = append(a, "eval", o.script.src)
 		}
-		a = append(a, 2, o.keys[0], o.keys[1])
+		a = append(a, 1, o.key)
 		a = append(a, o.args...)
 		cmds[i] = redis.NewCmd(ctx, a...)
 	}

@@ -18,10 +18,6 @@ import (
 
 var _ limiter.Store = (*Store)(nil)
 
-// maxNowMicros is the first instant the scripts' doubles cannot hold
-// exactly together with their sums (limiter's bound).
-const maxNowMicros = 1 << 53
-
 // maxRedirects bounds how many MOVED or ASK hops one decision follows.
 const maxRedirects = 2
 
@@ -191,8 +187,7 @@ func (s *Store) ShardOf(key string) string {
 	if !s.loaded.Load() {
 		return "unknown"
 	}
-	state, _ := counterKeys(key)
-	c, err := s.cc.MasterForKey(context.Background(), state) // the map is loaded: no I/O
+	c, err := s.cc.MasterForKey(context.Background(), counterKey(key, limiter.TokenBucket)) // the map is loaded: no I/O
 	if err != nil {
 		return "unknown"
 	}
@@ -329,19 +324,16 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
 	}
-	if req.Cost < 0 {
-		return limiter.Decision{}, fmt.Errorf("redisstore: cost %d: %w", req.Cost, limiter.ErrNegativeCost)
+	var nowUs int64 // checked as the epoch when Redis TIME will be used
+	haveNow := !req.Now.IsZero()
+	if haveNow {
+		nowUs = limiter.Micros(req.Now)
+	}
+	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
+		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
 	}
 	if req.Key == "" {
 		return limiter.Decision{}, errors.New("redisstore: empty key")
-	}
-	var nowUs int64
-	haveNow := !req.Now.IsZero()
-	if haveNow {
-		nowUs = req.Now.UnixMicro()
-		if nowUs < 0 || nowUs >= maxNowMicros {
-			return limiter.Decision{}, fmt.Errorf("redisstore: now %v: %w", req.Now.UTC(), limiter.ErrTimeRange)
-		}
 	}
 	if s.closed.Load() {
 		return limiter.Decision{}, unavailable("store", errors.New("store is closed"))
@@ -349,15 +341,15 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	stateKey, logKey := counterKeys(req.Key)
-	sh, err := s.shardFor(ctx, stateKey)
+	key := counterKey(req.Key, p.Limit.Algorithm)
+	sh, err := s.shardFor(ctx, key)
 	if err != nil {
 		return limiter.Decision{}, err
 	}
 	o := &op{
 		ctx:    ctx,
 		script: scripts[p.Limit.Algorithm],
-		keys:   [2]string{stateKey, logKey},
+		key:    key,
 		done:   make(chan struct{}),
 	}
 	o.args = scriptArgs(make([]any, 0, numArgs), p, nowUs, haveNow, req.Cost)

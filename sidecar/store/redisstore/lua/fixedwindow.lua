@@ -1,9 +1,7 @@
 -- floodgate FixedWindow, windows aligned to the Unix epoch
 -- (sidecar/limiter/ALGORITHMS.md section 5.1).
 --
--- KEYS[1]  state hash: a=alg ("fw"), W=window start in µs, N=count
--- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
---          writes (a new algorithm replaces the old algorithm's state)
+-- KEYS[1]  state hash, fg:{<tag>}:fw: W=window start in µs, N=count
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
@@ -25,13 +23,13 @@ local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local ws = now - now % P
-local st = redis.call('HMGET', KEYS[1], 'a', 'W', 'N')
-local fresh = st[1] ~= 'fw'
+local st = redis.call('HMGET', KEYS[1], 'W', 'N')
+local fresh = not st[1]
 local W, N
 if fresh then
   W, N = ws, 0
 else
-  W, N = tonumber(st[2]), tonumber(st[3])
+  W, N = tonumber(st[1]), tonumber(st[2])
   if not (W and N) then
     return redis.error_reply('ERR floodgate: corrupt FixedWindow state at ' .. KEYS[1])
   end
@@ -57,12 +55,7 @@ local remaining = C - N
 if remaining < 0 then remaining = 0 end
 
 if write then
-  if fresh and st[1] then
-    -- Another algorithm's state: replace it whole.
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'a', 'fw', 'W', W, 'N', N)
+  redis.call('HSET', KEYS[1], 'W', W, 'N', N)
   local r = reset
   if r < 0 then r = 0 end
   redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)

@@ -1,11 +1,9 @@
 -- floodgate GCRA, redis-cell CL.THROTTLE semantics
 -- (sidecar/limiter/ALGORITHMS.md section 4).
 --
--- KEYS[1]  state hash: a=alg ("gcra"), A=TAT whole ticks, F=TAT fraction
+-- KEYS[1]  state hash, fg:{<tag>}:gcra: A=TAT whole ticks, F=TAT fraction
 --          in units (0 <= F < U), sq, su, sk, sc = the scale (q, U, K, C)
 --          the state was written with
--- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
---          writes (a new algorithm replaces the old algorithm's state)
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C capacity          ARGV[4]  P period in microseconds
@@ -31,14 +29,14 @@ local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
 
 local t = floor(now / q)
-local st = redis.call('HMGET', KEYS[1], 'a', 'A', 'F', 'sq', 'su', 'sk', 'sc')
-local fresh = st[1] ~= 'gcra'
+local st = redis.call('HMGET', KEYS[1], 'A', 'F', 'sq', 'su', 'sk', 'sc')
+local fresh = not st[1]
 local A, F
 if fresh then
   A, F = t, 0
 else
-  A, F = tonumber(st[2]), tonumber(st[3])
-  local sq, su, sk, sc = tonumber(st[4]), tonumber(st[5]), tonumber(st[6]), tonumber(st[7])
+  A, F = tonumber(st[1]), tonumber(st[2])
+  local sq, su, sk, sc = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6])
   if not (A and F and sq and su and sk and sc) then
     return redis.error_reply('ERR floodgate: corrupt GCRA state at ' .. KEYS[1])
   end
@@ -84,12 +82,7 @@ local left = CU - D
 if left < 0 then left = 0 end
 
 if write then
-  if fresh and st[1] then
-    -- Another algorithm's state: replace it whole.
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'a', 'gcra', 'A', A, 'F', F, 'sq', q, 'su', U, 'sk', K, 'sc', C)
+  redis.call('HSET', KEYS[1], 'A', A, 'F', F, 'sq', q, 'su', U, 'sk', K, 'sc', C)
   local r = reset
   if r < 0 then r = 0 end
   redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)

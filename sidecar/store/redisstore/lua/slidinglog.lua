@@ -1,12 +1,10 @@
 -- floodgate SlidingLog, an exact log of admitted units
 -- (sidecar/limiter/ALGORITHMS.md section 5.3).
 --
--- KEYS[1]  the counter's state hash of the other algorithms, deleted when
---          this script writes (a new algorithm replaces the old state)
--- KEYS[2]  the log, a sorted set: one member per admitted unit, score =
---          its timestamp in µs, member = "<ts>:<i>" where i counts the
---          units admitted at ts (entries leave only by whole timestamps, so
---          ZCOUNT ts ts + 1 is always a fresh i)
+-- KEYS[1]  the log, fg:{<tag>}:sl, a sorted set: one member per admitted
+--          unit, score = its timestamp in µs, member = "<ts>:<i>" where i
+--          counts the units admitted at ts (entries leave only by whole
+--          timestamps, so ZCOUNT ts ts + 1 is always a fresh i)
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
@@ -33,12 +31,12 @@ local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local newest = nil
-local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if top[2] then newest = tonumber(top[2]) end
 local t = now
 if newest and newest > now then t = newest end
 local live = '(' .. int(t - P)
-local cnt = redis.call('ZCOUNT', KEYS[2], live, '+inf')
+local cnt = redis.call('ZCOUNT', KEYS[1], live, '+inf')
 
 local allowed, retry, write = 0, 0, false
 if n > C then
@@ -49,13 +47,13 @@ elseif cnt + n <= C then
   allowed, write = 1, true
 else
   local k = cnt + n - C
-  local kth = redis.call('ZRANGEBYSCORE', KEYS[2], live, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+  local kth = redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
   retry = tonumber(kth[2]) + P - now
 end
 
 if write then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(t - P))
-  local base = redis.call('ZCOUNT', KEYS[2], int(t), int(t))
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(t - P))
+  local base = redis.call('ZCOUNT', KEYS[1], int(t), int(t))
   local ts = int(t)
   local i = 0
   while i < n do
@@ -66,12 +64,11 @@ if write then
       args[2 * j - 1] = ts
       args[2 * j] = ts .. ':' .. int(base + i + j)
     end
-    redis.call('ZADD', KEYS[2], unpack(args))
+    redis.call('ZADD', KEYS[1], unpack(args))
     i = i + m
   end
   cnt = cnt + n
   newest = t
-  redis.call('DEL', KEYS[1])
 end
 
 local reset = 0
@@ -82,6 +79,6 @@ if remaining < 0 then remaining = 0 end
 if write then
   local r = reset
   if r < 0 then r = 0 end
-  redis.call('PEXPIRE', KEYS[2], ceil(r / 1000) + 1000)
+  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
 end
 return {allowed, remaining, reset, retry}

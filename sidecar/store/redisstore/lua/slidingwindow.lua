@@ -1,10 +1,8 @@
 -- floodgate SlidingWindow, the sliding-window counter
 -- (sidecar/limiter/ALGORITHMS.md section 5.2).
 --
--- KEYS[1]  state hash: a=alg ("sw"), W=current window start in µs,
+-- KEYS[1]  state hash, fg:{<tag>}:sw: W=current window start in µs,
 --          c=current window count, p=previous window count
--- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
---          writes (a new algorithm replaces the old algorithm's state)
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
@@ -28,13 +26,13 @@ local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
 local q, PW = tonumber(ARGV[5]), tonumber(ARGV[10])
 
 local ws = now - now % P
-local st = redis.call('HMGET', KEYS[1], 'a', 'W', 'c', 'p')
-local fresh = st[1] ~= 'sw'
+local st = redis.call('HMGET', KEYS[1], 'W', 'c', 'p')
+local fresh = not st[1]
 local W, cur, prev
 if fresh then
   W, cur, prev = ws, 0, 0
 else
-  W, cur, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
+  W, cur, prev = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
   if not (W and cur and prev) then
     return redis.error_reply('ERR floodgate: corrupt SlidingWindow state at ' .. KEYS[1])
   end
@@ -92,12 +90,7 @@ local left = C * PW - x
 if left < 0 then left = 0 end
 
 if write then
-  if fresh and st[1] then
-    -- Another algorithm's state: replace it whole.
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'a', 'sw', 'W', W, 'c', cur, 'p', prev)
+  redis.call('HSET', KEYS[1], 'W', W, 'c', cur, 'p', prev)
   local r = reset
   if r < 0 then r = 0 end
   redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)

@@ -1,9 +1,7 @@
 -- floodgate TokenBucket (sidecar/limiter/ALGORITHMS.md section 3).
 --
--- KEYS[1]  state hash: a=alg ("tb"), L=level in units, T=last tick,
+-- KEYS[1]  state hash, fg:{<tag>}:tb: L=level in units, T=last tick,
 --          sq, su, sk, sc = the scale (q, U, K, C) the state was written with
--- KEYS[2]  the counter's SlidingLog sorted set, deleted when this script
---          writes (a new algorithm replaces the old algorithm's state)
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C capacity          ARGV[4]  P period in microseconds
@@ -30,15 +28,15 @@ local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
 
 local t = floor(now / q)
-local st = redis.call('HMGET', KEYS[1], 'a', 'L', 'T', 'sq', 'su', 'sk', 'sc')
-local fresh = st[1] ~= 'tb'
+local st = redis.call('HMGET', KEYS[1], 'L', 'T', 'sq', 'su', 'sk', 'sc')
+local fresh = not st[1]
 local L, T
 if fresh then
   L = CU
   T = t
 else
-  L, T = tonumber(st[2]), tonumber(st[3])
-  local sq, su, sk, sc = tonumber(st[4]), tonumber(st[5]), tonumber(st[6]), tonumber(st[7])
+  L, T = tonumber(st[1]), tonumber(st[2])
+  local sq, su, sk, sc = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6])
   if not (L and T and sq and su and sk and sc) then
     return redis.error_reply('ERR floodgate: corrupt TokenBucket state at ' .. KEYS[1])
   end
@@ -77,12 +75,7 @@ if L ~= CU then
 end
 
 if write then
-  if fresh and st[1] then
-    -- Another algorithm's state: replace it whole.
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'a', 'tb', 'L', L, 'T', T, 'sq', q, 'su', U, 'sk', K, 'sc', C)
+  redis.call('HSET', KEYS[1], 'L', L, 'T', T, 'sq', q, 'su', U, 'sk', K, 'sc', C)
   local r = reset
   if r < 0 then r = 0 end
   redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
