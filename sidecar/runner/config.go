@@ -1,0 +1,265 @@
+package runner
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// EnvPrefix prefixes the environment variable of every flag: --redis-addrs
+// is FLOODGATE_REDIS_ADDRS.
+const EnvPrefix = "FLOODGATE_"
+
+// EnvRedisPassword holds the Redis password. There is deliberately no flag
+// for it, so that it never shows in a process listing; use it or
+// --redis-password-file.
+const EnvRedisPassword = "FLOODGATE_REDIS_PASSWORD"
+
+// Config is everything floodgate-sidecar is started with: flags, each also
+// settable by its environment variable. A flag given on the command line
+// wins over its environment variable, which wins over the default.
+//
+// # Store precedence
+//
+// The counter store is chosen once, at start, in this order:
+//  1. --store (or FLOODGATE_STORE), with --redis-addrs and the other
+//     --redis-* settings;
+//  2. otherwise the policy file's store section (type, addresses, tls);
+//     --redis-addrs, when given, still replaces the file's addresses, and
+//     the password always comes from FLOODGATE_REDIS_PASSWORD or
+//     --redis-password-file;
+//  3. otherwise the in-memory store.
+//
+// When the store comes from the policy file, the sidecar waits for the
+// first valid file before it opens the store and starts serving. A later
+// change to the file's store section is reported (log, /debug/config) and
+// takes effect at the next restart; policies reload live.
+type Config struct {
+	Listen          string
+	AdminListen     string
+	Upstream        string
+	UpstreamH2C     bool
+	PolicyFile      string
+	PollInterval    time.Duration
+	PodLabels       string
+	Store           string
+	RedisAddrs      string
+	RedisPassword   string
+	RedisPassFile   string
+	RedisTLS        bool
+	RedisTLSCAFile  string
+	RedisTLSServer  string
+	RedisTLSSkipVer bool
+	RedisTimeout    time.Duration
+	MaxHeaderBytes  int
+	DrainTimeout    time.Duration
+	DenyCacheKeys   int
+	LocalMaxKeys    int
+	EventQueue      int
+	LogLevel        string
+
+	// set records the flags given on the command line or by environment.
+	set map[string]bool
+}
+
+// Defaults.
+const (
+	DefaultListen       = ":8081"
+	DefaultAdminListen  = ":9090"
+	DefaultUpstream     = "http://127.0.0.1:8080"
+	DefaultPollInterval = time.Second
+)
+
+// RegisterFlags defines the flags on fs, bound to c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", DefaultListen, "address the proxy listens on (HTTP/1.1 and h2c)")
+	fs.StringVar(&c.AdminListen, "admin-listen", DefaultAdminListen, "address serving /metrics, /healthz, /readyz and /debug/config")
+	fs.StringVar(&c.Upstream, "upstream", DefaultUpstream, "the application's URL")
+	fs.BoolVar(&c.UpstreamH2C, "upstream-h2c", false, "speak HTTP/2 without TLS to the upstream (gRPC applications)")
+	fs.StringVar(&c.PolicyFile, "policy-file", "", "sidecar config (YAML or JSON, "+config.APIVersion+"); watched and hot-reloaded")
+	fs.DurationVar(&c.PollInterval, "policy-poll-interval", DefaultPollInterval, "how often the policy file is checked for changes")
+	fs.StringVar(&c.PodLabels, "pod-labels", "", "this pod's labels, k=v,k2=v2, matched against policies' podSelector")
+	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
+	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
+	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
+	fs.BoolVar(&c.RedisTLS, "redis-tls", false, "use TLS to Redis")
+	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
+	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
+	fs.BoolVar(&c.RedisTLSSkipVer, "redis-tls-insecure-skip-verify", false, "do not verify Redis certificates (testing only)")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call; 0 keeps the store's default")
+	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted; larger gets 431")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
+	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
+	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
+	fs.IntVar(&c.EventQueue, "event-queue", 4096, "capacity of the deny event queue; events beyond it are dropped and counted")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// Parse parses args into c: flags first, then, for each flag not given,
+// its environment variable read through getenv.
+func (c *Config) Parse(fs *flag.FlagSet, args []string, getenv func(string) (string, bool)) error {
+	c.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if c.set[f.Name] {
+			return
+		}
+		env := EnvName(f.Name)
+		if v, ok := getenv(env); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", env, err))
+				return
+			}
+			c.set[f.Name] = true
+		}
+	})
+	if v, ok := getenv(EnvRedisPassword); ok {
+		c.RedisPassword = v
+	}
+	return errors.Join(errs...)
+}
+
+// EnvName returns the environment variable of a flag.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// IsSet reports whether a flag was given on the command line or by its
+// environment variable.
+func (c *Config) IsSet(flagName string) bool { return c.set[flagName] }
+
+// Validate reports every problem with c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(flagName, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s (%s): %s", flagName, EnvName(flagName), fmt.Sprintf(format, args...)))
+	}
+	for name, addr := range map[string]string{"listen": c.Listen, "admin-listen": c.AdminListen} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			bad(name, "%v", err)
+		}
+	}
+	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
+		bad("admin-listen", "must differ from --listen")
+	}
+	if u, err := url.Parse(c.Upstream); err != nil {
+		bad("upstream", "%v", err)
+	} else if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		bad("upstream", "must be an http:// or https:// URL with a host, got %q", c.Upstream)
+	}
+	if c.PolicyFile == "" {
+		bad("policy-file", "required in standalone mode")
+	}
+	if c.PollInterval < 10*time.Millisecond {
+		bad("policy-poll-interval", "must be at least 10ms, got %v", c.PollInterval)
+	}
+	if _, err := c.Labels(); err != nil {
+		bad("pod-labels", "%v", err)
+	}
+	switch c.Store {
+	case "", config.StoreMemory, config.StoreRedis:
+	default:
+		bad("store", "must be memory or redis, got %q", c.Store)
+	}
+	if c.Store == config.StoreRedis && c.RedisAddrs == "" {
+		bad("redis-addrs", "--store redis needs at least one address")
+	}
+	if c.Store == config.StoreMemory && c.RedisAddrs != "" {
+		bad("redis-addrs", "given with --store memory")
+	}
+	for _, a := range c.redisAddrs() {
+		if err := config.ValidateAddress(a); err != nil {
+			bad("redis-addrs", "%q: %v", a, err)
+		}
+	}
+	if c.RedisPassFile != "" {
+		if c.RedisPassword != "" {
+			bad("redis-password-file", "give either it or %s, not both", EnvRedisPassword)
+		}
+		if _, err := os.Stat(c.RedisPassFile); err != nil {
+			bad("redis-password-file", "%v", err)
+		}
+	}
+	if c.RedisTLSCAFile != "" {
+		if _, err := os.Stat(c.RedisTLSCAFile); err != nil {
+			bad("redis-tls-ca-file", "%v", err)
+		}
+	}
+	if c.RedisTimeout < 0 {
+		bad("redis-timeout", "must not be negative")
+	}
+	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
+		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain-timeout", "must not be negative")
+	}
+	if c.DenyCacheKeys < 1 {
+		bad("deny-cache-keys", "must be at least 1")
+	}
+	if c.LocalMaxKeys < 1 {
+		bad("local-max-keys", "must be at least 1")
+	}
+	if c.EventQueue < 1 {
+		bad("event-queue", "must be at least 1")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log-level", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) redisAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.RedisAddrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Labels parses --pod-labels.
+func (c *Config) Labels() (labels.Set, error) {
+	if strings.TrimSpace(c.PodLabels) == "" {
+		return labels.Set{}, nil
+	}
+	m, err := labels.ConvertSelectorToLabelsMap(c.PodLabels)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// LogLevel maps --log-level to a slog level.
+func LogLevel(s string) slog.Level {
+	switch s {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}

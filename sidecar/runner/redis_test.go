@@ -1,0 +1,176 @@
+package runner
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+func TestExactAllowedCountsRedisCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	addrs := strings.Join(cluster.Addrs(), ",")
+	be := newBackend(t, nil)
+	for _, alg := range algorithms {
+		t.Run(alg, func(t *testing.T) {
+			// Two sidecars share the cluster: together they admit exactly
+			// the limit.
+			doc := fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-%s
+  rules:
+  - name: r
+    key: [{header: X-User}]
+    limit: {requests: 7, per: 1h, algorithm: %s}
+`, strings.ToLower(alg), alg)
+			// A generous call budget: under -race on a shared machine the
+			// default 50ms can pass, and a timed-out call falls back to a
+			// local bucket, which is not what this test measures.
+			args := []string{"--store", "redis", "--redis-addrs", addrs, "--redis-timeout", "2s"}
+			a := startSidecar(t, be.URL, doc, true, args...)
+			b := startSidecar(t, be.URL, doc, true, args...)
+			c := &http.Client{}
+			counts := map[int]int{}
+			for i := range 30 {
+				url := a.url
+				if i%2 == 1 {
+					url = b.url
+				}
+				res, _ := get(t, c, url+"/x", "X-User", "alice")
+				counts[res.StatusCode]++
+			}
+			for _, sc := range []*sidecar{a, b} {
+				if n := sc.metric(t, `floodgate_sidecar_fallback_decisions_total{policy="p",result="allowed",rule="r"}`); n != 0 {
+					t.Fatalf("%v decisions fell back to local buckets: Redis calls failed", n)
+				}
+			}
+			if counts[200] != 7 || counts[429] != 23 {
+				t.Errorf("statuses over two sidecars %v, want 7x200 and 23x429", counts)
+			}
+			if got := a.Status().Store; got.Type != "redis" || got.From != "flags" {
+				t.Errorf("store status %+v", got)
+			}
+		})
+	}
+}
+
+func TestStoreFromPolicyFile(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, redistest.Options{Masters: 1})
+	be := newBackend(t, nil)
+	quoted := make([]string, 0, len(cluster.Addrs()))
+	for _, a := range cluster.Addrs() {
+		quoted = append(quoted, strconv.Quote(a))
+	}
+	doc := fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+store: {type: redis, addresses: [%s]}
+policies:
+- name: p
+  uid: uid-file
+  rules:
+  - name: r
+    limit: {requests: 2, per: 1h}
+`, strings.Join(quoted, ","))
+	sc := startSidecar(t, be.URL, doc, true, "--redis-timeout", "2s")
+	if got := sc.Status().Store; got.Type != "redis" || got.From != "policy-file" {
+		t.Fatalf("store status %+v, want redis from the policy file", got)
+	}
+	c := &http.Client{}
+	var codes []int
+	for range 3 {
+		res, _ := get(t, c, sc.url+"/")
+		codes = append(codes, res.StatusCode)
+	}
+	if fmt.Sprint(codes) != "[200 200 429]" {
+		t.Errorf("codes %v", codes)
+	}
+	// The counter lives in Redis, not in the sidecar.
+	n, err := cluster.NewClient().Keys(t.Context(), "fg:{uid-file:r:*").Result()
+	if err != nil || len(n) != 1 {
+		t.Errorf("redis keys %v, %v; want one counter of uid-file", n, err)
+	}
+}
+
+func TestFailureModesWithClusterKilled(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	be := newBackend(t, nil)
+	doc := `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-fail
+  replicas: 2
+  rules:
+  - name: open
+    match: {path: {type: Prefix, value: /open}}
+    key: [{header: X-User}]
+    failureMode: Open
+    limit: {requests: 10, per: 1h}
+  - name: closed
+    match: {path: {type: Prefix, value: /closed}}
+    key: [{header: X-User}]
+    failureMode: Closed
+    limit: {requests: 10, per: 1h}
+`
+	sc := startSidecar(t, be.URL, doc, true, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","))
+	c := &http.Client{}
+	for _, p := range []string{"/open", "/closed"} {
+		if res, _ := get(t, c, sc.url+p, "X-User", "warm"); res.StatusCode != 200 {
+			t.Fatalf("%s with the cluster up: %d", p, res.StatusCode)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, n := range cluster.Nodes() {
+		wg.Go(func() {
+			if err := cluster.Kill(n); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+
+	// Closed: 503 with Retry-After and a problem body; nothing reaches the
+	// application.
+	before := be.hits.Load()
+	for range 3 {
+		res, body := get(t, c, sc.url+"/closed", "X-User", "u")
+		if res.StatusCode != 503 {
+			t.Fatalf("fail-closed rule with the cluster down: %d, want 503", res.StatusCode)
+		}
+		if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 {
+			t.Errorf("Retry-After = %q", res.Header.Get("Retry-After"))
+		}
+		var p map[string]any
+		if err := json.Unmarshal([]byte(body), &p); err != nil || p["status"] != 503.0 {
+			t.Errorf("503 body %q: %v", body, err)
+		}
+	}
+	if be.hits.Load() != before {
+		t.Errorf("a fail-closed request reached the application")
+	}
+	// Open: a local bucket of limit/replicas = 5.
+	counts := map[int]int{}
+	for range 12 {
+		res, _ := get(t, c, sc.url+"/open", "X-User", "u")
+		counts[res.StatusCode]++
+	}
+	if counts[200] != 5 || counts[429] != 7 {
+		t.Errorf("fail-open rule with the cluster down: %v, want 5x200 (10 / 2 replicas) and 7x429", counts)
+	}
+	if got := sc.metric(t, "floodgate_sidecar_fallback_active"); got != 1 {
+		t.Errorf("fallback_active = %v, want 1", got)
+	}
+	if got := sc.metric(t, `floodgate_sidecar_fallback_decisions_total{policy="p",result="allowed",rule="open"}`); got != 5 {
+		t.Errorf("fallback allowed = %v, want 5", got)
+	}
+	if got := sc.metric(t, `floodgate_sidecar_decisions_total{policy="p",result="unavailable",rule="closed"}`); got != 3 {
+		t.Errorf("unavailable decisions = %v, want 3", got)
+	}
+}

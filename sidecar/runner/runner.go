@@ -1,0 +1,377 @@
+// Package runner is floodgate-sidecar's composition root: it turns the
+// Config into a running sidecar (the store chosen in one place, the engine,
+// the proxy, the admin server, the config source) and runs it until its
+// context ends, then drains in-flight requests.
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/events"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+)
+
+// Runner is a running sidecar. Create it with New, then call Run.
+type Runner struct {
+	cfg    Config
+	log    *slog.Logger
+	labels labels.Set
+	source Source
+
+	reg *prometheus.Registry
+	m   *metrics.Metrics
+	ev  *events.Queue
+
+	adminLn, proxyLn net.Listener
+
+	mu      sync.Mutex // guards status and the fields below
+	status  Status
+	store   *storeHandle
+	engine  *engine.Engine
+	proxy   *proxy.Proxy
+	current *ruleset.Set
+
+	ready    atomic.Bool
+	started  chan struct{} // closed once the proxy listener serves
+	startErr error
+}
+
+// Status is what /debug/config shows.
+type Status struct {
+	Revision        string         `json:"revision,omitempty"`
+	Origin          string         `json:"origin,omitempty"`
+	AppliedAt       *time.Time     `json:"appliedAt,omitempty"`
+	LastError       string         `json:"lastError,omitempty"`
+	LastErrorAt     *time.Time     `json:"lastErrorAt,omitempty"`
+	Store           StoreStatus    `json:"store"`
+	StoreDrift      string         `json:"storeDrift,omitempty"`
+	IgnoredPolicies []string       `json:"ignoredPolicies,omitempty"`
+	Rules           int            `json:"rules"`
+	Config          *config.Config `json:"config,omitempty"`
+}
+
+// StoreStatus describes the store in use; it never holds the password.
+type StoreStatus struct {
+	Type      string   `json:"type,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+	TLS       bool     `json:"tls,omitempty"`
+	From      string   `json:"from,omitempty"`
+}
+
+// New prepares a sidecar: it validates cfg and binds both listeners, so
+// that a port conflict is reported before Run. source nil means a
+// FileSource on cfg.PolicyFile.
+func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	lbls, err := cfg.Labels()
+	if err != nil {
+		return nil, err
+	}
+	if source == nil {
+		source = &FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
+	}
+	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), started: make(chan struct{})}
+	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.m = metrics.NewMetrics(r.reg)
+	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
+		r.m.DenyEventsTotal.WithLabelValues("logged"), r.m.DenyEventsTotal.WithLabelValues("dropped"))
+	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	if r.proxyLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		_ = r.adminLn.Close()
+		return nil, fmt.Errorf("proxy listener: %w", err)
+	}
+	return r, nil
+}
+
+// ProxyAddr returns the proxy listener's address.
+func (r *Runner) ProxyAddr() string { return r.proxyLn.Addr().String() }
+
+// AdminAddr returns the admin listener's address.
+func (r *Runner) AdminAddr() string { return r.adminLn.Addr().String() }
+
+// Registry returns the sidecar's metrics registry.
+func (r *Runner) Registry() *prometheus.Registry { return r.reg }
+
+// Ready reports whether a config is loaded and the proxy serves.
+func (r *Runner) Ready() bool { return r.ready.Load() }
+
+// Status returns a copy of the current status.
+func (r *Runner) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Run serves until ctx ends, then stops taking requests, drains those in
+// flight for up to the drain timeout, and closes the store.
+func (r *Runner) Run(ctx context.Context) error {
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	adminErr := make(chan error, 1)
+	go func() { adminErr <- admin.Serve(r.adminLn) }()
+
+	evCtx, stopEvents := context.WithCancel(context.WithoutCancel(ctx))
+	go r.ev.Run(evCtx)
+
+	srcCtx, stopSource := context.WithCancel(ctx)
+	srcDone := make(chan struct{})
+	go func() {
+		defer close(srcDone)
+		r.source.Run(srcCtx, r.apply)
+	}()
+
+	var srv *http.Server
+	proxyErr := make(chan error, 1)
+	select {
+	case <-r.started:
+		if r.startErr != nil {
+			stopSource()
+			<-srcDone
+			stopEvents()
+			_ = admin.Close()
+			_ = r.proxyLn.Close()
+			return r.startErr
+		}
+		srv = r.proxyServer()
+		go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+		r.log.Info("serving", "listen", r.ProxyAddr(), "admin", r.AdminAddr(), "upstream", r.cfg.Upstream)
+	case <-ctx.Done():
+		_ = r.proxyLn.Close()
+	}
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-proxyErr:
+		err = fmt.Errorf("proxy server: %w", err)
+	case err = <-adminErr:
+		err = fmt.Errorf("admin server: %w", err)
+	}
+	r.ready.Store(false)
+	stopSource()
+	<-srcDone
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
+	defer cancel()
+	if srv != nil {
+		if e := srv.Shutdown(drainCtx); e != nil {
+			err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
+		}
+	}
+	_ = admin.Shutdown(drainCtx)
+	r.mu.Lock()
+	st := r.store
+	r.mu.Unlock()
+	if st != nil && st.close != nil {
+		if e := st.close(); e != nil {
+			err = errors.Join(err, fmt.Errorf("closing store: %w", e))
+		}
+	}
+	stopEvents()
+	<-r.ev.Done()
+	r.log.Info("stopped")
+	return err
+}
+
+func (r *Runner) proxyServer() *http.Server {
+	var ps http.Protocols
+	ps.SetHTTP1(true)
+	ps.SetUnencryptedHTTP2(true)
+	return &http.Server{
+		Handler:           r.proxy,
+		Protocols:         &ps,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// apply is the one place a config update takes effect: parse, validate and
+// compile it, and install it, or keep the last good config and report why.
+// The first good config also opens the store and starts the proxy.
+func (r *Runner) apply(u Update) {
+	if u.Err != nil {
+		r.reject(u.Origin, u.Err)
+		return
+	}
+	c, err := config.Load(u.Data)
+	if err != nil {
+		r.reject(u.Origin, err)
+		return
+	}
+	r.mu.Lock()
+	if r.engine == nil {
+		if err := r.openLocked(c); err != nil {
+			r.mu.Unlock()
+			r.reject(u.Origin, err)
+			return
+		}
+	}
+	r.mu.Unlock()
+	set, err := ruleset.Compile(c, r.labels, r.m)
+	if err != nil {
+		r.reject(u.Origin, fmt.Errorf("compile sidecar config: %w", err))
+		return
+	}
+	r.install(u.Origin, c, set)
+}
+
+// openLocked opens the store for the first config and builds the engine
+// and proxy. The caller holds r.mu.
+func (r *Runner) openLocked(c *config.Config) error {
+	sel := r.selectStore(c)
+	st, err := openStore(sel, r.cfg, r.log)
+	if err != nil {
+		return fmt.Errorf("open %s store: %w", sel.Type, err)
+	}
+	fallback, err := memstore.New(memstore.WithMaxKeys(r.cfg.LocalMaxKeys))
+	if err != nil {
+		_ = closeStore(st)
+		return fmt.Errorf("fallback store: %w", err)
+	}
+	eng, err := engine.New(engine.Options{
+		Store: st.store, StoreName: sel.Type, ShardOf: st.shardOf, Fallback: fallback,
+		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote,
+	})
+	if err != nil {
+		_ = closeStore(st)
+		return err
+	}
+	up, _ := url.Parse(r.cfg.Upstream) // validated
+	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log})
+	if err != nil {
+		_ = closeStore(st)
+		return err
+	}
+	r.store, r.engine, r.proxy = st, eng, px
+	r.status.Store = StoreStatus{Type: sel.Type, Addresses: sel.Addresses, TLS: sel.TLS != nil, From: sel.From}
+	r.log.Info("counter store opened", "type", sel.Type, "addresses", sel.Addresses, "from", sel.From)
+	return nil
+}
+
+func closeStore(st *storeHandle) error {
+	if st.close == nil {
+		return nil
+	}
+	return st.close()
+}
+
+// install puts a compiled set in force.
+func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set) {
+	r.mu.Lock()
+	old := r.current
+	r.current = set
+	r.proxy.SetRules(set)
+	if old != nil {
+		// A limit may have been raised: local denials may be stale. The
+		// shared counters are untouched.
+		r.engine.ForgetLocalState()
+		r.forgetRemovedRules(old, set)
+	}
+	now := time.Now()
+	r.status.Revision, r.status.Origin, r.status.AppliedAt = c.Revision, origin, &now
+	r.status.LastError, r.status.LastErrorAt = "", nil
+	r.status.IgnoredPolicies, r.status.Rules, r.status.Config = set.Ignored, len(set.Rules), c
+	r.status.StoreDrift = ""
+	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
+		r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
+		r.log.Warn("store section changed; it takes effect at restart", "type", want.Type, "addresses", want.Addresses)
+	}
+	first := !r.ready.Load()
+	r.mu.Unlock()
+
+	r.m.ConfigInfo.Reset()
+	r.m.ConfigInfo.WithLabelValues(c.Revision).Set(1)
+	r.m.ConfigLoadsTotal.WithLabelValues("ok").Inc()
+	r.m.ConfigValid.Set(1)
+	r.m.ConfigLastSuccess.Set(float64(now.Unix()))
+	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "ignoredPolicies", set.Ignored)
+	if first {
+		r.ready.Store(true)
+		r.startErr = nil
+		close(r.started)
+	}
+}
+
+func sameStore(sel storeSelection, s StoreStatus) bool {
+	return sel.Type == s.Type && reflect.DeepEqual(sel.Addresses, s.Addresses)
+}
+
+func (r *Runner) forgetRemovedRules(old, cur *ruleset.Set) {
+	keep := map[[2]string]bool{}
+	for _, ru := range cur.Rules {
+		keep[[2]string{ru.Engine.Policy, ru.Engine.Name}] = true
+	}
+	for _, ru := range old.Rules {
+		if !keep[[2]string{ru.Engine.Policy, ru.Engine.Name}] {
+			r.m.ForgetRule(ru.Engine.Policy, ru.Engine.Name)
+		}
+	}
+}
+
+// reject records a config that could not be applied; the last good config
+// stays in force.
+func (r *Runner) reject(origin string, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	r.status.LastError, r.status.LastErrorAt = err.Error(), &now
+	if r.status.Origin == "" {
+		r.status.Origin = origin
+	}
+	haveConfig := r.current != nil
+	r.mu.Unlock()
+	r.m.ConfigLoadsTotal.WithLabelValues("error").Inc()
+	r.m.ConfigErrorsTotal.Inc()
+	r.m.ConfigValid.Set(0)
+	r.log.Error("config rejected; keeping the last good config", "origin", origin, "err", err, "haveConfig", haveConfig)
+}
+
+func (r *Runner) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !r.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("no config loaded\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
+		st := r.Status()
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	})
+	return mux
+}

@@ -1,0 +1,551 @@
+package runner
+
+import (
+	"bufio"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow", "SlidingLog"}
+
+func TestExactAllowedCountsMemory(t *testing.T) {
+	t.Parallel()
+	for _, alg := range algorithms {
+		t.Run(alg, func(t *testing.T) {
+			t.Parallel()
+			be := newBackend(t, nil)
+			sc := startSidecar(t, be.URL, policyDoc("r1", fmt.Sprintf(`key: [{header: X-User}]
+limit: {requests: 7, per: 1h, algorithm: %s}`, alg)), true)
+			c := &http.Client{}
+			counts := map[int]int{}
+			for range 20 {
+				res, _ := get(t, c, sc.url+"/x", "X-User", "alice")
+				counts[res.StatusCode]++
+			}
+			if counts[200] != 7 || counts[429] != 13 {
+				t.Errorf("statuses %v, want 7x200 and 13x429", counts)
+			}
+			if got := be.hits.Load(); got != 7 {
+				t.Errorf("backend saw %d requests, want 7: a denied request must never reach it", got)
+			}
+			// Another key has its own counter.
+			if res, _ := get(t, c, sc.url+"/x", "X-User", "bob"); res.StatusCode != 200 {
+				t.Errorf("bob: %d, want 200", res.StatusCode)
+			}
+		})
+	}
+}
+
+var problemFields = []string{"type", "title", "status", "detail", "retryAfter"}
+
+func TestResponseFields(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, policyDoc("r1", `key: [{header: X-User}]
+limit: {requests: 2, per: 1m, algorithm: FixedWindow}`), true)
+	c := &http.Client{}
+	res, body := get(t, c, sc.url+"/a", "X-User", "u")
+	if res.StatusCode != 200 || body != "hello" {
+		t.Fatalf("first request: %d %q", res.StatusCode, body)
+	}
+	h := res.Header
+	for name, want := range map[string]string{
+		"X-RateLimit-Limit":     "2",
+		"X-RateLimit-Remaining": "1",
+		"RateLimit-Policy":      `"p.r";q=2;w=60`,
+	} {
+		if got := h.Get(name); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	reset, err := strconv.Atoi(h.Get("X-RateLimit-Reset"))
+	if err != nil || reset < 1 || reset > 60 {
+		t.Errorf("X-RateLimit-Reset = %q, want 1..60 seconds", h.Get("X-RateLimit-Reset"))
+	}
+	if !regexp.MustCompile(`^"p\.r";r=1;t=\d+$`).MatchString(h.Get("RateLimit")) {
+		t.Errorf("RateLimit = %q", h.Get("RateLimit"))
+	}
+	get(t, c, sc.url+"/a", "X-User", "u")
+	res, body = get(t, c, sc.url+"/a", "X-User", "u")
+	if res.StatusCode != 429 {
+		t.Fatalf("third request: %d, want 429", res.StatusCode)
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	ra, err := strconv.Atoi(res.Header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > 60 {
+		t.Errorf("Retry-After = %q, want an integer in 1..60", res.Header.Get("Retry-After"))
+	}
+	if got := res.Header.Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("deny: X-RateLimit-Remaining = %q, want 0", got)
+	}
+	if !regexp.MustCompile(`^"p\.r";r=0;t=\d+$`).MatchString(res.Header.Get("RateLimit")) {
+		t.Errorf("deny: RateLimit = %q", res.Header.Get("RateLimit"))
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatalf("429 body is not JSON: %v: %q", err, body)
+	}
+	for _, f := range problemFields {
+		if _, ok := p[f]; !ok {
+			t.Errorf("problem body lacks %q: %s", f, body)
+		}
+	}
+	if p["status"] != 429.0 || p["retryAfter"] != float64(ra) {
+		t.Errorf("problem body %s disagrees with the response", body)
+	}
+	// A request no rule matches carries no rate-limit fields.
+	res, _ = get(t, c, sc.url+"/a")
+	if res.StatusCode != 200 || res.Header.Get("RateLimit") != "" {
+		t.Errorf("unkeyed request: %d, RateLimit %q", res.StatusCode, res.Header.Get("RateLimit"))
+	}
+}
+
+func TestClientIPFromUntrustedPeer(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	doc := func(cidr string) string {
+		return fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  trustedProxies: {cidrs: [%s]}
+  rules:
+  - name: per-ip
+    key: [{clientIP: {}}]
+    limit: {requests: 3, per: 1h}
+`, cidr)
+	}
+	untrusted := startSidecar(t, be.URL, doc("10.0.0.0/8"), true)
+	trusted := startSidecar(t, be.URL, doc("127.0.0.0/8"), true)
+	c := &http.Client{}
+	ok := 0
+	for i := range 10 {
+		res, _ := get(t, c, untrusted.url+"/", "X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i))
+		if res.StatusCode == 200 {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Errorf("rotating X-Forwarded-For from an untrusted peer: %d allowed, want 3 (the peer's bucket)", ok)
+	}
+	ok = 0
+	for i := range 10 {
+		res, _ := get(t, c, trusted.url+"/", "X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i))
+		if res.StatusCode == 200 {
+			ok++
+		}
+	}
+	if ok != 10 {
+		t.Errorf("distinct clients behind a trusted proxy: %d allowed, want 10", ok)
+	}
+	// The application sees the chain with the peer appended, and the Host
+	// the client asked for.
+	res, _ := get(t, c, trusted.url+"/", "X-Forwarded-For", "198.51.100.200")
+	if got := res.Header.Get("X-Seen-XFF"); got != "198.51.100.200, 127.0.0.1" {
+		t.Errorf("upstream X-Forwarded-For = %q", got)
+	}
+	if got, want := res.Header.Get("X-Seen-Host"), strings.TrimPrefix(trusted.url, "http://"); got != want {
+		t.Errorf("upstream Host = %q, want %q", got, want)
+	}
+}
+
+func TestForgedJWTsAreNotTrusted(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	dir := t.TempDir()
+	secret := []byte("an-hmac-secret-of-at-least-32-bytes!!")
+	sf := filepath.Join(dir, "secret")
+	if err := os.WriteFile(sf, secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc := startSidecar(t, be.URL, fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  jwt: {hmacSecretFile: %s}
+  rules:
+  - name: per-user
+    key: [{jwtClaim: sub}]
+    onMissingKey: Shared
+    limit: {requests: 2, per: 1h}
+`, sf), true)
+	tok := func(m jwt.SigningMethod, key any, sub string) string {
+		s, err := jwt.NewWithClaims(m, jwt.MapClaims{"sub": sub}).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	c := &http.Client{}
+	status := func(token string) int {
+		res, _ := get(t, c, sc.url+"/", "Authorization", "Bearer "+token)
+		return res.StatusCode
+	}
+	// Forged tokens naming alice, each with a different sub or signature,
+	// all land in the one shared "no verified token" counter.
+	forged := []string{
+		tok(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "alice"),
+		tok(jwt.SigningMethodHS256, []byte("not-the-secret-not-the-secret-xx"), "alice"),
+		tok(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "mallory-1"),
+		tok(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "mallory-2"),
+	}
+	var got []int
+	for _, f := range forged {
+		got = append(got, status(f))
+	}
+	if fmt.Sprint(got) != "[200 200 429 429]" {
+		t.Errorf("forged tokens: %v, want [200 200 429 429] (one shared counter)", got)
+	}
+	// alice's real counter was not touched by the forgeries.
+	real := tok(jwt.SigningMethodHS256, secret, "alice")
+	got = []int{status(real), status(real), status(real)}
+	if fmt.Sprint(got) != "[200 200 429]" {
+		t.Errorf("alice's verified token: %v, want [200 200 429]", got)
+	}
+}
+
+func TestShadowModeNeverBlocks(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, policyDoc("r1", `key: [{header: X-User}]
+mode: Shadow
+limit: {requests: 1, per: 1h}`), true)
+	c := &http.Client{}
+	for i := range 5 {
+		res, _ := get(t, c, sc.url+"/", "X-User", "u")
+		if res.StatusCode != 200 {
+			t.Fatalf("request %d: %d, want 200 in shadow mode", i, res.StatusCode)
+		}
+		if res.Header.Get("RateLimit") != "" {
+			t.Errorf("shadow rule exposed headers")
+		}
+	}
+	if got := be.hits.Load(); got != 5 {
+		t.Errorf("backend saw %d, want 5", got)
+	}
+	if got := sc.metric(t, `floodgate_sidecar_decisions_total{policy="p",result="shadow_denied",rule="r"}`); got != 4 {
+		t.Errorf("shadow_denied = %v, want 4", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.Count(sc.logs.String(), `"rate limit shadow deny"`) < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	logs := sc.logs.String()
+	if n := strings.Count(logs, `"rate limit shadow deny"`); n != 4 {
+		t.Errorf("%d shadow deny events logged, want 4", n)
+	}
+	if strings.Contains(logs, `"u"`) {
+		t.Errorf("a raw descriptor value reached the event log")
+	}
+}
+
+func TestHotReload(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, policyDoc("v1", `key: [{header: X-User}]
+limit: {requests: 1, per: 1h}`), true)
+	c := &http.Client{}
+	codes := func(n int) string {
+		var out []string
+		for range n {
+			res, _ := get(t, c, sc.url+"/", "X-User", "u")
+			out = append(out, strconv.Itoa(res.StatusCode))
+		}
+		return strings.Join(out, ",")
+	}
+	if got := codes(2); got != "200,429" {
+		t.Fatalf("v1: %s", got)
+	}
+	if got := sc.metric(t, `floodgate_sidecar_config_info{revision="v1"}`); got != 1 {
+		t.Errorf("config_info v1 = %v", got)
+	}
+	// Raise the limit: the counter survives (one token already spent).
+	writeAtomic(t, sc.policy, policyDoc("v2", `key: [{header: X-User}]
+limit: {requests: 3, per: 1h}`))
+	sc.waitRevision(t, "v2")
+	if got := codes(3); got != "200,200,429" {
+		t.Errorf("v2: %s, want 200,200,429 (3 per hour, 1 already spent)", got)
+	}
+	// An invalid file keeps v2 and is reported.
+	writeAtomic(t, sc.policy, policyDoc("v3", `key: [{header: X-User}]
+limit: {requests: 0, per: 1h}`))
+	sc.waitError(t, "policies[0].rules[0].limit.requests")
+	if got := sc.Status().Revision; got != "v2" {
+		t.Errorf("revision after an invalid file = %q, want v2", got)
+	}
+	res, err := http.Get(sc.admin + "/debug/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(body), "limit.requests") || !strings.Contains(string(body), `"revision": "v2"`) {
+		t.Errorf("/debug/config does not show the error and the config in force:\n%s", body)
+	}
+	if got := sc.metric(t, "floodgate_sidecar_config_errors_total"); got != 1 {
+		t.Errorf("config_errors_total = %v, want 1", got)
+	}
+	if got := sc.metric(t, "floodgate_sidecar_config_valid"); got != 0 {
+		t.Errorf("config_valid = %v, want 0", got)
+	}
+	if got := codes(1); got != "429" {
+		t.Errorf("limits after an invalid file: %s, want the v2 limit still in force", got)
+	}
+	// A file that does not parse at all is rejected the same way.
+	writeAtomic(t, sc.policy, "apiVersion: [")
+	sc.waitError(t, "parse sidecar config")
+	// Fixing it applies.
+	writeAtomic(t, sc.policy, policyDoc("v4", `key: [{header: X-User}]
+limit: {requests: 10, per: 1h}`))
+	sc.waitRevision(t, "v4")
+	if got := sc.metric(t, "floodgate_sidecar_config_valid"); got != 1 {
+		t.Errorf("config_valid = %v, want 1", got)
+	}
+	if sc.Status().LastError != "" {
+		t.Errorf("error still reported after a good file: %q", sc.Status().LastError)
+	}
+}
+
+func TestNotReadyUntilConfigLoaded(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, "apiVersion: nope\n", false)
+	sc.waitError(t, "apiVersion")
+	res, err := http.Get(sc.admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 503 {
+		t.Errorf("/readyz without a config: %d, want 503", res.StatusCode)
+	}
+	if res, err := http.Get(sc.admin + "/healthz"); err != nil || res.StatusCode != 200 {
+		t.Errorf("/healthz: %v %v", res, err)
+	}
+	writeAtomic(t, sc.policy, policyDoc("ok", `limit: {requests: 5, per: 1s}`))
+	sc.waitReady(t)
+	if res, _ := get(t, &http.Client{}, sc.url+"/"); res.StatusCode != 200 {
+		t.Errorf("after the first good config: %d", res.StatusCode)
+	}
+}
+
+func TestBadRequestsGet4xxNeverPanic(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  rules:
+  - name: costly
+    match: {path: {type: Prefix, value: /cost}}
+    key: [{header: X-User}]
+    limit: {requests: 10, per: 1h}
+    cost: {fromHeader: X-Cost, max: 5}
+  - name: needs-key
+    match: {path: {type: Prefix, value: /strict}}
+    key: [{header: X-Api-Key}]
+    onMissingKey: Reject
+    limit: {requests: 10, per: 1h}
+`, true, "--max-header-bytes", "65536")
+	addr := strings.TrimPrefix(sc.url, "http://")
+	raw := func(req string) string {
+		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		go func() { _, _ = io.WriteString(conn, req) }()
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return strings.TrimSpace(line)
+	}
+	for name, req := range map[string]string{
+		"garbage":          "GARBAGE GARBAGE GARBAGE GARBAGE\r\n\r\n",
+		"bad request line": "GET /\r\nHost: x\r\nX-Pad: padding-padding\r\n\r\n",
+		"no host":          "GET / HTTP/1.1\r\n\r\n",
+		"bad header":       "GET / HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n",
+		"bad content len":  "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n",
+		"1 MiB header":     "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 1<<20) + "\r\n\r\n",
+		"bad cost":         "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: lots\r\n\r\n",
+		"cost above max":   "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: 6\r\n\r\n",
+		"negative cost":    "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: -1\r\n\r\n",
+		"missing key part": "GET /strict HTTP/1.1\r\nHost: x\r\n\r\n",
+	} {
+		line := raw(req)
+		m := regexp.MustCompile(`^HTTP/1\.1 (4\d\d) `).FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("%s: got %q, want a 4xx", name, line)
+		}
+		if name == "1 MiB header" && m != nil && m[1] != "431" {
+			t.Errorf("1 MiB header: %s, want 431", m[1])
+		}
+	}
+	if be.hits.Load() != 0 {
+		t.Errorf("a bad request reached the backend")
+	}
+	// Still serving.
+	if res, _ := get(t, &http.Client{}, sc.url+"/cost", "X-User", "u", "X-Cost", "5"); res.StatusCode != 200 {
+		t.Errorf("valid request after bad ones: %d", res.StatusCode)
+	}
+}
+
+func TestWebSocketUpgradePassesThrough(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "want upgrade", 400)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = rw.Flush()
+		// Echo one line.
+		line, err := rw.ReadString('\n')
+		if err != nil {
+			return
+		}
+		_, _ = rw.WriteString("echo:" + line)
+		_ = rw.Flush()
+	})
+	sc := startSidecar(t, be.URL, policyDoc("r1", `limit: {requests: 1, per: 1h}`), true)
+	dial := func() (string, string) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(sc.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		br := bufio.NewReader(conn)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != 101 {
+			return strconv.Itoa(res.StatusCode), ""
+		}
+		_, _ = io.WriteString(conn, "ping\n")
+		line, _ := br.ReadString('\n')
+		return "101", line
+	}
+	if code, line := dial(); code != "101" || line != "echo:ping\n" {
+		t.Errorf("upgrade: %s %q", code, line)
+	}
+	if code, _ := dial(); code != "429" {
+		t.Errorf("second upgrade: %s, want 429 (the upgrade request is rate limited)", code)
+	}
+}
+
+func TestH2CAndStreaming(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	be := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first\n")
+		http.NewResponseController(w).Flush()
+		<-release
+		_, _ = io.WriteString(w, "second\n")
+	})
+	sc := startSidecar(t, be.URL, policyDoc("r1", `limit: {requests: 100, per: 1h}`), true)
+	var ps http.Protocols
+	ps.SetUnencryptedHTTP2(true)
+	c := &http.Client{Transport: &http.Transport{Protocols: &ps, TLSClientConfig: &tls.Config{}}}
+	res, err := c.Get(sc.url + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.ProtoMajor != 2 {
+		t.Errorf("proto %s, want HTTP/2 (h2c)", res.Proto)
+	}
+	br := bufio.NewReader(res.Body)
+	// The first chunk arrives while the backend still holds the response.
+	line, err := br.ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Fatalf("first chunk: %q %v", line, err)
+	}
+	close(release)
+	if rest, _ := io.ReadAll(br); string(rest) != "second\n" {
+		t.Errorf("rest = %q", rest)
+	}
+	if res.Header.Get("X-RateLimit-Remaining") != "99" {
+		t.Errorf("h2c response fields: %v", res.Header)
+	}
+}
+
+func TestGracefulShutdownDrainsInFlight(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	be := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		_, _ = io.WriteString(w, "done")
+	})
+	sc := startSidecar(t, be.URL, policyDoc("r1", `limit: {requests: 100, per: 1h}`), true)
+	type result struct {
+		code int
+		body string
+		err  error
+	}
+	out := make(chan result, 1)
+	go func() {
+		res, err := http.Get(sc.url + "/slow")
+		if err != nil {
+			out <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		out <- result{res.StatusCode, string(b), err}
+	}()
+	<-entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- sc.stop(t) }()
+	// Shutdown waits for the in-flight request.
+	deadline := time.Now().Add(5 * time.Second)
+	for sc.Ready() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if sc.Ready() {
+		t.Error("still ready while shutting down")
+	}
+	select {
+	case <-stopped:
+		t.Fatal("shutdown finished before the in-flight request")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	r := <-out
+	if r.err != nil || r.code != 200 || r.body != "done" {
+		t.Errorf("in-flight request: %d %q %v, want 200 done", r.code, r.body, r.err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if _, err := net.DialTimeout("tcp", strings.TrimPrefix(sc.url, "http://"), time.Second); err == nil {
+		t.Errorf("proxy still accepts connections after shutdown")
+	}
+}
