@@ -29,9 +29,6 @@ func (l *Log) Newest() (int64, bool) {
 	return l.runs[len(l.runs)-1].ts, true
 }
 
-// Bytes returns the heap the log holds, for accounting.
-func (l *Log) Bytes() int64 { return int64(cap(l.runs)) * 16 }
-
 // prune drops every run at or before cutoff and gives memory back once the
 // live runs use a quarter of the buffer or less.
 func (l *Log) prune(cutoff int64) {

@@ -8,10 +8,11 @@
 // Request.Key, in sharded open-addressing tables (linear probing,
 // backward-shift deletion) whose 32-byte slots hold the algorithm state
 // inline: hash, two state words, expiry, and the id of the limit the state
-// was written under. A table is at least 7/16 full (it doubles when 7/8
-// full), so a key costs at most 32/(7/16) ≈ 73 bytes of heap and about 50
-// on average, index included (measured: 67 bytes per key after a million
-// keys). SlidingLog is the exception: each of its keys also holds a
+// was written under. A table doubles when 7/8 full, so while keys arrive it
+// is at least 7/16 full and a key costs at most 32/(7/16) ≈ 73 bytes of
+// heap, index included (measured: 67 bytes per key after a million keys).
+// Tables do not shrink: after keys expire, the memory stays at its peak,
+// which WithMaxKeys bounds. SlidingLog is the exception: each of its keys also holds a
 // limiter.Log of 40 bytes plus a buffer of 16 bytes per run of admitted
 // requests in the window (grown by doubling), so O(Requests) per key.
 //
