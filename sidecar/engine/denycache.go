@@ -35,6 +35,9 @@ type denyEntry struct {
 	until int64 // unix nanoseconds; deny locally before it
 	cost  int64 // the entry applies to requests costing at least this
 	limit int64 // the key's capacity, for the response headers
+	// streak counts the store's consecutive denials of this key to this
+	// sidecar, which lengthen the local deny (see backoff).
+	streak uint8
 	// done is non-nil while a probe is in flight; it is closed when the
 	// probe's answer is recorded.
 	done chan struct{}
@@ -98,37 +101,82 @@ func (c *denyCache) wait(ctx context.Context, ch chan struct{}) error {
 	}
 }
 
-// put records that key admits nothing costing cost or more until until.
-func (c *denyCache) put(key string, until time.Time, cost, limit int64) {
-	s := c.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	u := until.UnixNano()
-	if e := s.m[key]; e != nil {
-		if u > e.until || cost < e.cost {
-			e.until, e.cost, e.limit = u, cost, limit
-		}
-		return
+// MaxDenyBackoff bounds how far repeated store denials stretch a key's
+// local deny beyond the store's RetryAfter.
+const MaxDenyBackoff = time.Second
+
+// backoff returns how long to deny a key locally after the store denied it
+// with retry, the streak-th denial in a row. The first denial holds for
+// exactly retry. When the key's tokens keep going to other replicas, this
+// sidecar's probes keep losing; each further loss doubles the hold, up to
+// MaxDenyBackoff (never below retry), so that a losing sidecar costs the
+// store about one probe per second while the winners still spend the
+// key's whole limit. The cost is fairness between replicas on a key that is
+// over its limit anyway, never admission beyond the limit.
+func backoff(retry time.Duration, streak uint8) time.Duration {
+	if streak <= 1 || retry >= MaxDenyBackoff {
+		return retry
 	}
-	if len(s.m) >= c.perMax {
-		s.evict(time.Now().UnixNano())
-	}
-	s.m[key] = &denyEntry{until: u, cost: cost, limit: limit}
+	d := retry << min(streak-1, 20)
+	return max(retry, min(d, MaxDenyBackoff))
 }
 
-// resolve records a probe's answer: until is zero when the key is no longer
-// exhausted, which removes the entry.
-func (c *denyCache) resolve(key string, e *denyEntry, until time.Time, cost, limit int64) {
+// put records that key admits nothing costing cost or more until now+hold,
+// where hold is retry stretched by backoff when denied is set (a store
+// denial) or retry itself (an exhausted allowed decision).
+func (c *denyCache) put(key string, now time.Time, retry time.Duration, denied bool, cost, limit int64) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if until.IsZero() {
+	e := s.m[key]
+	if e == nil {
+		if len(s.m) >= c.perMax {
+			s.evict(time.Now().UnixNano())
+		}
+		e = &denyEntry{}
+		s.m[key] = e
+	}
+	e.record(now, retry, denied, cost, limit)
+}
+
+func (e *denyEntry) record(now time.Time, retry time.Duration, denied bool, cost, limit int64) {
+	if denied {
+		if e.streak < 255 {
+			e.streak++
+		}
+		retry = backoff(retry, e.streak)
+	} else {
+		e.streak = 0
+	}
+	if u := now.Add(retry).UnixNano(); u > e.until || cost < e.cost {
+		e.until = u
+	}
+	e.cost, e.limit = cost, limit
+}
+
+// resolve records a probe's answer. keep false means the key is no longer
+// exhausted, which removes the entry; otherwise it is denied locally as put
+// describes.
+func (c *denyCache) resolve(key string, e *denyEntry, keep bool, now time.Time, retry time.Duration, denied bool, cost, limit int64) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !keep {
 		if s.m[key] == e {
 			delete(s.m, key)
 		}
 	} else {
-		e.until, e.cost, e.limit = until.UnixNano(), cost, limit
+		e.record(now, retry, denied, cost, limit)
 	}
+	close(e.done)
+	e.done = nil
+}
+
+// release ends a probe that was not sent, leaving the entry as it was.
+func (c *denyCache) release(key string, e *denyEntry) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	close(e.done)
 	e.done = nil
 }

@@ -34,8 +34,13 @@
 // earliest instant it could admit again (exact for TokenBucket, GCRA and
 // FixedWindow; the other algorithms are only cached after a deny). When the
 // entry expires one probe goes to the store while the other requests on that
-// key wait for its answer. A hot key flooded far beyond its limit therefore
-// costs the store about one call per admitted request.
+// key wait for its answer. When several replicas share a flooded key, their
+// probes race for each token and the losers are denied; a replica's
+// consecutive denials double its local hold up to MaxDenyBackoff, so a
+// losing replica probes about once a second while the winners keep spending
+// the key's full limit. A hot key flooded far beyond its limit therefore
+// costs the store about one call per admitted request plus one probe per
+// replica per second.
 //
 // # Failure modes
 //
@@ -431,7 +436,7 @@ func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) 
 // abandon releases a probe that was not sent.
 func (e *Engine) abandon(key string, probe *denyEntry) {
 	if probe != nil {
-		e.deny.resolve(key, probe, time.Unix(0, probe.until), probe.cost, probe.limit)
+		e.deny.release(key, probe)
 	}
 }
 
@@ -477,7 +482,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		sm.error.Inc()
 	}
 	if c.probe != nil {
-		e.deny.resolve(h.Key, c.probe, time.Time{}, 0, 0)
+		e.deny.resolve(h.Key, c.probe, false, now, 0, false, 0, 0)
 		c.probe = nil
 	}
 	if !e.fallback.Load() {
@@ -514,22 +519,17 @@ func (e *Engine) shard(key string) *shardMetrics {
 
 // remember updates the deny cache with a store decision.
 func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
-	var until time.Time
-	cost := c.cost
-	switch {
-	case !d.Allowed:
-		until = now.Add(d.RetryAfter)
-	default:
-		if w := exhaustedFor(h.Rule.params, d); w > 0 {
-			until, cost = now.Add(w), 1
-		}
+	hold, cost := d.RetryAfter, c.cost
+	if d.Allowed {
+		hold, cost = exhaustedFor(h.Rule.params, d), 1
 	}
+	keep := hold > 0
 	switch {
 	case c.probe != nil:
-		e.deny.resolve(h.Key, c.probe, until, cost, d.Limit)
+		e.deny.resolve(h.Key, c.probe, keep, now, hold, !d.Allowed, cost, d.Limit)
 		c.probe = nil
-	case !until.IsZero():
-		e.deny.put(h.Key, until, cost, d.Limit)
+	case keep:
+		e.deny.put(h.Key, now, hold, !d.Allowed, cost, d.Limit)
 	}
 }
 

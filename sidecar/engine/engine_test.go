@@ -313,6 +313,50 @@ func TestProbeGatesConcurrentRequests(t *testing.T) {
 	}
 }
 
+func TestFloodCostsAboutOneStoreCallPerAdmission(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	st := newKeyedStore(c)
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Second}
+	// Three sidecars share the store; each sees 1000 requests per second
+	// on one key: 300 times the limit.
+	var engines []*Engine
+	var rules []*Rule
+	for range 3 {
+		e, err := New(Options{Store: st, Fallback: newKeyedStore(c), Metrics: m, Now: c.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewRule("p", "r", lim, 1, false, false, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines, rules = append(engines, e), append(rules, r)
+	}
+	const seconds = 20
+	allowed := 0
+	for range seconds * 1000 {
+		for i, e := range engines {
+			var v Verdict
+			e.Decide(context.Background(), []Hit{{Rule: rules[i], Key: "k", Cost: 1}}, &v)
+			if v.Outcome == Allow {
+				allowed++
+			}
+		}
+		c.Add(time.Millisecond)
+	}
+	// The bucket starts full (10) and refills 10 per second.
+	if want := 10 + 10*seconds; allowed > want || allowed < want-10 {
+		t.Errorf("allowed %d, want about %d and never more", allowed, want)
+	}
+	calls := st.calls.Load()
+	if bound := 1.1*float64(allowed) + float64(len(engines)*seconds); float64(calls) > bound {
+		t.Errorf("%d store calls for %d admissions, want at most %.0f", calls, allowed, bound)
+	}
+	t.Logf("%d admissions, %d store calls", allowed, calls)
+}
+
 func BenchmarkDecide(b *testing.B) {
 	for _, tc := range []struct {
 		name string

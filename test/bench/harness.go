@@ -1,0 +1,568 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+// Options configure a harness run.
+type Options struct {
+	// SidecarBin is the floodgate-sidecar binary; empty builds it with
+	// go build into a temporary directory.
+	SidecarBin string
+	// Duration is the length of each measurement.
+	Duration time.Duration
+	// Conns is the closed-loop concurrency.
+	Conns int
+	// Workers bounds the open-loop requests in flight.
+	Workers int
+	// Redis runs the Redis Cluster scenarios too.
+	Redis bool
+	// FloodLimit is the per-second limit of the hot-key flood; the flood
+	// sends 100 times as much.
+	FloodLimit int
+	// Log receives progress and the human-readable table.
+	Log io.Writer
+}
+
+// Report is the harness's JSON output.
+type Report struct {
+	Machine    Machine       `json:"machine"`
+	Latency    []Latency     `json:"latency"`
+	Throughput []Throughput  `json:"throughput"`
+	Flood      *Flood        `json:"flood,omitempty"`
+	Acceptance []Requirement `json:"acceptance"`
+}
+
+// Machine records where the numbers came from.
+type Machine struct {
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"goVersion"`
+	Pinning   string `json:"pinning"`
+	Started   string `json:"started"`
+}
+
+// Latency compares the sidecar path with the direct path at half of the
+// sidecar's measured maximum rate, open loop.
+type Latency struct {
+	Store        string  `json:"store"`
+	MaxRate      float64 `json:"maxRatePerSec"`
+	Rate         float64 `json:"rateOfferedPerSec"`
+	Direct       Stats   `json:"direct"`
+	Sidecar      Stats   `json:"sidecar"`
+	AddedP50Usec float64 `json:"addedP50Usec"`
+	AddedP99Usec float64 `json:"addedP99Usec"`
+}
+
+// Throughput is the sidecar's decision rate for one key case, closed loop.
+type Throughput struct {
+	Store             string  `json:"store"`
+	Case              string  `json:"case"`
+	Stats             Stats   `json:"stats"`
+	SidecarCores      int     `json:"sidecarCores"`
+	DecisionsPerSecPC float64 `json:"decisionsPerSecPerCore"`
+}
+
+// Flood is the hot-key flood against the Redis Cluster.
+type Flood struct {
+	Sidecars      int     `json:"sidecars"`
+	LimitPerSec   int     `json:"limitPerSec"`
+	OfferedPerSec float64 `json:"offeredPerSec"`
+	Seconds       float64 `json:"seconds"`
+	Allowed       int64   `json:"allowed"`
+	Limited       int64   `json:"limited"`
+	Errors        int64   `json:"errors"`
+	ScriptCalls   int64   `json:"scriptCalls"`
+	Bound         float64 `json:"bound"`
+	CallsPerAllow float64 `json:"scriptCallsPerAllowed"`
+}
+
+// Requirement is one acceptance criterion and whether the run met it.
+type Requirement struct {
+	Name     string `json:"name"`
+	Measured string `json:"measured"`
+	Pass     bool   `json:"pass"`
+}
+
+// The benchmark policy: one rule per scenario, selected by path.
+const policyDoc = `apiVersion: floodgate.dev/sidecar-config/v1
+revision: bench
+policies:
+- name: bench
+  uid: bench-%s
+  rules:
+  - name: latency
+    match: {path: {type: Prefix, value: /lat}}
+    key: [{header: X-Key}]
+    limit: {requests: 1000000000, per: 1s}
+  - name: cold
+    match: {path: {type: Prefix, value: /cold}}
+    key: [{header: X-Key}]
+    limit: {requests: 100, per: 1s}
+  - name: hot-allowed
+    match: {path: {type: Prefix, value: /hot}}
+    key: [{header: X-Key}]
+    limit: {requests: 1000000000, per: 1s}
+  - name: hot-denied
+    match: {path: {type: Prefix, value: /deny}}
+    key: [{header: X-Key}]
+    limit: {requests: 1, per: 1h}
+  - name: flood
+    match: {path: {type: Prefix, value: /flood}}
+    key: [{header: X-Key}]
+    limit: {requests: %d, per: 1s}
+`
+
+// harness holds the processes of a run.
+type harness struct {
+	o       Options
+	dir     string
+	bin     string
+	pin     bool
+	procs   []*exec.Cmd
+	backend string
+	cluster *redistest.Cluster
+}
+
+// Run runs every scenario and returns the report.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Duration <= 0 {
+		o.Duration = 5 * time.Second
+	}
+	if o.Conns <= 0 {
+		o.Conns = 64
+	}
+	if o.Workers <= 0 {
+		o.Workers = 512
+	}
+	if o.FloodLimit <= 0 {
+		o.FloodLimit = 50
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	dir, err := os.MkdirTemp("", "floodgate-bench-")
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{o: o, dir: dir}
+	defer h.close()
+	if err := h.setup(ctx); err != nil {
+		return nil, err
+	}
+	rep := &Report{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Started: time.Now().UTC().Format(time.RFC3339)}}
+	if h.pin {
+		rep.Machine.Pinning = "sidecars on CPU 0 with GOMAXPROCS=1; backend, load generator and Redis on CPU 1 (taskset)"
+	} else {
+		rep.Machine.Pinning = "none (taskset missing or fewer than 2 CPUs); sidecars run with GOMAXPROCS=1"
+	}
+	stores := []string{"memory"}
+	if o.Redis {
+		stores = append(stores, "redis")
+	}
+	for _, store := range stores {
+		urls, err := h.sidecars(ctx, store, 1)
+		if err != nil {
+			return nil, err
+		}
+		if err := h.latency(ctx, store, urls[0], rep); err != nil {
+			return nil, err
+		}
+		if err := h.throughput(ctx, store, urls[0], rep); err != nil {
+			return nil, err
+		}
+	}
+	if o.Redis {
+		if err := h.flood(ctx, rep); err != nil {
+			return nil, err
+		}
+	}
+	h.accept(rep)
+	h.table(rep)
+	return rep, nil
+}
+
+func (h *harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.o.Log, format+"\n", args...)
+}
+
+func (h *harness) setup(ctx context.Context) error {
+	_, err := exec.LookPath("taskset")
+	h.pin = err == nil && runtime.NumCPU() >= 2
+	if h.pin {
+		// The load generator shares CPU 1 with the backend and Redis.
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+			return fmt.Errorf("pin the load generator: %v: %s", err, out)
+		}
+	}
+	h.bin = h.o.SidecarBin
+	if h.bin == "" {
+		h.bin = filepath.Join(h.dir, "floodgate-sidecar")
+		h.logf("building floodgate-sidecar")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", h.bin, "github.com/floodgate-dev/floodgate/cmd/floodgate-sidecar")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build floodgate-sidecar: %v: %s", err, out)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	h.backend = "127.0.0.1:" + port
+	if _, err := h.start(ctx, 1, nil, exe, "backend", "-listen", h.backend); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, "http://"+h.backend+"/", 0); err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	if h.o.Redis {
+		h.logf("starting a 3-master Redis Cluster")
+		if h.cluster, err = redistest.NewCluster(redistest.Options{Masters: 3}); err != nil {
+			return err
+		}
+		if h.pin {
+			for _, n := range h.cluster.Nodes() {
+				_ = exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(n.Pid())).Run()
+			}
+		}
+	}
+	return nil
+}
+
+// start runs a process, pinned to cpu when pinning.
+func (h *harness) start(ctx context.Context, cpu int, env []string, name string, args ...string) (*exec.Cmd, error) {
+	if h.pin {
+		args = append([]string{"-c", strconv.Itoa(cpu), name}, args...)
+		name = "taskset"
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logf, err := os.Create(filepath.Join(h.dir, fmt.Sprintf("proc-%d.log", len(h.procs))))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	h.procs = append(h.procs, cmd)
+	return cmd, nil
+}
+
+// sidecars starts n sidecars on a store and returns their URLs. Sidecars
+// of earlier scenarios keep running but idle.
+func (h *harness) sidecars(ctx context.Context, store string, n int) ([]string, error) {
+	uid := fmt.Sprintf("%s-%d", store, time.Now().UnixNano())
+	pf := filepath.Join(h.dir, "policy-"+uid+".yaml")
+	if err := os.WriteFile(pf, []byte(fmt.Sprintf(policyDoc, uid, h.o.FloodLimit)), 0o600); err != nil {
+		return nil, err
+	}
+	var urls []string
+	for range n {
+		lp, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ap, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
+			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
+		if store == "redis" {
+			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))
+		}
+		if _, err := h.start(ctx, 0, []string{"GOMAXPROCS=1"}, h.bin, args...); err != nil {
+			return nil, err
+		}
+		if err := waitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
+			return nil, fmt.Errorf("sidecar not ready (logs in %s): %w", h.dir, err)
+		}
+		urls = append(urls, "http://127.0.0.1:"+lp)
+	}
+	return urls, nil
+}
+
+// keyed returns headers whose X-Key is prefix plus i modulo mod: mod 1 is
+// one hot key, a huge mod a fresh key per request.
+func keyed(prefix string, mod int64) func(int64) http.Header {
+	return func(i int64) http.Header {
+		return http.Header{"X-Key": {prefix + strconv.FormatInt(i%mod, 10)}}
+	}
+}
+
+func (h *harness) latency(ctx context.Context, store, url string, rep *Report) error {
+	c := NewClient(h.o.Workers)
+	t := Target{URLs: []string{url + "/lat"}, Header: keyed("user-", 1000)}
+	h.logf("[%s] latency: measuring the maximum rate through the sidecar (%v, %d conns)", store, h.o.Duration, h.o.Conns)
+	// Warm up connections and the store.
+	if _, err := ClosedLoop(ctx, c, t, time.Second, h.o.Conns); err != nil {
+		return err
+	}
+	maxS, err := ClosedLoop(ctx, c, t, h.o.Duration, h.o.Conns)
+	if err != nil {
+		return err
+	}
+	rate := maxS.Rate / 2
+	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct then through the sidecar", store, maxS.Rate, rate)
+	direct, err := OpenLoop(ctx, c, Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}, rate, h.o.Duration, h.o.Workers)
+	if err != nil {
+		return err
+	}
+	via, err := OpenLoop(ctx, c, t, rate, h.o.Duration, h.o.Workers)
+	if err != nil {
+		return err
+	}
+	rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Rate: rate, Direct: direct, Sidecar: via,
+		AddedP50Usec: via.P50 - direct.P50, AddedP99Usec: via.P99 - direct.P99})
+	return nil
+}
+
+func (h *harness) throughput(ctx context.Context, store, url string, rep *Report) error {
+	c := NewClient(h.o.Conns)
+	run := time.Now().UnixNano()
+	for _, tc := range []struct {
+		name string
+		t    Target
+	}{
+		{"cold keys", Target{URLs: []string{url + "/cold"}, Header: keyed(fmt.Sprintf("cold-%d-", run), 1<<62)}},
+		{"hot allowed key", Target{URLs: []string{url + "/hot"}, Header: keyed("hot", 1)}},
+		{"hot denied key", Target{URLs: []string{url + "/deny"}, Header: keyed("abuser", 1)}},
+	} {
+		h.logf("[%s] throughput: %s (%v, %d conns)", store, tc.name, h.o.Duration, h.o.Conns)
+		if _, err := ClosedLoop(ctx, c, tc.t, time.Second, h.o.Conns); err != nil {
+			return err
+		}
+		s, err := ClosedLoop(ctx, c, tc.t, h.o.Duration, h.o.Conns)
+		if err != nil {
+			return err
+		}
+		cores := 1
+		rep.Throughput = append(rep.Throughput, Throughput{Store: store, Case: tc.name, Stats: s, SidecarCores: cores, DecisionsPerSecPC: s.Rate / float64(cores)})
+	}
+	return nil
+}
+
+// flood sends 100x the limit on one key through two sidecars on the Redis
+// store and counts the scripts Redis ran, from INFO commandstats.
+func (h *harness) flood(ctx context.Context, rep *Report) error {
+	const sidecars = 2
+	urls, err := h.sidecars(ctx, "redis", sidecars)
+	if err != nil {
+		return err
+	}
+	for i := range urls {
+		urls[i] += "/flood"
+	}
+	masters, err := h.cluster.Masters(ctx)
+	if err != nil {
+		return err
+	}
+	clients := make([]*redis.Client, 0, len(masters))
+	for _, m := range masters {
+		cl := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: h.cluster.Password()})
+		defer cl.Close()
+		if err := cl.ConfigResetStat(ctx).Err(); err != nil {
+			return fmt.Errorf("CONFIG RESETSTAT on %s: %w", m.Addr(), err)
+		}
+		clients = append(clients, cl)
+	}
+	offered := float64(100 * h.o.FloodLimit)
+	d := 2 * h.o.Duration
+	h.logf("[redis] flood: %.0f req/s on one key (limit %d/s) through %d sidecars for %v", offered, h.o.FloodLimit, sidecars, d)
+	s, err := OpenLoop(ctx, NewClient(h.o.Workers), Target{URLs: urls, Header: keyed("flooder", 1)}, offered, d, h.o.Workers)
+	if err != nil {
+		return err
+	}
+	var calls int64
+	for _, cl := range clients {
+		info, err := cl.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		calls += scriptCalls(info)
+	}
+	f := &Flood{Sidecars: sidecars, LimitPerSec: h.o.FloodLimit, OfferedPerSec: offered, Seconds: s.Elapsed.Seconds(),
+		Allowed: s.OK, Limited: s.Limited, Errors: s.Errors, ScriptCalls: calls}
+	f.Bound = 1.1*float64(s.OK) + float64(sidecars)*f.Seconds
+	if s.OK > 0 {
+		f.CallsPerAllow = float64(calls) / float64(s.OK)
+	}
+	rep.Flood = f
+	return nil
+}
+
+// scriptCalls sums the EVALSHA, EVAL and FCALL calls of INFO commandstats.
+func scriptCalls(info string) int64 {
+	var n int64
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+		default:
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				c, _ := strconv.ParseInt(v, 10, 64)
+				n += c
+			}
+		}
+	}
+	return n
+}
+
+func (h *harness) accept(rep *Report) {
+	for _, l := range rep.Latency {
+		rep.Acceptance = append(rep.Acceptance, Requirement{
+			Name:     fmt.Sprintf("added p99 <= 1 ms at half the max rate (%s store)", l.Store),
+			Measured: fmt.Sprintf("%.0f µs at %.0f req/s", l.AddedP99Usec, l.Rate),
+			Pass:     l.AddedP99Usec <= 1000,
+		})
+	}
+	if f := rep.Flood; f != nil {
+		rep.Acceptance = append(rep.Acceptance, Requirement{
+			Name:     "Redis script calls <= 1.1 x allowed + 1 probe per sidecar per second during a 100x flood",
+			Measured: fmt.Sprintf("%d calls for %d allowed (bound %.0f, %.3f calls per allowed)", f.ScriptCalls, f.Allowed, f.Bound, f.CallsPerAllow),
+			Pass:     float64(f.ScriptCalls) <= f.Bound && f.Errors == 0,
+		})
+	}
+}
+
+func (h *harness) table(rep *Report) {
+	w := h.o.Log
+	fmt.Fprintf(w, "\nfloodgate-bench  %s  %d CPUs  %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.Pinning)
+	fmt.Fprintf(w, "\nAdded latency (open loop at half the sidecar's max rate; µs from scheduled send time)\n")
+	fmt.Fprintf(w, "  %-7s %10s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
+	for _, l := range rep.Latency {
+		fmt.Fprintf(w, "  %-7s %10.0f %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, l.Rate,
+			l.Direct.P50, l.Direct.P99, l.Direct.Max, l.Sidecar.P50, l.Sidecar.P99, l.Sidecar.Max, l.AddedP50Usec, l.AddedP99Usec)
+	}
+	fmt.Fprintf(w, "\nDecisions per second per sidecar core (closed loop, %d conns, HTTP end to end)\n", h.o.Conns)
+	fmt.Fprintf(w, "  %-7s %-16s %12s %8s %8s %8s %8s\n", "store", "case", "decisions/s", "2xx", "429", "errors", "p99 µs")
+	for _, t := range rep.Throughput {
+		fmt.Fprintf(w, "  %-7s %-16s %12.0f %8d %8d %8d %8.0f\n", t.Store, t.Case, t.DecisionsPerSecPC, t.Stats.OK, t.Stats.Limited, t.Stats.Errors, t.Stats.P99)
+	}
+	if f := rep.Flood; f != nil {
+		fmt.Fprintf(w, "\nHot-key flood on Redis: %.0f req/s offered for %.1fs over %d sidecars, limit %d/s\n", f.OfferedPerSec, f.Seconds, f.Sidecars, f.LimitPerSec)
+		fmt.Fprintf(w, "  allowed %d, limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
+	}
+	fmt.Fprintf(w, "\nAcceptance\n")
+	for _, a := range rep.Acceptance {
+		mark := "PASS"
+		if !a.Pass {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  [%s] %s: %s\n", mark, a.Name, a.Measured)
+	}
+}
+
+func (h *harness) close() {
+	for _, p := range h.procs {
+		if p.Process != nil {
+			_ = p.Process.Signal(os.Interrupt)
+		}
+	}
+	for _, p := range h.procs {
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+	if h.cluster != nil {
+		h.cluster.Close()
+	}
+	_ = os.RemoveAll(h.dir)
+}
+
+// WriteJSON writes the report, indented.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	_, p, err := net.SplitHostPort(l.Addr().String())
+	return p, err
+}
+
+// waitHTTP polls url until it answers (with status want, when non-zero).
+func waitHTTP(ctx context.Context, url string, want int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		res, err := http.Get(url)
+		if err == nil {
+			res.Body.Close()
+			if want == 0 || res.StatusCode == want {
+				return nil
+			}
+			last = fmt.Errorf("status %d", res.StatusCode)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return errors.Join(errors.New("timed out"), last)
+}
+
+// ServeBackend runs the benchmark's application: it answers every request
+// with a small 200. It returns when ctx ends.
+func ServeBackend(ctx context.Context, addr string) error {
+	srv := &http.Server{
+		Addr: addr,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, "ok\n")
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+// Package bench is floodgate's load harness: an open-loop load generator
+// that measures latency from each request's scheduled send time (so a slow
+// server cannot hide its queueing delay by slowing the generator down, the
+// "coordinated omission" of closed-loop tools), a closed-loop generator for
+// maximum throughput, and the scenarios that cmd/floodgate-bench runs
+// against real floodgate-sidecar, backend and Redis Cluster processes.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Target describes the requests of a run: request i goes to
+// URLs[i%len(URLs)] with the headers Header(i) (none when Header is nil).
+type Target struct {
+	URLs   []string
+	Header func(i int64) http.Header
+}
+
+// Stats summarise a run.
+type Stats struct {
+	// Sent counts requests started; OK those answered 2xx; Limited those
+	// answered 429; Errors transport errors and other statuses.
+	Sent, OK, Limited, Errors int64
+	// Elapsed is the run's wall time; Rate is completed requests per
+	// second over it.
+	Elapsed time.Duration
+	Rate    float64
+	// Latency percentiles in microseconds. For an open-loop run they are
+	// measured from each request's scheduled send time.
+	P50, P90, P99, P999, Max float64
+}
+
+// NewClient returns an HTTP/1.1 keep-alive client for conns connections.
+func NewClient(conns int) *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConns:        conns,
+			MaxIdleConnsPerHost: conns,
+			MaxConnsPerHost:     conns,
+			IdleConnTimeout:     time.Minute,
+			DisableCompression:  true,
+		},
+		Timeout: 10 * time.Second,
+	}
+}
+
+type recorder struct {
+	ok, limited, errors atomic.Int64
+	mu                  sync.Mutex
+	lat                 []float64 // microseconds
+}
+
+func (r *recorder) add(local []float64) {
+	r.mu.Lock()
+	r.lat = append(r.lat, local...)
+	r.mu.Unlock()
+}
+
+func (r *recorder) stats(sent int64, elapsed time.Duration) Stats {
+	slices.Sort(r.lat)
+	s := Stats{Sent: sent, OK: r.ok.Load(), Limited: r.limited.Load(), Errors: r.errors.Load(), Elapsed: elapsed}
+	s.Rate = float64(len(r.lat)) / elapsed.Seconds()
+	s.P50, s.P90, s.P99, s.P999 = pct(r.lat, 0.50), pct(r.lat, 0.90), pct(r.lat, 0.99), pct(r.lat, 0.999)
+	if n := len(r.lat); n > 0 {
+		s.Max = r.lat[n-1]
+	}
+	return s
+}
+
+// pct returns the q-quantile of sorted samples (nearest rank).
+func pct(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func do(ctx context.Context, c *http.Client, t Target, i int64, rec *recorder) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URLs[i%int64(len(t.URLs))], nil)
+	if err != nil {
+		rec.errors.Add(1)
+		return false
+	}
+	if t.Header != nil {
+		req.Header = t.Header(i)
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			rec.errors.Add(1)
+		}
+		return false
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	switch {
+	case res.StatusCode/100 == 2:
+		rec.ok.Add(1)
+	case res.StatusCode == http.StatusTooManyRequests:
+		rec.limited.Add(1)
+	default:
+		rec.errors.Add(1)
+	}
+	return true
+}
+
+// OpenLoop sends requests at a fixed rate for d, whatever the server does:
+// request i is due at start + i/rate, and its latency is counted from that
+// instant, so time spent waiting for a free worker (because the server is
+// slow) counts against the server. workers bounds the requests in flight.
+func OpenLoop(ctx context.Context, c *http.Client, t Target, rate float64, d time.Duration, workers int) (Stats, error) {
+	if rate <= 0 || d <= 0 || workers <= 0 {
+		return Stats{}, fmt.Errorf("open loop: rate, duration and workers must be positive")
+	}
+	total := int64(rate * d.Seconds())
+	interval := float64(time.Second) / rate
+	rec := &recorder{lat: make([]float64, 0, total)}
+	var next atomic.Int64
+	start := time.Now().Add(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			local := make([]float64, 0, total/int64(workers)+16)
+			defer func() { rec.add(local) }()
+			for {
+				i := next.Add(1) - 1
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				due := start.Add(time.Duration(float64(i) * interval))
+				if w := time.Until(due); w > 0 {
+					time.Sleep(w)
+				}
+				if do(ctx, c, t, i, rec) {
+					local = append(local, float64(time.Since(due).Microseconds()))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return rec.stats(min(next.Load(), total), time.Since(start)), nil
+}
+
+// ClosedLoop runs conns workers that each send the next request as soon as
+// the last one is answered, for d: the server's maximum throughput at that
+// concurrency. Its latencies are service times, not open-loop latencies.
+func ClosedLoop(ctx context.Context, c *http.Client, t Target, d time.Duration, conns int) (Stats, error) {
+	if d <= 0 || conns <= 0 {
+		return Stats{}, fmt.Errorf("closed loop: duration and conns must be positive")
+	}
+	rec := &recorder{}
+	var next atomic.Int64
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			var local []float64
+			defer func() { rec.add(local) }()
+			for ctx.Err() == nil {
+				i := next.Add(1) - 1
+				t0 := time.Now()
+				if do(ctx, c, t, i, rec) {
+					local = append(local, float64(time.Since(t0).Microseconds()))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return rec.stats(next.Load(), time.Since(start)), nil
+}
