@@ -67,15 +67,17 @@ func withLimit(t Table) Table {
 	return t
 }
 
-func edit(alg limiter.Algorithm, requests int64, period time.Duration, burst int64) *limiter.Limit {
-	return &limiter.Limit{Algorithm: alg, Requests: requests, Period: period, Burst: burst}
+// edit returns a limit of requests per second.
+func edit(alg limiter.Algorithm, requests, burst int64) *limiter.Limit {
+	return &limiter.Limit{Algorithm: alg, Requests: requests, Period: sec, Burst: burst}
 }
 
 // editTables: every algorithm keeps what a key has spent across a limit
 // edit (6 of 10 spent, the limit raised to 20: 14 remain).
 func editTables() []Table {
-	var out []Table
-	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog} {
+	algs := []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog}
+	out := make([]Table, 0, len(algs))
+	for _, alg := range algs {
 		tb := Table{
 			Name:  alg.String() + "/limit edit keeps what was spent",
 			Limit: limiter.Limit{Algorithm: alg, Requests: 10, Period: sec},
@@ -85,35 +87,35 @@ func editTables() []Table {
 		case limiter.TokenBucket, limiter.GCRA:
 			tb.Steps = []Step{
 				{At: 0, Cost: 6, Want: allow(4, 600*ms)},
-				{At: 0, Cost: 0, Want: allow(14, 300*ms), Edit: edit(alg, 20, sec, 0)},
+				{At: 0, Cost: 0, Want: allow(14, 300*ms), Edit: edit(alg, 20, 0)},
 				{At: 0, Cost: 1, Want: allow(13, 350*ms)},
 				// Lowered to 5 per 1s burst 4: 7 spent, capped at the new
 				// capacity of 4, so the key is empty: 200ms per token.
-				{At: 0, Cost: 1, Want: deny(0, 800*ms, 200*ms), Edit: edit(alg, 5, sec, 4)},
+				{At: 0, Cost: 1, Want: deny(0, 800*ms, 200*ms), Edit: edit(alg, 5, 4)},
 				{At: 200 * ms, Cost: 1, Want: allow(0, 800*ms)},
 			}
 		case limiter.FixedWindow:
 			tb.Steps = []Step{
 				{At: 0, Cost: 6, Want: allow(4, 750*ms)},
-				{At: 0, Cost: 0, Want: allow(14, 750*ms), Edit: edit(alg, 20, sec, 0)},
+				{At: 0, Cost: 0, Want: allow(14, 750*ms), Edit: edit(alg, 20, 0)},
 				{At: 0, Cost: 14, Want: allow(0, 750*ms)},
-				{At: 0, Cost: 1, Want: deny(0, 750*ms, 750*ms), Edit: edit(alg, 5, sec, 0)},
+				{At: 0, Cost: 1, Want: deny(0, 750*ms, 750*ms), Edit: edit(alg, 5, 0)},
 			}
 		case limiter.SlidingWindow:
 			tb.Steps = []Step{
 				{At: 0, Cost: 6, Want: allow(4, 1750*ms)},
-				{At: 0, Cost: 0, Want: allow(14, 1750*ms), Edit: edit(alg, 20, sec, 0)},
+				{At: 0, Cost: 0, Want: allow(14, 1750*ms), Edit: edit(alg, 20, 0)},
 				{At: 0, Cost: 14, Want: allow(0, 1750*ms)},
 				// Lowered to 5: cur 20 in the next window must weigh 4 or
 				// less, which is 0.8s into it.
-				{At: 0, Cost: 1, Want: deny(0, 1750*ms, 1550*ms), Edit: edit(alg, 5, sec, 0)},
+				{At: 0, Cost: 1, Want: deny(0, 1750*ms, 1550*ms), Edit: edit(alg, 5, 0)},
 			}
 		case limiter.SlidingLog:
 			tb.Steps = []Step{
 				{At: 0, Cost: 6, Want: allow(4, sec)},
-				{At: 0, Cost: 0, Want: allow(14, sec), Edit: edit(alg, 20, sec, 0)},
+				{At: 0, Cost: 0, Want: allow(14, sec), Edit: edit(alg, 20, 0)},
 				{At: 0, Cost: 14, Want: allow(0, sec)},
-				{At: 0, Cost: 1, Want: deny(0, sec, sec), Edit: edit(alg, 5, sec, 0)},
+				{At: 0, Cost: 1, Want: deny(0, sec, sec), Edit: edit(alg, 5, 0)},
 			}
 		}
 		out = append(out, tb)
@@ -125,7 +127,9 @@ func editTables() []Table {
 // with decisions computed by hand from ALGORITHMS.md. Each call returns
 // fresh slices.
 func Tables() []Table {
-	tables := []Table{
+	edits := editTables()
+	tables := make([]Table, 0, 16+len(edits))
+	tables = append(tables, []Table{
 		{
 			Name:  "TokenBucket/10 per 1s",
 			Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: sec},
@@ -339,8 +343,8 @@ func Tables() []Table {
 				st(366*day, 1, allow(0, 366*day)),
 			},
 		},
-	}
-	tables = append(tables, editTables()...)
+	}...)
+	tables = append(tables, edits...)
 	for i := range tables {
 		tables[i] = withLimit(tables[i])
 	}

@@ -269,7 +269,10 @@ func BenchmarkHeapPerKey(b *testing.B) {
 //     decision whose few hundred instructions keep the next miss from
 //     starting early.
 func BenchmarkMemoryFloor(b *testing.B) {
-	type slot struct{ h, a, b, c uint64 }
+	type slot struct {
+		h, a uint64
+		_    [2]uint64 // 32 bytes, as a memstore slot
+	}
 	table := make([]slot, 2<<20)
 	rng := rand.New(rand.NewPCG(3, 4))
 	perm := rng.Perm(len(table))
