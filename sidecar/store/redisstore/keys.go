@@ -61,6 +61,16 @@ func counterKey(key string, alg limiter.Algorithm) string {
 	return "fg:{" + keyTag(key) + "}:" + keyParts[alg]
 }
 
+// CounterKey returns the Redis key that holds the state of the counter with
+// the given Request.Key under alg, for tools and tests that inspect Redis.
+// It returns "" for an unknown algorithm.
+func CounterKey(key string, alg limiter.Algorithm) string {
+	if alg == 0 || int(alg) >= len(keyParts) {
+		return ""
+	}
+	return counterKey(key, alg)
+}
+
 // MaxRedisKeyLen is the longest Redis key the store ever writes.
 const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}:gcra")
 

@@ -1,0 +1,229 @@
+package redisstore
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+)
+
+func TestKeyTag(t *testing.T) {
+	t.Parallel()
+	plain := []string{
+		"3f2a6c1e-8d1b-4c55-9a51-1b7e2f0c9d4e:per-user:9c2f1a7b3e4d5f60",
+		"a", "uid:rule:" + strings.Repeat("f", MaxKeyTag-9),
+	}
+	for _, k := range plain {
+		if got := keyTag(k); got != k {
+			t.Errorf("keyTag(%q) = %q, want it verbatim", k, got)
+		}
+	}
+	hashed := []string{
+		"", "a{b}c", "{", "}", "{}", "#abc", "a b", "a\tb", "a\x00b", "\xff\xfe",
+		"naïve", strings.Repeat("x", MaxKeyTag+1), strings.Repeat("k", 64<<10),
+	}
+	seen := map[string]string{}
+	for _, k := range hashed {
+		got := keyTag(k)
+		if len(got) != 33 || got[0] != '#' || strings.ContainsAny(got, "{}") {
+			t.Errorf("keyTag(%q) = %q, want # and 32 hex digits", k, got)
+		}
+		if prev, dup := seen[got]; dup {
+			t.Errorf("keyTag(%q) = keyTag(%q) = %q", k, prev, got)
+		}
+		seen[got] = k
+	}
+	if got, want := len(counterKey(strings.Repeat("k", 1<<20), limiter.GCRA)), 4+33+6; got != want {
+		t.Errorf("key of a 1 MiB Request.Key is %d bytes, want %d", got, want)
+	}
+	if got := len(counterKey(plain[2], limiter.GCRA)); got != MaxRedisKeyLen {
+		t.Errorf("longest verbatim key is %d bytes, MaxRedisKeyLen = %d", got, MaxRedisKeyLen)
+	}
+}
+
+func TestCRC16(t *testing.T) {
+	t.Parallel()
+	// The check value of CRC-16/XMODEM, and the example of the Redis
+	// Cluster specification.
+	if got, want := crc16("123456789"), uint16(0x31C3); got != want {
+		t.Errorf("crc16(123456789) = %#x, want %#x", got, want)
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	t.Parallel()
+	p, err := limiter.NewParams(limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := parseReply([]any{int64(1), int64(9), int64(100000), int64(0)}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := limiter.Decision{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 100 * time.Millisecond}
+	if d != want {
+		t.Errorf("parseReply = %v, want %v", d, want)
+	}
+	bad := []struct {
+		name string
+		res  any
+		want string
+	}{
+		{"not an array", "OK", "want an array"},
+		{"short", []any{int64(1), int64(2)}, "2 elements"},
+		{"string element", []any{int64(1), "9", int64(0), int64(0)}, "element 1 is string"},
+		{"nil element", []any{int64(1), int64(9), nil, int64(0)}, "element 2 is <nil>"},
+		{"allowed 2", []any{int64(2), int64(9), int64(0), int64(0)}, "allowed = 2"},
+		{"remaining above capacity", []any{int64(1), int64(11), int64(0), int64(0)}, "remaining = 11"},
+		{"negative remaining", []any{int64(1), int64(-1), int64(0), int64(0)}, "remaining = -1"},
+		{"negative reset", []any{int64(1), int64(1), int64(-5), int64(0)}, "reset after"},
+		{"retry on allow", []any{int64(1), int64(1), int64(5), int64(3)}, "on an allow"},
+		{"deny without retry", []any{int64(0), int64(0), int64(5), int64(0)}, "on a deny"},
+	}
+	for _, tc := range bad {
+		if _, err := parseReply(tc.res, p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: parseReply error = %v, want one containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestRedirect(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		msg, addr string
+		ok        bool
+	}{
+		{"MOVED 3999 127.0.0.1:6381", "127.0.0.1:6381", true},
+		{"ASK 3999 10.0.0.2:7000", "10.0.0.2:7000", true},
+		{"MOVED x 127.0.0.1:6381", "", false},
+		{"ERR MOVED 1 a:1", "", false},
+	} {
+		addr, ok := redirect(errString(tc.msg))
+		if addr != tc.addr || ok != tc.ok {
+			t.Errorf("redirect(%q) = %q, %v; want %q, %v", tc.msg, addr, ok, tc.addr, tc.ok)
+		}
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// fakeClock is a settable clock for the breaker's cooldown.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	var changes []BreakerState
+	b := newBreaker(3, time.Second, clk.now, func(s BreakerState) { changes = append(changes, s) })
+
+	mustAllow := func(step string, wantOK, wantProbe bool) {
+		t.Helper()
+		ok, probe := b.allow()
+		if ok != wantOK || probe != wantProbe {
+			t.Fatalf("%s: allow() = %v, %v; want %v, %v", step, ok, probe, wantOK, wantProbe)
+		}
+	}
+	mustState := func(step string, want BreakerState) {
+		t.Helper()
+		if got := b.State(); got != want {
+			t.Fatalf("%s: state %v, want %v", step, got, want)
+		}
+	}
+
+	mustAllow("closed", true, false)
+	b.failure(false, 2)
+	b.success(false) // a success resets the consecutive count
+	b.failure(false, 2)
+	mustState("two failures after a success", BreakerClosed)
+	b.failure(false, 1)
+	mustState("third consecutive failure", BreakerOpen)
+	mustAllow("open", false, false)
+
+	clk.t = clk.t.Add(999 * time.Millisecond)
+	mustAllow("open, cooldown not over", false, false)
+	b.success(false) // a late answer to an old call does not close it
+	mustState("late success", BreakerOpen)
+
+	clk.t = clk.t.Add(time.Millisecond)
+	mustAllow("cooldown over: the probe", true, true)
+	mustState("probing", BreakerHalfOpen)
+	mustAllow("second caller while probing", false, false)
+	b.failure(true, 1)
+	mustState("probe failed", BreakerOpen)
+	mustAllow("open again", false, false)
+
+	clk.t = clk.t.Add(time.Second)
+	mustAllow("next probe", true, true)
+	b.release(true) // the probe's caller gave up before sending
+	mustState("released probe", BreakerOpen)
+	mustAllow("probe again at once", true, true)
+	b.success(true)
+	mustState("probe succeeded", BreakerClosed)
+	mustAllow("closed again", true, false)
+
+	want := []BreakerState{BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerClosed}
+	if len(changes) != len(want) {
+		t.Fatalf("state changes %v, want %v", changes, want)
+	}
+	for i := range want {
+		if changes[i] != want[i] {
+			t.Fatalf("state changes %v, want %v", changes, want)
+		}
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	t.Parallel()
+	o := Options{
+		Single:          true,
+		Addrs:           []string{"a:1", "nohost"},
+		Timeout:         -1,
+		BatchWindow:     time.Second,
+		MaxBatch:        -1,
+		BreakerFailures: -1,
+		BreakerCooldown: -1,
+		DialTimeout:     -1,
+		PoolSize:        -1,
+	}
+	err := o.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted bad options")
+	}
+	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout", "poolSize"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if err := (Options{}).Validate(); err == nil || !strings.Contains(err.Error(), "addrs") {
+		t.Errorf("empty options: %v, want an addrs error", err)
+	}
+	d, err := Options{Addrs: []string{"127.0.0.1:1"}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Timeout != DefaultTimeout || d.BatchWindow != DefaultBatchWindow || d.MaxBatch != DefaultMaxBatch ||
+		d.BreakerFailures != DefaultBreakerFailures || d.BreakerCooldown != DefaultBreakerCooldown {
+		t.Errorf("defaults = %+v", d)
+	}
+	if d, _ := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: NoBatching}).withDefaults(); d.BatchWindow >= 0 {
+		t.Errorf("NoBatching became %v", d.BatchWindow)
+	}
+}
+
+func TestScriptsEmbedded(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog} {
+		src, sha, ok := Script(alg)
+		if !ok || len(sha) != 40 || !strings.Contains(src, "KEYS[1]") || !strings.Contains(src, "-- Reply:") {
+			t.Errorf("%v: script missing or without its header (ok=%v, sha=%q)", alg, ok, sha)
+		}
+	}
+	if _, _, ok := Script(0); ok {
+		t.Error("Script(0) ok")
+	}
+}

@@ -1,0 +1,432 @@
+package redisstore_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+var allAlgorithms = []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog}
+
+// uniqueKey returns a Request.Key of the engine's shape that no other test
+// uses.
+var keySeq atomic.Int64
+
+func uniqueKey(t testing.TB) string {
+	return fmt.Sprintf("uid-%d-%d:%s:%016x", time.Now().UnixNano(), keySeq.Add(1), strings.ReplaceAll(t.Name(), "/", "."), keySeq.Load())
+}
+
+// TestEightClientsExactCounts has eight stores, like eight sidecars, spend
+// one key at once with mixed costs: what they were granted plus what
+// remains is exactly the capacity, for every algorithm, batched or not, on
+// Redis's own clock.
+func TestEightClientsExactCounts(t *testing.T) {
+	t.Parallel()
+	for _, batching := range []bool{true, false} {
+		for _, alg := range allAlgorithms {
+			t.Run(fmt.Sprintf("%v/batching=%v", alg, batching), func(t *testing.T) {
+				t.Parallel()
+				opts := redisstore.Options{Timeout: suiteTimeout}
+				if !batching {
+					opts.BatchWindow = redisstore.NoBatching
+				}
+				const clients, perClient, capacity = 8, 60, 200
+				stores := make([]*redisstore.Store, clients)
+				for i := range stores {
+					stores[i] = newStore(t, cluster, opts)
+				}
+				// A day-long period: nothing refills or slides while the
+				// test runs on Redis TIME.
+				l := limiter.Limit{Algorithm: alg, Requests: capacity, Period: 24 * time.Hour}
+				if alg == limiter.FixedWindow || alg == limiter.SlidingWindow {
+					// Epoch-aligned windows: pin the clock so no boundary
+					// falls inside the run.
+					l.Period = 366 * 24 * time.Hour
+				}
+				key := uniqueKey(t)
+				var granted atomic.Int64
+				var wg sync.WaitGroup
+				errs := make(chan error, clients*perClient)
+				for c := range clients {
+					wg.Go(func() {
+						for i := range perClient {
+							cost := int64(1 + (c+i)%3)
+							d, err := stores[c].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
+							if err != nil {
+								errs <- err
+								return
+							}
+							if d.Allowed {
+								granted.Add(cost)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatalf("take: %v", err)
+				}
+				peek, err := stores[0].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := granted.Load() + peek.Remaining; got != capacity {
+					t.Errorf("granted %d + remaining %d = %d, want exactly %d", granted.Load(), peek.Remaining, got, capacity)
+				}
+				if granted.Load() < capacity-2 {
+					// 8*60 requests of cost 1-3 ask for far more than the
+					// capacity: only a cost-3 or cost-2 tail can be left.
+					t.Errorf("granted only %d of %d", granted.Load(), capacity)
+				}
+			})
+		}
+	}
+}
+
+// TestKeyInjection: a Request.Key carrying braces, huge data or non-UTF-8
+// bytes can neither pick its slot nor grow the Redis key.
+func TestKeyInjection(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	ctx := t.Context()
+	prefix := uniqueKey(t)
+	victim := "victim-tag"
+	victimSlot, err := cluster.KeySlot(ctx, victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inputs := []string{
+		prefix + ":{" + victim + "}",
+		prefix + ":}" + victim + "{",
+		prefix + ":{}",
+		"{" + victim + "}",
+		prefix + ":" + strings.Repeat("A", 64<<10),
+		prefix + ":\xff\xfe\x00\x80" + victim,
+		"#" + prefix,
+		prefix + ": spaced out",
+	}
+	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
+	now := time.Unix(1_700_000_000, 0)
+	for i, in := range inputs {
+		for j := range 4 {
+			d, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1, Now: now})
+			if err != nil {
+				t.Fatalf("input %d: %v", i, err)
+			}
+			// Each input is its own counter: three admitted, then denied.
+			if got, want := d.Allowed, j < 3; got != want {
+				t.Fatalf("input %d request %d: Allowed = %v, want %v", i, j, got, want)
+			}
+		}
+		slot := redisstore.KeySlot(in)
+		owner, err := cluster.MasterForSlot(ctx, slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := redisstore.CounterKey(in, limiter.GCRA)
+		if n, err := owner.Client().Exists(ctx, found).Result(); err != nil || n != 1 {
+			t.Fatalf("input %d: %q is not on %v, the master of slot %d (%d, %v)", i, found, owner, slot, n, err)
+		}
+		if strings.Contains(found, victim) || strings.Contains(found, "AAAA") || !utf8.ValidString(found) {
+			t.Errorf("input %d: Redis key %q embeds the client string", i, found)
+		}
+		if len(found) > redisstore.MaxRedisKeyLen {
+			t.Errorf("input %d: Redis key is %d bytes, more than %d", i, len(found), redisstore.MaxRedisKeyLen)
+		}
+		if got, err := owner.Client().ClusterKeySlot(ctx, found).Result(); err != nil || int(got) != slot {
+			t.Errorf("input %d: CLUSTER KEYSLOT %q = %d, %v; want %d", i, found, got, err, slot)
+		}
+		if strings.Contains(in, "{"+victim+"}") && slot == victimSlot {
+			t.Errorf("input %d landed in the slot its braces chose (%d)", i, victimSlot)
+		}
+	}
+}
+
+// TestKeySlotMatchesRedis checks the store's keys and slot function
+// against CLUSTER KEYSLOT, which is what routes the scripts.
+func TestKeySlotMatchesRedis(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	cl := cluster.Nodes()[0].Client()
+	for i := range 300 {
+		key := fmt.Sprintf("uid:%d:rule-%d:%x", i*7919, i%13, i*104729)
+		if i%10 == 0 {
+			key = fmt.Sprintf("x{%d}y\xff", i) // hashed form
+		}
+		alg := allAlgorithms[i%len(allAlgorithms)]
+		want, err := cl.ClusterKeySlot(ctx, redisstore.CounterKey(key, alg)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redisstore.KeySlot(key); got != int(want) {
+			t.Fatalf("KeySlot(%q) = %d, CLUSTER KEYSLOT %q = %d", key, got, redisstore.CounterKey(key, alg), want)
+		}
+	}
+	if got := redisstore.CounterKey("k", 0); got != "" {
+		t.Errorf("CounterKey with no algorithm = %q, want empty", got)
+	}
+}
+
+// TestScriptFlushMidRun flushes the script cache of every node while
+// decisions run: the store reloads the scripts and no caller sees an error.
+func TestScriptFlushMidRun(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	stores := []*redisstore.Store{
+		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout}),
+		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: redisstore.NoBatching}),
+	}
+	stop := make(chan struct{})
+	var calls, failures atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			s := stores[w%2]
+			alg := allAlgorithms[w%len(allAlgorithms)]
+			l := limiter.Limit{Algorithm: alg, Requests: 100_000, Period: time.Hour}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("%s:%d:%d", uniqueKey(t), w, i%50)
+				calls.Add(1)
+				if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1}); err != nil {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	var flushes int
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		for _, n := range cluster.Nodes() {
+			if err := n.Client().ScriptFlush(ctx).Err(); err != nil {
+				t.Errorf("script flush on %v: %v", n, err)
+			}
+		}
+		flushes++
+	}
+	close(stop)
+	wg.Wait()
+	if n := failures.Load(); n != 0 {
+		t.Fatalf("%d of %d decisions failed across %d flushes; first: %v", n, calls.Load(), flushes, firstErr.Load())
+	}
+	if calls.Load() < int64(flushes) {
+		t.Fatalf("only %d decisions ran during %d flushes", calls.Load(), flushes)
+	}
+	t.Logf("%d decisions across %d script flushes of all %d nodes, no error", calls.Load(), flushes, len(cluster.Nodes()))
+}
+
+// TestWrongTypeIsScriptError: a key of the wrong type is a script error,
+// not an unavailable store.
+func TestWrongTypeIsScriptError(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	key := uniqueKey(t)
+	cl := cluster.NewClient()
+	defer cl.Close()
+	redisKey := redisstore.CounterKey(key, limiter.TokenBucket)
+	if err := cl.Set(ctx, redisKey, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
+	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("take on a string key: %v, want a WRONGTYPE script error", err)
+	}
+	if err := cl.HSet(ctx, redisstore.CounterKey(key, limiter.GCRA), "A", "garbage", "F", "0", "sq", "1", "su", "1", "sk", "1", "sc", "5").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "corrupt GCRA state") {
+		t.Fatalf("take on corrupt state: %v, want a corrupt-state script error", err)
+	}
+}
+
+// TestAuthFailureIsUnavailable: refused credentials leave the count
+// unknown, so rules fall back to their failure mode.
+func TestAuthFailureIsUnavailable(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "right"})
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Single: true, Password: "wrong", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("take with a wrong password: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestClosedStore fails decisions as unavailable.
+func TestClosedStore(t *testing.T) {
+	t.Parallel()
+	s, err := redisstore.New(redisstore.Options{Addrs: cluster.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("take after Close: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestTTL: an admitted request sets the key's TTL to StateTTL(ResetAfter);
+// a peek and a deny write nothing.
+func TestTTL(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	cl := cluster.NewClient()
+	defer cl.Close()
+	for _, alg := range allAlgorithms {
+		key := uniqueKey(t) + alg.String()
+		redisKey := redisstore.CounterKey(key, alg)
+		l := limiter.Limit{Algorithm: alg, Requests: 2, Period: 10 * time.Minute}
+		now := time.Unix(1_700_000_000, 0)
+		if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0, Now: now}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := cl.Exists(ctx, redisKey).Result(); err != nil || n != 0 {
+			t.Fatalf("%v: a peek created %s (%d, %v)", alg, redisKey, n, err)
+		}
+		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := cl.PTTL(ctx, redisKey).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := limiter.StateTTL(d.ResetAfter)
+		if ttl > want || ttl < want-2*time.Second {
+			t.Errorf("%v: PTTL %v after an allow with ResetAfter %v, want about %v", alg, ttl, d.ResetAfter, want)
+		}
+	}
+}
+
+// TestMovedAndAsk migrates a counter's slot by hand: during the migration
+// the old master answers ASK and the store follows it; afterwards a store
+// with a stale slot map gets MOVED and follows it. The count carries on
+// across both.
+func TestMovedAndAsk(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	ctx := t.Context()
+	asker := newStore(t, c, redisstore.Options{Timeout: time.Second})
+	mover := newStore(t, c, redisstore.Options{Timeout: time.Second})
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
+	now := time.Unix(1_700_000_000, 0)
+	key := uniqueKey(t)
+	slot := redisstore.KeySlot(key)
+	src, err := c.MasterForSlot(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dst *redistest.Node
+	masters, err := c.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range masters {
+		if m != src {
+			dst = m
+			break
+		}
+	}
+	take := func(s *redisstore.Store, wantRemaining int64) {
+		t.Helper()
+		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Remaining != wantRemaining {
+			t.Fatalf("take: %v, want allowed with %d remaining", d, wantRemaining)
+		}
+	}
+	take(asker, 9)
+	take(mover, 8) // both stores have the slot map now
+
+	// Start the migration and move the key: the source answers ASK.
+	dstHost, dstPort := splitAddr(t, dst.Addr())
+	must(t, dst.Client().Do(ctx, "cluster", "setslot", slot, "importing", src.ID()).Err())
+	must(t, src.Client().Do(ctx, "cluster", "setslot", slot, "migrating", dst.ID()).Err())
+	keys, err := src.Client().ClusterGetKeysInSlot(ctx, slot, 100).Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys in slot %d: %v, %v", slot, keys, err)
+	}
+	args := []any{"migrate", dstHost, dstPort, "", 0, 5000, "keys"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	must(t, src.Client().Do(ctx, args...).Err())
+	asksBefore := errorStat(t, src, "ASK")
+	take(asker, 7)
+	if got := errorStat(t, src, "ASK"); got <= asksBefore {
+		t.Errorf("the source answered no ASK (%d before, %d after)", asksBefore, got)
+	}
+
+	// Finish the migration; the mover's map still names the source.
+	for _, m := range masters {
+		must(t, m.Client().Do(ctx, "cluster", "setslot", slot, "node", dst.ID()).Err())
+	}
+	movedBefore := errorStat(t, src, "MOVED")
+	take(mover, 6)
+	if got := errorStat(t, src, "MOVED"); got <= movedBefore {
+		t.Logf("the mover's slot map was already reloaded: no MOVED (%d before, %d after)", movedBefore, got)
+	}
+	take(asker, 5)
+}
+
+// errorStat returns the count of error replies with the given prefix that
+// n has sent (INFO errorstats).
+func errorStat(t *testing.T, n *redistest.Node, code string) int {
+	t.Helper()
+	info, err := n.Client().Info(t.Context(), "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_"+code+":count="); ok {
+			var v int
+			fmt.Sscan(rest, &v)
+			return v
+		}
+	}
+	return 0
+}
+
+func splitAddr(t *testing.T, addr string) (string, string) {
+	t.Helper()
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		t.Fatalf("bad address %q", addr)
+	}
+	return addr[:i], addr[i+1:]
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
