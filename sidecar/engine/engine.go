@@ -224,11 +224,8 @@ type Engine struct {
 	o        Options
 	deny     *denyCache
 	fallback atomic.Bool
-	allObs   prometheus.Observer
-	allOK    prometheus.Counter
-	allUnav  prometheus.Counter
-	allErr   prometheus.Counter
-	shardObs sync.Map // shard -> *shardMetrics
+	all      *shardMetrics // store metrics without a ShardOf
+	shardObs sync.Map      // shard -> *shardMetrics
 }
 
 type shardMetrics struct {
@@ -251,8 +248,7 @@ func New(o Options) (*Engine, error) {
 		o.Now = time.Now
 	}
 	e := &Engine{o: o, deny: newDenyCache(o.DenyCacheKeys)}
-	sm := e.shardMetrics("all")
-	e.allObs, e.allOK, e.allUnav, e.allErr = sm.obs, sm.ok, sm.unav, sm.error
+	e.all = e.shardMetrics("all")
 	o.Metrics.SetDenyCacheSize(func() float64 { return float64(e.deny.len()) })
 	return e, nil
 }
@@ -512,7 +508,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 
 func (e *Engine) shard(key string) *shardMetrics {
 	if e.o.ShardOf == nil {
-		return &shardMetrics{obs: e.allObs, ok: e.allOK, unav: e.allUnav, error: e.allErr}
+		return e.all
 	}
 	return e.shardMetrics(e.o.ShardOf(key))
 }

@@ -357,46 +357,6 @@ func TestFloodCostsAboutOneStoreCallPerAdmission(t *testing.T) {
 	t.Logf("%d admissions, %d store calls", allowed, calls)
 }
 
-func BenchmarkDecide(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		lim  limiter.Limit
-		keys int
-	}{
-		{"hot-allowed", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxRequests, Period: time.Second}, 1},
-		{"hot-denied", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Period: time.Hour}, 1},
-		{"cold-keys", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second}, 1 << 16},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			c := &clock{t: time.Now()}
-			st := newKeyedStore(c)
-			m := metrics.NewMetrics(prometheus.NewRegistry())
-			e, err := New(Options{Store: st, Fallback: st, Metrics: m, Now: c.Now})
-			if err != nil {
-				b.Fatal(err)
-			}
-			r, err := NewRule("p", "r", tc.lim, 1, false, false, m)
-			if err != nil {
-				b.Fatal(err)
-			}
-			keys := make([]string, tc.keys)
-			for i := range keys {
-				keys[i] = fmt.Sprintf("uid:r:%032x", i)
-			}
-			hits := []Hit{{Rule: r, Cost: 1}}
-			var v Verdict
-			ctx := context.Background()
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				hits[0].Key = keys[i%len(keys)]
-				i++
-				e.Decide(ctx, hits, &v)
-			}
-		})
-	}
-}
-
 // value reads a counter or gauge.
 func value(c prometheus.Metric) float64 {
 	var m dto.Metric

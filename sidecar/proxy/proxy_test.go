@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+)
+
+const doc = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  rules:
+  - name: deny
+    match: {path: {type: Prefix, value: /deny}}
+    key: [{header: X-Key}]
+    limit: {requests: 1, per: 1h}
+  - name: unicode
+    match: {path: {type: Prefix, value: /u}}
+    key: [{header: X-Key}]
+    onMissingKey: Reject
+    limit: {requests: 1, per: 1h}
+`
+
+func newProxy(tb testing.TB, upstream string) *Proxy {
+	tb.Helper()
+	c, err := config.Load([]byte(doc))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	set, err := ruleset.Compile(c, labels.Set{}, m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, err := memstore.New()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e, err := engine.New(engine.Options{Store: st, Fallback: st, Metrics: m})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	u, err := url.Parse(upstream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := New(Options{Upstream: u, Engine: e, Metrics: m})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p.SetRules(set)
+	return p
+}
+
+func TestNewRejectsMissingDependencies(t *testing.T) {
+	t.Parallel()
+	if _, err := New(Options{}); err == nil {
+		t.Error("New without dependencies succeeded")
+	}
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	st, _ := memstore.New()
+	e, _ := engine.New(engine.Options{Store: st, Fallback: st, Metrics: m})
+	if _, err := New(Options{Upstream: &url.URL{Scheme: "ftp", Host: "x"}, Engine: e, Metrics: m}); err == nil {
+		t.Error("an ftp upstream was accepted")
+	}
+}
+
+func TestProblemBodiesAreValidJSON(t *testing.T) {
+	t.Parallel()
+	p := newProxy(t, "http://127.0.0.1:1")
+	for range 2 {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/deny", nil)
+		req.Header.Set("X-Key", "\"quote\\ \x01 ünïcode")
+		p.ServeHTTP(rec, req)
+		if rec.Code == http.StatusTooManyRequests {
+			var v map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+				t.Fatalf("429 body %q: %v", rec.Body, err)
+			}
+			return
+		}
+	}
+	t.Fatal("no 429")
+}
+
+func TestNoConfigIs503(t *testing.T) {
+	t.Parallel()
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	st, _ := memstore.New()
+	e, _ := engine.New(engine.Options{Store: st, Fallback: st, Metrics: m})
+	p, err := New(Options{Upstream: &url.URL{Scheme: "http", Host: "127.0.0.1:1"}, Engine: e, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" {
+		t.Errorf("no config: %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+func TestAppendJSONString(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "plain", `q"b\`, "\x00\x1f\x7f", "ü€"} {
+		var got string
+		if err := json.Unmarshal(appendJSONString(nil, s), &got); err != nil {
+			t.Errorf("%q: %v", s, err)
+		}
+	}
+}
+
+// BenchmarkServeHTTPDenied is the sidecar's request path for a hot denied
+// key, without the network: match, key, decide (local deny) and the 429.
+func BenchmarkServeHTTPDenied(b *testing.B) {
+	p := newProxy(b, "http://127.0.0.1:1")
+	req := httptest.NewRequest("GET", "/deny/x", nil).WithContext(context.Background())
+	req.Header.Set("X-Key", "abuser")
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, req)
+	}
+}

@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestOpenLoopCountsQueueingFromTheSchedule(t *testing.T) {
+	t.Parallel()
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		if r.Header.Get("X-Key") == "k1" {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := NewClient(1)
+	// 100 requests due within 0.5s, served one at a time in at least 20ms
+	// each: the last one completes at least 2s after start, 1.5s after it
+	// was due. A closed-loop tool would report about 20ms for every one.
+	s, err := OpenLoop(context.Background(), c, Target{URLs: []string{srv.URL}, Header: keyed("k", 2)}, 200, 500*time.Millisecond, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Sent != 100 || s.OK != 50 || s.Limited != 50 || s.Errors != 0 || served.Load() != 100 {
+		t.Errorf("stats %+v (served %d), want 100 sent, 50 ok, 50 limited", s, served.Load())
+	}
+	if s.Max < 1.5e6 {
+		t.Errorf("max latency %.0fµs, want >= 1.5s: queueing behind a slow server must count", s.Max)
+	}
+	if s.P50 < 0.5e6 {
+		t.Errorf("p50 %.0fµs, want >= 0.5s", s.P50)
+	}
+	cl, err := ClosedLoop(context.Background(), c, Target{URLs: []string{srv.URL}}, 300*time.Millisecond, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.P50 < 20e3 {
+		t.Errorf("closed-loop p50 %.0fµs, want >= the 20ms service time", cl.P50)
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	t.Parallel()
+	var xs []float64
+	for i := 1; i <= 1000; i++ {
+		xs = append(xs, float64(i))
+	}
+	for q, want := range map[float64]float64{0.5: 500, 0.99: 990, 0.999: 999, 1: 1000} {
+		if got := pct(xs, q); got != want {
+			t.Errorf("pct(%v) = %v, want %v", q, got, want)
+		}
+	}
+	if got := pct(nil, 0.5); got != 0 {
+		t.Errorf("pct of nothing = %v", got)
+	}
+}
+
+func TestScriptCalls(t *testing.T) {
+	t.Parallel()
+	info := strings.Join([]string{
+		"# Commandstats",
+		"cmdstat_evalsha:calls=120,usec=900,usec_per_call=7.50,rejected_calls=0,failed_calls=0",
+		"cmdstat_eval:calls=3,usec=90,usec_per_call=30.00,rejected_calls=0,failed_calls=0",
+		"cmdstat_ping:calls=77,usec=10,usec_per_call=0.13,rejected_calls=0,failed_calls=0",
+		"cmdstat_cluster|slots:calls=5,usec=10",
+	}, "\r\n")
+	if got, want := scriptCalls(info), int64(123); got != want {
+		t.Errorf("scriptCalls = %d, want %d", got, want)
+	}
+}
