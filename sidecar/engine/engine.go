@@ -394,8 +394,8 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 		if !one[0].res.Allowed {
 			for j := range calls {
 				if j != short {
+					// Not taken: the request is denied by another rule.
 					e.abandon(hits[calls[j].hit].Key, calls[j].probe)
-					v.Results[calls[j].hit] = Result{Decision: peeks[j].res.Decision, Source: peeks[j].res.Source}
 				}
 			}
 			return

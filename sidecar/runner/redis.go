@@ -3,13 +3,15 @@ package runner
 import (
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 // openRedis opens the Redis Cluster store. It does not connect: a cluster
 // that is down at start only makes decisions fail over to each rule's
 // failure mode until it answers.
-func openRedis(sel storeSelection, cfg Config, log *slog.Logger) (*storeHandle, error) {
+func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*storeHandle, error) {
 	pw, err := cfg.password()
 	if err != nil {
 		return nil, err
@@ -22,6 +24,26 @@ func openRedis(sel storeSelection, cfg Config, log *slog.Logger) (*storeHandle, 
 	if err != nil {
 		return nil, err
 	}
+	if err := reg.Register(breakerCollector{s}); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
 	log.Debug("redis store ready", "addrs", sel.Addresses, "tls", tc != nil)
 	return &storeHandle{store: s, shardOf: s.ShardOf, remote: true, close: s.Close}, nil
+}
+
+var breakerDesc = prometheus.NewDesc("floodgate_sidecar_store_breaker_state",
+	"Circuit breaker state per Redis shard: 0 closed, 1 open, 2 half-open.", []string{"shard"}, nil)
+
+// breakerCollector reports the Redis store's breakers at scrape time.
+type breakerCollector struct{ s *redisstore.Store }
+
+// Describe implements prometheus.Collector.
+func (breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- breakerDesc }
+
+// Collect implements prometheus.Collector.
+func (c breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, sh := range c.s.Shards() {
+		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(sh.Breaker), sh.Addr)
+	}
 }

@@ -164,6 +164,17 @@ policies:
 	if counts[200] != 5 || counts[429] != 7 {
 		t.Errorf("fail-open rule with the cluster down: %v, want 5x200 (10 / 2 replicas) and 7x429", counts)
 	}
+	// The shards that hold the test's counters were called and failed:
+	// their breakers are not closed.
+	notClosed := 0
+	for _, n := range cluster.Nodes() {
+		if sc.metric(t, `floodgate_sidecar_store_breaker_state{shard="`+n.Addr()+`"}`) != 0 {
+			notClosed++
+		}
+	}
+	if notClosed == 0 {
+		t.Errorf("no shard breaker reported open or half-open with the cluster dead")
+	}
 	if got := sc.metric(t, "floodgate_sidecar_fallback_active"); got != 1 {
 		t.Errorf("fallback_active = %v, want 1", got)
 	}

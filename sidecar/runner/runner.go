@@ -244,7 +244,7 @@ func (r *Runner) apply(u Update) {
 // and proxy. The caller holds r.mu.
 func (r *Runner) openLocked(c *config.Config) error {
 	sel := r.selectStore(c)
-	st, err := openStore(sel, r.cfg, r.log)
+	st, err := openStore(sel, r.cfg, r.reg, r.log)
 	if err != nil {
 		return fmt.Errorf("open %s store: %w", sel.Type, err)
 	}

@@ -549,3 +549,75 @@ func TestGracefulShutdownDrainsInFlight(t *testing.T) {
 		t.Errorf("proxy still accepts connections after shutdown")
 	}
 }
+
+func TestTightestRuleWinsOverHTTP(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	sc := startSidecar(t, be.URL, `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  rules:
+  - name: wide
+    key: [{header: X-User}]
+    limit: {requests: 100, per: 1h, algorithm: FixedWindow}
+  - name: tight
+    match: {path: {type: Exact, value: /login}, methods: [POST]}
+    key: [{header: X-User}]
+    limit: {requests: 2, per: 1h, algorithm: FixedWindow}
+`, true)
+	c := &http.Client{}
+	post := func() *http.Response {
+		req, _ := http.NewRequest("POST", sc.url+"/login", nil)
+		req.Header.Set("X-User", "u")
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res
+	}
+	for i := range 2 {
+		res := post()
+		if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("RateLimit"), `"p.tight";r=`+strconv.Itoa(1-i)) {
+			t.Errorf("POST %d: %d, RateLimit %q; want the tight rule described", i, res.StatusCode, res.Header.Get("RateLimit"))
+		}
+	}
+	if res := post(); res.StatusCode != 429 || res.Header.Get("RateLimit-Policy") != `"p.tight";q=2;w=3600` {
+		t.Errorf("third POST: %d, policy %q", res.StatusCode, res.Header.Get("RateLimit-Policy"))
+	}
+	// The denied POST took nothing from the wide rule: 2 of 100 spent.
+	res, _ := get(t, c, sc.url+"/other", "X-User", "u")
+	if got := res.Header.Get("RateLimit"); !strings.HasPrefix(got, `"p.wide";r=97;`) {
+		t.Errorf("wide rule after a denied request: %q, want r=97 (3 spent by allowed requests only)", got)
+	}
+}
+
+func TestPodSelector(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	doc := `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: checkout-only
+  uid: uid-c
+  podSelector: {matchLabels: {app: checkout}}
+  rules:
+  - name: r
+    limit: {requests: 1, per: 1h}
+`
+	other := startSidecar(t, be.URL, doc, true, "--pod-labels", "app=search")
+	mine := startSidecar(t, be.URL, doc, true, "--pod-labels", "app=checkout,tier=web")
+	c := &http.Client{}
+	for range 3 {
+		if res, _ := get(t, c, other.url+"/"); res.StatusCode != 200 {
+			t.Errorf("a policy for other pods was enforced")
+		}
+	}
+	if got := other.Status().IgnoredPolicies; fmt.Sprint(got) != "[checkout-only]" {
+		t.Errorf("ignored policies %v", got)
+	}
+	get(t, c, mine.url+"/")
+	if res, _ := get(t, c, mine.url+"/"); res.StatusCode != 429 {
+		t.Errorf("the selected pod did not enforce its policy: %d", res.StatusCode)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
@@ -57,10 +59,10 @@ type storeHandle struct {
 }
 
 // openStore is the one place a counter store is built.
-func openStore(sel storeSelection, cfg Config, log *slog.Logger) (*storeHandle, error) {
+func openStore(sel storeSelection, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*storeHandle, error) {
 	switch sel.Type {
 	case config.StoreRedis:
-		return openRedis(sel, cfg, log)
+		return openRedis(sel, cfg, reg, log)
 	default:
 		s, err := memstore.New(memstore.WithMaxKeys(cfg.LocalMaxKeys))
 		if err != nil {
