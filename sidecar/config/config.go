@@ -233,7 +233,9 @@ type Limit struct {
 
 // Cost says what a request spends.
 type Cost struct {
-	// FromHeader reads the cost from this request header, when present.
+	// FromHeader reads the cost from this request header, when present. A
+	// header value that is not an integer between 1 and Max is answered
+	// 400, so a client cannot claim a free (0) or negative cost.
 	FromHeader string `json:"fromHeader,omitempty"`
 	// Default is the cost when FromHeader is unset or absent; 0 means 1.
 	Default int64 `json:"default,omitempty"`

@@ -63,15 +63,17 @@ type CostError struct {
 
 // Error implements error.
 func (e *CostError) Error() string {
-	return fmt.Sprintf("header %s: cost must be an integer between 0 and %d, got %q", e.Header, e.Max, e.Value)
+	return fmt.Sprintf("header %s: cost must be an integer between 1 and %d, got %q", e.Header, e.Max, e.Value)
 }
 
-// Of returns the cost of a request with headers h.
+// Of returns the cost of a request with headers h. A header-supplied cost
+// must be at least 1: a cost of 0 would be a free pass around the limit for
+// whoever can set the header.
 func (c Cost) Of(h http.Header) (int64, error) {
 	if c.header != "" {
 		if vs := h[c.header]; len(vs) > 0 {
 			n, err := strconv.ParseInt(vs[0], 10, 64)
-			if err != nil || n < 0 || n > c.maximum || len(vs) > 1 {
+			if err != nil || n < 1 || n > c.maximum || len(vs) > 1 {
 				return 0, &CostError{Header: c.header, Value: vs[0], Max: c.maximum}
 			}
 			return n, nil

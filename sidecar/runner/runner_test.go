@@ -388,6 +388,7 @@ policies:
 		"bad cost":         "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: lots\r\n\r\n",
 		"cost above max":   "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: 6\r\n\r\n",
 		"negative cost":    "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: -1\r\n\r\n",
+		"zero cost":        "GET /cost HTTP/1.1\r\nHost: x\r\nX-User: u\r\nX-Cost: 0\r\n\r\n",
 		"missing key part": "GET /strict HTTP/1.1\r\nHost: x\r\n\r\n",
 	} {
 		line := raw(req)
