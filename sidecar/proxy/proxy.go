@@ -344,3 +344,9 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 
 func (bufferPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
+
+// NotReady answers a request that arrives before any config is loaded:
+// 503 with Retry-After, as a fail-closed sidecar should.
+func NotReady(w http.ResponseWriter) {
+	problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", time.Second)
+}

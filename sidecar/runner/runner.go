@@ -52,9 +52,8 @@ type Runner struct {
 	proxy   *proxy.Proxy
 	current *ruleset.Set
 
-	ready    atomic.Bool
-	started  chan struct{} // closed once the proxy listener serves
-	startErr error
+	px    atomic.Pointer[proxy.Proxy] // set once the first config is in
+	ready atomic.Bool
 }
 
 // Status is what /debug/config shows.
@@ -93,7 +92,7 @@ func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
 	if source == nil {
 		source = &FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
-	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), started: make(chan struct{})}
+	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
@@ -144,24 +143,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.source.Run(srcCtx, r.apply)
 	}()
 
-	var srv *http.Server
+	// The proxy listener serves from the start: 503 until the first good
+	// config has opened the store and built the proxy.
+	srv := r.proxyServer()
 	proxyErr := make(chan error, 1)
-	select {
-	case <-r.started:
-		if r.startErr != nil {
-			stopSource()
-			<-srcDone
-			stopEvents()
-			_ = admin.Close()
-			_ = r.proxyLn.Close()
-			return r.startErr
-		}
-		srv = r.proxyServer()
-		go func() { proxyErr <- srv.Serve(r.proxyLn) }()
-		r.log.Info("serving", "listen", r.ProxyAddr(), "admin", r.AdminAddr(), "upstream", r.cfg.Upstream)
-	case <-ctx.Done():
-		_ = r.proxyLn.Close()
-	}
+	go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+	r.log.Info("serving", "listen", r.ProxyAddr(), "admin", r.AdminAddr(), "upstream", r.cfg.Upstream)
 
 	var err error
 	select {
@@ -176,10 +163,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-srcDone
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
 	defer cancel()
-	if srv != nil {
-		if e := srv.Shutdown(drainCtx); e != nil {
-			err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
-		}
+	if e := srv.Shutdown(drainCtx); e != nil {
+		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
 	}
 	_ = admin.Shutdown(drainCtx)
 	r.mu.Lock()
@@ -201,13 +186,23 @@ func (r *Runner) proxyServer() *http.Server {
 	ps.SetHTTP1(true)
 	ps.SetUnencryptedHTTP2(true)
 	return &http.Server{
-		Handler:           r.proxy,
+		Handler:           http.HandlerFunc(r.serveProxy),
 		Protocols:         &ps,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
 	}
+}
+
+// serveProxy hands a request to the proxy, or answers 503 while no config
+// has been loaded.
+func (r *Runner) serveProxy(w http.ResponseWriter, req *http.Request) {
+	if p := r.px.Load(); p != nil {
+		p.ServeHTTP(w, req)
+		return
+	}
+	proxy.NotReady(w)
 }
 
 // apply is the one place a config update takes effect: parse, validate and
@@ -311,9 +306,8 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set) {
 	r.m.ConfigLastSuccess.Set(float64(now.Unix()))
 	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "ignoredPolicies", set.Ignored)
 	if first {
+		r.px.Store(r.proxy)
 		r.ready.Store(true)
-		r.startErr = nil
-		close(r.started)
 	}
 }
 

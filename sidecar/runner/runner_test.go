@@ -337,6 +337,12 @@ func TestNotReadyUntilConfigLoaded(t *testing.T) {
 	if res, err := http.Get(sc.admin + "/healthz"); err != nil || res.StatusCode != 200 {
 		t.Errorf("/healthz: %v %v", res, err)
 	}
+	if res, body := get(t, &http.Client{}, sc.url+"/"); res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.Contains(body, "no configuration") {
+		t.Errorf("proxy without a config: %d %q, want 503 with Retry-After", res.StatusCode, body)
+	}
+	if be.hits.Load() != 0 {
+		t.Errorf("a request reached the application without a config")
+	}
 	writeAtomic(t, sc.policy, policyDoc("ok", `limit: {requests: 5, per: 1s}`))
 	sc.waitReady(t)
 	if res, _ := get(t, &http.Client{}, sc.url+"/"); res.StatusCode != 200 {
