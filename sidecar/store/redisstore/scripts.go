@@ -11,7 +11,7 @@ import (
 )
 
 // The Lua scripts, one per algorithm. Each one's header lists its KEYS,
-// ARGV and reply; all share one calling convention (see scriptArgs) and one
+// ARGV and reply; all share one calling convention (see limitArgs) and one
 // reply shape (see parseReply).
 var (
 	//go:embed lua/tokenbucket.lua
@@ -26,16 +26,17 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script and its SHA1, the EVALSHA handle.
+// script is a Lua script and its SHA1, the EVALSHA handle. The any
+// fields are the same strings boxed once, for command arguments.
 type script struct {
-	name string
-	src  string
-	sha  string
+	name, src, sha string
+	srcArg, shaArg any
 }
 
 func newScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+	sha := hex.EncodeToString(sum[:])
+	return &script{name: name, src: src, sha: sha, srcArg: src, shaArg: sha}
 }
 
 // scripts are indexed by limiter.Algorithm.
@@ -60,26 +61,53 @@ func Script(alg limiter.Algorithm) (src, sha string, ok bool) {
 // numArgs is the length of every script's ARGV.
 const numArgs = 10
 
-// scriptArgs builds ARGV: now (µs, or "" for Redis TIME), n, C, P, q, U,
-// K, CU, FT, PW. Every script takes the same ten; each reads what its
-// algorithm needs.
-func scriptArgs(dst []any, p *limiter.Params, nowUs int64, haveNow bool, n int64) []any {
+// limitArgs is a limit's validated parameters, its script, and the
+// constant part of its ARGV (C, P, q, U, K, CU, FT, PW), boxed once.
+type limitArgs struct {
+	p    *limiter.Params
+	sc   *script
+	tail []any
+}
+
+func newLimitArgs(p *limiter.Params) *limitArgs {
+	return &limitArgs{
+		p:  p,
+		sc: scripts[p.Limit.Algorithm],
+		tail: []any{p.Capacity, p.PeriodMicros, p.TickMicros, p.TickUnits,
+			p.TokenUnits, p.CapacityUnits, p.FullTicks, p.WindowTicks},
+	}
+}
+
+// command returns the whole EVALSHA command of one decision: EVALSHA sha 1
+// key, then ARGV: now (µs, or "" for Redis TIME), n, C, P, q, U, K, CU, FT,
+// PW. Every script takes the same ten ARGV; each reads what its algorithm
+// needs.
+func (la *limitArgs) command(key string, nowUs int64, haveNow bool, n int64) []any {
 	var now any = ""
 	if haveNow {
 		now = nowUs
 	}
-	return append(dst, now, n, p.Capacity, p.PeriodMicros, p.TickMicros,
-		p.TickUnits, p.TokenUnits, p.CapacityUnits, p.FullTicks, p.WindowTicks)
+	a := make([]any, 0, 4+numArgs)
+	a = append(a, "evalsha", la.sc.shaArg, 1, key, now, n)
+	return append(a, la.tail...)
+}
+
+// evalCommand turns an EVALSHA command into the EVAL of the same script.
+func evalCommand(evalsha []any, sc *script) []any {
+	a := make([]any, len(evalsha))
+	copy(a, evalsha)
+	a[0], a[1] = "eval", sc.srcArg
+	return a
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at
 // nowUs under p, as strings, for tools such as redis-benchmark. A negative
 // nowUs leaves "now" empty, so the script reads Redis TIME.
 func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
-	args := scriptArgs(nil, p, nowUs, nowUs >= 0, n)
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = fmt.Sprint(a)
+	cmd := newLimitArgs(p).command("", nowUs, nowUs >= 0, n)
+	out := make([]string, 0, numArgs)
+	for _, a := range cmd[4:] {
+		out = append(out, fmt.Sprint(a))
 	}
 	return out
 }

@@ -16,9 +16,10 @@ import (
 type op struct {
 	ctx    context.Context
 	script *script
-	key    string
-	args   []any
-	probe  bool // the half-open probe of the breaker it was admitted by
+	args   []any // the whole EVALSHA command
+	probe  bool  // the half-open probe of the breaker it was admitted by
+
+	self [1]*op // o itself, to send it alone without allocating
 
 	// Where a MOVED or ASK answer pointed.
 	redirAddr string
@@ -71,7 +72,8 @@ func (sh *shard) do(ctx context.Context, o *op) (any, error) {
 	}
 	o.probe = probe
 	if sh.s.opts.BatchWindow < 0 {
-		sh.send([]*op{o}, deadlineOf(ctx), 0)
+		o.self[0] = o
+		sh.send(o.self[:], deadlineOf(ctx), 0)
 	} else {
 		sh.enqueue(o)
 	}
@@ -155,21 +157,24 @@ func batchDeadline(ops []*op) time.Time {
 // (NOSCRIPT, MOVED, ASK) lead to a resend; an op whose outcome is unknown
 // is never sent again. Every op is finished when send returns.
 func (sh *shard) send(ops []*op, deadline time.Time, hops int) {
-	live := make([]*op, 0, len(ops))
-	for _, o := range ops {
-		if err := o.ctx.Err(); err != nil {
-			// Never sent: the caller has gone.
-			sh.br.release(o.probe)
-			o.finish(nil, unavailable(sh.addr, fmt.Errorf("not sent: %w", err)), sh.addr)
-			continue
+	live := ops
+	for i, o := range ops {
+		if o.ctx.Err() != nil {
+			live = dropGone(sh, ops, i)
+			break
 		}
-		live = append(live, o)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	// One op goes under its caller's context. A batch serves several
+	// callers: one giving up must not cut the others off.
+	ctx := live[0].ctx
+	if len(live) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+	}
 
 	var redirected []*op
 	pending := live
@@ -206,6 +211,22 @@ func (sh *shard) send(ops []*op, deadline time.Time, hops int) {
 	}
 }
 
+// dropGone finishes the ops, from the first-th on, whose callers have
+// gone before they were sent, and returns the others.
+func dropGone(sh *shard, ops []*op, first int) []*op {
+	live := make([]*op, first, len(ops))
+	copy(live, ops[:first])
+	for _, o := range ops[first:] {
+		if err := o.ctx.Err(); err != nil {
+			sh.br.release(o.probe)
+			o.finish(nil, unavailable(sh.addr, fmt.Errorf("not sent: %w", err)), sh.addr)
+			continue
+		}
+		live = append(live, o)
+	}
+	return live
+}
+
 // settle finishes o with its command's final outcome and records it with
 // the breaker.
 func (sh *shard) settle(o *op, cmd *redis.Cmd, err error, out outcome) {
@@ -234,14 +255,10 @@ func (sh *shard) settle(o *op, cmd *redis.Cmd, err error, out outcome) {
 func (sh *shard) exec(ctx context.Context, ops []*op, useSha, asking bool) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(ops))
 	for i, o := range ops {
-		a := make([]any, 0, 4+len(o.args))
-		if useSha {
-			a = append(a, "evalsha", o.script.sha)
-		} else {
-			a = append(a, "eval", o.script.src)
+		a := o.args
+		if !useSha {
+			a = evalCommand(a, o.script)
 		}
-		a = append(a, 1, o.key)
-		a = append(a, o.args...)
 		cmds[i] = redis.NewCmd(ctx, a...)
 	}
 	if len(ops) == 1 && !asking {

@@ -39,7 +39,7 @@ type Store struct {
 	shards atomic.Pointer[map[string]*shard] // copy on write under mu
 
 	pmu    sync.Mutex
-	params map[limiter.Limit]*limiter.Params
+	params map[limiter.Limit]*limitArgs
 
 	// The first slot-map load is shared by the callers that arrive before
 	// it ends, instead of each loading it (go-redis would).
@@ -68,7 +68,7 @@ func New(opts Options) (*Store, error) {
 	s := &Store{
 		opts:   o,
 		route:  newBreaker(o.BreakerFailures, o.BreakerCooldown, time.Now, nil),
-		params: map[limiter.Limit]*limiter.Params{},
+		params: map[limiter.Limit]*limitArgs{},
 	}
 	empty := map[string]*shard{}
 	s.shards.Store(&empty)
@@ -293,25 +293,27 @@ func (s *Store) reloadTopology() {
 	}
 }
 
-// limitParams returns the validated parameters of l, cached.
-func (s *Store) limitParams(l limiter.Limit) (*limiter.Params, error) {
+// limitArgs returns the validated parameters of l with its script and
+// constant arguments, cached.
+func (s *Store) limitArgs(l limiter.Limit) (*limitArgs, error) {
 	s.pmu.Lock()
-	p, ok := s.params[l]
+	la, ok := s.params[l]
 	s.pmu.Unlock()
 	if ok {
-		return p, nil
+		return la, nil
 	}
 	p, err := limiter.NewParams(l)
 	if err != nil {
 		return nil, err
 	}
+	la = newLimitArgs(p)
 	s.pmu.Lock()
 	if len(s.params) >= paramsCacheSize {
 		clear(s.params)
 	}
-	s.params[l] = p
+	s.params[l] = la
 	s.pmu.Unlock()
-	return p, nil
+	return la, nil
 }
 
 // Take applies req with one script run on the master of req.Key's slot.
@@ -320,7 +322,7 @@ func (s *Store) limitParams(l limiter.Limit) (*limiter.Params, error) {
 // a way that leaves the count unknown (a timeout after the script was
 // sent); any other error is a bad request or a script failure.
 func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
-	p, err := s.limitParams(req.Limit)
+	la, err := s.limitArgs(req.Limit)
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
 	}
@@ -341,23 +343,22 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	key := counterKey(req.Key, p.Limit.Algorithm)
+	key := counterKey(req.Key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, key)
 	if err != nil {
 		return limiter.Decision{}, err
 	}
 	o := &op{
 		ctx:    ctx,
-		script: scripts[p.Limit.Algorithm],
-		key:    key,
+		script: la.sc,
+		args:   la.command(key, nowUs, haveNow, req.Cost),
 		done:   make(chan struct{}),
 	}
-	o.args = scriptArgs(make([]any, 0, numArgs), p, nowUs, haveNow, req.Cost)
 	res, err := sh.do(ctx, o)
 	if err != nil {
 		return limiter.Decision{}, err
 	}
-	d, err := parseReply(res, p)
+	d, err := parseReply(res, la.p)
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.script.name, o.addr, err)
 	}

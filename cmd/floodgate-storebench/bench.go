@@ -1,0 +1,530 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+// Config is the harness's whole configuration.
+type Config struct {
+	// Addrs, when set, names an existing cluster (comma-separated seeds);
+	// otherwise the harness starts one with Masters masters.
+	Addrs     string
+	Masters   int
+	Callers   int
+	Duration  time.Duration
+	Warmup    time.Duration
+	Keys      int
+	Algorithm string
+	// Requests is redis-benchmark's -n.
+	Requests int
+	// Pipeline is redis-benchmark's -P for its pipelined ceiling.
+	Pipeline int
+	Pin      bool
+	RedisCPU int
+	LoadCPU  int
+	Window   time.Duration
+	Timeout  time.Duration
+	JSON     bool
+}
+
+// Register binds the flags to c, with their defaults.
+func (c *Config) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.Addrs, "addrs", "", "seed addresses of an existing cluster (default: start one on loopback)")
+	fs.IntVar(&c.Masters, "masters", 3, "masters of the cluster the harness starts")
+	fs.IntVar(&c.Callers, "callers", 64, "concurrent callers (and redis-benchmark clients)")
+	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "length of each measured phase")
+	fs.DurationVar(&c.Warmup, "warmup", time.Second, "unmeasured run before each phase")
+	fs.IntVar(&c.Keys, "keys", 100000, "distinct counters the load spreads over")
+	fs.StringVar(&c.Algorithm, "algorithm", "TokenBucket", "algorithm of the limit: TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog")
+	fs.IntVar(&c.Requests, "requests", 200000, "requests per redis-benchmark run (-n)")
+	fs.IntVar(&c.Pipeline, "pipeline", 16, "redis-benchmark pipeline depth for the pipelined ceiling (-P)")
+	fs.BoolVar(&c.Pin, "pin", true, "pin redis-server to -redis-cpu and the load to -load-cpu with taskset, when available")
+	fs.IntVar(&c.RedisCPU, "redis-cpu", 0, "CPU for the redis-server processes")
+	fs.IntVar(&c.LoadCPU, "load-cpu", 1, "CPU for this process and redis-benchmark")
+	fs.DurationVar(&c.Window, "window", redisstore.DefaultBatchWindow, "batch window of the batched phase")
+	fs.DurationVar(&c.Timeout, "timeout", time.Second, "per-call deadline of the store (generous: the harness measures, it does not shed)")
+	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
+}
+
+// Validate reports every problem with c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Addrs == "" && (c.Masters < 1 || c.Masters > 16) {
+		errs = append(errs, fmt.Errorf("masters: must be between 1 and 16, got %d", c.Masters))
+	}
+	for _, a := range c.addrs() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("addrs: %q: %w", a, err))
+		}
+	}
+	if c.Callers < 1 || c.Callers > 10000 {
+		errs = append(errs, fmt.Errorf("callers: must be between 1 and 10000, got %d", c.Callers))
+	}
+	if c.Duration < 100*time.Millisecond || c.Duration > time.Hour {
+		errs = append(errs, fmt.Errorf("duration: must be between 100ms and 1h, got %v", c.Duration))
+	}
+	if c.Warmup < 0 || c.Warmup > time.Hour {
+		errs = append(errs, fmt.Errorf("warmup: must be between 0 and 1h, got %v", c.Warmup))
+	}
+	if c.Keys < 1 || c.Keys > 100_000_000 {
+		errs = append(errs, fmt.Errorf("keys: must be between 1 and 1e8, got %d", c.Keys))
+	}
+	if _, err := limiter.ParseAlgorithm(c.Algorithm); err != nil {
+		errs = append(errs, fmt.Errorf("algorithm: %w", err))
+	}
+	if c.Requests < 1000 {
+		errs = append(errs, fmt.Errorf("requests: must be at least 1000, got %d", c.Requests))
+	}
+	if c.Pipeline < 1 || c.Pipeline > 1024 {
+		errs = append(errs, fmt.Errorf("pipeline: must be between 1 and 1024, got %d", c.Pipeline))
+	}
+	if c.RedisCPU < 0 || c.LoadCPU < 0 {
+		errs = append(errs, errors.New("redis-cpu, load-cpu: must not be negative"))
+	}
+	if c.Pin && c.RedisCPU == c.LoadCPU {
+		errs = append(errs, fmt.Errorf("redis-cpu and load-cpu are both %d: pinning wants two CPUs", c.RedisCPU))
+	}
+	if c.Window <= 0 || c.Window > redisstore.MaxBatchWindow {
+		errs = append(errs, fmt.Errorf("window: must be in (0, %v], got %v", redisstore.MaxBatchWindow, c.Window))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("timeout: must be positive, got %v", c.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) addrs() []string {
+	if c.Addrs == "" {
+		return nil
+	}
+	return strings.Split(c.Addrs, ",")
+}
+
+// Phase is one measured load.
+type Phase struct {
+	Name      string        `json:"name"`
+	Rate      float64       `json:"decisionsPerSecond"`
+	Decisions int64         `json:"decisions"`
+	Errors    int64         `json:"errors"`
+	P50       time.Duration `json:"p50"`
+	P99       time.Duration `json:"p99"`
+	P999      time.Duration `json:"p999"`
+	Max       time.Duration `json:"max"`
+	// Target is the offered rate of an open-loop phase.
+	Target float64 `json:"targetPerSecond,omitempty"`
+	// P99Sojourn is the p99 from scheduled arrival to answer, queueing in
+	// the load generator included, in an open-loop phase.
+	P99Sojourn time.Duration `json:"p99Sojourn,omitempty"`
+	// Note says how the phase ran.
+	Note string `json:"note,omitempty"`
+}
+
+// Report is the result of a run.
+type Report struct {
+	Algorithm string  `json:"algorithm"`
+	Masters   int     `json:"masters"`
+	Callers   int     `json:"callers"`
+	Pinned    string  `json:"pinned"`
+	Phases    []Phase `json:"phases"`
+	// BatchedOverUnbatched is the batched store's rate over the unbatched
+	// store's, same run, same cluster.
+	BatchedOverUnbatched float64 `json:"batchedOverUnbatched"`
+	// BatchedOverCeiling is the batched store's rate over redis-benchmark's
+	// unpipelined EVALSHA ceiling.
+	BatchedOverCeiling float64 `json:"batchedOverUnpipelinedCeiling"`
+}
+
+// Write prints the report as a table, or as JSON.
+func (r *Report) Write(w io.Writer, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	fmt.Fprintf(w, "algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\t")
+	for _, p := range r.Phases {
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
+			round(p.P50), round(p.P99), round(p.P999), round(p.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, p := range r.Phases {
+		if p.Note != "" {
+			fmt.Fprintf(w, "%s: %s\n", p.Name, p.Note)
+		}
+	}
+	fmt.Fprintf(w, "\nbatched / unbatched store: %.2fx\n", r.BatchedOverUnbatched)
+	fmt.Fprintf(w, "batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
+	return nil
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d > 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d > 10*time.Microsecond:
+		return d.Round(time.Microsecond)
+	}
+	return d
+}
+
+// Run runs every phase and returns the report. Progress goes to log.
+func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
+	alg, _ := limiter.ParseAlgorithm(cfg.Algorithm)
+	l := limiter.Limit{Algorithm: alg, Requests: 1_000_000_000, Period: time.Hour}
+	if alg == limiter.SlidingLog {
+		l.Requests = limiter.MaxLogRequests // the biggest log a key may hold
+	}
+	params, err := limiter.NewParams(l)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Algorithm: alg.String(), Callers: cfg.Callers, Pinned: "no"}
+
+	addrs := cfg.addrs()
+	var serverPids []int
+	if len(addrs) == 0 {
+		fmt.Fprintf(log, "starting a %d-master cluster on loopback\n", cfg.Masters)
+		c, err := redistest.NewCluster(redistest.Options{Masters: cfg.Masters})
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		addrs = c.Addrs()
+		for _, n := range c.Nodes() {
+			serverPids = append(serverPids, n.Pid())
+		}
+	}
+	masters, err := masterAddrs(ctx, addrs)
+	if err != nil {
+		return nil, err
+	}
+	rep.Masters = len(masters)
+	if cfg.Pin {
+		rep.Pinned = pin(cfg, serverPids, log)
+	}
+
+	src, sha, _ := redisstore.Script(alg)
+	for _, m := range masters {
+		cl := redis.NewClient(&redis.Options{Addr: m, Protocol: 2, DisableIdentity: true})
+		got, err := cl.ScriptLoad(ctx, src).Result()
+		cl.Close()
+		if err != nil {
+			return nil, fmt.Errorf("script load on %s: %w", m, err)
+		}
+		if got != sha {
+			return nil, fmt.Errorf("script load on %s: sha %s, want %s", m, got, sha)
+		}
+	}
+
+	// redis-benchmark ceilings: the same script, the same arguments, the
+	// same number of clients.
+	args := redisstore.ScriptArgs(params, -1, 1)
+	for _, depth := range []int{1, cfg.Pipeline} {
+		fmt.Fprintf(log, "redis-benchmark EVALSHA -P %d\n", depth)
+		p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
+		if err != nil {
+			return nil, err
+		}
+		rep.Phases = append(rep.Phases, p)
+	}
+
+	keys := make([]string, cfg.Keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bench-policy:rule:%016x", rand.Uint64())
+	}
+	newStore := func(window time.Duration) (*redisstore.Store, error) {
+		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window})
+	}
+	var closed [2]Phase
+	for i, mode := range []struct {
+		name   string
+		window time.Duration
+	}{
+		{"store, one EVALSHA per decision", redisstore.NoBatching},
+		{fmt.Sprintf("store, batched (window %v)", cfg.Window), cfg.Window},
+	} {
+		s, err := newStore(mode.window)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(log, "%s: closed loop, %d callers\n", mode.name, cfg.Callers)
+		closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Warmup) // warm-up
+		closed[i] = closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
+		closed[i].Name = mode.name
+		closed[i].Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
+		rep.Phases = append(rep.Phases, closed[i])
+		s.Close()
+	}
+	for i, mode := range []struct {
+		name   string
+		window time.Duration
+	}{
+		{"store, unbatched, half its max", redisstore.NoBatching},
+		{"store, batched, half its max", cfg.Window},
+	} {
+		s, err := newStore(mode.window)
+		if err != nil {
+			return nil, err
+		}
+		target := closed[i].Rate / 2
+		fmt.Fprintf(log, "%s: open loop at %.0f/s\n", mode.name, target)
+		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
+		p := openLoop(ctx, s, keys, l, target, cfg.Duration, 4*cfg.Callers)
+		p.Name = mode.name
+		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half of %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
+			target, closed[i].Rate, p.Rate, round(p.P99Sojourn))
+		rep.Phases = append(rep.Phases, p)
+		s.Close()
+	}
+	if closed[0].Rate > 0 {
+		rep.BatchedOverUnbatched = closed[1].Rate / closed[0].Rate
+	}
+	if rep.Phases[0].Rate > 0 {
+		rep.BatchedOverCeiling = closed[1].Rate / rep.Phases[0].Rate
+	}
+	return rep, ctx.Err()
+}
+
+// masterAddrs returns the masters' addresses, in CLUSTER SHARDS order.
+func masterAddrs(ctx context.Context, seeds []string) ([]string, error) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: seeds, Protocol: 2, DisableIdentity: true})
+	defer cc.Close()
+	var mu sync.Mutex
+	var out []string
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		mu.Lock()
+		out = append(out, c.Options().Addr)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing masters: %w", err)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// pin puts the redis-server processes on RedisCPU and this process on
+// LoadCPU, and says what it did.
+func pin(cfg Config, serverPids []int, log io.Writer) string {
+	ts, err := exec.LookPath("taskset")
+	if err != nil {
+		return "no (taskset not found)"
+	}
+	if runtime.NumCPU() < 2 {
+		return "no (one CPU)"
+	}
+	for _, pid := range serverPids {
+		if out, err := exec.Command(ts, "-p", "-c", strconv.Itoa(cfg.RedisCPU), strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			fmt.Fprintf(log, "taskset redis-server %d: %v: %s\n", pid, err, out)
+			return "no (taskset failed)"
+		}
+	}
+	if out, err := exec.Command(ts, "-a", "-p", "-c", strconv.Itoa(cfg.LoadCPU), strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+		fmt.Fprintf(log, "taskset self: %v: %s\n", err, out)
+		return "no (taskset failed)"
+	}
+	// One CPU is left for the load: one P avoids the Go scheduler
+	// fighting itself over it.
+	runtime.GOMAXPROCS(1)
+	which := fmt.Sprintf("redis-server on CPU %d, load and redis-benchmark on CPU %d", cfg.RedisCPU, cfg.LoadCPU)
+	if len(serverPids) == 0 {
+		which = fmt.Sprintf("load and redis-benchmark on CPU %d (redis-server not started here: not pinned)", cfg.LoadCPU)
+	}
+	return which
+}
+
+// redisBenchmark runs redis-benchmark's EVALSHA of the script against the
+// cluster and returns its rate.
+func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limiter.Algorithm, args []string, depth int) (Phase, error) {
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		if _, serr := os.Stat("/usr/bin/redis-benchmark"); serr != nil {
+			return Phase{}, errors.New("redis-benchmark not found: run `hack/redis-cluster.sh install`")
+		}
+		bin = "/usr/bin/redis-benchmark"
+	}
+	host, port, _ := net.SplitHostPort(seed)
+	part := strings.TrimPrefix(redisstore.CounterKey("x", alg), "fg:{x}:")
+	cmd := []string{bin, "-h", host, "-p", port, "--cluster", "-c", strconv.Itoa(cfg.Callers),
+		"-n", strconv.Itoa(cfg.Requests), "-r", strconv.Itoa(cfg.Keys), "-P", strconv.Itoa(depth), "--csv",
+		"EVALSHA", sha, "1", "fg:{tag}:__rand_int__:" + part}
+	cmd = append(cmd, args...)
+	if cfg.Pin {
+		if ts, err := exec.LookPath("taskset"); err == nil && runtime.NumCPU() >= 2 {
+			cmd = append([]string{ts, "-c", strconv.Itoa(cfg.LoadCPU)}, cmd...)
+		}
+	}
+	var out, errOut bytes.Buffer
+	c := exec.CommandContext(ctx, cmd[0], cmd[1:]...)
+	c.Stdout, c.Stderr = &out, &errOut
+	if err := c.Run(); err != nil {
+		return Phase{}, fmt.Errorf("redis-benchmark: %w: %s", err, errOut.String())
+	}
+	// In cluster mode redis-benchmark lists the masters before the CSV.
+	text := out.String()
+	if i := strings.Index(text, `"test",`); i >= 0 {
+		text = text[i:]
+	}
+	rows, err := csv.NewReader(strings.NewReader(text)).ReadAll()
+	if err != nil {
+		return Phase{}, fmt.Errorf("redis-benchmark csv: %w", err)
+	}
+	for _, row := range rows {
+		if len(row) < 7 || !strings.HasPrefix(row[0], "EVALSHA") {
+			continue
+		}
+		rps, err := strconv.ParseFloat(row[1], 64)
+		if err != nil {
+			return Phase{}, fmt.Errorf("redis-benchmark rps %q: %w", row[1], err)
+		}
+		ms := func(s string) time.Duration {
+			f, _ := strconv.ParseFloat(s, 64)
+			return time.Duration(f * float64(time.Millisecond))
+		}
+		return Phase{
+			Name:      fmt.Sprintf("redis-benchmark EVALSHA -P %d", depth),
+			Rate:      rps,
+			Decisions: int64(cfg.Requests),
+			P50:       ms(row[4]),
+			P99:       ms(row[6]),
+			Max:       ms(row[len(row)-1]),
+			Note:      fmt.Sprintf("%d clients, pipeline %d, %d random keys: the server's ceiling for this script", cfg.Callers, depth, cfg.Keys),
+		}, nil
+	}
+	return Phase{}, fmt.Errorf("redis-benchmark printed no EVALSHA row: %s", out.String())
+}
+
+// closedLoop has callers decide back to back on random keys for d.
+func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, callers int, d time.Duration) Phase {
+	var errs atomic.Int64
+	lat := make([][]time.Duration, callers)
+	stop := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range callers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			mine := make([]time.Duration, 0, 1<<14)
+			for time.Now().Before(stop) && ctx.Err() == nil {
+				t0 := time.Now()
+				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			lat[w] = mine
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	all := slices.Concat(lat...)
+	p := summarize(all)
+	p.Errors = errs.Load()
+	p.Rate = float64(len(all)) / elapsed.Seconds()
+	return p
+}
+
+// openLoop offers decisions at rate per second for d, whatever the answers
+// take, from workers goroutines, and measures each decision's store
+// latency and its time from scheduled arrival to answer. Arrivals are
+// released every millisecond or so, in small bursts, as Go timers allow.
+func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, rate float64, d time.Duration, workers int) Phase {
+	type arrival struct{ at time.Time }
+	queue := make(chan arrival, 1<<16)
+	var errs, dropped atomic.Int64
+	lat := make([][]time.Duration, workers)
+	soj := make([][]time.Duration, workers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			for a := range queue {
+				t0 := time.Now()
+				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				t1 := time.Now()
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				lat[w] = append(lat[w], t1.Sub(t0))
+				soj[w] = append(soj[w], t1.Sub(a.at))
+			}
+		})
+	}
+	interval := time.Duration(float64(time.Second) / rate)
+	var sent int64
+	for ctx.Err() == nil {
+		now := time.Now()
+		if now.Sub(start) >= d {
+			break
+		}
+		due := int64(now.Sub(start) / interval)
+		for ; sent < due; sent++ {
+			select {
+			case queue <- arrival{at: start.Add(time.Duration(sent) * interval)}:
+			default:
+				dropped.Add(1)
+			}
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	close(queue)
+	wg.Wait()
+	elapsed := time.Since(start)
+	all := slices.Concat(lat...)
+	p := summarize(all)
+	p.Errors = errs.Load() + dropped.Load()
+	p.Rate = float64(len(all)) / elapsed.Seconds()
+	p.Target = rate
+	sj := slices.Concat(soj...)
+	slices.Sort(sj)
+	if len(sj) > 0 {
+		p.P99Sojourn = sj[min(len(sj)-1, len(sj)*99/100)]
+	}
+	return p
+}
+
+func summarize(ds []time.Duration) Phase {
+	slices.Sort(ds)
+	at := func(q float64) time.Duration {
+		if len(ds) == 0 {
+			return 0
+		}
+		return ds[min(len(ds)-1, int(float64(len(ds))*q))]
+	}
+	return Phase{Decisions: int64(len(ds)), P50: at(.5), P99: at(.99), P999: at(.999), Max: at(1)}
+}
