@@ -81,7 +81,13 @@ func TestInstallOnEnvtest(t *testing.T) {
 	installValues := []string{"--set", "webhook.timeoutSeconds=" + installTimeoutSeconds}
 
 	// Install.
-	helmtest.MustRun(t, append(append([]string{"install", helmtest.Release, chart, "--create-namespace", "--timeout", "2m"}, kube...), installValues...)...)
+	install := helmtest.MustRun(t, append(append([]string{"install", helmtest.Release, chart, "--create-namespace", "--timeout", "2m"}, kube...), installValues...)...)
+	assertNotes(t, install.Stdout,
+		"kubectl -n floodgate-system rollout status deployment/floodgate-manager",
+		"(Secret\n   floodgate-system/floodgate-webhook-cert)",
+		"floodgate-sidecar-injector and floodgate-policy-validator",
+		"kubectl get counterstore default",
+		"Pods in kube-system, kube-public, kube-node-lease, floodgate-system are never injected.")
 	status := helmtest.MustRun(t, append([]string{"status", helmtest.Release, "-o", "json"}, kube...)...)
 	var st struct {
 		Info struct {
@@ -182,7 +188,13 @@ func TestInstallOnEnvtest(t *testing.T) {
 		"-f", filepath.Join("testdata", "values", "monitoring.yaml"),
 		"--set", "monitoring.dashboard.namespace=", "--set", "replicaCount=3"}, installValues...)
 	t.Run("upgrade to cert-manager and monitoring", func(t *testing.T) {
-		helmtest.MustRun(t, append(append([]string{"upgrade", helmtest.Release, chart, "--timeout", "2m"}, kube...), upgradeValues...)...)
+		upgrade := helmtest.MustRun(t, append(append([]string{"upgrade", helmtest.Release, chart, "--timeout", "2m"}, kube...), upgradeValues...)...)
+		assertNotes(t, upgrade.Stdout,
+			"kubectl -n floodgate-system get certificate floodgate-webhook",
+			"PodMonitor floodgate-sidecars scrapes the fg-admin port",
+			"Bind the ClusterRole floodgate-metrics-reader to Prometheus's ServiceAccount.",
+			"PrometheusRule floodgate holds the floodgate alerts.",
+			"ConfigMap floodgate-system/floodgate-dashboard holds the Grafana dashboard.")
 		upgraded := helmtest.Manifest(t, upgradeValues...)
 		assertLive(ctx, t, c, upgraded)
 		for _, kind := range []string{"Certificate", "Issuer", "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap"} {
@@ -237,6 +249,22 @@ func TestInstallOnEnvtest(t *testing.T) {
 			}
 		}
 	})
+}
+
+// assertNotes checks that helm printed the chart's NOTES.txt with the
+// given lines (a "\n" in want matches a line break and the indentation).
+func assertNotes(t *testing.T, out string, want ...string) {
+	t.Helper()
+	_, notes, ok := strings.Cut(out, "NOTES:\n")
+	if !ok {
+		t.Errorf("helm printed no NOTES:\n%s", out)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(notes, w) {
+			t.Errorf("NOTES lack %q:\n%s", w, notes)
+		}
+	}
 }
 
 func crdEstablished(crd *apiextensionsv1.CustomResourceDefinition) bool {

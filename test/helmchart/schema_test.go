@@ -38,6 +38,10 @@ func TestBadValuesAreRejected(t *testing.T) {
 			[]string{"at '/webhook/port': minimum: got 443, want 1,024"}},
 		{"webhook timeout above the API server's maximum", []string{"--set", "webhook.timeoutSeconds=31"},
 			[]string{"at '/webhook/timeoutSeconds': maximum: got 31, want 30"}},
+		{"managed store name too long for its StatefulSet", []string{"--set", "defaultStore.name=a-counter-store-name-of-forty-characters"},
+			[]string{"at '/defaultStore/name': maxLength: got 40, want 39"}},
+		{"managed store name with a dot", []string{"--set", "defaultStore.name=redis.default"},
+			[]string{"at '/defaultStore/name'", "does not match pattern"}},
 		{"zero shards", []string{"--set", "defaultStore.managed.shards=0"},
 			[]string{"at '/defaultStore/managed/shards': minimum: got 0, want 1"}},
 		{"too many replicas per shard", []string{"--set", "defaultStore.managed.replicasPerShard=6"},
@@ -98,16 +102,17 @@ func TestBadValuesAreRejected(t *testing.T) {
 func TestGoodValuesAreAccepted(t *testing.T) {
 	t.Parallel()
 	cases := map[string][]string{
-		"numeric log verbosity":        {"--set", "logging.level=3"},
-		"decimal threshold from --set": {"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.decisionLatency.thresholdSeconds=0.01"},
-		"percentage PDB":               {"--set-string", "podDisruptionBudget.maxUnavailable=50%"},
-		"one replica without election": {"--set", "replicaCount=1", "--set", "leaderElection.enabled=false"},
-		"existing ServiceAccount":      {"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops"},
-		"no maxMemory":                 {"--set", "defaultStore.managed.maxMemory="},
-		"replica-less store":           {"--set", "defaultStore.managed.replicasPerShard=0"},
-		"issuer by name":               {"--set", "certManager.enabled=true", "--set", "certManager.issuerRef.name=ca"},
-		"IPv6 external store":          {"--set", "defaultStore.mode=External", "--set", "defaultStore.external.addresses={[fd00::1]:6379}"},
-		"no RBAC":                      {"--set", "rbac.create=false"},
+		"numeric log verbosity":             {"--set", "logging.level=3"},
+		"decimal threshold from --set":      {"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.decisionLatency.thresholdSeconds=0.01"},
+		"percentage PDB":                    {"--set-string", "podDisruptionBudget.maxUnavailable=50%"},
+		"one replica without election":      {"--set", "replicaCount=1", "--set", "leaderElection.enabled=false"},
+		"existing ServiceAccount":           {"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops"},
+		"no maxMemory":                      {"--set", "defaultStore.managed.maxMemory="},
+		"replica-less store":                {"--set", "defaultStore.managed.replicasPerShard=0"},
+		"issuer by name":                    {"--set", "certManager.enabled=true", "--set", "certManager.issuerRef.name=ca"},
+		"IPv6 external store":               {"--set", "defaultStore.mode=External", "--set", "defaultStore.external.addresses={[fd00::1]:6379}"},
+		"no RBAC":                           {"--set", "rbac.create=false"},
+		"external store with a dotted name": {"--set", "defaultStore.mode=External", "--set", "defaultStore.external.addresses={redis:6379}", "--set", "defaultStore.name=redis.shared"},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
