@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -363,4 +364,17 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// FreePort returns a loopback port that is free now and that no other
+// redistest user will pick until tb's end, for a second listener of a node
+// (a TLS port, say). Its bus port (port+10000) is free too.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := claimPort("127.0.0.1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(l.release)
+	return l.port
 }
