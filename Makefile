@@ -35,6 +35,7 @@ manifests: ## Generate CRDs, RBAC and webhook configurations from markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=floodgate-manager webhook paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
+	hack/sync-chart-crds.sh
 
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.

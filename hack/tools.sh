@@ -23,12 +23,18 @@ esac
 cd "$ROOT/hack/tools"
 version=$(go list -m -f '{{.Version}}' "$mod")
 bin="$CACHE/tools/$tool-$version"
+# helm is stamped with the Kubernetes version floodgate targets, so that
+# `helm template` and `helm lint` assume 1.37 rather than helm's default 1.20.
+[[ "$tool" == helm ]] && bin="$bin-k8s1.37"
 if [[ ! -x "$bin" ]]; then
   mkdir -p "$CACHE/tools"
   echo "tools.sh: building $tool $version (first use)" >&2
   ldflags="-s -w"
   if [[ "$tool" == helm ]]; then
     ldflags="$ldflags -X helm.sh/helm/v3/internal/version.version=$version"
+    for p in pkg/chartutil pkg/lint/rules; do
+      ldflags="$ldflags -X helm.sh/helm/v3/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/$p.k8sVersionMinor=37"
+    done
   fi
   go build -trimpath -ldflags "$ldflags" -o "$bin.tmp.$$" "$pkg"
   mv "$bin.tmp.$$" "$bin"
