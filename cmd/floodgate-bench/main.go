@@ -46,6 +46,7 @@ func run(args []string) error {
 	fs.IntVar(&o.Workers, "workers", 512, "open-loop requests in flight at most")
 	fs.BoolVar(&o.Redis, "redis", true, "run the Redis Cluster scenarios (needs redis-server)")
 	fs.IntVar(&o.FloodLimit, "flood-limit", 50, "per-second limit of the flooded key; the flood offers 100x")
+	fs.DurationVar(&o.RedisTimeout, "redis-timeout", 0, "the sidecars' --redis-timeout (default: the sidecar's 50ms)")
 	out := fs.String("out", "", "write the JSON report here (default: stdout)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -467,7 +467,10 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		}
 		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
 		if c.cost > 0 {
-			e.remember(h, c, d, now)
+			// The store decided at some instant between the call and its
+			// answer. Holds count from the answer, the later bound, so a
+			// probe never goes out before the store could admit it.
+			e.remember(h, c, d, e.o.Now())
 		}
 		return
 	}

@@ -38,6 +38,10 @@ type Options struct {
 	// FloodLimit is the per-second limit of the hot-key flood; the flood
 	// sends 100 times as much.
 	FloodLimit int
+	// RedisTimeout, when non-zero, is the sidecars' --redis-timeout. On a
+	// machine too busy for the default 50ms budget, calls time out and
+	// rules fall back to local buckets, which the report shows.
+	RedisTimeout time.Duration
 	// Log receives progress and the human-readable table.
 	Log io.Writer
 }
@@ -56,7 +60,11 @@ type Machine struct {
 	CPUs      int    `json:"cpus"`
 	GoVersion string `json:"goVersion"`
 	Pinning   string `json:"pinning"`
-	Started   string `json:"started"`
+	// RedisTimeout is the sidecars' Redis call budget ("default" = 50ms).
+	RedisTimeout string `json:"redisTimeout"`
+	// LoadAverage is /proc/loadavg at the start: other work on the machine.
+	LoadAverage string `json:"loadAverage"`
+	Started     string `json:"started"`
 }
 
 // Latency compares the sidecar path with the direct path at half of the
@@ -92,9 +100,17 @@ type Flood struct {
 	Allowed        int64   `json:"allowed"`
 	Limited        int64   `json:"limited"`
 	Errors         int64   `json:"errors"`
-	ScriptCalls    int64   `json:"scriptCalls"`
-	Bound          float64 `json:"bound"`
-	CallsPerAllow  float64 `json:"scriptCallsPerAllowed"`
+	// LimitAdmits is what the limit allows over the run (bucket plus
+	// refill); Allowed above it means over-admission.
+	LimitAdmits int64 `json:"limitAdmits"`
+	// FallbackDecisions and StoreUnavailable count the decisions that
+	// fell back to local buckets and the store calls that failed (a call
+	// over the Redis budget, 50ms by default, fails).
+	FallbackDecisions float64 `json:"fallbackDecisions"`
+	StoreUnavailable  float64 `json:"storeUnavailable"`
+	ScriptCalls       int64   `json:"scriptCalls"`
+	Bound             float64 `json:"bound"`
+	CallsPerAllow     float64 `json:"scriptCallsPerAllowed"`
 }
 
 // Requirement is one acceptance criterion and whether the run met it.
@@ -110,6 +126,7 @@ revision: bench
 policies:
 - name: bench
   uid: bench-%s
+  replicas: %d
   rules:
   - name: latency
     match: {path: {type: Prefix, value: /lat}}
@@ -170,7 +187,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := h.setup(ctx); err != nil {
 		return nil, err
 	}
-	rep := &Report{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Started: time.Now().UTC().Format(time.RFC3339)}}
+	rep := &Report{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Started: time.Now().UTC().Format(time.RFC3339), RedisTimeout: "default"}}
+	if o.RedisTimeout > 0 {
+		rep.Machine.RedisTimeout = o.RedisTimeout.String()
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		rep.Machine.LoadAverage = strings.TrimSpace(string(b))
+	}
 	if h.pin {
 		rep.Machine.Pinning = "sidecars on CPU 0 with GOMAXPROCS=1; backend, load generator and Redis on CPU 1 (taskset)"
 	} else {
@@ -181,7 +204,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		stores = append(stores, "redis")
 	}
 	for _, store := range stores {
-		urls, err := h.sidecars(ctx, store, 1)
+		urls, _, err := h.sidecars(ctx, store, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -273,38 +296,77 @@ func (h *harness) start(ctx context.Context, cpu int, env []string, name string,
 	return cmd, nil
 }
 
-// sidecars starts n sidecars on a store and returns their URLs. Sidecars
-// of earlier scenarios keep running but idle.
-func (h *harness) sidecars(ctx context.Context, store string, n int) ([]string, error) {
+// sidecars starts n sidecars on a store and returns their proxy and admin
+// URLs. The policy says there are n replicas. Sidecars of earlier
+// scenarios keep running but idle.
+func (h *harness) sidecars(ctx context.Context, store string, n int) (urls, admins []string, err error) {
 	uid := fmt.Sprintf("%s-%d", store, time.Now().UnixNano())
 	pf := filepath.Join(h.dir, "policy-"+uid+".yaml")
-	if err := os.WriteFile(pf, []byte(fmt.Sprintf(policyDoc, uid, h.o.FloodLimit)), 0o600); err != nil {
-		return nil, err
+	if err := os.WriteFile(pf, []byte(fmt.Sprintf(policyDoc, uid, n, h.o.FloodLimit)), 0o600); err != nil {
+		return nil, nil, err
 	}
-	var urls []string
 	for range n {
 		lp, err := freePort()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ap, err := freePort()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
 			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
 		if store == "redis" {
 			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))
+			if h.o.RedisTimeout > 0 {
+				args = append(args, "--redis-timeout", h.o.RedisTimeout.String())
+			}
 		}
 		if _, err := h.start(ctx, 0, []string{"GOMAXPROCS=1"}, h.bin, args...); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := waitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
-			return nil, fmt.Errorf("sidecar not ready (logs in %s): %w", h.dir, err)
+			return nil, nil, fmt.Errorf("sidecar not ready (logs in %s): %w", h.dir, err)
 		}
 		urls = append(urls, "http://127.0.0.1:"+lp)
+		admins = append(admins, "http://127.0.0.1:"+ap)
 	}
-	return urls, nil
+	return urls, admins, nil
+}
+
+// scrape sums the samples of a metric family whose label text contains
+// every one of match, over the sidecars' /metrics.
+func scrape(admins []string, family string, match ...string) (float64, error) {
+	var sum float64
+	for _, a := range admins {
+		res, err := http.Get(a + "/metrics")
+		if err != nil {
+			return 0, err
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil {
+			return 0, err
+		}
+	lines:
+		for _, line := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
+				continue
+			}
+			for _, m := range match {
+				if !strings.Contains(line, m) {
+					continue lines
+				}
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse %q: %w", line, err)
+			}
+			sum += v
+		}
+	}
+	return sum, nil
 }
 
 // keyed returns headers whose X-Key is prefix plus i modulo mod: mod 1 is
@@ -328,13 +390,19 @@ func (h *harness) latency(ctx context.Context, store, url string, rep *Report) e
 		return err
 	}
 	rate := maxS.Rate / 2
-	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct then through the sidecar", store, maxS.Rate, rate)
-	direct, err := OpenLoop(ctx, c, Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}, rate, h.o.Duration, h.o.Workers)
-	if err != nil {
-		return err
-	}
-	via, err := OpenLoop(ctx, c, t, rate, h.o.Duration, h.o.Workers)
-	if err != nil {
+	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct and through the sidecar at once", store, maxS.Rate, rate)
+	// Both paths run in the same window, so that whatever else the machine
+	// does at the time weighs on both alike.
+	var direct, via Stats
+	var derr, verr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		direct, derr = OpenLoop(ctx, NewClient(h.o.Workers), Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}, rate, h.o.Duration, h.o.Workers)
+	}()
+	via, verr = OpenLoop(ctx, c, t, rate, h.o.Duration, h.o.Workers)
+	<-done
+	if err := errors.Join(derr, verr); err != nil {
 		return err
 	}
 	rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Rate: rate, Direct: direct, Sidecar: via,
@@ -371,7 +439,7 @@ func (h *harness) throughput(ctx context.Context, store, url string, rep *Report
 // store and counts the scripts Redis ran, from INFO commandstats.
 func (h *harness) flood(ctx context.Context, rep *Report) error {
 	const sidecars = 2
-	urls, err := h.sidecars(ctx, "redis", sidecars)
+	urls, admins, err := h.sidecars(ctx, "redis", sidecars)
 	if err != nil {
 		return err
 	}
@@ -409,6 +477,14 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	f := &Flood{Sidecars: sidecars, LimitPerSec: h.o.FloodLimit, OfferedPerSec: offered, AchievedPerSec: s.Rate, Seconds: s.Elapsed.Seconds(),
 		Allowed: s.OK, Limited: s.Limited, Errors: s.Errors, ScriptCalls: calls}
 	f.Bound = 1.1*float64(s.OK) + float64(sidecars)*f.Seconds
+	// The most the limit admits in the run: a full bucket plus the refill.
+	f.LimitAdmits = int64(h.o.FloodLimit) + int64(float64(h.o.FloodLimit)*f.Seconds+0.5)
+	if f.FallbackDecisions, err = scrape(admins, "floodgate_sidecar_fallback_decisions_total", `rule="flood"`); err != nil {
+		return err
+	}
+	if f.StoreUnavailable, err = scrape(admins, "floodgate_sidecar_store_operations_total", `result="unavailable"`); err != nil {
+		return err
+	}
 	if s.OK > 0 {
 		f.CallsPerAllow = float64(calls) / float64(s.OK)
 	}
@@ -455,12 +531,17 @@ func (h *harness) accept(rep *Report) {
 			Measured: fmt.Sprintf("%d calls for %d allowed (bound %.0f, %.3f calls per allowed)", f.ScriptCalls, f.Allowed, f.Bound, f.CallsPerAllow),
 			Pass:     float64(f.ScriptCalls) <= f.Bound && f.Errors == 0,
 		})
+		rep.Acceptance = append(rep.Acceptance, Requirement{
+			Name:     "the flooded key admits no more than its limit",
+			Measured: fmt.Sprintf("%d allowed, limit admits %d; %.0f fallback decisions", f.Allowed, f.LimitAdmits, f.FallbackDecisions),
+			Pass:     f.Allowed <= f.LimitAdmits,
+		})
 	}
 }
 
 func (h *harness) table(rep *Report) {
 	w := h.o.Log
-	fmt.Fprintf(w, "\nfloodgate-bench  %s  %d CPUs  %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.Pinning)
+	fmt.Fprintf(w, "\nfloodgate-bench  %s  %d CPUs  %s  loadavg %s  redis timeout %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.LoadAverage, rep.Machine.RedisTimeout, rep.Machine.Pinning)
 	fmt.Fprintf(w, "\nAdded latency (open loop at half the sidecar's max rate; µs from scheduled send time)\n")
 	fmt.Fprintf(w, "  %-7s %10s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
 	for _, l := range rep.Latency {
@@ -474,7 +555,8 @@ func (h *harness) table(rep *Report) {
 	}
 	if f := rep.Flood; f != nil {
 		fmt.Fprintf(w, "\nHot-key flood on Redis: %.0f req/s offered (%.0f achieved) for %.1fs over %d sidecars, limit %d/s\n", f.OfferedPerSec, f.AchievedPerSec, f.Seconds, f.Sidecars, f.LimitPerSec)
-		fmt.Fprintf(w, "  allowed %d, limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
+		fmt.Fprintf(w, "  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
+		fmt.Fprintf(w, "  store calls failed %.0f, fallback decisions %.0f\n", f.StoreUnavailable, f.FallbackDecisions)
 	}
 	fmt.Fprintf(w, "\nAcceptance\n")
 	for _, a := range rep.Acceptance {
