@@ -166,25 +166,50 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(r)
 	}
-	fmt.Fprintf(w, "algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\t")
+	ew := &errWriter{w: w}
+	ew.printf("algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tew := &errWriter{w: tw}
+	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\t\n")
 	for _, p := range r.Phases {
-		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
+		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
 			round(p.P50), round(p.P99), round(p.P999), round(p.Max))
+	}
+	if tew.err != nil {
+		return tew.err
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(w)
+	ew.printf("\n")
 	for _, p := range r.Phases {
 		if p.Note != "" {
-			fmt.Fprintf(w, "%s: %s\n", p.Name, p.Note)
+			ew.printf("%s: %s\n", p.Name, p.Note)
 		}
 	}
-	fmt.Fprintf(w, "\nbatched / unbatched store: %.2fx\n", r.BatchedOverUnbatched)
-	fmt.Fprintf(w, "batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
-	return nil
+	ew.printf("\nbatched / unbatched store: %.2fx\n", r.BatchedOverUnbatched)
+	ew.printf("batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
+	return ew.err
+}
+
+// errWriter keeps the first write error, so that a report is written
+// without a check after every line.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	_, _ = fmt.Fprintf(e, format, args...)
 }
 
 func round(d time.Duration) time.Duration {
@@ -199,6 +224,7 @@ func round(d time.Duration) time.Duration {
 
 // Run runs every phase and returns the report. Progress goes to log.
 func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
+	logf := func(format string, args ...any) { _, _ = fmt.Fprintf(log, format, args...) }
 	alg, _ := limiter.ParseAlgorithm(cfg.Algorithm)
 	l := limiter.Limit{Algorithm: alg, Requests: 1_000_000_000, Period: time.Hour}
 	if alg == limiter.SlidingLog {
@@ -213,7 +239,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	addrs := cfg.addrs()
 	var serverPids []int
 	if len(addrs) == 0 {
-		fmt.Fprintf(log, "starting a %d-master cluster on loopback\n", cfg.Masters)
+		logf("starting a %d-master cluster on loopback\n", cfg.Masters)
 		c, err := redistest.NewCluster(redistest.Options{Masters: cfg.Masters})
 		if err != nil {
 			return nil, err
@@ -237,7 +263,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	for _, m := range masters {
 		cl := redis.NewClient(&redis.Options{Addr: m, Protocol: 2, DisableIdentity: true})
 		got, err := cl.ScriptLoad(ctx, src).Result()
-		cl.Close()
+		_ = cl.Close()
 		if err != nil {
 			return nil, fmt.Errorf("script load on %s: %w", m, err)
 		}
@@ -250,7 +276,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	// same number of clients.
 	args := redisstore.ScriptArgs(params, -1, 1)
 	for _, depth := range []int{1, cfg.Pipeline} {
-		fmt.Fprintf(log, "redis-benchmark EVALSHA -P %d\n", depth)
+		logf("redis-benchmark EVALSHA -P %d\n", depth)
 		p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
 		if err != nil {
 			return nil, err
@@ -277,13 +303,13 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(log, "%s: closed loop, %d callers\n", mode.name, cfg.Callers)
+		logf("%s: closed loop, %d callers\n", mode.name, cfg.Callers)
 		closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Warmup) // warm-up
 		closed[i] = closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
 		closed[i].Name = mode.name
 		closed[i].Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
 		rep.Phases = append(rep.Phases, closed[i])
-		s.Close()
+		_ = s.Close()
 	}
 	for i, mode := range []struct {
 		name   string
@@ -297,14 +323,14 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			return nil, err
 		}
 		target := closed[i].Rate / 2
-		fmt.Fprintf(log, "%s: open loop at %.0f/s\n", mode.name, target)
+		logf("%s: open loop at %.0f/s\n", mode.name, target)
 		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
 		p := openLoop(ctx, s, keys, l, target, cfg.Duration, 4*cfg.Callers)
 		p.Name = mode.name
 		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half of %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
 			target, closed[i].Rate, p.Rate, round(p.P99Sojourn))
 		rep.Phases = append(rep.Phases, p)
-		s.Close()
+		_ = s.Close()
 	}
 	if closed[0].Rate > 0 {
 		rep.BatchedOverUnbatched = closed[1].Rate / closed[0].Rate
@@ -318,7 +344,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 // masterAddrs returns the masters' addresses, in CLUSTER SHARDS order.
 func masterAddrs(ctx context.Context, seeds []string) ([]string, error) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: seeds, Protocol: 2, DisableIdentity: true})
-	defer cc.Close()
+	defer func() { _ = cc.Close() }()
 	var mu sync.Mutex
 	var out []string
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
@@ -346,12 +372,12 @@ func pin(cfg Config, serverPids []int, log io.Writer) string {
 	}
 	for _, pid := range serverPids {
 		if out, err := exec.Command(ts, "-p", "-c", strconv.Itoa(cfg.RedisCPU), strconv.Itoa(pid)).CombinedOutput(); err != nil {
-			fmt.Fprintf(log, "taskset redis-server %d: %v: %s\n", pid, err, out)
+			_, _ = fmt.Fprintf(log, "taskset redis-server %d: %v: %s\n", pid, err, out)
 			return "no (taskset failed)"
 		}
 	}
 	if out, err := exec.Command(ts, "-a", "-p", "-c", strconv.Itoa(cfg.LoadCPU), strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
-		fmt.Fprintf(log, "taskset self: %v: %s\n", err, out)
+		_, _ = fmt.Fprintf(log, "taskset self: %v: %s\n", err, out)
 		return "no (taskset failed)"
 	}
 	// One CPU is left for the load: one P avoids the Go scheduler

@@ -73,7 +73,7 @@ func TestLuaKeyReachesItsShard(t *testing.T) {
 		byAddr[m.Addr()] = m
 	}
 	cl := c.NewClient()
-	t.Cleanup(func() { cl.Close() })
+	t.Cleanup(func() { _ = cl.Close() })
 
 	// Find one key for every master, using Redis's own slot function and
 	// its own shard map, so that the script runs on every master.

@@ -115,7 +115,7 @@ func NewCluster(opts Options) (*Cluster, error) {
 	}
 	c, err := newCluster(opts, dir, true)
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return c, nil
@@ -273,7 +273,7 @@ func (c *Cluster) Close() {
 		}
 		wg.Wait()
 		if c.owned {
-			os.RemoveAll(c.dir)
+			_ = os.RemoveAll(c.dir)
 		}
 	})
 }

@@ -73,7 +73,7 @@ func tryLockPort(port int) (*portLock, bool, error) {
 		return nil, false, fmt.Errorf("redistest: port lock %d: %w", port, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+		_ = f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, false, nil
 		}
@@ -84,7 +84,7 @@ func tryLockPort(port int) (*portLock, bool, error) {
 
 func (l *portLock) release() {
 	if l != nil && l.f != nil {
-		l.f.Close() // closing drops the flock
+		_ = l.f.Close() // closing drops the flock
 		l.f = nil
 	}
 }
@@ -97,7 +97,7 @@ func portsFree(host string, port int) bool {
 		if err != nil {
 			return false
 		}
-		ln.Close()
+		_ = ln.Close()
 	}
 	return true
 }
@@ -192,7 +192,7 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 	if err != nil {
 		return fmt.Errorf("redistest: stdout log: %w", err)
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }()
 	// Truncate the redis log so that a bind error found there is this
 	// start's, not a previous one's.
 	logPath := filepath.Join(p.dir, "redis.log")
@@ -219,7 +219,7 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 	p.paused = false
 	p.starts++
 	if p.client != nil {
-		p.client.Close()
+		_ = p.client.Close()
 	}
 	p.client = redis.NewClient(&redis.Options{
 		Addr:          p.addrLocked(),
@@ -255,7 +255,7 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 			if err != nil {
 				continue
 			}
-			c.Close()
+			_ = c.Close()
 			pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			err = p.client.Ping(pctx).Err()
 			pcancel()
@@ -347,7 +347,7 @@ func (p *process) close() {
 	defer p.mu.Unlock()
 	p.killLocked()
 	if p.client != nil {
-		p.client.Close()
+		_ = p.client.Close()
 		p.client = nil
 	}
 	p.lock.release()

@@ -93,7 +93,7 @@ func TestClusterForms(t *testing.T) {
 		}
 	}
 	cl := c.NewClient()
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	for i := range 50 {
 		key := "k" + strconv.Itoa(i)
 		if err := cl.Set(ctx, key, i, 0).Err(); err != nil {
@@ -164,7 +164,7 @@ func TestPauseResume(t *testing.T) {
 		t.Fatal("Paused() = false after Pause")
 	}
 	cl := redis.NewClient(&redis.Options{Addr: n.Addr(), ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	start := time.Now()
 	err := cl.Ping(t.Context()).Err()
 	var ne interface{ Timeout() bool }
@@ -192,7 +192,7 @@ func TestRestartAtNewAddress(t *testing.T) {
 	n := c.Nodes()[1]
 	oldAddr := n.Addr()
 	cl := c.NewClient()
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	slot := 8000 // in the middle master's range
 	key := keyInSlot(t, c, slot)
 	if owner, err := c.MasterForSlot(ctx, slot); err != nil || owner != n {
@@ -262,7 +262,7 @@ func TestServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	anon := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
-	defer anon.Close()
+	defer func() { _ = anon.Close() }()
 	if err := anon.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Errorf("ping without password: %v, want NOAUTH", err)
 	}
@@ -330,7 +330,7 @@ func TestNoOrphans(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			var pids []int
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
@@ -357,7 +357,7 @@ func TestNoOrphans(t *testing.T) {
 			if err := cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			cmd.Wait()
+			_ = cmd.Wait() // the child dies by our signal
 			deadline := time.Now().Add(5 * time.Second)
 			for _, p := range pids {
 				for processExists(p) {

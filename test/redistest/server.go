@@ -52,7 +52,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	s, err := newServer(opts, dir, true)
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return s, nil
@@ -134,7 +134,7 @@ func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		s.proc.close()
 		if s.owned {
-			os.RemoveAll(s.dir)
+			_ = os.RemoveAll(s.dir)
 		}
 	})
 }

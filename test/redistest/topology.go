@@ -131,12 +131,3 @@ func slotOwners(view []NodeInfo) string {
 	}
 	return sb.String()
 }
-
-// slotCount returns how many slots the ranges cover.
-func slotCount(rs []SlotRange) int {
-	n := 0
-	for _, r := range rs {
-		n += r.End - r.Start + 1
-	}
-	return n
-}

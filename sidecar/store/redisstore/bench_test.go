@@ -61,7 +61,7 @@ func BenchmarkTake(b *testing.B) {
 		src, _, _ := redisstore.Script(limiter.TokenBucket)
 		script := redis.NewScript(src)
 		cc := cluster.NewClient()
-		defer cc.Close()
+		defer func() { _ = cc.Close() }()
 		args := make([]any, 0, 10)
 		for _, a := range redisstore.ScriptArgs(p, -1, 1) {
 			args = append(args, a)

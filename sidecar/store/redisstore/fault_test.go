@@ -230,7 +230,7 @@ func TestPausedNode(t *testing.T) {
 	resumed := false
 	defer func() {
 		if !resumed {
-			c.Resume(victim)
+			_ = c.Resume(victim)
 		}
 	}()
 	// 8 callers at once on the paused shard, twice: the first 16 reach

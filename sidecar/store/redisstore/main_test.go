@@ -64,7 +64,7 @@ func TestConformanceSingleNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { s.Close() })
+		t.Cleanup(func() { _ = s.Close() })
 		return s
 	})
 }

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,7 +241,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
 	key := uniqueKey(t)
 	cl := cluster.NewClient()
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	redisKey := redisstore.CounterKey(key, limiter.TokenBucket)
 	if err := cl.Set(ctx, redisKey, "not a hash", time.Minute).Err(); err != nil {
 		t.Fatal(err)
@@ -267,7 +268,7 @@ func TestAuthFailureIsUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with a wrong password: %v, want ErrUnavailable", err)
@@ -297,7 +298,7 @@ func TestTTL(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
 	cl := cluster.NewClient()
-	defer cl.Close()
+	defer func() { _ = cl.Close() }()
 	for _, alg := range allAlgorithms {
 		key := uniqueKey(t) + alg.String()
 		redisKey := redisstore.CounterKey(key, alg)
@@ -407,8 +408,10 @@ func errorStat(t *testing.T, n *redistest.Node, code string) int {
 	}
 	for line := range strings.SplitSeq(info, "\n") {
 		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_"+code+":count="); ok {
-			var v int
-			fmt.Sscan(rest, &v)
+			v, err := strconv.Atoi(strings.TrimSpace(rest))
+			if err != nil {
+				t.Fatalf("errorstat_%s: %v", code, err)
+			}
 			return v
 		}
 	}

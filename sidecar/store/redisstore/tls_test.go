@@ -89,7 +89,7 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	for j := range 3 {
 		d, err := s.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1})
 		if err != nil {
@@ -105,7 +105,7 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer untrusting.Close()
+	defer func() { _ = untrusting.Close() }()
 	if _, err := untrusting.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1}); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with an untrusted server certificate: %v, want ErrUnavailable", err)
 	}
