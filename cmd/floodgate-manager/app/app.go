@@ -21,10 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kubeconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -61,7 +63,6 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.BindFlags(fs)
-	kubeconfig.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -79,7 +80,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Zap)))
 	log := ctrl.Log.WithName("setup")
 
-	cfg, err := kubeconfig.GetConfig()
+	cfg, err := restConfig(o.Kubeconfig)
 	if err != nil {
 		log.Error(err, "loading the kubeconfig")
 		return 1
@@ -89,6 +90,19 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// restConfig loads the API server configuration from path, or from the
+// usual places when path is empty.
+func restConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		return kubeconfig.GetConfig()
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %s: %w", path, err)
+	}
+	return cfg, nil
 }
 
 // NewScheme returns the scheme of every type the manager reads or writes.
@@ -142,6 +156,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		RetryPeriod:                   &o.RetryPeriod,
 		GracefulShutdownTimeout:       &graceful,
 		Cache:                         CacheOptions(),
+		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create the manager: %w", err)

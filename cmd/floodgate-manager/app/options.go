@@ -46,8 +46,17 @@ type Options struct {
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
 
+	// Kubeconfig is the kubeconfig file to use. When empty, the manager
+	// uses $KUBECONFIG, the in-cluster config, or ~/.kube/config, in that
+	// order.
+	Kubeconfig string
+
 	// Zap configures logging.
 	Zap zap.Options
+
+	// skipNameValidation lets tests run several managers in one process;
+	// controller names are otherwise unique per process.
+	skipNameValidation bool
 }
 
 // DefaultOptions returns the options the flags default to.
@@ -95,6 +104,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"Number of namespaces the RateLimitPolicy controller reconciles concurrently.")
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
+		"Path to a kubeconfig; only needed out of cluster. Empty uses $KUBECONFIG, the in-cluster config or ~/.kube/config.")
 	o.Zap.BindFlags(fs)
 }
 

@@ -1,0 +1,350 @@
+package policy_test
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+const (
+	timeout = 20 * time.Second
+	poll    = 50 * time.Millisecond
+)
+
+var _ = Describe("the RateLimitPolicy controller", func() {
+	SetDefaultEventuallyTimeout(timeout)
+	SetDefaultEventuallyPollingInterval(poll)
+
+	It("compiles a policy into the namespace's ConfigMap and reports its status", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		p := newPolicy(ns, "api", store)
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+
+		var c *config.Config
+		var cm *corev1.ConfigMap
+		Eventually(func() error {
+			var err error
+			c, cm, err = compiled(ctx, ns)
+			return err
+		}).Should(Succeed())
+
+		By("writing the document the sidecars read")
+		Expect(c.Store).To(Equal(config.Store{
+			Name: store, Type: config.StoreRedis,
+			Addresses:      []string{store + "-0.floodgate-system.svc:6379", store + "-1.floodgate-system.svc:6379"},
+			AuthSecretName: store + "-auth",
+		}))
+		Expect(c.Policies).To(HaveLen(1))
+		e := c.Policies[0]
+		Expect(e.Name).To(Equal("api"))
+		Expect(e.UID).To(Equal(string(p.UID)))
+		Expect(e.Generation).To(Equal(p.Generation))
+		Expect(e.Replicas).To(Equal(int32(1)), "no ready pod: replicas is at least 1")
+		Expect(e.PodSelector.MatchLabels).To(Equal(map[string]string{"app": "api"}))
+		Expect(e.Rules[0].Limit.Algorithm).To(Equal("TokenBucket"), "the API server's default reaches the document")
+		Expect(cm.Annotations[policy.RevisionAnnotation]).To(Equal(c.Revision))
+
+		By("owning the ConfigMap through every policy, and applying it server-side as floodgate-manager")
+		Expect(cm.OwnerReferences).To(ConsistOf(metav1.OwnerReference{
+			APIVersion: "ratelimit.floodgate.dev/v1alpha1", Kind: "RateLimitPolicy", Name: "api", UID: p.UID,
+		}))
+		Expect(cm.Labels).To(HaveKeyWithValue(policy.ManagedByLabel, policy.ManagedByValue))
+		Expect(cm.ManagedFields).To(ContainElement(And(
+			HaveField("Manager", policy.FieldOwner),
+			HaveField("Operation", metav1.ManagedFieldsOperationApply),
+		)))
+
+		By("reporting Accepted, ResolvedRefs and Programmed=False/WaitingForSidecars")
+		Eventually(policyStatus(ctx, ns, "api")).Should(And(
+			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted),
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionTrue, v1alpha1.ReasonResolvedRefs),
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars),
+		))
+		got := policyStatus(ctx, ns, "api")(Default)
+		Expect(conditionMessage(got, v1alpha1.ConditionProgrammed)).To(ContainSubstring(c.Revision))
+		Expect(got.Status.TargetedPods).To(BeZero())
+	})
+
+	It("sets replicas to the number of ready pods the policy selects", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		Expect(k8sClient.Create(ctx, newPolicy(ns, "api", store))).To(Succeed())
+		for _, name := range []string{"api-0", "api-1", "api-2"} {
+			createPod(ctx, ns, name, map[string]string{"app": "api"})
+		}
+		createPod(ctx, ns, "web-0", map[string]string{"app": "web"})
+		setPodReady(ctx, ns, "web-0", true)
+
+		replicas := func(g Gomega) int32 {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Policies).To(HaveLen(1))
+			return c.Policies[0].Replicas
+		}
+		targeted := func(g Gomega) int32 { return policyStatus(ctx, ns, "api")(g).Status.TargetedPods }
+
+		Eventually(targeted).Should(Equal(int32(3)), "the web pod is not selected")
+		Eventually(replicas).Should(Equal(int32(1)), "no pod is ready yet")
+
+		setPodReady(ctx, ns, "api-0", true)
+		setPodReady(ctx, ns, "api-1", true)
+		Eventually(replicas).Should(Equal(int32(2)))
+
+		setPodReady(ctx, ns, "api-2", true)
+		Eventually(replicas).Should(Equal(int32(3)))
+
+		By("following readiness back down")
+		setPodReady(ctx, ns, "api-0", false)
+		Eventually(replicas).Should(Equal(int32(2)))
+
+		By("following label changes")
+		var pod corev1.Pod
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-1"}, &pod)).To(Succeed())
+		pod.Labels["app"] = "moved"
+		Expect(k8sClient.Update(ctx, &pod)).To(Succeed())
+		Eventually(replicas).Should(Equal(int32(1)))
+		Eventually(targeted).Should(Equal(int32(2)))
+
+		By("following deletions")
+		Expect(k8sClient.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "api-2"}},
+			client.GracePeriodSeconds(0))).To(Succeed())
+		Eventually(targeted).Should(Equal(int32(1)))
+		Eventually(replicas).Should(Equal(int32(1)), "api-0 is not ready: at least 1")
+	})
+
+	It("gives two policies that select the same pods each an entry", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		a := newPolicy(ns, "b-keys", store)
+		a.Spec.Rules[0].Key = []v1alpha1.KeyPart{{Header: "X-API-Key"}}
+		b := newPolicy(ns, "a-login", store)
+		b.Spec.Rules[0].Match.Path = &v1alpha1.PathMatch{Type: v1alpha1.PathMatchExact, Value: "/login"}
+		b.Spec.Rules[0].FailureMode = v1alpha1.FailureModeClosed
+		Expect(k8sClient.Create(ctx, a)).To(Succeed())
+		Expect(k8sClient.Create(ctx, b)).To(Succeed())
+		createPod(ctx, ns, "api-0", map[string]string{"app": "api"})
+		createPod(ctx, ns, "api-1", map[string]string{"app": "api"})
+		setPodReady(ctx, ns, "api-0", true)
+		setPodReady(ctx, ns, "api-1", true)
+
+		Eventually(func(g Gomega) {
+			c, cm, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Policies).To(HaveLen(2))
+			g.Expect(c.Policies[0].Name).To(Equal("a-login"), "entries are ordered by name")
+			g.Expect(c.Policies[1].Name).To(Equal("b-keys"))
+			for _, e := range c.Policies {
+				g.Expect(e.Replicas).To(Equal(int32(2)))
+			}
+			g.Expect(c.Policies[0].Rules[0].FailureMode).To(Equal("Closed"))
+			g.Expect(c.Policies[1].Rules[0].Key[0].Header).To(Equal("X-API-Key"))
+			g.Expect(cm.OwnerReferences).To(HaveLen(2))
+		}).Should(Succeed())
+		for _, name := range []string{"a-login", "b-keys"} {
+			Eventually(func(g Gomega) int32 { return policyStatus(ctx, ns, name)(g).Status.TargetedPods }).Should(Equal(int32(2)))
+		}
+	})
+
+	It("reports ResolvedRefs=False while the store is missing, and resolves it when the store becomes Ready", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		Expect(k8sClient.Create(ctx, newPolicy(ns, "api", "not-yet"))).To(Succeed())
+
+		Eventually(policyStatus(ctx, ns, "api")).Should(And(
+			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted),
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionFalse, v1alpha1.ReasonStoreNotFound),
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonPending),
+		))
+		Expect(conditionMessage(policyStatus(ctx, ns, "api")(Default), v1alpha1.ConditionResolvedRefs)).
+			To(ContainSubstring(`CounterStore "not-yet" not found`))
+		Eventually(eventsFor(ctx, ns, "api")).Should(ContainElement(And(
+			HaveField("Reason", v1alpha1.ReasonStoreNotFound),
+			HaveField("Type", corev1.EventTypeWarning),
+		)))
+		Expect(configMapGone(ctx, ns)()).To(BeTrue(), "nothing to write without a store")
+
+		By("creating the store, not yet Ready")
+		cs := &v1alpha1.CounterStore{
+			ObjectMeta: metav1.ObjectMeta{Name: "not-yet"},
+			Spec:       v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}},
+		}
+		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed()) })
+		setStoreReady(ctx, "not-yet", false)
+		Eventually(policyStatus(ctx, ns, "api")).Should(
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionFalse, v1alpha1.ReasonStoreNotReady))
+
+		By("making it Ready")
+		setStoreReady(ctx, "not-yet", true)
+		Eventually(policyStatus(ctx, ns, "api")).Should(And(
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionTrue, v1alpha1.ReasonResolvedRefs),
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars),
+		))
+		Eventually(func() error { _, _, err := compiled(ctx, ns); return err }).Should(Succeed())
+	})
+
+	It("rejects a spec CEL cannot check, keeps the last accepted generation running, and does not retry it", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		p := newPolicy(ns, "api", store)
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		Eventually(func(g Gomega) int64 {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			return c.Policies[0].Generation
+		}).Should(Equal(int64(1)))
+
+		By("updating it with a regular expression that does not compile")
+		p = updatePolicy(ctx, ns, "api", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match.Path = &v1alpha1.PathMatch{Type: v1alpha1.PathMatchRegularExpression, Value: "^/api/(v1|v2"}
+		})
+		Expect(p.Generation).To(Equal(int64(2)))
+
+		Eventually(policyStatus(ctx, ns, "api")).Should(And(
+			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionFalse, v1alpha1.ReasonInvalid),
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonPending),
+		))
+		got := policyStatus(ctx, ns, "api")(Default)
+		Expect(conditionMessage(got, v1alpha1.ConditionAccepted)).To(
+			ContainSubstring(`spec.rules[0].match.path.value: Invalid value: "^/api/(v1|v2": not a valid RE2 regular expression`))
+		Expect(conditionMessage(got, v1alpha1.ConditionProgrammed)).To(ContainSubstring("generation 1 keeps running"))
+		Eventually(eventsFor(ctx, ns, "api")).Should(ContainElement(And(
+			HaveField("Reason", v1alpha1.ReasonInvalid),
+			HaveField("Type", corev1.EventTypeWarning),
+			HaveField("Note", ContainSubstring("spec.rules[0].match.path.value")),
+		)))
+
+		c, _, err := compiled(ctx, ns)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.Policies[0].Generation).To(Equal(int64(1)), "the last valid generation keeps running")
+		Expect(c.Policies[0].Rules[0].Match.Path).To(Equal(&config.PathMatch{Type: "Prefix", Value: "/api"}))
+
+		By("returning a terminal error: no retries until something changes")
+		n := calls.reconcileCount(ns)
+		Consistently(func() int { return calls.reconcileCount(ns) }, 2*time.Second, 100*time.Millisecond).Should(Equal(n))
+
+		By("accepting the fix")
+		updatePolicy(ctx, ns, "api", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match.Path.Value = "^/api/(v1|v2)/.*$"
+		})
+		Eventually(policyStatus(ctx, ns, "api")).Should(And(
+			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted),
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars),
+		))
+		Eventually(func(g Gomega) *config.PathMatch {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			return c.Policies[0].Rules[0].Match.Path
+		}).Should(Equal(&config.PathMatch{Type: "RegularExpression", Value: "^/api/(v1|v2)/.*$"}))
+	})
+
+	It("updates the ConfigMap as policies are deleted, and deletes it with the last", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		a, b := newPolicy(ns, "a", store), newPolicy(ns, "b", store)
+		Expect(k8sClient.Create(ctx, a)).To(Succeed())
+		Expect(k8sClient.Create(ctx, b)).To(Succeed())
+		Eventually(func(g Gomega) {
+			c, cm, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Policies).To(HaveLen(2))
+			g.Expect(cm.OwnerReferences).To(HaveLen(2))
+		}).Should(Succeed())
+
+		Expect(k8sClient.Delete(ctx, a)).To(Succeed())
+		Eventually(func(g Gomega) {
+			c, cm, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Policies).To(HaveLen(1))
+			g.Expect(c.Policies[0].Name).To(Equal("b"))
+			g.Expect(cm.OwnerReferences).To(ConsistOf(HaveField("Name", "b")))
+		}).Should(Succeed())
+
+		Expect(k8sClient.Delete(ctx, b)).To(Succeed())
+		Eventually(configMapGone(ctx, ns)).Should(BeTrue())
+	})
+
+	It("retries API errors with backoff rather than in a hot loop", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		calls.setFailApplies(ns, 1000)
+		Expect(k8sClient.Create(ctx, newPolicy(ns, "api", store))).To(Succeed())
+
+		Eventually(policyStatus(ctx, ns, "api")).Should(
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonConfigMapError))
+		const window = 3 * time.Second
+		time.Sleep(window)
+		times := calls.reconcileTimes(ns)
+
+		// The workqueue's per-item backoff starts at 5ms and doubles on each
+		// failure, so the k-th retry comes at least 5ms*2^(k-1) after the
+		// previous attempt. A slow machine only widens the gaps.
+		Expect(len(times)).To(BeNumerically(">=", 4), "the failing apply is retried")
+		Expect(len(times)).To(BeNumerically("<=", 14), "within %v: %d attempts is a hot loop", window, len(times))
+		for k := 1; k < len(times); k++ {
+			minGap := 5 * time.Millisecond << (k - 1)
+			Expect(times[k].Sub(times[k-1])).To(BeNumerically(">=", minGap),
+				"retry %d came %v after the previous attempt, less than the backoff %v", k, times[k].Sub(times[k-1]), minGap)
+		}
+
+		By("succeeding once the API server recovers")
+		calls.setFailApplies(ns, 0)
+		// Any event retriggers the namespace at once, without waiting for
+		// the long backoff the failures built up.
+		createPod(ctx, ns, "api-0", map[string]string{"app": "api"})
+		Eventually(func() error { _, _, err := compiled(ctx, ns); return err }).Should(Succeed())
+		Eventually(policyStatus(ctx, ns, "api")).Should(
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars))
+	})
+
+	It("writes nothing when nothing changed, and undoes manual edits", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		Expect(k8sClient.Create(ctx, newPolicy(ns, "api", store))).To(Succeed())
+		var before *corev1.ConfigMap
+		Eventually(func() error { var err error; _, before, err = compiled(ctx, ns); return err }).Should(Succeed())
+		Eventually(policyStatus(ctx, ns, "api")).Should(
+			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars))
+		// Let the reconciles that the first writes caused settle.
+		Eventually(func() bool {
+			n := calls.reconcileCount(ns)
+			time.Sleep(500 * time.Millisecond)
+			return calls.reconcileCount(ns) == n
+		}).Should(BeTrue())
+		writes := calls.writes(ns)
+		reconciles := calls.reconcileCount(ns)
+
+		By("reconciling on an event that changes no input of the document")
+		createPod(ctx, ns, "unrelated", map[string]string{"app": "web"})
+		Eventually(func() int { return calls.reconcileCount(ns) }).Should(BeNumerically(">", reconciles))
+		Consistently(func() int { return calls.writes(ns) }, time.Second, poll).Should(Equal(writes))
+		_, after, err := compiled(ctx, ns)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+
+		By("restoring the document after a manual edit")
+		after.Data[config.DataKey] = `{"apiVersion": "floodgate.dev/sidecar-config/v1", "policies": []}`
+		Expect(k8sClient.Update(ctx, after)).To(Succeed())
+		Eventually(func(g Gomega) string {
+			_, cm, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			return cm.Data[config.DataKey]
+		}).Should(Equal(before.Data[config.DataKey]))
+
+		By("recreating it after a manual delete")
+		Expect(k8sClient.Delete(ctx, after)).To(Succeed())
+		Eventually(func(g Gomega) string {
+			_, cm, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			return cm.Data[config.DataKey]
+		}).Should(Equal(before.Data[config.DataKey]))
+	})
+})
