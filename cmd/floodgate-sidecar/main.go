@@ -14,6 +14,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
 )
 
@@ -34,11 +39,39 @@ func run(args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: runner.LogLevel(cfg.LogLevel)}))
-	r, err := runner.New(cfg, log, nil)
+	var source runner.Source // nil: the runner watches --policy-file
+	if cfg.Kubernetes {
+		var err error
+		if source, err = kubernetesSource(cfg, log); err != nil {
+			return err
+		}
+	}
+	r, err := runner.New(cfg, log, source)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return r.Run(ctx)
+}
+
+// kubernetesSource builds the Kubernetes-mode source: the namespace's
+// ConfigMap, read with the pod's service account (or --kubeconfig).
+func kubernetesSource(cfg runner.Config, log *slog.Logger) (runner.Source, error) {
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	rc.UserAgent = "floodgate-sidecar"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return kubesource.New(kubesource.Options{Client: cs, Namespace: cfg.Namespace, PodName: cfg.PodName, Log: log})
 }

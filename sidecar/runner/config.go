@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +53,11 @@ type Config struct {
 	PolicyFile      string
 	PollInterval    time.Duration
 	PodLabels       string
+	PodLabelsFile   string
+	Kubernetes      bool
+	Namespace       string
+	PodName         string
+	Kubeconfig      string
 	Store           string
 	RedisAddrs      string
 	RedisPassword   string
@@ -89,6 +95,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PolicyFile, "policy-file", "", "sidecar config (YAML or JSON, "+config.APIVersion+"); watched and hot-reloaded")
 	fs.DurationVar(&c.PollInterval, "policy-poll-interval", DefaultPollInterval, "how often the policy file is checked for changes")
 	fs.StringVar(&c.PodLabels, "pod-labels", "", "this pod's labels, k=v,k2=v2, matched against policies' podSelector")
+	fs.StringVar(&c.PodLabelsFile, "pod-labels-file", "", "file of this pod's labels, one key=\"value\" per line (a downward API volume); merged with --pod-labels")
+	fs.BoolVar(&c.Kubernetes, "kubernetes", false, "Kubernetes mode: watch the namespace's "+config.ConfigMapName+" ConfigMap instead of --policy-file, and report the pod condition")
+	fs.StringVar(&c.Namespace, "namespace", "", "Kubernetes mode: the pod's namespace (default $"+EnvPodNamespace+")")
+	fs.StringVar(&c.PodName, "pod-name", "", "Kubernetes mode: the pod's name (default $"+EnvPodName+")")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file; empty uses the in-cluster service account")
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
@@ -134,8 +145,25 @@ func (c *Config) Parse(fs *flag.FlagSet, args []string, getenv func(string) (str
 	if v, ok := getenv(EnvRedisPassword); ok {
 		c.RedisPassword = v
 	}
+	// The downward API's conventional names fill the pod identity.
+	for _, d := range []struct {
+		flag, env string
+		dst       *string
+	}{{"namespace", EnvPodNamespace, &c.Namespace}, {"pod-name", EnvPodName, &c.PodName}} {
+		if v, ok := getenv(d.env); ok && !c.set[d.flag] {
+			*d.dst = v
+			c.set[d.flag] = true
+		}
+	}
 	return errors.Join(errs...)
 }
+
+// EnvPodNamespace and EnvPodName, set from the downward API, are the
+// defaults of --namespace and --pod-name.
+const (
+	EnvPodNamespace = "POD_NAMESPACE"
+	EnvPodName      = "POD_NAME"
+)
 
 // EnvName returns the environment variable of a flag.
 func EnvName(flagName string) string {
@@ -165,7 +193,18 @@ func (c *Config) Validate() error {
 	} else if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		bad("upstream", "must be an http:// or https:// URL with a host, got %q", c.Upstream)
 	}
-	if c.PolicyFile == "" {
+	switch {
+	case c.Kubernetes:
+		if c.PolicyFile != "" {
+			bad("policy-file", "not used with --kubernetes, which reads the namespace's %s ConfigMap", config.ConfigMapName)
+		}
+		if c.Namespace == "" {
+			bad("namespace", "required with --kubernetes (or set %s)", EnvPodNamespace)
+		}
+		if c.PodName == "" {
+			bad("pod-name", "required with --kubernetes (or set %s)", EnvPodName)
+		}
+	case c.PolicyFile == "":
 		bad("policy-file", "required in standalone mode")
 	}
 	if c.PollInterval < 10*time.Millisecond {
@@ -239,16 +278,52 @@ func (c *Config) redisAddrs() []string {
 	return out
 }
 
-// Labels parses --pod-labels.
+// Labels parses --pod-labels-file and --pod-labels; a label in both takes
+// the --pod-labels value.
 func (c *Config) Labels() (labels.Set, error) {
+	out := labels.Set{}
+	if c.PodLabelsFile != "" {
+		data, err := os.ReadFile(c.PodLabelsFile)
+		if err != nil {
+			return nil, fmt.Errorf("pod labels file: %w", err)
+		}
+		if out, err = ParseLabelsFile(data); err != nil {
+			return nil, fmt.Errorf("pod labels file %s: %w", c.PodLabelsFile, err)
+		}
+	}
 	if strings.TrimSpace(c.PodLabels) == "" {
-		return labels.Set{}, nil
+		return out, nil
 	}
 	m, err := labels.ConvertSelectorToLabelsMap(c.PodLabels)
 	if err != nil {
 		return nil, err
 	}
-	return m, nil
+	for k, v := range m {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// ParseLabelsFile parses the downward API's labels file: one key="value"
+// per line, the value a Go-quoted string.
+func ParseLabelsFile(data []byte) (labels.Set, error) {
+	out := labels.Set{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		k, quoted, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("line %d: want key=\"value\", got %q", i+1, line)
+		}
+		v, err := strconv.Unquote(quoted)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: value of %s is not a quoted string: %w", i+1, k, err)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // LogLevel maps --log-level to a slog level.

@@ -209,6 +209,18 @@ func (r *Runner) serveProxy(w http.ResponseWriter, req *http.Request) {
 // compile it, and install it, or keep the last good config and report why.
 // The first good config also opens the store and starts the proxy.
 func (r *Runner) apply(u Update) {
+	r.applyUpdate(u)
+	if u.Result != nil {
+		st := r.Status()
+		var err error
+		if st.LastError != "" {
+			err = errors.New(st.LastError)
+		}
+		u.Result(st.Revision, err)
+	}
+}
+
+func (r *Runner) applyUpdate(u Update) {
 	if u.Err != nil {
 		r.reject(u.Origin, u.Err)
 		return

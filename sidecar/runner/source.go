@@ -15,6 +15,12 @@ type Update struct {
 	Data   []byte
 	Err    error
 	Origin string
+	// Result, when set, is called once the runner has applied or rejected
+	// the update, before deliver returns: inForce is the revision in force
+	// afterwards (empty when none), err is nil when the update was applied
+	// and the reason it was rejected otherwise. The Kubernetes source
+	// reports it as the pod's policy-loaded condition.
+	Result func(inForce string, err error)
 }
 
 // Source delivers config documents. The standalone sidecar watches a file;

@@ -1,0 +1,184 @@
+// Package programmed turns what the sidecars report on their pods into a
+// RateLimitPolicy's Programmed condition and status.enforcingPods.
+//
+// Each sidecar writes the pod condition kubesource.ConditionPolicyLoaded:
+// True with reason Loaded and, as its message, the revision of the
+// namespace's ConfigMap it has in force. A pod enforces the policy's
+// current compilation when that condition is True, its reason is Loaded and
+// its message equals the ConfigMap's current revision.
+//
+// Evaluate is pure: it reads the pods it is given and no clock.
+package programmed
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+)
+
+// ReasonProgrammed is the reason of a True Programmed condition.
+const ReasonProgrammed = "Programmed"
+
+// SidecarContainer is the name of the injected sidecar container.
+const SidecarContainer = "floodgate-sidecar"
+
+// maxListed bounds the pods a message names.
+const maxListed = 5
+
+// Result is the Programmed condition and the enforcing count of one
+// policy.
+type Result struct {
+	// Targeted is the number of running pods the selector matches.
+	Targeted int32
+	// Enforcing is how many of them report the revision loaded.
+	Enforcing int32
+	// Programmed is the condition's status.
+	Programmed bool
+	// Reason is ReasonProgrammed or v1alpha1.ReasonWaitingForSidecars.
+	Reason string
+	// Message names the revision and the pods that hold the condition
+	// back.
+	Message string
+}
+
+// Status returns the condition's status.
+func (r Result) Status() metav1.ConditionStatus {
+	if r.Programmed {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
+}
+
+// Evaluate decides the Programmed condition of a policy whose entry is
+// compiled into the ConfigMap at revision, given the pods its selector
+// matches among pods.
+//
+// Programmed is True when at least one targeted pod enforces revision and
+// no targeted pod lags. A pod lags when it serves traffic (it is Ready) or
+// its sidecar has reported, but it does not enforce revision: its sidecar
+// reports another revision, rejected this one, or it has no sidecar at
+// all. A pod that is still starting (not Ready, no report yet) does not
+// hold the condition back; it is counted in Targeted but not in Enforcing.
+// With no targeted pod, nothing enforces the policy, so it is not
+// Programmed.
+func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string) Result {
+	var res Result
+	var lagging []string
+	for i := range pods {
+		pod := &pods[i]
+		if !running(pod) || !selector.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		res.Targeted++
+		c := loadedCondition(pod)
+		if Enforces(pod, revision) {
+			res.Enforcing++
+			continue
+		}
+		ready := podReady(pod)
+		switch {
+		case !hasSidecar(pod):
+			if ready || c != nil {
+				lagging = append(lagging, pod.Name+" (no floodgate sidecar: annotate the pod floodgate.dev/inject: \"true\")")
+			}
+		case c == nil:
+			if ready {
+				lagging = append(lagging, pod.Name+" (its sidecar has not reported yet)")
+			}
+		case c.Reason == kubesource.ReasonLoaded:
+			lagging = append(lagging, fmt.Sprintf("%s (enforces revision %s)", pod.Name, c.Message))
+		default:
+			lagging = append(lagging, fmt.Sprintf("%s (%s: %s)", pod.Name, c.Reason, c.Message))
+		}
+	}
+	slices.Sort(lagging)
+
+	switch {
+	case res.Targeted == 0:
+		res.Reason = v1alpha1.ReasonWaitingForSidecars
+		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; no running pod is targeted yet, so no sidecar enforces it.", revision)
+	case res.Enforcing == 0 && len(lagging) == 0:
+		res.Reason = v1alpha1.ReasonWaitingForSidecars
+		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; waiting for the sidecars of the %d targeted pods, which are starting, to report it loaded.",
+			revision, res.Targeted)
+	case len(lagging) > 0:
+		res.Reason = v1alpha1.ReasonWaitingForSidecars
+		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; %d of %d targeted pods enforce it; waiting for %s.",
+			revision, res.Enforcing, res.Targeted, list(lagging))
+	default:
+		res.Programmed = true
+		res.Reason = ReasonProgrammed
+		res.Message = fmt.Sprintf("Revision %s of ConfigMap floodgate-policies is enforced by %d of %d targeted pods; the others are starting.",
+			revision, res.Enforcing, res.Targeted)
+		if res.Enforcing == res.Targeted {
+			res.Message = fmt.Sprintf("Revision %s of ConfigMap floodgate-policies is enforced by all %d targeted pods.", revision, res.Targeted)
+		}
+	}
+	return res
+}
+
+// Enforces reports whether pod's sidecar reports revision in force.
+func Enforces(pod *corev1.Pod, revision string) bool {
+	c := loadedCondition(pod)
+	return revision != "" && c != nil && c.Status == corev1.ConditionTrue &&
+		c.Reason == kubesource.ReasonLoaded && c.Message == revision
+}
+
+// LoadedChanged reports whether the sidecar's condition differs between
+// two versions of a pod, for the controller's pod predicate.
+func LoadedChanged(old, cur *corev1.Pod) bool {
+	a, b := loadedCondition(old), loadedCondition(cur)
+	if a == nil || b == nil {
+		return (a == nil) != (b == nil)
+	}
+	return a.Status != b.Status || a.Reason != b.Reason || a.Message != b.Message
+}
+
+func list(names []string) string {
+	if len(names) <= maxListed {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(names)-maxListed)
+}
+
+func loadedCondition(pod *corev1.Pod) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func hasSidecar(pod *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if cs[i].Name == SidecarContainer {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// running matches the compiler's notion of a targeted pod: not being
+// deleted and not finished.
+func running(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
