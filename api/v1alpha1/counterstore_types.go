@@ -24,8 +24,14 @@ type CounterStoreSpec struct {
 }
 
 // ManagedStore is a Redis Cluster run by floodgate-manager: a StatefulSet
-// of Shards*(1+ReplicasPerShard) nodes, a headless Service and a password
-// Secret, formed into a cluster over the Redis protocol.
+// of Shards*(1+ReplicasPerShard) nodes, a headless Service, a ConfigMap
+// with redis.conf, a PodDisruptionBudget and a Secret with a generated
+// password, all in the manager's namespace and named
+// counterstore-<name>[-suffix], formed into a cluster over the Redis
+// protocol. Nothing is persisted: counters are short-lived, and a node
+// that restarts joins as a new, empty node while its replica takes over.
+// Changing Shards migrates slots, keys included; the StatefulSet shrinks
+// only after the leaving nodes hold no slot.
 type ManagedStore struct {
 	// Shards is the number of primaries. The 16384 hash slots are split
 	// evenly between them.
@@ -76,9 +82,12 @@ type ManagedStore struct {
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('60s'))",message="must be between 1s and 60s"
 	NodeTimeout *metav1.Duration `json:"nodeTimeout,omitempty"`
 
-	// PodAntiAffinity spreads the nodes of each shard over Kubernetes
-	// nodes: Preferred (default) asks the scheduler to, Required refuses to
-	// schedule two nodes of one shard together, None does nothing.
+	// PodAntiAffinity spreads the store's Pods over Kubernetes nodes
+	// (topology key kubernetes.io/hostname): Preferred (default) asks the
+	// scheduler to, Required refuses to schedule two of them on one node
+	// (so the cluster needs as many Kubernetes nodes as Redis nodes), None
+	// does nothing. Independently, each replica is attached to a master
+	// on another Kubernetes node wherever the Pods' placement allows.
 	// +optional
 	// +kubebuilder:default=Preferred
 	PodAntiAffinity AntiAffinityMode `json:"podAntiAffinity,omitempty"`
@@ -192,8 +201,13 @@ type CounterStoreStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions are Ready (every slot is served and Endpoints are
-	// published) and Degraded (serving, with lost redundancy).
+	// Conditions are Ready and Degraded. Ready is True when the cluster
+	// is formed, every hash slot is served by a reachable master, every
+	// master reports cluster_state:ok, and Endpoints are published.
+	// Degraded is True when the store is Ready but has lost redundancy: a
+	// master short of replicas, a failed node, or a node the manager
+	// cannot reach. Their messages say what the manager is doing or
+	// waiting for.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -212,7 +226,8 @@ type CounterStoreStatus struct {
 	Nodes NodeCounts `json:"nodes,omitzero"`
 
 	// Endpoints are the seed addresses, host:port, that sidecars connect
-	// to.
+	// to: for a managed store, the addresses of the masters that serve
+	// slots; for an external store, spec.external.addresses.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
@@ -243,8 +258,10 @@ type NodeCounts struct {
 // CounterStore is a Redis Cluster that holds the shared counts of the
 // RateLimitPolicies that reference it. It is cluster-scoped: one store
 // serves many namespaces, and a policy without a storeRef uses the store
-// named "default".
+// named "default". A managed store's name becomes part of its objects'
+// names, so it must be a DNS label of at most 39 characters.
 //
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.managed) || (size(self.metadata.name) <= 39 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))",message="a managed CounterStore's name must be a DNS label (lower-case letters, digits and '-') of at most 39 characters: it names the StatefulSet counterstore-<name>"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=cstore,categories=floodgate
@@ -254,6 +271,8 @@ type NodeCounts struct {
 // +kubebuilder:printcolumn:name="Slots",type=integer,JSONPath=`.status.slotsCovered`
 // +kubebuilder:printcolumn:name="Primaries",type=integer,JSONPath=`.status.nodes.primaries`,priority=1
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.nodes.replicas`,priority=1
+// +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.nodes.failed`,priority=1
+// +kubebuilder:printcolumn:name="Endpoints",type=string,JSONPath=`.status.endpoints`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type CounterStore struct {
 	metav1.TypeMeta   `json:",inline"`

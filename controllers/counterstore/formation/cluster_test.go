@@ -564,57 +564,16 @@ func TestLeavesAnotherClusterAlone(t *testing.T) {
 	a.checkShape()
 }
 
-// waitReplicated waits until every replica's link is up and its offset
-// matches its master's, so a test that kills a master loses no write.
+// waitReplicated waits until every replica has caught up with its master.
 func waitReplicated(t *testing.T, c *testCluster) {
 	t.Helper()
-	ctx := t.Context()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		behind := ""
-		offsets := map[string]int64{}
-		var replicas []*nodetest.Node
-		for _, n := range c.nodes {
-			if !n.Alive() {
-				continue
-			}
-			info, err := n.Client().Info(ctx, "replication").Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.Contains(info, "role:master") {
-				offsets[n.Addr()] = infoInt(info, "master_repl_offset")
-			} else {
-				replicas = append(replicas, n)
-			}
-		}
-		for _, r := range replicas {
-			info, _ := r.Client().Info(ctx, "replication").Result()
-			host, port := infoStr(info, "master_host"), infoStr(info, "master_port")
-			if !strings.Contains(info, "master_link_status:up") || infoInt(info, "slave_repl_offset") < offsets[host+":"+port] {
-				behind = r.Addr()
-			}
-		}
-		if behind == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s did not catch up in 10s", behind)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func infoStr(info, field string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
+	var clients []*redis.Client
+	for _, n := range c.nodes {
+		if n.Alive() {
+			clients = append(clients, n.Client())
 		}
 	}
-	return ""
-}
-
-func infoInt(info, field string) int64 {
-	n, _ := strconv.ParseInt(infoStr(info, field), 10, 64)
-	return n
+	if err := nodetest.WaitReplicated(t.Context(), clients, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -22,11 +22,19 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// TB is the part of testing.TB the helpers use; ginkgo.GinkgoT() has it
+// too.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+	TempDir() string
+}
 
 // DefaultPort is the port the nodes listen on, the one the CounterStore's
 // Pods use.
@@ -48,7 +56,7 @@ func (h *Host) Release() {
 
 // ClaimHost claims a loopback IP on which port and port+10000 are free,
 // and releases it when tb ends.
-func ClaimHost(tb testing.TB, port int) *Host {
+func ClaimHost(tb TB, port int) *Host {
 	tb.Helper()
 	h, err := claimHost(port)
 	if err != nil {
@@ -57,6 +65,10 @@ func ClaimHost(tb testing.TB, port int) *Host {
 	tb.Cleanup(h.Release)
 	return h
 }
+
+// NewHost claims a loopback IP like ClaimHost, outside any test; the
+// caller releases it.
+func NewHost(port int) (*Host, error) { return claimHost(port) }
 
 func claimHost(port int) (*Host, error) {
 	dir := filepath.Join(os.TempDir(), "floodgate-counterstore-hosts")
@@ -229,7 +241,7 @@ type Options struct {
 // brought back, at the same or another address, with or without its
 // cluster identity.
 type Node struct {
-	tb   testing.TB
+	tb   TB
 	opts Options
 	bin  string
 	dir  string
@@ -243,7 +255,7 @@ type Node struct {
 // configured as the CounterStore's nodes are: no persistence, partial
 // coverage served, replicas always allowed to fail over, no automatic
 // replica migration.
-func StartNode(tb testing.TB, opts Options) *Node {
+func StartNode(tb TB, opts Options) *Node {
 	tb.Helper()
 	if opts.NodeTimeout == 0 {
 		opts.NodeTimeout = time.Second
@@ -363,4 +375,68 @@ func (n *Node) Restart(newAddress, keepID bool) error {
 		h = nh
 	}
 	return n.start(h)
+}
+
+// WaitReplicated waits until every replica among clients has its link to
+// its master up and has caught up with the master's replication offset
+// (the masters must be among clients too), so that a test that then kills
+// a master loses no write. It gives up after timeout.
+func WaitReplicated(ctx context.Context, clients []*redis.Client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		offsets := map[string]int64{}
+		type replica struct {
+			addr, master string
+			offset       int64
+			up           bool
+		}
+		var replicas []replica
+		for _, c := range clients {
+			info, err := c.Info(ctx, "replication").Result()
+			if err != nil {
+				return fmt.Errorf("nodetest: info replication on %s: %w", c.Options().Addr, err)
+			}
+			if infoField(info, "role") == "master" {
+				offsets[c.Options().Addr] = infoInt(info, "master_repl_offset")
+				continue
+			}
+			replicas = append(replicas, replica{
+				addr:   c.Options().Addr,
+				master: net.JoinHostPort(infoField(info, "master_host"), infoField(info, "master_port")),
+				offset: infoInt(info, "slave_repl_offset"),
+				up:     infoField(info, "master_link_status") == "up",
+			})
+		}
+		behind := ""
+		for _, r := range replicas {
+			if want, ok := offsets[r.master]; !r.up || !ok || r.offset < want {
+				behind = r.addr
+			}
+		}
+		if behind == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nodetest: replica %s did not catch up with its master in %v", behind, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func infoField(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func infoInt(info, field string) int64 {
+	n, _ := strconv.ParseInt(infoField(info, field), 10, 64)
+	return n
 }

@@ -1,0 +1,670 @@
+// Package counterstore is the CounterStore controller of floodgate-manager.
+//
+// # Managed stores
+//
+// For a CounterStore with spec.managed, it runs a Redis Cluster in the
+// manager's namespace (Options.Namespace, "floodgate-system" by default):
+// a cluster-scoped owner needs its children in some namespace. The objects
+// are built by pure functions (objects.go), carry a controller reference to
+// the CounterStore, and are written with server-side apply under the field
+// owner "floodgate-manager":
+//
+//   - the Secret counterstore-<name>-auth with a generated password (kept
+//     once generated; deleting the Secret rotates the password, which
+//     rolls every Pod and so re-forms the cluster, counters reset);
+//   - the ConfigMap counterstore-<name>-config with redis.conf (cluster
+//     mode, no persistence);
+//   - the headless Service and the PodDisruptionBudget counterstore-<name>;
+//   - the StatefulSet counterstore-<name> of Shards*(1+ReplicasPerShard)
+//     redis-server Pods, each announcing its Pod IP.
+//
+// The cluster is then formed and healed over the Redis protocol by package
+// formation, from the Pods' status.podIP: the controller must be able to
+// dial the Pods. Each reconcile runs one formation pass (observe, plan,
+// act) and requeues after Options.ProgressPeriod until the cluster has the
+// wanted shape, then every Options.ResyncPeriod to notice failures that no
+// Kubernetes event announces. When Shards or ReplicasPerShard shrink, the
+// StatefulSet keeps its leaving Pods until formation has drained them (no
+// slot left on them), and only then scales down.
+//
+// # External stores
+//
+// For spec.external, the controller only observes: it connects to the seed
+// addresses (with the password and TLS settings of the spec), follows the
+// cluster's view to every node, and reports the health. It never changes an
+// external cluster.
+//
+// # Status
+//
+// Ready is True when the cluster is formed, every slot is covered by a
+// master the manager reaches, and every serving master reports
+// cluster_state:ok; the policy controller compiles a store into the
+// sidecars' config only then. Degraded is True when a Ready store lost
+// redundancy. Endpoints are the masters' addresses (for an external
+// store, its seed addresses), AuthSecretName the name of the password
+// Secret that the controller copies into every namespace whose policies
+// use the store, since sidecars read it from their own namespace.
+package counterstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+)
+
+const (
+	// ControllerName names the controller in logs, metrics and Events.
+	ControllerName = "counterstore"
+	// FieldOwner is the server-side apply field manager of every object
+	// the controller writes.
+	FieldOwner = "floodgate-manager"
+
+	// maxEndpoints is the API's limit on status.endpoints: seeds, not the
+	// whole cluster.
+	maxEndpoints = 32
+	// maxConditionMessage bounds condition messages well below the API's
+	// limit; they are for people.
+	maxConditionMessage = 2048
+	// maxEventNote is the API's limit on an Event note.
+	maxEventNote = 1024
+)
+
+// Reasons of the CounterStore conditions.
+const (
+	// ReasonClusterReady: Ready, every slot is served.
+	ReasonClusterReady = "ClusterReady"
+	// ReasonForming: the cluster is not formed yet (no slot assigned).
+	ReasonForming = "Forming"
+	// ReasonSlotsUncovered: some slots have no reachable master.
+	ReasonSlotsUncovered = "SlotsUncovered"
+	// ReasonClusterDown: a master reports cluster_state:fail.
+	ReasonClusterDown = "ClusterDown"
+	// ReasonUnreachable: no node answers.
+	ReasonUnreachable = "Unreachable"
+	// ReasonInvalidSpec: the spec has a problem the API schema cannot
+	// catch.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonSecretError: the password Secret is missing or unusable.
+	ReasonSecretError = "SecretError"
+	// ReasonApplyError: writing a child object failed; retried.
+	ReasonApplyError = "ApplyError"
+	// ReasonFullyRedundant: Degraded is False.
+	ReasonFullyRedundant = "FullyRedundant"
+	// ReasonRedundancyLost: Degraded is True.
+	ReasonRedundancyLost = "RedundancyLost"
+	// ReasonNotReady: Degraded is Unknown while the store is not Ready.
+	ReasonNotReady = "NotReady"
+)
+
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconciler reconciles one CounterStore per call. Its fields are set
+// before SetupWithManager and not changed afterwards. Reconcile is safe for
+// concurrent use on different stores; the workqueue never runs two
+// reconciles of one store at once, which formation relies on.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes to the API
+	// server.
+	Client client.Client
+	// APIReader reads Secrets, which the cache holds only as metadata.
+	APIReader client.Reader
+	// Recorder emits Events about formation steps and failures.
+	Recorder events.EventRecorder
+	// Options tune the controller; zero fields take their defaults.
+	Options Options
+}
+
+// observation is what reconcileSpec learned, for reconcileStatus.
+type observation struct {
+	// failReason is set when the store could not even be observed; it
+	// becomes Ready's reason, with failMessage.
+	failReason, failMessage string
+	// snapshot is nil when the store could not be observed.
+	snapshot *formation.Snapshot
+	health   formation.Health
+	pass     *formation.Pass
+	outcome  formation.Outcome
+	// endpoints and authSecret are what the status publishes.
+	endpoints  []string
+	authSecret string
+	// waitForUser: nothing will change until the user acts; resync slowly.
+	waitForUser bool
+}
+
+// Reconcile brings one CounterStore's objects and Redis Cluster toward its
+// spec and reports what it found.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	var cs v1alpha1.CounterStore
+	if err := r.Client.Get(ctx, req.NamespacedName, &cs); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cs.DeletionTimestamp.IsZero() {
+		// The children carry owner references: the garbage collector
+		// removes them. Nothing outside the API server needs cleaning.
+		return ctrl.Result{}, nil
+	}
+	o := r.Options.withDefaults()
+	obs, specErr := r.reconcileSpec(ctx, &cs, o)
+	statusErr := r.reconcileStatus(ctx, &cs, obs, specErr)
+	if err := errors.Join(specErr, statusErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: obs.requeueAfter(o)}, nil
+}
+
+func (obs *observation) requeueAfter(o Options) time.Duration {
+	switch {
+	case obs.waitForUser:
+		return o.ResyncPeriod
+	case obs.outcome.Incomplete:
+		return time.Millisecond // a migration stopped at its budget: go on
+	case obs.pass != nil && obs.pass.Converged() && obs.health.Ready() && !obs.health.Degraded():
+		return o.ResyncPeriod
+	case obs.pass == nil && obs.health.Ready() && !obs.health.Degraded():
+		return o.ResyncPeriod // a healthy external store
+	}
+	return o.ProgressPeriod
+}
+
+func (r *Reconciler) reconcileSpec(ctx context.Context, cs *v1alpha1.CounterStore, o Options) (*observation, error) {
+	switch {
+	case cs.Spec.Managed != nil && cs.Spec.External == nil:
+		return r.reconcileManaged(ctx, cs, o)
+	case cs.Spec.External != nil && cs.Spec.Managed == nil:
+		return r.reconcileExternal(ctx, cs, o)
+	}
+	err := errors.New("spec: set exactly one of managed or external")
+	return &observation{failReason: ReasonInvalidSpec, failMessage: err.Error()}, reconcile.TerminalError(err)
+}
+
+// validateManaged checks what the CRD schema checks too, so that an object
+// stored before the schema had a rule still gets a clear error.
+func validateManaged(cs *v1alpha1.CounterStore) error {
+	m := cs.Spec.Managed
+	var errs []error
+	if len(cs.Name) > 39 || !dnsLabel.MatchString(cs.Name) {
+		errs = append(errs, fmt.Errorf("metadata.name: a managed store's name must be a DNS label of at most 39 characters, got %q", cs.Name))
+	}
+	if m.Shards < 1 || m.Shards > 128 {
+		errs = append(errs, fmt.Errorf("spec.managed.shards: must be between 1 and 128, got %d", m.Shards))
+	}
+	if m.ReplicasPerShard < 0 || m.ReplicasPerShard > 5 {
+		errs = append(errs, fmt.Errorf("spec.managed.replicasPerShard: must be between 0 and 5, got %d", m.ReplicasPerShard))
+	}
+	if t := nodeTimeout(m); t < time.Second || t > time.Minute {
+		errs = append(errs, fmt.Errorf("spec.managed.nodeTimeout: must be between 1s and 60s, got %v", t))
+	}
+	return errors.Join(errs...)
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterStore, o Options) (*observation, error) {
+	if err := validateManaged(cs); err != nil {
+		return &observation{failReason: ReasonInvalidSpec, failMessage: err.Error()}, reconcile.TerminalError(err)
+	}
+	m := cs.Spec.Managed
+	ns := o.Namespace
+
+	password, err := r.ensurePassword(ctx, cs, ns)
+	if err != nil {
+		obs := &observation{failReason: ReasonSecretError, failMessage: err.Error()}
+		if errors.Is(err, errBadPassword) {
+			obs.waitForUser = true
+			return obs, nil
+		}
+		return obs, err
+	}
+	for _, obj := range []client.Object{DesiredConfigMap(cs, ns), DesiredService(cs, ns), DesiredPDB(cs, ns)} {
+		if err := r.apply(ctx, obj); err != nil {
+			return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
+		}
+	}
+
+	var sts appsv1.StatefulSet
+	current := 0
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: ObjectName(cs.Name)}, &sts); {
+	case err == nil:
+		if sts.Spec.Replicas != nil {
+			current = int(*sts.Spec.Replicas)
+		}
+	case !apierrors.IsNotFound(err):
+		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, fmt.Errorf("get StatefulSet %s/%s: %w", ns, ObjectName(cs.Name), err)
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(SelectorLabels(cs.Name))); err != nil {
+		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, fmt.Errorf("list the Pods of CounterStore %s: %w", cs.Name, err)
+	}
+	desired := TotalNodes(m)
+	spec := formation.Spec{
+		Shards:           int(m.Shards),
+		ReplicasPerShard: int(m.ReplicasPerShard),
+		Members:          Members(pods.Items, ObjectName(cs.Name), desired, current),
+	}
+
+	sess := formation.NewSession(formation.Dialer{Password: password, Timeout: o.DialTimeout})
+	defer sess.Close()
+	res, formErr := sess.Reconcile(ctx, spec, o.MigrateBudget)
+	if formErr != nil && res.Snapshot == nil {
+		return &observation{failReason: ReasonUnreachable, failMessage: formErr.Error()}, formErr
+	}
+	r.recordPass(ctx, cs, res, formErr)
+
+	// Shrink only once the leaving Pods hold nothing.
+	replicas := desired
+	if current > desired && !res.Pass.Drained {
+		replicas = current
+	}
+	if err := r.apply(ctx, DesiredStatefulSet(cs, ns, int32(replicas), password)); err != nil {
+		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
+	}
+	copyErr := r.syncSecretCopies(ctx, cs, ns, password, true)
+
+	h := formation.Assess(res.Snapshot, int(m.ReplicasPerShard))
+	return &observation{
+		snapshot:   res.Snapshot,
+		health:     h,
+		pass:       res.Pass,
+		outcome:    res.Outcome,
+		endpoints:  h.Masters,
+		authSecret: AuthSecretName(cs.Name),
+	}, errors.Join(formErr, copyErr)
+}
+
+// Members turns the store's Pods into formation members in ordinal order:
+// ordinals below max(desired, current) and every existing Pod. A missing
+// Pod is a member without an address (so nothing is forgotten while it may
+// still come), and a Pod at or past desired is leaving. Pods whose name is
+// not <sts>-<ordinal> are ignored.
+func Members(pods []corev1.Pod, sts string, desired, current int) []formation.Member {
+	byOrdinal := map[int]*corev1.Pod{}
+	n := max(desired, current)
+	for i := range pods {
+		p := &pods[i]
+		suffix, ok := strings.CutPrefix(p.Name, sts+"-")
+		if !ok {
+			continue
+		}
+		ord, err := strconv.Atoi(suffix)
+		if err != nil || ord < 0 || strconv.Itoa(ord) != suffix {
+			continue
+		}
+		byOrdinal[ord] = p
+		n = max(n, ord+1)
+	}
+	members := make([]formation.Member, n)
+	for i := range n {
+		m := formation.Member{Name: sts + "-" + strconv.Itoa(i), Leaving: i >= desired}
+		if p := byOrdinal[i]; p != nil {
+			if p.Status.PodIP != "" {
+				m.Addr = joinHostPort(p.Status.PodIP, RedisPort)
+			}
+			m.Host = p.Spec.NodeName
+		}
+		members[i] = m
+	}
+	return members
+}
+
+func joinHostPort(ip string, port int) string {
+	if strings.Contains(ip, ":") {
+		return "[" + ip + "]:" + strconv.Itoa(port)
+	}
+	return ip + ":" + strconv.Itoa(port)
+}
+
+// errBadPassword marks a password Secret the user must fix.
+var errBadPassword = errors.New("unusable password")
+
+// ensurePassword returns the store's password, generating and storing it
+// on first use. The Secret is read from the API server directly: the cache
+// holds Secrets as metadata only.
+func (r *Reconciler) ensurePassword(ctx context.Context, cs *v1alpha1.CounterStore, ns string) (string, error) {
+	var sec corev1.Secret
+	password := ""
+	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: AuthSecretName(cs.Name)}, &sec); {
+	case err == nil:
+		password = string(sec.Data[PasswordKey])
+	case !apierrors.IsNotFound(err):
+		return "", fmt.Errorf("get Secret %s/%s: %w", ns, AuthSecretName(cs.Name), err)
+	}
+	if password == "" {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", fmt.Errorf("generate a password: %w", err)
+		}
+		password = hex.EncodeToString(b)
+	} else if err := ValidatePassword(password); err != nil {
+		return "", fmt.Errorf("Secret %s/%s key %q: %w: %w", ns, AuthSecretName(cs.Name), PasswordKey, errBadPassword, err)
+	}
+	if err := r.apply(ctx, DesiredSecret(cs, ns, password)); err != nil {
+		return "", err
+	}
+	return password, nil
+}
+
+// ValidatePassword accepts what redis.conf can carry in double quotes:
+// 16 to 512 printable ASCII characters other than '"', '\' and space.
+func ValidatePassword(p string) error {
+	if len(p) < 16 || len(p) > 512 {
+		return fmt.Errorf("must be 16 to 512 characters, got %d", len(p))
+	}
+	for i := range len(p) {
+		if c := p[i]; c <= ' ' || c > '~' || c == '"' || c == '\\' {
+			return fmt.Errorf("character %d is not printable ASCII or is '\"', '\\' or a space", i)
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.CounterStore, o Options) (*observation, error) {
+	ext := cs.Spec.External
+	d := formation.Dialer{Timeout: o.DialTimeout}
+	if ref := ext.PasswordSecretRef; ref != nil {
+		p, err := r.secretValue(ctx, ref)
+		if err != nil {
+			return &observation{failReason: ReasonSecretError, failMessage: err.Error(), waitForUser: true}, nil
+		}
+		d.Password = p
+	}
+	if t := ext.TLS; t != nil {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify} //nolint:gosec // the user's explicit choice, documented as for testing only
+		if ref := t.CASecretRef; ref != nil {
+			pem, err := r.secretValue(ctx, ref)
+			if err != nil {
+				return &observation{failReason: ReasonSecretError, failMessage: err.Error(), waitForUser: true}, nil
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM([]byte(pem)) {
+				err := fmt.Errorf("Secret %s/%s key %q holds no PEM certificate", ref.Namespace, ref.Name, ref.Key)
+				return &observation{failReason: ReasonSecretError, failMessage: err.Error(), waitForUser: true}, nil
+			}
+			cfg.RootCAs = pool
+		}
+		d.TLS = cfg
+	}
+	seeds := make([]string, len(ext.Addresses))
+	for i, a := range ext.Addresses {
+		seeds[i] = string(a)
+	}
+	sess := formation.NewSession(d)
+	defer sess.Close()
+	snap, err := sess.ObserveCluster(ctx, seeds)
+	if err != nil {
+		return &observation{failReason: ReasonUnreachable, failMessage: err.Error()}, err
+	}
+	obs := &observation{snapshot: snap, health: formation.Assess(snap, -1), endpoints: slices.Sorted(slices.Values(seeds))}
+	if d.Password != "" {
+		obs.authSecret = AuthSecretName(cs.Name)
+	}
+	return obs, r.syncSecretCopies(ctx, cs, o.Namespace, d.Password, false)
+}
+
+// secretValue reads one key of a Secret.
+func (r *Reconciler) secretValue(ctx context.Context, ref *v1alpha1.SecretKeySelector) (string, error) {
+	var sec corev1.Secret
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, &sec); err != nil {
+		return "", fmt.Errorf("get Secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	v, ok := sec.Data[ref.Key]
+	if !ok || len(v) == 0 {
+		return "", fmt.Errorf("Secret %s/%s has no key %q", ref.Namespace, ref.Name, ref.Key)
+	}
+	return string(v), nil
+}
+
+// syncSecretCopies keeps a copy of the password Secret in every namespace
+// whose RateLimitPolicies use the store, and removes copies from the
+// others. A managed store's own Secret already sits in the manager's
+// namespace under the same name, so it gets no copy there.
+func (r *Reconciler) syncSecretCopies(ctx context.Context, cs *v1alpha1.CounterStore, managerNS, password string, managed bool) error {
+	want := map[string]bool{}
+	if password != "" {
+		var policies v1alpha1.RateLimitPolicyList
+		if err := r.Client.List(ctx, &policies); err != nil {
+			return fmt.Errorf("list RateLimitPolicies: %w", err)
+		}
+		for _, p := range policies.Items {
+			if p.StoreName() == cs.Name && p.DeletionTimestamp.IsZero() {
+				want[p.Namespace] = true
+			}
+		}
+		if managed {
+			delete(want, managerNS)
+		}
+	}
+	var existing metav1.PartialObjectMetadataList
+	existing.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
+	if err := r.Client.List(ctx, &existing, client.MatchingLabels{LabelStore: cs.Name, LabelManagedBy: ManagedByValue}); err != nil {
+		return fmt.Errorf("list the copies of Secret %s: %w", AuthSecretName(cs.Name), err)
+	}
+	var errs []error
+	current := map[string]bool{}
+	for i := range existing.Items {
+		s := &existing.Items[i]
+		if s.Name != AuthSecretName(cs.Name) {
+			continue
+		}
+		if !want[s.Namespace] {
+			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+				errs = append(errs, fmt.Errorf("delete Secret copy %s/%s: %w", s.Namespace, s.Name, err))
+			}
+			continue
+		}
+		current[s.Namespace] = s.Annotations[AuthHashAnnotation] == hash(password)
+	}
+	for _, ns := range slices.Sorted(maps.Keys(want)) {
+		if current[ns] {
+			continue
+		}
+		if err := r.apply(ctx, DesiredSecretCopy(cs, ns, password)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// apply writes obj with server-side apply under FieldOwner, taking over
+// any field another manager set: these objects are the controller's.
+func (r *Reconciler) apply(ctx context.Context, obj client.Object) error {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return fmt.Errorf("convert %T %s to unstructured: %w", obj, obj.GetName(), err)
+	}
+	delete(u, "status")
+	unstructured.RemoveNestedField(u, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u, "spec", "template", "metadata", "creationTimestamp")
+	ac := client.ApplyConfigurationFromUnstructured(&unstructured.Unstructured{Object: u})
+	if err := r.Client.Apply(ctx, ac, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		kind := obj.GetObjectKind().GroupVersionKind().Kind
+		return fmt.Errorf("apply %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// recordPass logs a formation pass and emits an Event when it acted or
+// failed.
+func (r *Reconciler) recordPass(ctx context.Context, cs *v1alpha1.CounterStore, res formation.Result, err error) {
+	lg := log.FromContext(ctx)
+	p := res.Pass
+	if len(p.Actions) > 0 {
+		descs := make([]string, len(p.Actions))
+		for i, a := range p.Actions {
+			descs[i] = a.String()
+		}
+		lg.Info("formation pass", "step", p.Step, "actions", descs, "movedSlots", res.Outcome.MovedSlots, "movedKeys", res.Outcome.MovedKeys)
+		note := fmt.Sprintf("%s: %s", p.Step, strings.Join(descs, "; "))
+		r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "Formation", string(p.Step), "%s", truncate(note, maxEventNote))
+	} else if len(p.Waiting) > 0 {
+		lg.V(1).Info("formation waits", "step", p.Step, "waiting", p.Waiting)
+	}
+	if err != nil {
+		lg.Error(err, "formation pass failed", "step", p.Step)
+		r.Recorder.Eventf(cs, nil, corev1.EventTypeWarning, "FormationFailed", string(p.Step), "%s", truncate(err.Error(), maxEventNote))
+	}
+}
+
+// reconcileStatus writes the conditions and the observed cluster into the
+// status, skipping the write when nothing changed.
+func (r *Reconciler) reconcileStatus(ctx context.Context, cs *v1alpha1.CounterStore, obs *observation, specErr error) error {
+	next := cs.Status.DeepCopy()
+	next.ObservedGeneration = cs.Generation
+	ready, degraded := conditions(obs, specErr)
+	ready.ObservedGeneration, degraded.ObservedGeneration = cs.Generation, cs.Generation
+	meta.SetStatusCondition(&next.Conditions, ready)
+	meta.SetStatusCondition(&next.Conditions, degraded)
+	if obs != nil && obs.snapshot != nil {
+		h := obs.health
+		next.SlotsCovered = int32(h.SlotsCovered)
+		next.Nodes = v1alpha1.NodeCounts{Primaries: int32(h.Primaries), Replicas: int32(h.Replicas), Failed: int32(h.Failed)}
+		if len(obs.endpoints) > 0 {
+			next.Endpoints = obs.endpoints[:min(len(obs.endpoints), maxEndpoints)]
+		}
+		next.AuthSecretName = obs.authSecret
+	}
+	if equality.Semantic.DeepEqual(&cs.Status, next) {
+		return nil
+	}
+	patch := client.MergeFrom(cs.DeepCopy())
+	cs.Status = *next
+	if err := r.Client.Status().Patch(ctx, cs, patch); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("update the status of CounterStore %s: %w", cs.Name, err)
+	}
+	return nil
+}
+
+// conditions computes Ready and Degraded from an observation; specErr, if
+// any, is what went wrong on the way.
+func conditions(obs *observation, specErr error) (ready, degraded metav1.Condition) {
+	ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse}
+	degraded = metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionUnknown, Reason: ReasonNotReady,
+		Message: "the store is not Ready"}
+	switch {
+	case obs == nil:
+		ready.Reason, ready.Message = ReasonApplyError, errString(specErr)
+		return ready, degraded
+	case obs.failReason != "":
+		ready.Reason, ready.Message = obs.failReason, truncate(obs.failMessage, maxConditionMessage)
+		return ready, degraded
+	}
+	h := obs.health
+	// Progress notes go into Degraded, or into a Ready that is False:
+	// Ready's message stays stable while the store serves, since the
+	// policy controller recompiles on every change of it.
+	var notes []string
+	if obs.pass != nil {
+		if len(obs.pass.Actions) > 0 {
+			notes = append(notes, fmt.Sprintf("formation step %s: %d actions", obs.pass.Step, len(obs.pass.Actions)))
+		}
+		notes = append(notes, obs.pass.Waiting...)
+	}
+	if specErr != nil {
+		notes = append(notes, "error: "+specErr.Error())
+	}
+	switch {
+	case h.Ready():
+		ready.Status, ready.Reason = metav1.ConditionTrue, ReasonClusterReady
+		ready.Message = fmt.Sprintf("%d masters serve all %d slots", h.Primaries, formation.NumSlots)
+	case h.Primaries == 0 && len(h.Unreachable) == len(obs.snapshot.Nodes):
+		ready.Reason = ReasonUnreachable
+		ready.Message = fmt.Sprintf("no Redis node is reachable (%d expected)", len(obs.snapshot.Nodes))
+		if len(obs.snapshot.Nodes) > 0 && obs.snapshot.Nodes[0].Err != nil {
+			ready.Message += ": " + obs.snapshot.Nodes[0].Err.Error()
+		}
+	case h.Assigned == 0:
+		ready.Reason, ready.Message = ReasonForming, "forming the cluster"
+	case h.SlotsCovered < formation.NumSlots:
+		ready.Reason = ReasonSlotsUncovered
+		ready.Message = fmt.Sprintf("%d of %d slots are served by a reachable master", h.SlotsCovered, formation.NumSlots)
+	default:
+		ready.Reason, ready.Message = ReasonClusterDown, "a master reports cluster_state:fail"
+	}
+	if !h.Ready() {
+		if len(notes) > 0 {
+			ready.Message += "; " + strings.Join(notes, "; ")
+		}
+		ready.Message = truncate(ready.Message, maxConditionMessage)
+		return ready, degraded
+	}
+
+	var lost []string
+	if n := len(h.Unreachable); n > 0 {
+		lost = append(lost, fmt.Sprintf("unreachable: %s", strings.Join(h.Unreachable, ", ")))
+	}
+	if h.MissingReplicas > 0 {
+		lost = append(lost, fmt.Sprintf("%d replicas missing", h.MissingReplicas))
+	}
+	if h.Failed > 0 {
+		lost = append(lost, fmt.Sprintf("%d nodes flagged failed", h.Failed))
+	}
+	if obs.pass != nil {
+		lost = append(lost, obs.pass.Problems...)
+	}
+	if len(lost) == 0 {
+		degraded.Status, degraded.Reason = metav1.ConditionFalse, ReasonFullyRedundant
+		degraded.Message = fmt.Sprintf("every master has its replicas (%d in all) and every node is up", h.Replicas)
+	} else {
+		degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonRedundancyLost
+		degraded.Message = strings.Join(lost, "; ")
+	}
+	if len(notes) > 0 {
+		degraded.Message += "; " + strings.Join(notes, "; ")
+	}
+	degraded.Message = truncate(degraded.Message, maxConditionMessage)
+	return ready, degraded
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	return truncate(err.Error(), maxConditionMessage)
+}
+
+// truncate shortens s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + "..."
+}

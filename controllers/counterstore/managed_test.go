@@ -1,0 +1,421 @@
+package counterstore_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// The store the specs below build, heal and grow. It is named "default", so
+// that policies without a storeRef use it.
+const storeName = v1alpha1.DefaultCounterStoreName
+
+func getStore(ctx context.Context, name string) *v1alpha1.CounterStore {
+	GinkgoHelper()
+	var cs v1alpha1.CounterStore
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, &cs)).To(Succeed())
+	return &cs
+}
+
+func condStatus(cs *v1alpha1.CounterStore, typ string) metav1.ConditionStatus {
+	if c := meta.FindStatusCondition(cs.Status.Conditions, typ); c != nil {
+		return c.Status
+	}
+	return ""
+}
+
+func describe(cs *v1alpha1.CounterStore) string {
+	var parts []string
+	for _, c := range cs.Status.Conditions {
+		parts = append(parts, fmt.Sprintf("%s=%s (%s: %s)", c.Type, c.Status, c.Reason, c.Message))
+	}
+	return fmt.Sprintf("slots %d, nodes %+v, endpoints %v; %s", cs.Status.SlotsCovered, cs.Status.Nodes, cs.Status.Endpoints, strings.Join(parts, "; "))
+}
+
+// healthy reports a Ready, fully redundant store with the given shape.
+func healthy(cs *v1alpha1.CounterStore, shards, replicas int32) bool {
+	return condStatus(cs, v1alpha1.ConditionReady) == metav1.ConditionTrue &&
+		condStatus(cs, v1alpha1.ConditionDegraded) == metav1.ConditionFalse &&
+		cs.Status.SlotsCovered == formation.NumSlots &&
+		cs.Status.Nodes.Primaries == shards && cs.Status.Nodes.Replicas == shards*replicas &&
+		cs.Status.Nodes.Failed == 0 && len(cs.Status.Endpoints) == int(shards) &&
+		cs.Status.ObservedGeneration == cs.Generation
+}
+
+// topology reads every running node's own line.
+func topology(ctx context.Context, k *kubelet) (masters map[string]formation.NodeView, replicas map[string]formation.NodeView, nodes map[string]string) {
+	GinkgoHelper()
+	masters, replicas, nodes = map[string]formation.NodeView{}, map[string]formation.NodeView{}, map[string]string{}
+	for _, c := range k.clients() {
+		raw, err := c.ClusterNodes(ctx).Result()
+		Expect(err).NotTo(HaveOccurred())
+		view, err := formation.ParseClusterNodes(raw)
+		Expect(err).NotTo(HaveOccurred())
+		self, ok := view.Self()
+		Expect(ok).To(BeTrue())
+		nodes[self.ID] = self.Addr
+		if self.IsReplica() {
+			replicas[self.ID] = self
+		} else if self.SlotCount() > 0 {
+			masters[self.ID] = self
+		}
+	}
+	return masters, replicas, nodes
+}
+
+var _ = Describe("A managed CounterStore", Ordered, func() {
+	var (
+		k        *kubelet
+		password string
+		keys     = map[string]string{}
+	)
+
+	BeforeAll(func(ctx SpecContext) {
+		k = newKubelet(storeName, GinkgoT().TempDir())
+		DeferCleanup(k.shutdown)
+		cs := &v1alpha1.CounterStore{
+			ObjectMeta: metav1.ObjectMeta{Name: storeName},
+			Spec: v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{
+				Shards:           3,
+				ReplicasPerShard: 1,
+				NodeTimeout:      &metav1.Duration{Duration: time.Second},
+			}},
+		}
+		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+	})
+
+	clusterClient := func() *redis.ClusterClient {
+		var addrs []string
+		for _, c := range k.clients() {
+			addrs = append(addrs, c.Options().Addr)
+		}
+		cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Password: password, Protocol: 2, DisableIdentity: true, MaxRedirects: 16})
+		DeferCleanup(cl.Close)
+		return cl
+	}
+	writeKeys := func(ctx context.Context, prefix string, n int) {
+		GinkgoHelper()
+		cl := clusterClient()
+		for i := range n {
+			key, val := fmt.Sprintf("%s:%d", prefix, i), strconv.Itoa(i*3+1)
+			Expect(cl.Set(ctx, key, val, 0).Err()).To(Succeed())
+			keys[key] = val
+		}
+		Expect(nodetest.WaitReplicated(ctx, k.clients(), 10*time.Second)).To(Succeed())
+	}
+	checkKeys := func(ctx context.Context) {
+		GinkgoHelper()
+		cl := clusterClient()
+		var lost []string
+		for key, want := range keys {
+			got, err := cl.Get(ctx, key).Result()
+			if err != nil || got != want {
+				lost = append(lost, fmt.Sprintf("%s=%q (%v)", key, got, err))
+			}
+		}
+		Expect(lost).To(BeEmpty(), "%d of %d keys lost", len(lost), len(keys))
+	}
+
+	It("writes its objects with owner references and one field owner", func(ctx SpecContext) {
+		cs := getStore(ctx, storeName)
+		ns := counterstore.DefaultNamespace
+		name := counterstore.ObjectName(storeName)
+		isOwned := func(o client.Object) {
+			GinkgoHelper()
+			refs := o.GetOwnerReferences()
+			Expect(refs).To(HaveLen(1))
+			Expect(refs[0].UID).To(Equal(cs.UID))
+			Expect(refs[0].Kind).To(Equal("CounterStore"))
+			Expect(ptr.Deref(refs[0].Controller, false)).To(BeTrue())
+			managers := map[string]metav1.ManagedFieldsOperationType{}
+			for _, mf := range o.GetManagedFields() {
+				managers[mf.Manager] = mf.Operation
+			}
+			Expect(managers).To(HaveKeyWithValue(counterstore.FieldOwner, metav1.ManagedFieldsOperationApply))
+		}
+		var sts appsv1.StatefulSet
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sts)
+		}).Should(Succeed())
+		isOwned(&sts)
+		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(6))
+		Expect(sts.Spec.ServiceName).To(Equal(name))
+		Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("redis:7.4"), "the API default")
+
+		var svc corev1.Service
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc)).To(Succeed())
+		isOwned(&svc)
+		Expect(svc.Spec.ClusterIP).To(Equal(corev1.ClusterIPNone))
+
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.ConfigMapName(storeName)}, &cm)).To(Succeed())
+		isOwned(&cm)
+		Expect(cm.Data["redis.conf"]).To(ContainSubstring("cluster-node-timeout 1000\n"))
+
+		var pdb policyv1.PodDisruptionBudget
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pdb)).To(Succeed())
+		isOwned(&pdb)
+
+		var sec corev1.Secret
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &sec)).To(Succeed())
+		isOwned(&sec)
+		password = string(sec.Data[counterstore.PasswordKey])
+		Expect(password).To(HaveLen(64))
+
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(condStatus(cs, v1alpha1.ConditionReady)).To(Equal(metav1.ConditionFalse))
+			g.Expect(cs.Status.AuthSecretName).To(Equal(counterstore.AuthSecretName(storeName)))
+		}).Should(Succeed())
+	})
+
+	It("forms a cluster from the Pods' addresses", func(ctx SpecContext) {
+		created := k.syncStatefulSet(ctx)
+		Expect(created).To(HaveLen(6))
+		var wg sync.WaitGroup
+		for _, name := range created {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				k.start(ctx, name, false)
+			})
+		}
+		wg.Wait()
+		lastReady := time.Now()
+
+		Eventually(func() bool { return k.clusterOK(ctx) }).WithTimeout(60 * time.Second).WithPolling(20 * time.Millisecond).Should(BeTrue())
+		clusterOK := time.Since(lastReady)
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(healthy(cs, 3, 1)).To(BeTrue(), describe(cs))
+		}).WithTimeout(30 * time.Second).WithPolling(50 * time.Millisecond).Should(Succeed())
+		statusReady := time.Since(lastReady)
+		AddReportEntry("last Pod Ready -> cluster_state:ok", clusterOK.Round(time.Millisecond).String())
+		AddReportEntry("last Pod Ready -> CounterStore Ready, not Degraded", statusReady.Round(time.Millisecond).String())
+		GinkgoWriter.Printf("formation: cluster_state:ok %v, status healthy %v after the last Pod turned Ready\n", clusterOK, statusReady)
+
+		masters, replicas, nodes := topology(ctx, k)
+		Expect(masters).To(HaveLen(3))
+		Expect(replicas).To(HaveLen(3))
+		cs := getStore(ctx, storeName)
+		var masterAddrs []string
+		for _, m := range masters {
+			masterAddrs = append(masterAddrs, m.Addr)
+			Expect(m.SlotCount()).To(BeNumerically("~", formation.NumSlots/3, 1))
+		}
+		Expect(cs.Status.Endpoints).To(ConsistOf(masterAddrs), "the endpoints are the masters")
+		// Each replica replicates a master on another Kubernetes node.
+		nodeOf := func(addr string) string {
+			var pod corev1.Pod
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: k.podAt(addr)}, &pod)).To(Succeed())
+			return pod.Spec.NodeName
+		}
+		for _, r := range replicas {
+			Expect(masters).To(HaveKey(r.MasterID))
+			Expect(nodeOf(r.Addr)).NotTo(Equal(nodeOf(nodes[r.MasterID])), "replica %s and its master share a Kubernetes node", r.Addr)
+		}
+		writeKeys(ctx, "formed", 1000)
+		checkKeys(ctx)
+	})
+
+	It("fails over a killed master, reports it, and repairs the cluster", func(ctx SpecContext) {
+		cs := getStore(ctx, storeName)
+		victim := cs.Status.Endpoints[0]
+		pod := k.podAt(victim)
+		Expect(pod).NotTo(BeEmpty())
+		killed := time.Now()
+		k.kill(ctx, pod)
+
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(condStatus(cs, v1alpha1.ConditionReady)).To(Equal(metav1.ConditionTrue), describe(cs))
+			g.Expect(cs.Status.Endpoints).To(HaveLen(3))
+			g.Expect(cs.Status.Endpoints).NotTo(ContainElement(victim), "the promoted replica replaces the dead master")
+			g.Expect(cs.Status.Nodes.Primaries).To(BeEquivalentTo(3))
+			g.Expect(condStatus(cs, v1alpha1.ConditionDegraded)).To(Equal(metav1.ConditionTrue), describe(cs))
+			g.Expect(meta.FindStatusCondition(cs.Status.Conditions, v1alpha1.ConditionDegraded).Message).To(ContainSubstring(pod))
+		}).WithTimeout(30 * time.Second).WithPolling(50 * time.Millisecond).Should(Succeed())
+		failover := time.Since(killed)
+		checkKeys(ctx)
+
+		// The kubelet restarts the container: same Pod, same IP, a new
+		// node (the start script drops nodes.conf).
+		restarted := time.Now()
+		k.start(ctx, pod, false)
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(healthy(cs, 3, 1)).To(BeTrue(), describe(cs))
+		}).WithTimeout(30 * time.Second).WithPolling(50 * time.Millisecond).Should(Succeed())
+		heal := time.Since(restarted)
+		AddReportEntry("master killed -> status Ready with the promoted master", failover.Round(time.Millisecond).String())
+		AddReportEntry("killed master's Pod back -> healed (not Degraded)", heal.Round(time.Millisecond).String())
+		AddReportEntry("master killed -> healed, total", time.Since(killed).Round(time.Millisecond).String())
+		GinkgoWriter.Printf("kill master: failover in status after %v; healed %v after the container restarted\n", failover, heal)
+
+		masters, replicas, nodes := topology(ctx, k)
+		Expect(masters).To(HaveLen(3))
+		Expect(replicas).To(HaveLen(3))
+		Expect(nodes).To(HaveLen(6))
+		// The dead node is forgotten everywhere: every node knows 6.
+		for _, c := range k.clients() {
+			raw, err := c.ClusterNodes(ctx).Result()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(strings.Count(strings.TrimSpace(raw), "\n")+1).To(Equal(6), "node %s still lists a forgotten node:\n%s", c.Options().Addr, raw)
+		}
+		checkKeys(ctx)
+	})
+
+	It("heals when a Pod comes back at a new address", func(ctx SpecContext) {
+		cs := getStore(ctx, storeName)
+		victim := cs.Status.Endpoints[1]
+		pod := k.podAt(victim)
+		Expect(pod).NotTo(BeEmpty())
+		start := time.Now()
+		k.recreate(ctx, pod)
+		newAddr := k.addr(pod)
+		Expect(newAddr).NotTo(Equal(victim))
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(healthy(cs, 3, 1)).To(BeTrue(), describe(cs))
+			g.Expect(cs.Status.Endpoints).NotTo(ContainElement(victim))
+		}).WithTimeout(45 * time.Second).WithPolling(50 * time.Millisecond).Should(Succeed())
+		AddReportEntry("Pod recreated at a new address -> healed", time.Since(start).Round(time.Millisecond).String())
+		_, _, nodes := topology(ctx, k)
+		Expect(nodes).To(HaveLen(6))
+		Expect(slices.Collect(maps.Values(nodes))).To(ContainElement(newAddr))
+		checkKeys(ctx)
+	})
+
+	It("scales from 3 to 4 shards without losing a key", func(ctx SpecContext) {
+		writeKeys(ctx, "before-scale", 2000)
+		cs := getStore(ctx, storeName)
+		cs.Spec.Managed.Shards = 4
+		Expect(k8sClient.Update(ctx, cs)).To(Succeed())
+		var created []string
+		Eventually(func() []string {
+			created = append(created, k.syncStatefulSet(ctx)...)
+			return created
+		}).Should(HaveLen(2))
+		start := time.Now()
+		for _, name := range created {
+			k.start(ctx, name, false)
+		}
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(healthy(cs, 4, 1)).To(BeTrue(), describe(cs))
+		}).WithTimeout(90 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		AddReportEntry(fmt.Sprintf("3 -> 4 shards with %d keys", len(keys)), time.Since(start).Round(time.Millisecond).String())
+		masters, replicas, _ := topology(ctx, k)
+		Expect(masters).To(HaveLen(4))
+		Expect(replicas).To(HaveLen(4))
+		for _, m := range masters {
+			Expect(m.SlotCount()).To(Equal(formation.NumSlots / 4))
+		}
+		checkKeys(ctx)
+	})
+
+	It("gives a policy without a storeRef the default store", func(ctx SpecContext) {
+		ns := "fg-" + rand.String(8)
+		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(k8sClient.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		})
+		p := &v1alpha1.RateLimitPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "per-user"},
+			Spec: v1alpha1.RateLimitPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+				Rules: []v1alpha1.Rule{{
+					Name:  "per-key",
+					Key:   []v1alpha1.KeyPart{{Header: "X-API-Key"}},
+					Limit: v1alpha1.Limit{Requests: 100, Per: metav1.Duration{Duration: time.Minute}},
+				}},
+			},
+		}
+		Expect(p.Spec.StoreRef).To(BeNil())
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+
+		cs := getStore(ctx, storeName)
+		Eventually(func(g Gomega) {
+			var cm corev1.ConfigMap
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm)).To(Succeed())
+			doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(doc.Store.Name).To(Equal(storeName))
+			g.Expect(doc.Store.Type).To(Equal(config.StoreRedis))
+			g.Expect(doc.Store.Addresses).To(ConsistOf(cs.Status.Endpoints))
+			g.Expect(doc.Store.AuthSecretName).To(Equal(counterstore.AuthSecretName(storeName)))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		// The sidecars read the password from their own namespace.
+		Eventually(func(g Gomega) {
+			var copy corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &copy)).To(Succeed())
+			g.Expect(string(copy.Data[counterstore.PasswordKey])).To(Equal(password))
+			g.Expect(copy.OwnerReferences).To(HaveLen(1))
+			g.Expect(copy.OwnerReferences[0].UID).To(Equal(cs.UID))
+		}).Should(Succeed())
+
+		// Without policies the namespace needs no copy.
+		Expect(k8sClient.Delete(ctx, p)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &corev1.Secret{}))
+		}).WithTimeout(30 * time.Second).Should(BeTrue())
+	})
+
+	It("scales back to 3 shards, draining the leaving Pods first", func(ctx SpecContext) {
+		cs := getStore(ctx, storeName)
+		cs.Spec.Managed.Shards = 3
+		Expect(k8sClient.Update(ctx, cs)).To(Succeed())
+		start := time.Now()
+		// The StatefulSet keeps its 8 Pods until the leaving ones hold no
+		// slot; the fake StatefulSet controller then deletes them.
+		Eventually(func(g Gomega) {
+			var sts appsv1.StatefulSet
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.ObjectName(storeName)}, &sts)).To(Succeed())
+			if *sts.Spec.Replicas == 8 {
+				masters, _, _ := topology(ctx, k)
+				g.Expect(masters).To(HaveLen(3), "still draining")
+			}
+			g.Expect(*sts.Spec.Replicas).To(BeEquivalentTo(6))
+		}).WithTimeout(90 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		masters, _, _ := topology(ctx, k)
+		for _, name := range []string{counterstore.ObjectName(storeName) + "-6", counterstore.ObjectName(storeName) + "-7"} {
+			for _, m := range masters {
+				Expect(m.Addr).NotTo(Equal(k.addr(name)), "leaving Pod %s still serves slots", name)
+			}
+		}
+		checkKeys(ctx)
+		k.syncStatefulSet(ctx)
+		Eventually(func(g Gomega) {
+			cs := getStore(ctx, storeName)
+			g.Expect(healthy(cs, 3, 1)).To(BeTrue(), describe(cs))
+		}).WithTimeout(60 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		AddReportEntry("4 -> 3 shards, drained and forgotten", time.Since(start).Round(time.Millisecond).String())
+		_, _, nodes := topology(ctx, k)
+		Expect(nodes).To(HaveLen(6))
+		checkKeys(ctx)
+	})
+})

@@ -1,0 +1,376 @@
+package counterstore
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+)
+
+// Names and labels of the objects a managed store owns.
+const (
+	// NamePrefix starts the name of every object of a managed store:
+	// counterstore-<store>.
+	NamePrefix = "counterstore-"
+	// RedisPort is the node port; the cluster bus uses RedisPort+10000.
+	RedisPort = 6379
+	// BusPort is the cluster bus port.
+	BusPort = RedisPort + 10000
+	// PasswordKey is the key of the password in the auth Secret.
+	PasswordKey = "password"
+
+	// LabelName, LabelInstance, LabelComponent and LabelManagedBy are the
+	// recommended labels on every object of a store. LabelName and
+	// LabelInstance select the store's Pods.
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelStore names the CounterStore on its auth Secret copies in the
+	// policies' namespaces.
+	LabelStore = "ratelimit.floodgate.dev/counterstore"
+
+	// NameValue is LabelName's value.
+	NameValue = "floodgate-counterstore"
+	// ManagedByValue is LabelManagedBy's value; the manager's cache
+	// watches only ConfigMaps that carry it.
+	ManagedByValue = "floodgate-manager"
+
+	// ConfigHashAnnotation on the Pod template holds a hash of redis.conf,
+	// so that a config change rolls the Pods.
+	ConfigHashAnnotation = "ratelimit.floodgate.dev/config-hash"
+	// AuthHashAnnotation on the Pod template holds a hash of the password,
+	// so that a new password rolls the Pods; on a Secret copy it tells
+	// whether the copy is current.
+	AuthHashAnnotation = "ratelimit.floodgate.dev/auth-hash"
+
+	configDir = "/etc/redis"
+	dataDir   = "/data"
+)
+
+// ObjectName returns the name of the StatefulSet, the headless Service and
+// the PodDisruptionBudget of store: counterstore-<store>.
+func ObjectName(store string) string { return NamePrefix + store }
+
+// ConfigMapName returns the name of store's redis.conf ConfigMap.
+func ConfigMapName(store string) string { return NamePrefix + store + "-config" }
+
+// AuthSecretName returns the name of store's password Secret, in the
+// manager's namespace and, as a copy, in every namespace whose policies
+// use the store.
+func AuthSecretName(store string) string { return NamePrefix + store + "-auth" }
+
+// SelectorLabels returns the labels that select store's Pods.
+func SelectorLabels(store string) map[string]string {
+	return map[string]string{LabelName: NameValue, LabelInstance: store}
+}
+
+func labelsFor(store, component string) map[string]string {
+	l := SelectorLabels(store)
+	l[LabelComponent] = component
+	l[LabelManagedBy] = ManagedByValue
+	return l
+}
+
+// ownerRef returns the controller reference to cs.
+func ownerRef(cs *v1alpha1.CounterStore) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion:         v1alpha1.GroupVersion.String(),
+		Kind:               "CounterStore",
+		Name:               cs.Name,
+		UID:                cs.UID,
+		Controller:         ptr.To(true),
+		BlockOwnerDeletion: ptr.To(true),
+	}
+}
+
+func objectMeta(cs *v1alpha1.CounterStore, ns, name, component string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:            name,
+		Namespace:       ns,
+		Labels:          labelsFor(cs.Name, component),
+		OwnerReferences: []metav1.OwnerReference{ownerRef(cs)},
+	}
+}
+
+// defaultNodeTimeout is the API's default for spec.managed.nodeTimeout.
+const defaultNodeTimeout = 5 * time.Second
+
+// nodeTimeout returns the managed store's cluster-node-timeout.
+func nodeTimeout(m *v1alpha1.ManagedStore) time.Duration {
+	if m.NodeTimeout != nil && m.NodeTimeout.Duration > 0 {
+		return m.NodeTimeout.Duration
+	}
+	return defaultNodeTimeout
+}
+
+// TotalNodes returns the number of Redis nodes m asks for.
+func TotalNodes(m *v1alpha1.ManagedStore) int {
+	return int(m.Shards) * (1 + int(m.ReplicasPerShard))
+}
+
+// RedisConf returns the redis.conf of a managed store's nodes. The start
+// script adds what differs per Pod or is secret: bind and
+// cluster-announce-ip (the Pod IP), requirepass and masterauth.
+//
+// Nothing is persisted (no RDB, no AOF): counters are short-lived. Every
+// slot that a live master serves keeps working while another shard is
+// down (cluster-require-full-coverage no), so one lost shard fails only
+// its own keys, which the sidecars handle by their rules' failure modes.
+// A replica may always fail over however long it was cut off
+// (cluster-replica-validity-factor 0): stale counters beat no counters.
+// Replicas stay where the operator put them
+// (cluster-allow-replica-migration no).
+func RedisConf(cs *v1alpha1.CounterStore) string {
+	m := cs.Spec.Managed
+	var b strings.Builder
+	fmt.Fprintf(&b, "# redis.conf of CounterStore %s, written by floodgate-manager: edits are overwritten.\n", cs.Name)
+	lines := [][2]string{
+		{"port", strconv.Itoa(RedisPort)},
+		{"protected-mode", "no"},
+		{"daemonize", "no"},
+		{"dir", dataDir},
+		{"save", `""`},
+		{"appendonly", "no"},
+		{"cluster-enabled", "yes"},
+		{"cluster-config-file", dataDir + "/nodes.conf"},
+		{"cluster-node-timeout", strconv.FormatInt(nodeTimeout(m).Milliseconds(), 10)},
+		{"cluster-require-full-coverage", "no"},
+		{"cluster-replica-validity-factor", "0"},
+		{"cluster-allow-replica-migration", "no"},
+		{"tcp-keepalive", "60"},
+	}
+	if m.MaxMemory != nil && !m.MaxMemory.IsZero() {
+		lines = append(lines, [2]string{"maxmemory", strconv.FormatInt(m.MaxMemory.Value(), 10)},
+			[2]string{"maxmemory-policy", "volatile-ttl"})
+	}
+	for _, l := range lines {
+		fmt.Fprintf(&b, "%s %s\n", l[0], l[1])
+	}
+	return b.String()
+}
+
+// StartScript returns the Redis container's shell command. It drops
+// nodes.conf, so a restarted node always joins as a new, empty node: an
+// empty node that kept its identity would come back as the master of its
+// old slots, and its replica would then copy the empty data set. A new node
+// leaves the old identity to fail over to its replica, and the operator
+// makes the new node a replica. The per-Pod settings and the password go
+// in through standard input, never on the command line.
+func StartScript(confDir, dir string) string {
+	return fmt.Sprintf(`set -eu
+rm -f %[2]s/nodes.conf
+exec redis-server %[1]s/redis.conf - <<EOF
+bind ${POD_IP}
+cluster-announce-ip ${POD_IP}
+requirepass "${REDIS_PASSWORD}"
+masterauth "${REDIS_PASSWORD}"
+EOF
+`, confDir, dir)
+}
+
+// probeScript checks that the node answers PING; REDISCLI_AUTH carries the
+// password.
+const probeScript = `redis-cli -h "${POD_IP}" -p 6379 ping | grep -q PONG`
+
+func hash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
+}
+
+// DesiredConfigMap returns the ConfigMap holding redis.conf.
+func DesiredConfigMap(cs *v1alpha1.CounterStore, ns string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: objectMeta(cs, ns, ConfigMapName(cs.Name), "redis"),
+		Data:       map[string]string{"redis.conf": RedisConf(cs)},
+	}
+}
+
+// DesiredService returns the headless Service that gives the Pods their
+// DNS names. It publishes not-ready addresses: nodes must find each other
+// before the cluster can serve.
+func DesiredService(cs *v1alpha1.CounterStore, ns string) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: objectMeta(cs, ns, ObjectName(cs.Name), "redis"),
+		Spec: corev1.ServiceSpec{
+			ClusterIP:                corev1.ClusterIPNone,
+			Selector:                 SelectorLabels(cs.Name),
+			PublishNotReadyAddresses: true,
+			Ports: []corev1.ServicePort{
+				{Name: "redis", Port: RedisPort, TargetPort: intstr.FromString("redis"), Protocol: corev1.ProtocolTCP},
+				{Name: "bus", Port: BusPort, TargetPort: intstr.FromString("bus"), Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+}
+
+// DesiredPDB returns the PodDisruptionBudget that lets voluntary
+// disruptions take one node at a time, so a shard never loses its master
+// and its replica together to a drain.
+func DesiredPDB(cs *v1alpha1.CounterStore, ns string) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"},
+		ObjectMeta: objectMeta(cs, ns, ObjectName(cs.Name), "redis"),
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Selector:       &metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)},
+		},
+	}
+}
+
+// DesiredSecret returns the Secret that holds the store's password.
+func DesiredSecret(cs *v1alpha1.CounterStore, ns, password string) *corev1.Secret {
+	return &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: objectMeta(cs, ns, AuthSecretName(cs.Name), "auth"),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{PasswordKey: []byte(password)},
+	}
+}
+
+// DesiredSecretCopy returns the copy of the store's password Secret in a
+// namespace whose sidecars use the store.
+func DesiredSecretCopy(cs *v1alpha1.CounterStore, ns, password string) *corev1.Secret {
+	s := DesiredSecret(cs, ns, password)
+	s.Labels[LabelStore] = cs.Name
+	s.Labels[LabelComponent] = "auth-copy"
+	s.Annotations = map[string]string{AuthHashAnnotation: hash(password)}
+	return s
+}
+
+// DesiredStatefulSet returns the StatefulSet of the store's Redis nodes,
+// with the given number of replicas (the controller keeps leaving nodes
+// until they are drained).
+func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, password string) *appsv1.StatefulSet {
+	m := cs.Spec.Managed
+	name := ObjectName(cs.Name)
+	podLabels := labelsFor(cs.Name, "redis")
+	image := m.Image
+	if image == "" {
+		image = "redis:7.4"
+	}
+	probe := func(period, failures, initial int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:        corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", probeScript}}},
+			InitialDelaySeconds: initial,
+			PeriodSeconds:       period,
+			TimeoutSeconds:      2,
+			FailureThreshold:    failures,
+		}
+	}
+	passwordRef := &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: AuthSecretName(cs.Name)},
+		Key:                  PasswordKey,
+	}}
+	container := corev1.Container{
+		Name:            "redis",
+		Image:           image,
+		ImagePullPolicy: m.ImagePullPolicy,
+		Command:         []string{"sh", "-c", StartScript(configDir, dataDir)},
+		Env: []corev1.EnvVar{
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+			{Name: "REDIS_PASSWORD", ValueFrom: passwordRef},
+			{Name: "REDISCLI_AUTH", ValueFrom: passwordRef},
+		},
+		Ports: []corev1.ContainerPort{
+			{Name: "redis", ContainerPort: RedisPort, Protocol: corev1.ProtocolTCP},
+			{Name: "bus", ContainerPort: BusPort, Protocol: corev1.ProtocolTCP},
+		},
+		ReadinessProbe: probe(5, 3, 2),
+		LivenessProbe:  probe(10, 6, 15),
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "data", MountPath: dataDir},
+			{Name: "config", MountPath: configDir, ReadOnly: true},
+		},
+	}
+	if m.Resources != nil {
+		container.Resources = *m.Resources.DeepCopy()
+	}
+	pod := corev1.PodSpec{
+		Containers:                    []corev1.Container{container},
+		EnableServiceLinks:            ptr.To(false),
+		AutomountServiceAccountToken:  ptr.To(false),
+		TerminationGracePeriodSeconds: ptr.To[int64](10),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			RunAsUser:      ptr.To[int64](999), // the redis user of the official image
+			RunAsGroup:     ptr.To[int64](999),
+			FSGroup:        ptr.To[int64](999),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		NodeSelector:      maps.Clone(m.NodeSelector),
+		PriorityClassName: m.PriorityClassName,
+		Affinity:          antiAffinity(m.PodAntiAffinity, SelectorLabels(cs.Name)),
+		Volumes: []corev1.Volume{
+			{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(cs.Name)},
+			}}},
+		},
+	}
+	for _, t := range m.Tolerations {
+		pod.Tolerations = append(pod.Tolerations, *t.DeepCopy())
+	}
+	return &appsv1.StatefulSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "StatefulSet"},
+		ObjectMeta: objectMeta(cs, ns, name, "redis"),
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To(replicas),
+			ServiceName: name,
+			Selector:    &metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)},
+			// The operator, not the ordinal order, decides roles: start
+			// every Pod at once.
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			UpdateStrategy:      appsv1.StatefulSetUpdateStrategy{Type: appsv1.RollingUpdateStatefulSetStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels: podLabels,
+					Annotations: map[string]string{
+						ConfigHashAnnotation: hash(RedisConf(cs)),
+						AuthHashAnnotation:   hash(password),
+					},
+				},
+				Spec: pod,
+			},
+		},
+	}
+}
+
+// antiAffinity spreads the store's Pods over Kubernetes nodes.
+func antiAffinity(mode v1alpha1.AntiAffinityMode, selector map[string]string) *corev1.Affinity {
+	term := corev1.PodAffinityTerm{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: selector},
+		TopologyKey:   corev1.LabelHostname,
+	}
+	switch mode {
+	case v1alpha1.AntiAffinityNone:
+		return nil
+	case v1alpha1.AntiAffinityRequired:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term},
+		}}
+	default:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: term}},
+		}}
+	}
+}

@@ -1,0 +1,360 @@
+package counterstore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+)
+
+func testStore() *v1alpha1.CounterStore {
+	return &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: "orders", UID: types.UID("uid-1")},
+		Spec: v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{
+			Shards:           3,
+			ReplicasPerShard: 1,
+			Image:            "redis:7.4",
+			NodeTimeout:      &metav1.Duration{Duration: 2 * time.Second},
+			PodAntiAffinity:  v1alpha1.AntiAffinityPreferred,
+		}},
+	}
+}
+
+func TestRedisConf(t *testing.T) {
+	t.Parallel()
+	cs := testStore()
+	conf := RedisConf(cs)
+	for _, want := range []string{
+		"cluster-enabled yes\n", "cluster-node-timeout 2000\n", `save ""` + "\n", "appendonly no\n",
+		"cluster-config-file /data/nodes.conf\n", "cluster-require-full-coverage no\n",
+		"cluster-replica-validity-factor 0\n", "cluster-allow-replica-migration no\n", "port 6379\n",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("redis.conf lacks %q:\n%s", want, conf)
+		}
+	}
+	if strings.Contains(conf, "maxmemory") {
+		t.Errorf("redis.conf sets maxmemory without spec.managed.maxMemory:\n%s", conf)
+	}
+	if strings.Contains(conf, "requirepass") || strings.Contains(conf, "bind") {
+		t.Errorf("redis.conf carries per-Pod or secret settings, which the start script adds:\n%s", conf)
+	}
+	cs.Spec.Managed.MaxMemory = ptr.To(resource.MustParse("256Mi"))
+	conf = RedisConf(cs)
+	if !strings.Contains(conf, "maxmemory 268435456\n") || !strings.Contains(conf, "maxmemory-policy volatile-ttl\n") {
+		t.Errorf("redis.conf with maxMemory 256Mi:\n%s", conf)
+	}
+	cs.Spec.Managed.NodeTimeout = nil
+	if conf := RedisConf(cs); !strings.Contains(conf, "cluster-node-timeout 5000\n") {
+		t.Errorf("default node timeout missing:\n%s", conf)
+	}
+}
+
+func TestDesiredStatefulSet(t *testing.T) {
+	t.Parallel()
+	cs := testStore()
+	cs.Spec.Managed.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("300Mi")}}
+	cs.Spec.Managed.Tolerations = []corev1.Toleration{{Key: "redis", Operator: corev1.TolerationOpExists}}
+	cs.Spec.Managed.NodeSelector = map[string]string{"pool": "cache"}
+	sts := DesiredStatefulSet(cs, "floodgate-system", 6, "0123456789abcdef0123")
+
+	if got, want := sts.Name, "counterstore-orders"; got != want {
+		t.Errorf("name = %s, want %s", got, want)
+	}
+	if got := *sts.Spec.Replicas; got != 6 {
+		t.Errorf("replicas = %d, want 6", got)
+	}
+	if refs := sts.OwnerReferences; len(refs) != 1 || refs[0].UID != cs.UID || !*refs[0].Controller || refs[0].Kind != "CounterStore" {
+		t.Errorf("owner references = %+v", refs)
+	}
+	for k, v := range sts.Spec.Selector.MatchLabels {
+		if sts.Spec.Template.Labels[k] != v {
+			t.Errorf("template lacks selector label %s=%s", k, v)
+		}
+	}
+	pod := sts.Spec.Template.Spec
+	c := pod.Containers[0]
+	if c.Image != "redis:7.4" || len(c.Command) != 3 || c.Command[2] != StartScript("/etc/redis", "/data") {
+		t.Errorf("container image %q command %q", c.Image, c.Command)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	if e := env["POD_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("POD_IP = %+v", e)
+	}
+	for _, name := range []string{"REDIS_PASSWORD", "REDISCLI_AUTH"} {
+		if e := env[name]; e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "counterstore-orders-auth" || e.ValueFrom.SecretKeyRef.Key != PasswordKey {
+			t.Errorf("%s = %+v", name, e)
+		}
+	}
+	if c.Resources.Limits.Memory().String() != "300Mi" {
+		t.Errorf("resources = %+v", c.Resources)
+	}
+	if len(pod.Tolerations) != 1 || pod.NodeSelector["pool"] != "cache" {
+		t.Errorf("tolerations %v, node selector %v", pod.Tolerations, pod.NodeSelector)
+	}
+	if !*pod.SecurityContext.RunAsNonRoot || !*c.SecurityContext.ReadOnlyRootFilesystem || *c.SecurityContext.AllowPrivilegeEscalation {
+		t.Error("the Redis container does not run restricted")
+	}
+	if a := pod.Affinity.PodAntiAffinity; a == nil || len(a.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Errorf("Preferred anti-affinity = %+v", pod.Affinity)
+	}
+
+	cs.Spec.Managed.PodAntiAffinity = v1alpha1.AntiAffinityRequired
+	if a := DesiredStatefulSet(cs, "ns", 6, "p").Spec.Template.Spec.Affinity.PodAntiAffinity; len(a.RequiredDuringSchedulingIgnoredDuringExecution) != 1 ||
+		a.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey != corev1.LabelHostname {
+		t.Errorf("Required anti-affinity = %+v", a)
+	}
+	cs.Spec.Managed.PodAntiAffinity = v1alpha1.AntiAffinityNone
+	if a := DesiredStatefulSet(cs, "ns", 6, "p").Spec.Template.Spec.Affinity; a != nil {
+		t.Errorf("None anti-affinity = %+v", a)
+	}
+
+	// A config or password change changes the template, so Pods roll.
+	before := sts.Spec.Template.Annotations
+	cs.Spec.Managed.NodeTimeout = &metav1.Duration{Duration: 3 * time.Second}
+	after := DesiredStatefulSet(cs, "ns", 6, "0123456789abcdef0123").Spec.Template.Annotations
+	if before[ConfigHashAnnotation] == after[ConfigHashAnnotation] {
+		t.Error("config hash unchanged by a node timeout change")
+	}
+	if other := DesiredStatefulSet(cs, "ns", 6, "another-password-00").Spec.Template.Annotations; other[AuthHashAnnotation] == after[AuthHashAnnotation] {
+		t.Error("auth hash unchanged by a password change")
+	}
+	if strings.Contains(strings.Join(c.Command, " "), "0123456789abcdef0123") {
+		t.Error("the password appears in the command line")
+	}
+}
+
+func TestDesiredChildren(t *testing.T) {
+	t.Parallel()
+	cs := testStore()
+	svc := DesiredService(cs, "ns")
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses || len(svc.Spec.Ports) != 2 {
+		t.Errorf("service spec = %+v", svc.Spec)
+	}
+	pdb := DesiredPDB(cs, "ns")
+	if pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("pdb maxUnavailable = %v", pdb.Spec.MaxUnavailable)
+	}
+	sec := DesiredSecret(cs, "ns", "pw")
+	if string(sec.Data[PasswordKey]) != "pw" || sec.Name != "counterstore-orders-auth" {
+		t.Errorf("secret = %+v", sec)
+	}
+	cp := DesiredSecretCopy(cs, "team-a", "pw")
+	if cp.Namespace != "team-a" || cp.Labels[LabelStore] != "orders" || cp.Annotations[AuthHashAnnotation] == "" || cp.Labels[LabelManagedBy] != ManagedByValue {
+		t.Errorf("secret copy = %+v", cp.ObjectMeta)
+	}
+	if _, ok := sec.Labels[LabelStore]; ok {
+		t.Error("the original Secret carries the copy label, so copy cleanup would delete it")
+	}
+	cm := DesiredConfigMap(cs, "ns")
+	if cm.Labels[LabelManagedBy] != ManagedByValue {
+		t.Error("the ConfigMap lacks the managed-by label the manager's cache filters on")
+	}
+}
+
+func pod(name, ip, node string) corev1.Pod {
+	return corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{PodIP: ip},
+	}
+}
+
+func TestMembers(t *testing.T) {
+	t.Parallel()
+	pods := []corev1.Pod{
+		pod("counterstore-x-2", "10.0.0.2", "n2"),
+		pod("counterstore-x-0", "10.0.0.1", "n1"),
+		pod("counterstore-x-1", "", ""), // scheduled, no IP yet
+		pod("counterstore-x-7", "fd00::7", "n3"),
+		pod("counterstore-x-01", "10.9.9.9", ""), // not an ordinal
+		pod("counterstore-xy-3", "10.9.9.8", ""), // another store
+	}
+	got := Members(pods, "counterstore-x", 4, 4)
+	want := []formation.Member{
+		{Name: "counterstore-x-0", Addr: "10.0.0.1:6379", Host: "n1"},
+		{Name: "counterstore-x-1"},
+		{Name: "counterstore-x-2", Addr: "10.0.0.2:6379", Host: "n2"},
+		{Name: "counterstore-x-3"},
+		{Name: "counterstore-x-4", Leaving: true},
+		{Name: "counterstore-x-5", Leaving: true},
+		{Name: "counterstore-x-6", Leaving: true},
+		{Name: "counterstore-x-7", Addr: "[fd00::7]:6379", Host: "n3", Leaving: true},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Members =\n%+v\nwant\n%+v", got, want)
+	}
+	// Shrinking: the StatefulSet still has 8, the spec wants 6.
+	got = Members(nil, "counterstore-x", 6, 8)
+	if len(got) != 8 || got[5].Leaving || !got[6].Leaving || !got[7].Leaving {
+		t.Errorf("Members while shrinking = %+v", got)
+	}
+}
+
+func TestValidatePassword(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{strings.Repeat("a", 16), "Zx9!#$%&()*+,-./:;<=>?@[]^_{|}~'", strings.Repeat("f", 512)} {
+		if err := ValidatePassword(ok); err != nil {
+			t.Errorf("ValidatePassword(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range []string{"short", strings.Repeat("a", 513), "has space in it!!", `has"quote"in-it`, `back\slash-in-it`, "tab\tin-the-middle", "non-ascii-é-pass"} {
+		if err := ValidatePassword(bad); err == nil {
+			t.Errorf("ValidatePassword(%q) = nil, want an error", bad)
+		}
+	}
+}
+
+func TestValidateManaged(t *testing.T) {
+	t.Parallel()
+	cs := testStore()
+	if err := validateManaged(cs); err != nil {
+		t.Fatalf("valid store: %v", err)
+	}
+	cs.Name = strings.Repeat("n", 40)
+	cs.Spec.Managed.Shards = 0
+	cs.Spec.Managed.ReplicasPerShard = 6
+	cs.Spec.Managed.NodeTimeout = &metav1.Duration{Duration: 100 * time.Millisecond}
+	err := validateManaged(cs)
+	for _, field := range []string{"metadata.name", "spec.managed.shards", "spec.managed.replicasPerShard", "spec.managed.nodeTimeout"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("validateManaged error %v does not name %s", err, field)
+		}
+	}
+}
+
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	o := Options{}.withDefaults()
+	if o.Namespace != DefaultNamespace || o.ResyncPeriod != 10*time.Second || o.ProgressPeriod <= 0 || o.MigrateBudget <= 0 || o.DialTimeout <= 0 {
+		t.Errorf("defaults = %+v", o)
+	}
+	err := Options{Namespace: "Bad_NS", ResyncPeriod: -1, DialTimeout: -1}.Validate()
+	for _, want := range []string{"namespace", "resyncPeriod", "dialTimeout"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error %v does not name %s", err, want)
+		}
+	}
+}
+
+func TestConditions(t *testing.T) {
+	t.Parallel()
+	ready := formation.Health{Assigned: 16384, SlotsCovered: 16384, StateOK: true, Primaries: 3, Replicas: 3}
+	tests := []struct {
+		name                 string
+		obs                  *observation
+		err                  error
+		ready, degraded      metav1.ConditionStatus
+		readyReason, degrRsn string
+		contains             string
+	}{
+		{"healthy", &observation{snapshot: &formation.Snapshot{}, health: ready, pass: &formation.Pass{Step: formation.StepDone}},
+			nil, metav1.ConditionTrue, metav1.ConditionFalse, ReasonClusterReady, ReasonFullyRedundant, ""},
+		{"replica missing", &observation{snapshot: &formation.Snapshot{}, health: func() formation.Health {
+			h := ready
+			h.MissingReplicas, h.Unreachable = 1, []string{"counterstore-x-4"}
+			return h
+		}(), pass: &formation.Pass{Waiting: []string{"1 replicas missing; waiting for more nodes"}}},
+			nil, metav1.ConditionTrue, metav1.ConditionTrue, ReasonClusterReady, ReasonRedundancyLost, "counterstore-x-4"},
+		{"forming", &observation{snapshot: &formation.Snapshot{Nodes: make([]formation.NodeState, 1)}, health: formation.Health{},
+			pass: &formation.Pass{Step: formation.StepJoin, Waiting: []string{"a does not know b yet"}}},
+			nil, metav1.ConditionFalse, metav1.ConditionUnknown, ReasonForming, ReasonNotReady, "a does not know b yet"},
+		{"lost shard", &observation{snapshot: &formation.Snapshot{Nodes: make([]formation.NodeState, 3)},
+			health: formation.Health{Assigned: 16384, SlotsCovered: 10000, Primaries: 2, StateOK: true}, pass: &formation.Pass{}},
+			nil, metav1.ConditionFalse, metav1.ConditionUnknown, ReasonSlotsUncovered, ReasonNotReady, "10000 of 16384"},
+		{"nothing reachable", &observation{snapshot: &formation.Snapshot{Nodes: []formation.NodeState{{Err: errors.New("refused")}}},
+			health: formation.Health{Unreachable: []string{"x"}}, pass: &formation.Pass{}},
+			nil, metav1.ConditionFalse, metav1.ConditionUnknown, ReasonUnreachable, ReasonNotReady, "refused"},
+		{"secret", &observation{failReason: ReasonSecretError, failMessage: "no key"},
+			nil, metav1.ConditionFalse, metav1.ConditionUnknown, ReasonSecretError, ReasonNotReady, "no key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r, d := conditions(tt.obs, tt.err)
+			if r.Status != tt.ready || r.Reason != tt.readyReason || d.Status != tt.degraded || d.Reason != tt.degrRsn {
+				t.Errorf("conditions = Ready %s/%s (%s), Degraded %s/%s (%s); want Ready %s/%s, Degraded %s/%s",
+					r.Status, r.Reason, r.Message, d.Status, d.Reason, d.Message, tt.ready, tt.readyReason, tt.degraded, tt.degrRsn)
+			}
+			if tt.contains != "" && !strings.Contains(r.Message+d.Message, tt.contains) {
+				t.Errorf("messages %q / %q lack %q", r.Message, d.Message, tt.contains)
+			}
+			if r.Status == metav1.ConditionTrue && strings.Contains(r.Message, "waiting") {
+				t.Errorf("a True Ready carries a progress note: %q", r.Message)
+			}
+		})
+	}
+}
+
+// TestStartScript runs the container's start script with a real
+// redis-server, as the kubelet would: it must serve on the Pod IP with the
+// password, announce the Pod IP, take the config file, and come back as a
+// new node after a restart.
+func TestStartScript(t *testing.T) {
+	t.Parallel()
+	if _, err := nodetest.FindServer(); err != nil {
+		t.Fatal(err)
+	}
+	host := nodetest.ClaimHost(t, RedisPort)
+	dir := t.TempDir()
+	confDir, dataDir := filepath.Join(dir, "config"), filepath.Join(dir, "data")
+	for _, d := range []string{confDir, dataDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := strings.ReplaceAll(RedisConf(testStore()), " /data", " "+dataDir)
+	if err := os.WriteFile(filepath.Join(confDir, "redis.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const password = "start-script-password-1"
+	addr := net.JoinHostPort(host.IP, strconv.Itoa(RedisPort))
+	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password}
+	start := func() string {
+		t.Helper()
+		p, err := nodetest.StartProcess(addr, password, dir, "sh", []string{"-c", StartScript(confDir, dataDir)}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Kill)
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		got, err := p.Client().ConfigGet(ctx, "cluster-announce-ip").Result()
+		if err != nil || got["cluster-announce-ip"] != host.IP {
+			t.Errorf("cluster-announce-ip = %v, %v; want %s", got, err, host.IP)
+		}
+		got, err = p.Client().ConfigGet(ctx, "cluster-node-timeout").Result()
+		if err != nil || got["cluster-node-timeout"] != "2000" {
+			t.Errorf("cluster-node-timeout = %v, %v; want the config file's 2000", got, err)
+		}
+		id, err := p.Client().ClusterMyID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Kill()
+		return id
+	}
+	first, second := start(), start()
+	if first == second {
+		t.Errorf("the node kept its ID %s across a restart; the start script must drop nodes.conf", first)
+	}
+}
