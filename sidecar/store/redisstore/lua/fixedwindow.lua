@@ -9,7 +9,8 @@
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
 -- Every number is an integer below 2^53: sums and differences of times
--- and counts only, exact in Lua's doubles.
+-- and counts only, exact in Lua's doubles. W + P - now is computed as
+-- (W - now) + P, which stays below 2^53 whatever now is.
 local ceil = math.ceil
 
 local now
@@ -46,11 +47,11 @@ elseif N + n <= C then
   N = N + n
   allowed, write = 1, true
 else
-  retry = W + P - now
+  retry = (W - now) + P
 end
 
 local reset = 0
-if N ~= 0 then reset = W + P - now end
+if N ~= 0 then reset = (W - now) + P end
 local remaining = C - N
 if remaining < 0 then remaining = 0 end
 

@@ -11,9 +11,11 @@
 -- ARGV[5..10]  unused here
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
--- Only an admitted request of non-zero cost writes: it prunes the expired
--- entries and adds its own. A peek or a deny counts the live entries
--- (ts > t - P) without removing anything.
+-- As in the pseudocode, every call first drops the entries at or before
+-- t - P (an empty log then vanishes), so that a clock that later goes back
+-- does not bring them back. Only an admitted request of non-zero cost adds
+-- entries and sets the TTL. Timestamps are below 2^53, exact as scores;
+-- instants relative to now are computed from ts - now first.
 local ceil = math.ceil
 
 local function int(x)
@@ -35,24 +37,16 @@ local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if top[2] then newest = tonumber(top[2]) end
 local t = now
 if newest and newest > now then t = newest end
-local live = '(' .. int(t - P)
-local cnt = redis.call('ZCOUNT', KEYS[1], live, '+inf')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(t - P))
+local cnt = redis.call('ZCARD', KEYS[1])
 
-local allowed, retry, write = 0, 0, false
+local allowed, retry = 0, 0
 if n > C then
   retry = P
 elseif n == 0 then
   allowed = 1
 elseif cnt + n <= C then
-  allowed, write = 1, true
-else
-  local k = cnt + n - C
-  local kth = redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-  retry = tonumber(kth[2]) + P - now
-end
-
-if write then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(t - P))
+  allowed = 1
   local base = redis.call('ZCOUNT', KEYS[1], int(t), int(t))
   local ts = int(t)
   local i = 0
@@ -69,14 +63,18 @@ if write then
   end
   cnt = cnt + n
   newest = t
+else
+  local k = cnt + n - C
+  local kth = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
+  retry = (tonumber(kth[2]) - now) + P
 end
 
 local reset = 0
-if cnt > 0 then reset = newest + P - now end
+if cnt > 0 then reset = (newest - now) + P end
 local remaining = C - cnt
 if remaining < 0 then remaining = 0 end
 
-if write then
+if allowed == 1 and n > 0 and n <= C then
   local r = reset
   if r < 0 then r = 0 end
   redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)

@@ -10,8 +10,9 @@
 -- ARGV[10] PW = ceil(P/q), the window in ticks
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
--- Every number is an integer below 2^52, so Lua's doubles are exact and
--- math.floor(a / b) equals Go's integer division.
+-- Every number is an integer below 2^53, so Lua's doubles are exact and
+-- math.floor(a / b) equals Go's integer division. Instants relative to now
+-- are computed from W - now first, which keeps them below 2^53.
 local floor, ceil = math.floor, math.ceil
 
 local now
@@ -63,18 +64,18 @@ else
   local a = C - cur - n
   if a >= 0 then e2 = PW - floor(a * PW / prev) end
   if e2 <= PW - 1 then
-    retry = W + e2 * q - now
+    retry = (W - now) + e2 * q
   else
     -- Not in this window: the next one has prev' = cur, cur' = 0.
     local b = C - n
     if cur <= b then
-      retry = W + P - now
+      retry = (W - now) + P
     else
       local e3 = PW - floor(b * PW / cur)
       if e3 <= PW - 1 then
-        retry = W + P + e3 * q - now
+        retry = (W - now) + P + e3 * q
       else
-        retry = W + 2 * P - now
+        retry = (W - now) + 2 * P
       end
     end
   end
@@ -82,9 +83,9 @@ end
 
 local reset = 0
 if cur > 0 then
-  reset = W + 2 * P - now
+  reset = (W - now) + 2 * P
 elseif prev > 0 then
-  reset = W + P - now
+  reset = (W - now) + P
 end
 local left = C * PW - x
 if left < 0 then left = 0 end

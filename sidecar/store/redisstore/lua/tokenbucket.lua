@@ -11,8 +11,10 @@
 -- ARGV[10] PW (unused here)
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
--- Every number is an integer below 2^52, so Lua's doubles are exact and
--- math.floor(a / b), math.ceil(a / b) equal Go's integer division.
+-- Every number is an integer below 2^53, so Lua's doubles are exact and
+-- math.floor(a / b), math.ceil(a / b) equal Go's integer division. The
+-- instants (T + w) * q - now are computed as (T * q - now) + w * q: the
+-- first form passes 2^53 when now is within a fill time of 2^53 µs.
 local floor, ceil = math.floor, math.ceil
 
 local now
@@ -66,12 +68,12 @@ elseif n * K <= L then
   allowed, write = 1, true
 else
   local w = ceil((n * K - L) / U)
-  retry = (T + w) * q - now
+  retry = (T * q - now) + w * q
 end
 
 local reset = 0
 if L ~= CU then
-  reset = (T + ceil((CU - L) / U)) * q - now
+  reset = (T * q - now) + ceil((CU - L) / U) * q
 end
 
 if write then
