@@ -20,14 +20,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 )
 
 // ReasonProgrammed is the reason of a True Programmed condition.
 const ReasonProgrammed = "Programmed"
-
-// SidecarContainer is the name of the injected sidecar container.
-const SidecarContainer = "floodgate-sidecar"
 
 // maxListed bounds the pods a message names.
 const maxListed = 5
@@ -160,7 +158,7 @@ func loadedCondition(pod *corev1.Pod) *corev1.PodCondition {
 func hasSidecar(pod *corev1.Pod) bool {
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range cs {
-			if cs[i].Name == SidecarContainer {
+			if cs[i].Name == injection.ContainerName {
 				return true
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 )
 
@@ -18,7 +19,7 @@ func pod(name string, opts ...podOpt) corev1.Pod {
 	p := corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "api"}},
 		Spec: corev1.PodSpec{
-			InitContainers: []corev1.Container{{Name: SidecarContainer}},
+			InitContainers: []corev1.Container{{Name: injection.ContainerName}},
 			Containers:     []corev1.Container{{Name: "app"}},
 		},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
@@ -67,9 +68,9 @@ func TestEvaluate(t *testing.T) {
 		name:   "no pods",
 		reason: v1alpha1.ReasonWaitingForSidecars, msgHas: []string{rev, "no running pod is targeted"},
 	}, {
-		name:       "every pod enforces the revision",
-		pods:       []corev1.Pod{pod("a", ready, enforcing(rev)), pod("b", ready, enforcing(rev))},
-		targeted:   2, enforcing: 2, programmed: true,
+		name:     "every pod enforces the revision",
+		pods:     []corev1.Pod{pod("a", ready, enforcing(rev)), pod("b", ready, enforcing(rev))},
+		targeted: 2, enforcing: 2, programmed: true,
 		reason: ReasonProgrammed, msgHas: []string{"all 2 targeted pods"},
 	}, {
 		name:     "a ready pod on an older revision holds it back",
@@ -102,9 +103,9 @@ func TestEvaluate(t *testing.T) {
 		targeted: 1,
 		reason:   v1alpha1.ReasonWaitingForSidecars, msgHas: []string{"a (its sidecar has not reported yet)"},
 	}, {
-		name:       "a starting pod does not hold it back",
-		pods:       []corev1.Pod{pod("a", ready, enforcing(rev)), pod("new")},
-		targeted:   2, enforcing: 1, programmed: true,
+		name:     "a starting pod does not hold it back",
+		pods:     []corev1.Pod{pod("a", ready, enforcing(rev)), pod("new")},
+		targeted: 2, enforcing: 1, programmed: true,
 		reason: ReasonProgrammed, msgHas: []string{"1 of 2", "starting"},
 	}, {
 		name:     "only starting pods: waiting",
