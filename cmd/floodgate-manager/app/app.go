@@ -34,6 +34,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 )
 
@@ -49,6 +50,9 @@ type component struct {
 // components are the manager's controllers and webhooks, set up in order.
 var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
+	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, _ *Options) error {
+		return counterstore.Setup(ctx, mgr, counterstore.Options{}, controller.Options{})
+	}},
 }
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
