@@ -1,0 +1,249 @@
+// Package admission is the validating admission webhook of
+// RateLimitPolicy: it rejects at admission what the CRD's schema and CEL
+// rules cannot check, with one message per problem that names the field.
+//
+// It adds no rules of its own. Validate runs, in order:
+//  1. RateLimitPolicy.ValidateSemantics, the API package's pure validation
+//     (regular expressions compile, label selectors are valid, a jwt
+//     section with exactly one key source is set when a rule keys on a
+//     jwtClaim, the CEL rules repeated for objects built in Go, ...);
+//  2. the sidecar's conversion of each rule's limit
+//     (config.Limit.Limiter, which runs limiter.Limit.Validate: whole
+//     microseconds, refill times and scales the algorithms can represent);
+//  3. the policy compiler itself, on the policy alone with a stand-in
+//     store, so that a policy the webhook admits is one the compiler
+//     compiles and the sidecars load.
+//
+// A failing step stops the next ones, whose messages would repeat the
+// same problem less clearly.
+//
+// Updates that leave the spec unchanged (labels, annotations, finalizers)
+// and objects being deleted are admitted without validation, so that an
+// object stored before a rule was added can still be cleaned up.
+//
+// The webhook also returns warnings, which never reject: a storeRef to a
+// CounterStore that does not exist, a store different from the one the
+// namespace's earlier policies use, and rules removed or renamed by an
+// update (their counters start afresh).
+package admission
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	cradmission "sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// Path is where the webhook server serves the validator. It is the path
+// controller-runtime derives for the type.
+const Path = "/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy"
+
+// +kubebuilder:webhook:path=/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy,mutating=false,failurePolicy=fail,sideEffects=None,groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=create;update,versions=v1alpha1,name=validate.ratelimitpolicy.floodgate.dev,admissionReviewVersions=v1,serviceName=floodgate-webhook,serviceNamespace=floodgate-system,timeoutSeconds=10
+
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies;counterstores,verbs=get;list;watch
+
+// Validator validates RateLimitPolicies. Reader, when set, is used for
+// warnings only. It is safe for concurrent use.
+type Validator struct {
+	// Reader reads CounterStores and the namespace's other policies, for
+	// warnings. The manager's cached client; nil disables the warnings.
+	Reader client.Reader
+}
+
+var _ cradmission.Validator[*v1alpha1.RateLimitPolicy] = (*Validator)(nil)
+
+// Setup registers the validator at Path on mgr's webhook server.
+func Setup(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.RateLimitPolicy{}).
+		WithValidator(&Validator{Reader: mgr.GetClient()}).
+		Complete()
+}
+
+// ValidateCreate implements admission.Validator.
+func (v *Validator) ValidateCreate(ctx context.Context, p *v1alpha1.RateLimitPolicy) (cradmission.Warnings, error) {
+	if errs := Validate(p); len(errs) > 0 {
+		return nil, invalid(p, errs)
+	}
+	return v.warnings(ctx, nil, p), nil
+}
+
+// ValidateUpdate implements admission.Validator.
+func (v *Validator) ValidateUpdate(ctx context.Context, old, p *v1alpha1.RateLimitPolicy) (cradmission.Warnings, error) {
+	if p.DeletionTimestamp != nil || equality.Semantic.DeepEqual(old.Spec, p.Spec) {
+		return nil, nil
+	}
+	if errs := Validate(p); len(errs) > 0 {
+		return nil, invalid(p, errs)
+	}
+	return v.warnings(ctx, old, p), nil
+}
+
+// ValidateDelete implements admission.Validator; deletions are never
+// rejected (the configuration does not even send them).
+func (v *Validator) ValidateDelete(context.Context, *v1alpha1.RateLimitPolicy) (cradmission.Warnings, error) {
+	return nil, nil
+}
+
+func invalid(p *v1alpha1.RateLimitPolicy, errs field.ErrorList) error {
+	return apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind(), p.Name, errs)
+}
+
+// Validate returns every problem with p's spec, each with its field path.
+// It is pure.
+func Validate(p *v1alpha1.RateLimitPolicy) field.ErrorList {
+	if errs := p.ValidateSemantics(); len(errs) > 0 {
+		return errs
+	}
+	if errs := validateLimits(p); len(errs) > 0 {
+		return errs
+	}
+	return compile(p)
+}
+
+// validateLimits converts each rule's limit as the sidecar does.
+func validateLimits(p *v1alpha1.RateLimitPolicy) field.ErrorList {
+	var errs field.ErrorList
+	for i, r := range p.Spec.Rules {
+		path := field.NewPath("spec", "rules").Index(i).Child("limit")
+		l := config.Limit{Requests: r.Limit.Requests, Per: r.Limit.Per, Burst: r.Limit.Burst, Algorithm: string(r.Limit.Algorithm)}
+		if l.Algorithm == "" {
+			l.Algorithm = string(v1alpha1.AlgorithmTokenBucket)
+		}
+		if _, err := l.Limiter(); err != nil {
+			for _, e := range unjoin(err) {
+				errs = append(errs, limitError(path, r.Limit, e.Error()))
+			}
+		}
+	}
+	return errs
+}
+
+// limitError turns one limiter error, "<field>: <reason>", into a field
+// error under path.
+func limitError(path *field.Path, l v1alpha1.Limit, msg string) *field.Error {
+	name, reason, ok := strings.Cut(msg, ": ")
+	values := map[string]any{"requests": l.Requests, "per": l.Per.Duration.String(), "burst": l.Burst, "algorithm": l.Algorithm}
+	if v, known := values[name]; ok && known {
+		return field.Invalid(path.Child(name), v, reason)
+	}
+	return field.Invalid(path, field.OmitValueType{}, msg)
+}
+
+// standInStore is a Ready CounterStore for compiling one policy alone; its
+// address is never dialled.
+func standInStore(name string) *v1alpha1.CounterStore {
+	return &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: v1alpha1.CounterStoreStatus{
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "StandIn"}},
+			Endpoints:  []string{"admission.invalid:6379"},
+		},
+	}
+}
+
+// compile runs the policy compiler on p alone.
+func compile(p *v1alpha1.RateLimitPolicy) field.ErrorList {
+	c := p.DeepCopy()
+	if c.UID == "" {
+		c.UID = types.UID("00000000-0000-0000-0000-000000000000")
+	}
+	if c.Generation == 0 {
+		c.Generation = 1
+	}
+	out, err := compiler.Compile(compiler.Input{
+		Namespace: c.Namespace,
+		Policies:  []v1alpha1.RateLimitPolicy{*c},
+		Stores:    map[string]*v1alpha1.CounterStore{c.StoreName(): standInStore(c.StoreName())},
+	})
+	if err != nil {
+		return field.ErrorList{field.InternalError(field.NewPath("spec"), err)}
+	}
+	var errs field.ErrorList
+	for _, res := range out.Policies {
+		for _, e := range res.Invalid {
+			if e.Type == field.ErrorTypeInternal {
+				// The compiler's own check: the compiled entry fails the
+				// sidecar's validation. It is the input's fault.
+				e = field.Invalid(field.NewPath("spec"), field.OmitValueType{}, e.Detail)
+			}
+			errs = append(errs, e)
+		}
+	}
+	return errs
+}
+
+// warnings are the problems that do not make p invalid.
+func (v *Validator) warnings(ctx context.Context, old, p *v1alpha1.RateLimitPolicy) cradmission.Warnings {
+	var w cradmission.Warnings
+	if old != nil {
+		names := make([]string, 0, len(p.Spec.Rules))
+		for _, r := range p.Spec.Rules {
+			names = append(names, r.Name)
+		}
+		for _, r := range old.Spec.Rules {
+			if !slices.Contains(names, r.Name) {
+				w = append(w, fmt.Sprintf("spec.rules: rule %q was removed or renamed; a rule's counters are keyed by its name, so a renamed rule starts counting afresh", r.Name))
+			}
+		}
+	}
+	if v.Reader == nil {
+		return w
+	}
+	store := p.StoreName()
+	var cs v1alpha1.CounterStore
+	switch err := v.Reader.Get(ctx, client.ObjectKey{Name: store}, &cs); {
+	case apierrors.IsNotFound(err):
+		w = append(w, fmt.Sprintf("spec.storeRef.name: CounterStore %q does not exist; the policy is not enforced until it does and is Ready", store))
+	case err == nil && !meta.IsStatusConditionTrue(cs.Status.Conditions, v1alpha1.ConditionReady):
+		w = append(w, fmt.Sprintf("spec.storeRef.name: CounterStore %q is not Ready; the policy is not enforced until it is", store))
+	}
+	var others v1alpha1.RateLimitPolicyList
+	if err := v.Reader.List(ctx, &others, client.InNamespace(p.Namespace)); err == nil {
+		var first *v1alpha1.RateLimitPolicy
+		for i := range others.Items {
+			o := &others.Items[i]
+			if o.UID == p.UID || o.Name == p.Name || o.DeletionTimestamp != nil || !createdBefore(o, p) {
+				continue
+			}
+			if first == nil || o.CreationTimestamp.Before(&first.CreationTimestamp) ||
+				(o.CreationTimestamp.Equal(&first.CreationTimestamp) && o.Name < first.Name) {
+				first = o
+			}
+		}
+		if first != nil && first.StoreName() != store {
+			w = append(w, fmt.Sprintf("spec.storeRef.name: the namespace's sidecars share one CounterStore, %q, used by policy %q, which was created first; this policy uses %q and is not enforced while that holds",
+				first.StoreName(), first.Name, store))
+		}
+	}
+	return w
+}
+
+// createdBefore orders policies as the compiler does: by creation time,
+// then name.
+func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
