@@ -105,6 +105,11 @@ type Reconciler struct {
 	// Client reads through the manager's cache and writes to the API
 	// server.
 	Client client.Client
+	// APIReader reads the ConfigMap from the API server itself. The
+	// previous document decides what keeps running for a policy whose
+	// new generation is rejected, so a cache that has not yet seen the
+	// last write must not stand in for it.
+	APIReader client.Reader
 	// Recorder emits the Events on rejected policies.
 	Recorder events.EventRecorder
 }
@@ -154,7 +159,7 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 
 	var cm corev1.ConfigMap
 	existing := &cm
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
 		existing = nil
 	} else if err != nil {
 		return in, nil, fmt.Errorf("get ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
@@ -200,10 +205,7 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 
 // reconcileSpec brings the ConfigMap to what the compiler decided.
 func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *corev1.ConfigMap, policies []v1alpha1.RateLimitPolicy, out compiler.Output) error {
-	switch out.Action {
-	case compiler.Keep:
-		return nil
-	case compiler.Delete:
+	if out.Action == compiler.Delete {
 		if existing == nil {
 			return nil
 		}
@@ -289,7 +291,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
-		status := desiredStatus(p, res, out, specErr)
+		status := desiredStatus(p, res, specErr)
 		if equality.Semantic.DeepEqual(p.Status, status) {
 			continue
 		}
@@ -308,7 +310,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 
 // desiredStatus is the status of p given the compiler's findings. It keeps
 // each condition's lastTransitionTime while its status does not change.
-func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, out compiler.Output, specErr error) v1alpha1.RateLimitPolicyStatus {
+func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, specErr error) v1alpha1.RateLimitPolicyStatus {
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
 	st.TargetedPods = res.TargetedPods
@@ -338,9 +340,12 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, out 
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
 			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", config.ConfigMapName, specErr))
 	case res.CompiledGeneration == p.Generation:
+		// The message leaves out the revision and pod counts, which
+		// change with every pod readiness change, so that those cost no
+		// status write of their own.
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonWaitingForSidecars,
-			fmt.Sprintf("Generation %d is compiled into ConfigMap %s at revision %s; waiting for the sidecars of the %d targeted pods to report it loaded.",
-				p.Generation, config.ConfigMapName, out.Config.Revision, res.TargetedPods))
+			fmt.Sprintf("Generation %d is compiled into ConfigMap %s; waiting for the sidecars of the targeted pods to report it loaded.",
+				p.Generation, config.ConfigMapName))
 	case res.CompiledGeneration != 0:
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonPending,
 			fmt.Sprintf("Generation %d cannot be compiled until it is Accepted and its CounterStore resolves; generation %d keeps running.",

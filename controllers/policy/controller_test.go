@@ -70,7 +70,7 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 			haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars),
 		))
 		got := policyStatus(ctx, ns, "api")(Default)
-		Expect(conditionMessage(got, v1alpha1.ConditionProgrammed)).To(ContainSubstring(c.Revision))
+		Expect(conditionMessage(got, v1alpha1.ConditionProgrammed)).To(ContainSubstring("Generation 1 is compiled into ConfigMap floodgate-policies"))
 		Expect(got.Status.TargetedPods).To(BeZero())
 	})
 

@@ -29,10 +29,14 @@ import (
 const StoreIndex = "floodgate.dev/store"
 
 // SetupWithManager registers the store index and the controller with mgr.
-// The controller's watches read from mgr's cache; Reconcile uses r.Client.
+// The controller's watches read from mgr's cache; Reconcile uses r.Client,
+// and r.APIReader, which defaults to mgr's API reader.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
 	if r.Client == nil {
 		return errors.New("policy reconciler: Client is nil")
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Recorder == nil {
 		return errors.New("policy reconciler: Recorder is nil")

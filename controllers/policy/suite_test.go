@@ -82,8 +82,9 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	r := &policy.Reconciler{
-		Client:   interceptor.NewClient(withoutWatch{mgr.GetClient()}, calls.funcs()),
-		Recorder: mgr.GetEventRecorder(app.Name),
+		Client:    interceptor.NewClient(withoutWatch{mgr.GetClient()}, calls.funcs()),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder(app.Name),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel

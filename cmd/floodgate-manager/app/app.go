@@ -56,7 +56,7 @@ var components = []component{
 }
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
-	r := &policy.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Name)}
+	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
 	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
 }
 

@@ -72,13 +72,10 @@ type Input struct {
 // Action says what to do with the namespace's ConfigMap.
 type Action int
 
-// The Actions.
+// The Actions. The zero value is invalid.
 const (
-	// Keep leaves the ConfigMap as it is: there is no store to write a
-	// document for, and no earlier document to keep running.
-	Keep Action = iota
 	// Apply writes Output.Config.
-	Apply
+	Apply Action = iota + 1
 	// Delete removes the ConfigMap: no policy has an entry to enforce.
 	Delete
 )
@@ -86,8 +83,6 @@ const (
 // String returns the action's name.
 func (a Action) String() string {
 	switch a {
-	case Keep:
-		return "Keep"
 	case Apply:
 		return "Apply"
 	case Delete:
@@ -241,12 +236,12 @@ func Compile(in Input) (Output, error) {
 	}
 	slices.SortFunc(results, func(a, b PolicyResult) int { return cmp.Compare(a.Name, b.Name) })
 
+	// Entries exist only with a store section: fresh ones need a usable
+	// store, carried ones the previous document's.
 	out := Output{Policies: results}
 	switch {
 	case len(entries) == 0:
 		out.Action = Delete
-	case store == nil:
-		out.Action = Keep
 	default:
 		slices.SortFunc(entries, func(a, b config.Policy) int { return cmp.Compare(a.Name, b.Name) })
 		out.Action = Apply

@@ -305,7 +305,7 @@ func TestReplicasCountReadyPodsAtLeastOne(t *testing.T) {
 
 func TestActionString(t *testing.T) {
 	t.Parallel()
-	for a, want := range map[Action]string{Keep: "Keep", Apply: "Apply", Delete: "Delete", Action(9): "Action(9)"} {
+	for a, want := range map[Action]string{Apply: "Apply", Delete: "Delete", Action(0): "Action(0)"} {
 		if got := a.String(); got != want {
 			t.Errorf("Action(%d).String() = %q, want %q", int(a), got, want)
 		}
