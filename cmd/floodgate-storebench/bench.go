@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,9 @@ type Config struct {
 	Window   time.Duration
 	Timeout  time.Duration
 	JSON     bool
+	// CPUProfile, when set, is where the batched closed-loop phase writes
+	// a CPU profile of this process.
+	CPUProfile string
 }
 
 // Register binds the flags to c, with their defaults.
@@ -69,6 +73,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Window, "window", redisstore.DefaultBatchWindow, "batch window of the batched phase")
 	fs.DurationVar(&c.Timeout, "timeout", time.Second, "per-call deadline of the store (generous: the harness measures, it does not shed)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched closed-loop phase to this file")
 }
 
 // Validate reports every problem with c at once.
@@ -305,7 +310,14 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		}
 		logf("%s: closed loop, %d callers\n", mode.name, cfg.Callers)
 		closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Warmup) // warm-up
+		stopProfile := func() {}
+		if cfg.CPUProfile != "" && mode.window > 0 {
+			if stopProfile, err = startProfile(cfg.CPUProfile); err != nil {
+				return nil, err
+			}
+		}
 		closed[i] = closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
+		stopProfile()
 		closed[i].Name = mode.name
 		closed[i].Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
 		rep.Phases = append(rep.Phases, closed[i])
@@ -339,6 +351,22 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		rep.BatchedOverCeiling = closed[1].Rate / rep.Phases[0].Rate
 	}
 	return rep, ctx.Err()
+}
+
+// startProfile starts a CPU profile into path and returns its stop.
+func startProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 // masterAddrs returns the masters' addresses, in CLUSTER SHARDS order.
