@@ -151,12 +151,12 @@ func TestDifferentialExtremes(t *testing.T) {
 					now = min(max(now, 0), 1<<53-1)
 					c := l.Capacity()
 					var n int64
-					switch r := rng.IntN(10); {
-					case r == 0:
+					switch rng.IntN(10) {
+					case 0:
 						n = 0
-					case r == 1:
+					case 1:
 						n = c + 1
-					case r == 2:
+					case 2:
 						n = max(1, rng.Int64N(c+1))
 					default:
 						n = 1 + rng.Int64N(min(3, c))
