@@ -22,7 +22,17 @@
 // is replaced by '#' and 128 bits of its SHA-256. So no client string can
 // move a counter to another slot or grow a key past MaxRedisKeyLen. Every
 // write sets a TTL of limiter.StateTTL(ResetAfter); a peek or a deny
-// writes nothing.
+// writes nothing (SlidingLog still drops its expired entries on every
+// call, as its pseudocode does).
+//
+// Lua numbers are doubles, exact for integers below 2^53. Requests may
+// carry any instant below 2^53 µs, and an instant plus a fill time (up to
+// limiter.MaxFillTime) can pass 2^53, so the scripts compute every
+// reported duration from differences first ((W - now) + P, not W + P -
+// now), and GCRA keeps its theoretical arrival time, the one stored value
+// that can pass 2^53 (with a 1µs tick, from the year 2219), as two exact
+// parts. TestDifferentialExtremes holds the scripts to package limiter's
+// int64 arithmetic at those magnitudes.
 //
 // # Call discipline
 //
