@@ -77,6 +77,11 @@
 // the breaker, its failure opens it for another cooldown. A dead shard
 // costs a decision one map lookup and one atomic load.
 //
+// Redis replicates asynchronously: a replica promoted by a failover may
+// lack the last few milliseconds of its master's writes, so counters can
+// under-count by what those decisions spent. The store does not WAIT for
+// replicas; a rate limiter trades that for latency.
+//
 // # Micro-batching
 //
 // Decisions bound for the same master within Options.BatchWindow (100µs by
