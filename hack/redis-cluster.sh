@@ -12,7 +12,9 @@
 #       port+10000), forms the cluster with `redis-cli --cluster create`,
 #       waits until every node reports cluster_state:ok with all 16384 slots
 #       covered, and prints the seed addresses, comma separated, on stdout.
-#       Nothing is persisted (--save '' --appendonly no).
+#       Nothing is persisted (--save '' --appendonly no). A shard without
+#       a master does not stop the others (cluster-require-full-coverage
+#       no): a rate limiter wants the live shards to keep answering.
 #   redis-cluster.sh stop [--dir DIR]
 #       Kills the nodes recorded in DIR and removes DIR.
 #   redis-cluster.sh status [--dir DIR]
@@ -182,7 +184,7 @@ cmd_start() {
     mkdir -p "$DIR/$port"
     "$server" --port "$port" --bind "$HOST" --protected-mode no \
       --cluster-enabled yes --cluster-config-file "$DIR/$port/nodes.conf" \
-      --cluster-node-timeout 2000 --cluster-require-full-coverage yes \
+      --cluster-node-timeout 2000 --cluster-require-full-coverage no \
       --save '' --appendonly no --dir "$DIR/$port" \
       --daemonize yes --pidfile "$DIR/node-$port.pid" --logfile "$DIR/node-$port.log" \
       || { cmd_stop_dir; die "redis-server on port $port failed to start"; }
