@@ -8,8 +8,8 @@
 #       floodgate never relies on a system redis.
 #   redis-cluster.sh start [--masters N] [--replicas M] [--dir DIR] [--base-port P]
 #       Starts N masters (default 3) with M replicas each (default 1) on
-#       127.0.0.1, ports P, P+1, ... (default 30001; the cluster bus uses
-#       port+10000), forms the cluster with `redis-cli --cluster create`,
+#       127.0.0.1, ports P, P+1, ... (default 7001; the cluster bus uses
+#       port+10000; both stay below the kernel's ephemeral ports), forms the cluster with `redis-cli --cluster create`,
 #       waits until every node reports cluster_state:ok with all 16384 slots
 #       covered, and prints the seed addresses, comma separated, on stdout.
 #       Nothing is persisted (--save '' --appendonly no). A shard without
@@ -29,7 +29,7 @@ set -euo pipefail
 DIR="${FLOODGATE_REDIS_DIR:-${TMPDIR:-/tmp}/floodgate-redis-cluster}"
 MASTERS=3
 REPLICAS=1
-BASE_PORT=30001
+BASE_PORT=7001
 HOST=127.0.0.1
 MARKER=".floodgate-redis-cluster"
 WAIT_SECONDS="${FLOODGATE_REDIS_WAIT:-60}"
@@ -195,6 +195,11 @@ cmd_start() {
   for (( i = 0; i < total; i++ )); do
     port=$(( BASE_PORT + i ))
     until [[ "$("$cli" -h "$HOST" -p "$port" ping 2>/dev/null)" == PONG ]] && redis_pid "$port" >/dev/null; do
+      if grep -qE 'aborting|Failed listening|FATAL' "$DIR/node-$port.log" 2>/dev/null; then
+        tail -n 5 "$DIR/node-$port.log" >&2 || true
+        cmd_stop_dir
+        die "redis-server on port $port failed to start (see the log lines above); pick another --base-port?"
+      fi
       if (( SECONDS > deadline )); then
         tail -n 5 "$DIR/node-$port.log" >&2 || true
         cmd_stop_dir
