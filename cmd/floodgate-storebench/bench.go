@@ -45,6 +45,9 @@ type Config struct {
 	Requests int
 	// Pipeline is redis-benchmark's -P for its pipelined ceiling.
 	Pipeline int
+	// Rounds is how many times the closed-loop measurements repeat,
+	// interleaved.
+	Rounds   int
 	Pin      bool
 	RedisCPU int
 	LoadCPU  int
@@ -67,6 +70,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Algorithm, "algorithm", "TokenBucket", "algorithm of the limit: TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog")
 	fs.IntVar(&c.Requests, "requests", 200000, "requests per redis-benchmark run (-n)")
 	fs.IntVar(&c.Pipeline, "pipeline", 16, "redis-benchmark pipeline depth for the pipelined ceiling (-P)")
+	fs.IntVar(&c.Rounds, "rounds", 3, "interleaved repetitions of the closed-loop measurements; the report gives medians")
 	fs.BoolVar(&c.Pin, "pin", true, "pin redis-server to -redis-cpu and the load to -load-cpu with taskset, when available")
 	fs.IntVar(&c.RedisCPU, "redis-cpu", 0, "CPU for the redis-server processes")
 	fs.IntVar(&c.LoadCPU, "load-cpu", 1, "CPU for this process and redis-benchmark")
@@ -107,6 +111,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pipeline < 1 || c.Pipeline > 1024 {
 		errs = append(errs, fmt.Errorf("pipeline: must be between 1 and 1024, got %d", c.Pipeline))
+	}
+	if c.Rounds < 1 || c.Rounds > 100 {
+		errs = append(errs, fmt.Errorf("rounds: must be between 1 and 100, got %d", c.Rounds))
 	}
 	if c.RedisCPU < 0 || c.LoadCPU < 0 {
 		errs = append(errs, errors.New("redis-cpu, load-cpu: must not be negative"))
@@ -156,12 +163,35 @@ type Report struct {
 	Callers   int     `json:"callers"`
 	Pinned    string  `json:"pinned"`
 	Phases    []Phase `json:"phases"`
-	// BatchedOverUnbatched is the batched store's rate over the unbatched
-	// store's, same run, same cluster.
+	// Median is the median rate of each closed-loop measurement over the
+	// rounds.
+	Median Medians `json:"median"`
+	// BatchedOverUnbatched is the median over the rounds of the batched
+	// store's rate over the unbatched store's, same round, same cluster.
 	BatchedOverUnbatched float64 `json:"batchedOverUnbatched"`
-	// BatchedOverCeiling is the batched store's rate over redis-benchmark's
-	// unpipelined EVALSHA ceiling.
+	// BatchedOverCeiling is the batched store's median rate over
+	// redis-benchmark's median unpipelined EVALSHA ceiling.
 	BatchedOverCeiling float64 `json:"batchedOverUnpipelinedCeiling"`
+}
+
+// Medians are decisions per second, medians over the rounds.
+type Medians struct {
+	CeilingUnpipelined float64 `json:"redisBenchmarkP1"`
+	CeilingPipelined   float64 `json:"redisBenchmarkPipelined"`
+	Unbatched          float64 `json:"storeUnbatched"`
+	Batched            float64 `json:"storeBatched"`
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // Write prints the report as a table, or as JSON.
@@ -187,12 +217,16 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		return err
 	}
 	ew.printf("\n")
+	seen := map[string]bool{}
 	for _, p := range r.Phases {
-		if p.Note != "" {
+		if p.Note != "" && !seen[p.Note] {
+			seen[p.Note] = true
 			ew.printf("%s: %s\n", p.Name, p.Note)
 		}
 	}
-	ew.printf("\nbatched / unbatched store: %.2fx\n", r.BatchedOverUnbatched)
+	ew.printf("\nmedians over the rounds, decisions/s: redis-benchmark -P 1 %.0f, pipelined %.0f; store unbatched %.0f, batched %.0f\n",
+		r.Median.CeilingUnpipelined, r.Median.CeilingPipelined, r.Median.Unbatched, r.Median.Batched)
+	ew.printf("batched / unbatched store (median of the rounds' ratios): %.2fx\n", r.BatchedOverUnbatched)
 	ew.printf("batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
 	return ew.err
 }
@@ -277,18 +311,6 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		}
 	}
 
-	// redis-benchmark ceilings: the same script, the same arguments, the
-	// same number of clients.
-	args := redisstore.ScriptArgs(params, -1, 1)
-	for _, depth := range []int{1, cfg.Pipeline} {
-		logf("redis-benchmark EVALSHA -P %d\n", depth)
-		p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
-		if err != nil {
-			return nil, err
-		}
-		rep.Phases = append(rep.Phases, p)
-	}
-
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("bench-policy:rule:%016x", rand.Uint64())
@@ -296,59 +318,98 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	newStore := func(window time.Duration) (*redisstore.Store, error) {
 		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window})
 	}
-	var closed [2]Phase
-	for i, mode := range []struct {
+	modes := []struct {
 		name   string
 		window time.Duration
 	}{
 		{"store, one EVALSHA per decision", redisstore.NoBatching},
 		{fmt.Sprintf("store, batched (window %v)", cfg.Window), cfg.Window},
-	} {
-		s, err := newStore(mode.window)
-		if err != nil {
-			return nil, err
-		}
-		logf("%s: closed loop, %d callers\n", mode.name, cfg.Callers)
-		closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Warmup) // warm-up
-		stopProfile := func() {}
-		if cfg.CPUProfile != "" && mode.window > 0 {
-			if stopProfile, err = startProfile(cfg.CPUProfile); err != nil {
+	}
+
+	// Rounds interleave every closed-loop measurement, so that a machine
+	// whose load drifts during the run biases none of them; the report
+	// gives each round and the medians.
+	args := redisstore.ScriptArgs(params, -1, 1)
+	var ceil1, ceilP, unb, bat []float64
+	for r := 1; r <= cfg.Rounds && ctx.Err() == nil; r++ {
+		for _, depth := range []int{1, cfg.Pipeline} {
+			logf("round %d: redis-benchmark EVALSHA -P %d\n", r, depth)
+			p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
+			if err != nil {
 				return nil, err
 			}
+			p.Name = fmt.Sprintf("%d: %s", r, p.Name)
+			rep.Phases = append(rep.Phases, p)
+			if depth == 1 {
+				ceil1 = append(ceil1, p.Rate)
+			} else {
+				ceilP = append(ceilP, p.Rate)
+			}
 		}
-		closed[i] = closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
-		stopProfile()
-		closed[i].Name = mode.name
-		closed[i].Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
-		rep.Phases = append(rep.Phases, closed[i])
-		_ = s.Close()
+		for i, mode := range modes {
+			s, err := newStore(mode.window)
+			if err != nil {
+				return nil, err
+			}
+			logf("round %d: %s: closed loop, %d callers\n", r, mode.name, cfg.Callers)
+			closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Warmup) // warm-up
+			stopProfile := func() {}
+			if cfg.CPUProfile != "" && mode.window > 0 && r == 1 {
+				if stopProfile, err = startProfile(cfg.CPUProfile); err != nil {
+					return nil, err
+				}
+			}
+			p := closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
+			stopProfile()
+			_ = s.Close()
+			p.Name = fmt.Sprintf("%d: %s", r, mode.name)
+			p.Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
+			rep.Phases = append(rep.Phases, p)
+			if i == 0 {
+				unb = append(unb, p.Rate)
+			} else {
+				bat = append(bat, p.Rate)
+			}
+		}
 	}
-	for i, mode := range []struct {
-		name   string
-		window time.Duration
-	}{
-		{"store, unbatched, half its max", redisstore.NoBatching},
-		{"store, batched, half its max", cfg.Window},
-	} {
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+	rep.Median = Medians{
+		CeilingUnpipelined: median(ceil1),
+		CeilingPipelined:   median(ceilP),
+		Unbatched:          median(unb),
+		Batched:            median(bat),
+	}
+	ratios := make([]float64, len(unb))
+	for i := range unb {
+		ratios[i] = bat[i] / unb[i]
+	}
+	rep.BatchedOverUnbatched = median(ratios)
+	if rep.Median.CeilingUnpipelined > 0 {
+		rep.BatchedOverCeiling = rep.Median.Batched / rep.Median.CeilingUnpipelined
+	}
+
+	// Latency under an open-loop load at half of each mode's median
+	// maximum.
+	for i, mode := range modes {
 		s, err := newStore(mode.window)
 		if err != nil {
 			return nil, err
 		}
-		target := closed[i].Rate / 2
+		maxRate := rep.Median.Unbatched
+		if i == 1 {
+			maxRate = rep.Median.Batched
+		}
+		target := maxRate / 2
 		logf("%s: open loop at %.0f/s\n", mode.name, target)
 		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
 		p := openLoop(ctx, s, keys, l, target, cfg.Duration, 4*cfg.Callers)
-		p.Name = mode.name
-		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half of %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
-			target, closed[i].Rate, p.Rate, round(p.P99Sojourn))
-		rep.Phases = append(rep.Phases, p)
 		_ = s.Close()
-	}
-	if closed[0].Rate > 0 {
-		rep.BatchedOverUnbatched = closed[1].Rate / closed[0].Rate
-	}
-	if rep.Phases[0].Rate > 0 {
-		rep.BatchedOverCeiling = closed[1].Rate / rep.Phases[0].Rate
+		p.Name = mode.name + ", half its max"
+		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half the median max %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
+			target, maxRate, p.Rate, round(p.P99Sojourn))
+		rep.Phases = append(rep.Phases, p)
 	}
 	return rep, ctx.Err()
 }

@@ -9,11 +9,14 @@
 //   - the store's latency percentiles under an open-loop load at half the
 //     batched maximum.
 //
-// When taskset is available, the redis-server processes run on one CPU and
-// this process and redis-benchmark on another, so that the load generator
-// does not steal the server's core. Run it on an otherwise idle machine:
+// The closed-loop measurements repeat -rounds times, interleaved, and the
+// report gives every round and the medians, so that a machine whose load
+// drifts biases no single mode. When taskset is available, the
+// redis-server processes run on one CPU and this process and
+// redis-benchmark on another, so that the load generator does not steal
+// the server's core. Run it on an otherwise idle machine:
 //
-//	go run ./cmd/floodgate-storebench -duration 5s
+//	go run ./cmd/floodgate-storebench -duration 5s -rounds 3
 package main
 
 import (
