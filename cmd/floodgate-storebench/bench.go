@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -152,6 +153,13 @@ type Phase struct {
 	// P99Sojourn is the p99 from scheduled arrival to answer, queueing in
 	// the load generator included, in an open-loop phase.
 	P99Sojourn time.Duration `json:"p99Sojourn,omitempty"`
+	// ClientCPU and ServerCPU are the CPU time (user and system) per
+	// decision of this process and of all redis-server processes. Unlike
+	// rates they hardly depend on what else the machine runs. ClientCPU
+	// is 0 for redis-benchmark phases, ServerCPU when the harness did not
+	// start the servers.
+	ClientCPU time.Duration `json:"clientCPUPerDecision,omitempty"`
+	ServerCPU time.Duration `json:"serverCPUPerDecision,omitempty"`
 	// Note says how the phase ran.
 	Note string `json:"note,omitempty"`
 }
@@ -205,10 +213,10 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	ew.printf("algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
 	tew := &errWriter{w: tw}
-	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\t\n")
+	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\tclient CPU/dec\tserver CPU/dec\t\n")
 	for _, p := range r.Phases {
-		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
-			round(p.P50), round(p.P99), round(p.P999), round(p.Max))
+		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
+			round(p.P50), round(p.P99), round(p.P999), round(p.Max), round(p.ClientCPU), round(p.ServerCPU))
 	}
 	if tew.err != nil {
 		return tew.err
@@ -334,10 +342,12 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	for r := 1; r <= cfg.Rounds && ctx.Err() == nil; r++ {
 		for _, depth := range []int{1, cfg.Pipeline} {
 			logf("round %d: redis-benchmark EVALSHA -P %d\n", r, depth)
+			srv0 := serverCPU(serverPids)
 			p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
 			if err != nil {
 				return nil, err
 			}
+			p.ServerCPU = perDecision(serverCPU(serverPids)-srv0, p.Decisions, serverPids)
 			p.Name = fmt.Sprintf("%d: %s", r, p.Name)
 			rep.Phases = append(rep.Phases, p)
 			if depth == 1 {
@@ -359,7 +369,10 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 					return nil, err
 				}
 			}
+			cli0, srv0 := selfCPU(), serverCPU(serverPids)
 			p := closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
+			p.ClientCPU = perDecision(selfCPU()-cli0, p.Decisions, []int{0})
+			p.ServerCPU = perDecision(serverCPU(serverPids)-srv0, p.Decisions, serverPids)
 			stopProfile()
 			_ = s.Close()
 			p.Name = fmt.Sprintf("%d: %s", r, mode.name)
@@ -538,6 +551,54 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 		}, nil
 	}
 	return Phase{}, fmt.Errorf("redis-benchmark printed no EVALSHA row: %s", out.String())
+}
+
+// selfCPU returns this process's user and system CPU time.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// clockTick is the unit of /proc/<pid>/stat times (USER_HZ, 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// serverCPU returns the summed user and system CPU time of pids, read from
+// /proc; a process that cannot be read counts 0.
+func serverCPU(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name, in parentheses, may hold spaces: count the
+		// fields after its closing parenthesis. utime and stime are
+		// fields 14 and 15, the 12th and 13th after it.
+		rest := string(b)
+		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * clockTick
+	}
+	return total
+}
+
+// perDecision divides cpu over n decisions; 0 when there are no pids to
+// measure or no decisions.
+func perDecision(cpu time.Duration, n int64, pids []int) time.Duration {
+	if len(pids) == 0 || n <= 0 {
+		return 0
+	}
+	return cpu / time.Duration(n)
 }
 
 // closedLoop has callers decide back to back on random keys for d.
