@@ -84,11 +84,15 @@
 //
 // # Micro-batching
 //
-// Decisions bound for the same master within Options.BatchWindow (100µs by
-// default, NoBatching to turn it off) leave in one pipeline of EVALSHAs, up
-// to Options.MaxBatch per pipeline. The first decision of a batch waits the
-// window and sends the batch; the others only wait for their answers. A
-// decision thus waits at most one window more than its round trip. The
-// pipeline's NOSCRIPT, MOVED and ASK answers are handled per decision as
-// above.
+// Decisions bound for the same master leave together in one pipeline of
+// EVALSHAs, up to Options.MaxBatch. A shard with fewer than two pipelines
+// out sends a decision at once: batching adds no latency at low load.
+// Under load, decisions gather while the shard's pipelines are out and
+// leave as soon as one returns (group commit), or when the batch is full,
+// or when Options.BatchWindow (100µs by default, NoBatching to turn
+// batching off) has passed since the first of them arrived, whichever
+// comes first. The window is a Go timer, which an idle scheduler fires up
+// to about a millisecond late; it matters only when Redis answers slower
+// than the window. The pipeline's NOSCRIPT, MOVED and ASK answers are
+// handled per decision as above.
 package redisstore

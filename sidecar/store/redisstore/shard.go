@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,17 +48,22 @@ type shard struct {
 	client *redis.Client
 	br     *breaker
 
-	inflight atomic.Int32 // pipelines out
+	inflight atomic.Int32  // pipelines out
+	freed    chan struct{} // a pipeline returned; capacity 1
 
 	mu   sync.Mutex
 	open *batch // collecting ops; nil when none is
 }
 
+func newShard(s *Store, addr string, client *redis.Client) *shard {
+	return &shard{s: s, addr: addr, client: client, freed: make(chan struct{}, 1)}
+}
+
 // batch is a set of ops that leave together in one round trip.
 type batch struct {
 	ops    []*op
-	start  time.Time
-	sealed atomic.Bool // full: no op may join
+	sealed atomic.Bool   // full: no op may join
+	full   chan struct{} // closed when sealed
 }
 
 // do sends o to the shard, batched or not, and waits for its answer or
@@ -88,35 +92,46 @@ func (sh *shard) do(ctx context.Context, o *op) (any, error) {
 
 // enqueue adds o to the shard's open batch. The op that opens a batch
 // leads it and sends it from its own goroutine: at once when fewer than
-// maxInflight pipelines are out (an idle shard adds no latency), else when
-// one of them returns, the batch fills up, or the batch window ends,
-// whichever comes first.
+// maxInflight pipelines are out, so that an idle shard adds no latency;
+// otherwise as soon as one of them returns, the batch fills up, or the
+// batch window ends, whichever comes first. Under load the batches are
+// thus what arrives during part of a round trip (group commit).
 //
-// The wait yields the processor in a loop instead of sleeping: Go timers
-// fire about a millisecond late when the scheduler is idle, ten times the
-// default window. The loop runs only while the shard already has
-// maxInflight pipelines out, that is under load, and for at most one
-// window per batch.
+// The window is a Go timer, which fires late when the scheduler is idle
+// (by up to about a millisecond on Linux). It bounds the wait only when
+// Redis is slower than the window; otherwise a returning pipeline ends it.
+// The leader blocks rather than spins, so that the network poller, which
+// sees the pipelines return, keeps running even with GOMAXPROCS=1.
 func (sh *shard) enqueue(o *op) {
 	sh.mu.Lock()
 	b := sh.open
 	lead := b == nil
 	if lead {
-		b = &batch{ops: make([]*op, 0, 16), start: time.Now()}
+		b = &batch{ops: make([]*op, 0, 16), full: make(chan struct{})}
 		sh.open = b
 	}
 	b.ops = append(b.ops, o)
 	if len(b.ops) >= sh.s.opts.MaxBatch {
 		sh.open = nil
 		b.sealed.Store(true)
+		close(b.full)
 	}
 	sh.mu.Unlock()
 	if !lead {
 		return
 	}
-	window := sh.s.opts.BatchWindow
-	for !b.sealed.Load() && sh.inflight.Load() >= maxInflight && time.Since(b.start) < window {
-		runtime.Gosched()
+	if !b.sealed.Load() && sh.inflight.Load() >= maxInflight {
+		t := time.NewTimer(sh.s.opts.BatchWindow)
+	wait:
+		for !b.sealed.Load() && sh.inflight.Load() >= maxInflight {
+			select {
+			case <-b.full:
+			case <-sh.freed: // maybe stale: the loop checks again
+			case <-t.C:
+				break wait
+			}
+		}
+		t.Stop()
 	}
 	sh.mu.Lock()
 	if sh.open == b {
@@ -127,6 +142,10 @@ func (sh *shard) enqueue(o *op) {
 	sh.inflight.Add(1)
 	sh.send(ops, batchDeadline(ops), 0)
 	sh.inflight.Add(-1)
+	select {
+	case sh.freed <- struct{}{}:
+	default:
+	}
 }
 
 // deadlineOf returns ctx's deadline; every op's context has one.

@@ -205,7 +205,7 @@ func (s *Store) shard(addr string) *shard {
 	if sh, ok := m[addr]; ok {
 		return sh
 	}
-	sh := &shard{s: s, addr: addr, client: redis.NewClient(s.nodeOptions(addr))}
+	sh := newShard(s, addr, redis.NewClient(s.nodeOptions(addr)))
 	sh.br = newBreaker(s.opts.BreakerFailures, s.opts.BreakerCooldown, time.Now, func(st BreakerState) {
 		if st != BreakerClosed {
 			s.reloadTopology()
