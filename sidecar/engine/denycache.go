@@ -13,13 +13,15 @@ import (
 // While an entry is current, requests on its key are denied locally; a hot
 // abusive key then costs the store nothing.
 //
-// When an entry expires, exactly one request (the probe) goes to the store;
-// requests that arrive while the probe is in flight wait for its answer
-// instead of all reaching the store at once. Keys that were never exhausted
-// have no entry and are never gated.
+// An entry outlives its deny: it then gates the store calls on its key.
+// The store's last answer says how much the key had left (permits); up to
+// that many requests go to the store at once, and when none is left, one
+// request (the probe) goes while the others wait for its answer instead of
+// all reaching the store together. A key that was never exhausted has no
+// entry and is never gated.
 //
 // The cache is bounded: each of its shards holds at most max/len(shards)
-// keys and evicts expired, then arbitrary, entries to make room. All
+// keys and evicts expired, then arbitrary, idle entries to make room. All
 // methods are safe for concurrent use.
 type denyCache struct {
 	shards [64]denyShard
@@ -38,9 +40,14 @@ type denyEntry struct {
 	// streak counts the store's consecutive denials of this key to this
 	// sidecar, which lengthen the local deny (see backoff).
 	streak uint8
-	// done is non-nil while a probe is in flight; it is closed when the
-	// probe's answer is recorded.
-	done chan struct{}
+	// permits is what the store last said the key had left, less what
+	// calls sent since then may spend.
+	permits int64
+	// inflight counts the store calls sent through this entry and not yet
+	// answered; done, non-nil while inflight > 0, is closed at the next
+	// answer.
+	inflight int32
+	done     chan struct{}
 }
 
 func newDenyCache(maxKeys int) *denyCache {
@@ -58,10 +65,10 @@ func (c *denyCache) shard(key string) *denyShard {
 type lookupKind uint8
 
 const (
-	lookupMiss  lookupKind = iota // ask the store
-	lookupDeny                    // deny locally
-	lookupProbe                   // ask the store, then call resolve
-	lookupWait                    // wait on ch, then look up again
+	lookupMiss lookupKind = iota // no entry: ask the store
+	lookupDeny                   // deny locally
+	lookupGo                     // ask the store, then settle the entry
+	lookupWait                   // wait on ch, then look up again
 )
 
 type lookup struct {
@@ -84,14 +91,20 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	if n < e.until {
 		return lookup{kind: lookupDeny, retry: time.Duration(e.until - n), limit: e.limit}
 	}
-	if e.done != nil {
+	switch {
+	case e.permits >= cost:
+		e.permits -= cost
+	case e.inflight > 0:
 		return lookup{kind: lookupWait, ch: e.done}
 	}
-	e.done = make(chan struct{})
-	return lookup{kind: lookupProbe, entry: e}
+	e.inflight++
+	if e.done == nil {
+		e.done = make(chan struct{})
+	}
+	return lookup{kind: lookupGo, entry: e}
 }
 
-// wait blocks until a probe's answer is in or ctx ends.
+// wait blocks until a call in flight is answered or ctx ends.
 func (c *denyCache) wait(ctx context.Context, ch chan struct{}) error {
 	select {
 	case <-ch:
@@ -105,26 +118,31 @@ func (c *denyCache) wait(ctx context.Context, ch chan struct{}) error {
 // local deny beyond the store's RetryAfter.
 const MaxDenyBackoff = time.Second
 
-// backoff returns how long to deny a key locally after the store denied it
-// with retry, the streak-th denial in a row. The first denial holds for
-// exactly retry. When the key's tokens keep going to other replicas, this
-// sidecar's probes keep losing; each further loss doubles the hold, up to
-// MaxDenyBackoff (never below retry), so that a losing sidecar costs the
-// store about one probe per second while the winners still spend the
-// key's whole limit. The cost is fairness between replicas on a key that is
-// over its limit anyway, never admission beyond the limit.
-func backoff(retry time.Duration, streak uint8) time.Duration {
-	if streak <= 1 || retry >= MaxDenyBackoff {
+// backoff returns how long to deny a key locally after a probe of this
+// sidecar was denied with retry, the streak-th such denial in a row; interval
+// is the rule's refill spacing (period / requests).
+//
+// When several replicas flood one key, each refilled token goes to the
+// replica whose probe arrives first, and every other probe costs a store
+// call for nothing. A replica that wins keeps probing at the exact refill
+// instants (exhaustedFor). A replica that loses skips to the middle of a
+// later refill interval, (2^(streak-1) - 1/2) intervals after the next
+// refill: its probes fall where the winner has already taken the token, so
+// it rarely races the winner again, and the doubling brings it down to
+// about one probe per MaxDenyBackoff. The cost is fairness between replicas
+// on a key that is over its limit anyway, never admission beyond the limit.
+func backoff(retry, interval time.Duration, streak uint8) time.Duration {
+	if streak == 0 || retry >= MaxDenyBackoff {
 		return retry
 	}
-	d := retry << min(streak-1, 20)
+	d := retry + interval<<min(2*(streak-1), 30) - interval/2
 	return max(retry, min(d, MaxDenyBackoff))
 }
 
-// put records that key admits nothing costing cost or more until now+hold,
-// where hold is retry stretched by backoff when denied is set (a store
-// denial) or retry itself (an exhausted allowed decision).
-func (c *denyCache) put(key string, now time.Time, retry time.Duration, denied bool, cost, limit int64) {
+// put records the answer to a call that was not gated by an entry: nothing
+// costing cost or more is admitted until now+hold. Such calls run
+// concurrently, so their denials do not count towards the backoff streak.
+func (c *denyCache) put(key string, now time.Time, hold time.Duration, cost, limit int64) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -136,57 +154,89 @@ func (c *denyCache) put(key string, now time.Time, retry time.Duration, denied b
 		e = &denyEntry{}
 		s.m[key] = e
 	}
-	e.record(now, retry, denied, cost, limit)
+	e.record(now, hold, false, 0, cost, limit)
 }
 
-func (e *denyEntry) record(now time.Time, retry time.Duration, denied bool, cost, limit int64) {
+// record holds the key for hold, stretched by backoff when a gated call was
+// denied (denied), over the rule's refill interval.
+func (e *denyEntry) record(now time.Time, hold time.Duration, denied bool, interval time.Duration, cost, limit int64) {
 	if denied {
 		if e.streak < 255 {
 			e.streak++
 		}
-		retry = backoff(retry, e.streak)
-	} else {
-		e.streak = 0
+		hold = backoff(hold, interval, e.streak)
 	}
-	if u := now.Add(retry).UnixNano(); u > e.until || cost < e.cost {
+	if u := now.Add(hold).UnixNano(); u > e.until || cost < e.cost {
 		e.until = u
 	}
-	e.cost, e.limit = cost, limit
+	e.cost, e.limit, e.permits = cost, limit, 0
 }
 
-// resolve records a probe's answer. keep false means the key is no longer
-// exhausted, which removes the entry; otherwise it is denied locally as put
-// describes.
-func (c *denyCache) resolve(key string, e *denyEntry, keep bool, now time.Time, retry time.Duration, denied bool, cost, limit int64) {
+// answer is a store answer settled on an entry.
+type answer struct {
+	failed    bool
+	allowed   bool
+	remaining int64
+	hold      time.Duration // deny or exhaustion hold; 0 when the key has room
+	interval  time.Duration // the rule's refill spacing, for backoff
+	cost      int64
+	limit     int64
+}
+
+// settle records the answer to a call sent through entry e and wakes the
+// requests waiting on it.
+func (c *denyCache) settle(key string, e *denyEntry, now time.Time, a answer) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !keep {
-		if s.m[key] == e {
-			delete(s.m, key)
+	e.inflight--
+	switch {
+	case a.failed:
+		e.permits = 0
+	case a.hold > 0:
+		if a.allowed {
+			// A win halves the streak rather than clearing it, so a
+			// replica that has mostly lost the key's tokens goes on
+			// probing rarely after an occasional win.
+			e.streak /= 2
 		}
-	} else {
-		e.record(now, retry, denied, cost, limit)
+		e.record(now, a.hold, !a.allowed, a.interval, a.cost, a.limit)
+	default:
+		// The key has room: let that much through at once, less what
+		// the calls still in flight may take.
+		e.streak /= 2
+		e.permits = max(0, a.remaining-int64(e.inflight))
 	}
-	close(e.done)
-	e.done = nil
+	e.wake()
 }
 
-// release ends a probe that was not sent, leaving the entry as it was.
+// release returns the claim of a call that was not sent.
 func (c *denyCache) release(key string, e *denyEntry) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	close(e.done)
-	e.done = nil
+	e.inflight--
+	e.wake()
 }
 
-// evict frees room in a full shard: every expired entry not being probed,
-// or else one arbitrary entry. The caller holds s.mu.
+// wake closes done for the waiters and, while calls remain in flight,
+// opens a new one for the next answer. The caller holds the shard's lock.
+func (e *denyEntry) wake() {
+	if e.done != nil {
+		close(e.done)
+		e.done = nil
+	}
+	if e.inflight > 0 {
+		e.done = make(chan struct{})
+	}
+}
+
+// evict frees room in a full shard: every expired entry without calls in
+// flight, or else one arbitrary such entry. The caller holds s.mu.
 func (s *denyShard) evict(now int64) {
 	freed := false
 	for k, e := range s.m {
-		if e.done == nil && e.until <= now {
+		if e.inflight == 0 && e.until <= now {
 			delete(s.m, k)
 			freed = true
 		}
@@ -195,7 +245,7 @@ func (s *denyShard) evict(now int64) {
 		return
 	}
 	for k, e := range s.m {
-		if e.done == nil {
+		if e.inflight == 0 {
 			delete(s.m, k)
 			return
 		}
@@ -203,7 +253,7 @@ func (s *denyShard) evict(now int64) {
 }
 
 // clear drops every entry, as after a config change that may have raised
-// limits. Probes in flight finish on their detached entries.
+// limits. Calls in flight settle on their detached entries.
 func (c *denyCache) clear() {
 	for i := range c.shards {
 		s := &c.shards[i]

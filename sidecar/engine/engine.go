@@ -33,8 +33,10 @@
 // key that an allowed decision left empty is denied locally until the
 // earliest instant it could admit again (exact for TokenBucket, GCRA and
 // FixedWindow; the other algorithms are only cached after a deny). When the
-// entry expires one probe goes to the store while the other requests on that
-// key wait for its answer. When several replicas share a flooded key, their
+// entry expires it keeps gating the key: as many requests go to the store
+// at once as the store last said the key had left, and when that is none,
+// one probe goes while the others wait for its answer, so a burst of
+// concurrent requests on an exhausted key cannot all reach the store. When several replicas share a flooded key, their
 // probes race for each token and the losers are denied; a replica's
 // consecutive denials double its local hold up to MaxDenyBackoff, so a
 // losing replica probes about once a second while the winners keep spending
@@ -81,8 +83,9 @@ type Rule struct {
 	// Shadow rules are counted and reported but never deny.
 	Shadow bool
 
-	params *limiter.Params
-	m      *metrics.Rule
+	params   *limiter.Params
+	interval time.Duration // Period / Requests: the refill spacing
+	m        *metrics.Rule
 }
 
 // NewRule validates a rule's limit and derives its fallback limit for the
@@ -106,7 +109,7 @@ func NewRule(policy, name string, lim limiter.Limit, replicas int32, failClosed,
 		return nil, errors.New("engine: nil metrics")
 	}
 	return &Rule{Policy: policy, Name: name, Limit: lim, Fallback: fb, FailClosed: failClosed, Shadow: shadow,
-		params: p, m: m.ForRule(policy, name)}, nil
+		params: p, interval: lim.Period / time.Duration(lim.Requests), m: m.ForRule(policy, name)}, nil
 }
 
 // Hit is a rule that matched a request, with the request's counter key and
@@ -280,7 +283,7 @@ func (e *Engine) FallbackActive() bool { return e.fallback.Load() }
 type call struct {
 	hit   int
 	cost  int64
-	probe *denyEntry
+	entry *denyEntry // the deny-cache entry the call was claimed on
 	res   Result
 	err   error
 }
@@ -306,7 +309,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 		// Never wait for another request's probe while holding one: two
 		// requests could otherwise wait on each other.
 		l := e.check(ctx, h, now, probing)
-		probing = probing || l.kind == lookupProbe
+		probing = probing || l.kind == lookupGo
 		if l.kind == lookupDeny {
 			v.Results[i] = Result{Decision: limiter.Decision{Limit: l.limit, RetryAfter: l.retry}, Source: FromDenyCache}
 			h.Rule.m.LocalDenials.Inc()
@@ -318,7 +321,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 			}
 			continue
 		}
-		c := call{hit: i, cost: h.Cost, probe: l.entry}
+		c := call{hit: i, cost: h.Cost, entry: l.entry}
 		if h.Rule.Shadow {
 			shadowCalls = append(shadowCalls, c)
 		} else {
@@ -328,7 +331,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	if denied {
 		// Another enforced rule is already known to deny: take nothing.
 		for i := range calls {
-			e.abandon(hits[calls[i].hit].Key, calls[i].probe)
+			e.abandon(hits[calls[i].hit].Key, calls[i].entry)
 		}
 		calls = calls[:0]
 	}
@@ -375,7 +378,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 		if p.res.Source == FromNowhere {
 			// A fail-closed rule cannot reach the store: take nothing.
 			for j := range calls {
-				e.abandon(hits[calls[j].hit].Key, calls[j].probe)
+				e.abandon(hits[calls[j].hit].Key, calls[j].entry)
 			}
 			v.Results[p.hit] = p.res
 			return
@@ -395,7 +398,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 			for j := range calls {
 				if j != short {
 					// Not taken: the request is denied by another rule.
-					e.abandon(hits[calls[j].hit].Key, calls[j].probe)
+					e.abandon(hits[calls[j].hit].Key, calls[j].entry)
 				}
 			}
 			return
@@ -410,29 +413,29 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 	}
 }
 
-// check consults the deny cache for a hit, waiting for a probe in flight
-// unless noWait.
+// check consults the deny cache for a hit. While other calls on the key
+// are in flight and it holds no room, it waits for their answers, unless
+// noWait; every call in flight ends within the store's deadline, and each
+// answer either denies the key or lets at least one waiter through, so the
+// wait is a few store round trips at most. A cancelled request stops
+// waiting and is left to the store call, which fails at once.
 func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) lookup {
-	for range 3 {
+	for {
 		l := e.deny.lookup(h.Key, h.Cost, now)
-		if l.kind != lookupWait || noWait {
-			if l.kind == lookupWait {
-				return lookup{kind: lookupMiss}
-			}
+		if l.kind != lookupWait {
 			return l
 		}
-		if e.deny.wait(ctx, l.ch) != nil {
-			break
+		if noWait || e.deny.wait(ctx, l.ch) != nil {
+			return lookup{kind: lookupMiss}
 		}
 		now = e.o.Now()
 	}
-	return lookup{kind: lookupMiss}
 }
 
-// abandon releases a probe that was not sent.
-func (e *Engine) abandon(key string, probe *denyEntry) {
-	if probe != nil {
-		e.deny.release(key, probe)
+// abandon releases the claim of a call that was not sent.
+func (e *Engine) abandon(key string, entry *denyEntry) {
+	if entry != nil {
+		e.deny.release(key, entry)
 	}
 }
 
@@ -480,9 +483,9 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		// Any other error also leaves the shared count unknown.
 		sm.error.Inc()
 	}
-	if c.probe != nil {
-		e.deny.resolve(h.Key, c.probe, false, now, 0, false, 0, 0)
-		c.probe = nil
+	if c.entry != nil {
+		e.deny.settle(h.Key, c.entry, now, answer{failed: true})
+		c.entry = nil
 	}
 	if !e.fallback.Load() {
 		e.fallback.Store(true)
@@ -522,13 +525,13 @@ func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
 	if d.Allowed {
 		hold, cost = exhaustedFor(h.Rule.params, d), 1
 	}
-	keep := hold > 0
 	switch {
-	case c.probe != nil:
-		e.deny.resolve(h.Key, c.probe, keep, now, hold, !d.Allowed, cost, d.Limit)
-		c.probe = nil
-	case keep:
-		e.deny.put(h.Key, now, hold, !d.Allowed, cost, d.Limit)
+	case c.entry != nil:
+		e.deny.settle(h.Key, c.entry, now, answer{allowed: d.Allowed, remaining: d.Remaining, hold: hold,
+			interval: h.Rule.interval, cost: cost, limit: d.Limit})
+		c.entry = nil
+	case hold > 0:
+		e.deny.put(h.Key, now, hold, cost, d.Limit)
 	}
 }
 
@@ -536,14 +539,17 @@ func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
 // nothing remaining cannot admit even a request of cost 1, or 0 when that
 // is not known exactly. The bounds follow ALGORITHMS.md: for the buckets,
 // ResetAfter minus the ticks that refill all but one token, rounded up, is
-// a lower bound on the time to one token that is off by less than a tick.
+// a lower bound on the time to one token, below it by less than a tick;
+// the hold adds that tick, so it ends at or just after the instant.
 func exhaustedFor(p *limiter.Params, d limiter.Decision) time.Duration {
 	if !d.Allowed || d.Remaining > 0 || d.ResetAfter <= 0 {
 		return 0
 	}
 	switch p.Limit.Algorithm {
 	case limiter.TokenBucket, limiter.GCRA:
-		slackTicks := (p.CapacityUnits - p.TokenUnits + p.TickUnits - 1) / p.TickUnits
+		// The bound is below the true instant by less than one tick; one
+		// tick more makes the probe never early.
+		slackTicks := (p.CapacityUnits-p.TokenUnits+p.TickUnits-1)/p.TickUnits - 1
 		return max(0, d.ResetAfter-time.Duration(slackTicks*p.TickMicros)*time.Microsecond)
 	case limiter.FixedWindow:
 		return d.ResetAfter

@@ -108,6 +108,10 @@ type Flood struct {
 	// over the Redis budget, 50ms by default, fails).
 	FallbackDecisions float64 `json:"fallbackDecisions"`
 	StoreUnavailable  float64 `json:"storeUnavailable"`
+	// SidecarStoreCalls is the sidecars' own count of store calls, and
+	// LocalDenials the denials answered without one.
+	SidecarStoreCalls float64 `json:"sidecarStoreCalls"`
+	LocalDenials      float64 `json:"localDenials"`
 	ScriptCalls       int64   `json:"scriptCalls"`
 	Bound             float64 `json:"bound"`
 	CallsPerAllow     float64 `json:"scriptCallsPerAllowed"`
@@ -446,6 +450,15 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	for i := range urls {
 		urls[i] += "/flood"
 	}
+	offered := float64(100 * h.o.FloodLimit)
+	target := Target{URLs: urls, Header: keyed("flooder", 1)}
+	// One second of flood first: the counts below are the flood's steady
+	// state, not the burst of requests in flight when the key first runs
+	// out, which reach the store before any sidecar knows the key is empty.
+	h.logf("[redis] flood: 1s warm-up")
+	if _, err := OpenLoop(ctx, NewClient(h.o.Workers), target, offered, time.Second, h.o.Workers); err != nil {
+		return err
+	}
 	masters, err := h.cluster.Masters(ctx)
 	if err != nil {
 		return err
@@ -459,10 +472,25 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 		}
 		clients = append(clients, cl)
 	}
-	offered := float64(100 * h.o.FloodLimit)
 	d := 2 * h.o.Duration
-	h.logf("[redis] flood: %.0f req/s on one key (limit %d/s) through %d sidecars for %v", offered, h.o.FloodLimit, sidecars, d)
-	s, err := OpenLoop(ctx, NewClient(h.o.Workers), Target{URLs: urls, Header: keyed("flooder", 1)}, offered, d, h.o.Workers)
+	h.logf("[redis] flood: %.0f req/s on one key (limit %d/s) through %d sidecars, measured for %v", offered, h.o.FloodLimit, sidecars, d)
+	before, err := scrape(admins, "floodgate_sidecar_store_operations_total")
+	if err != nil {
+		return err
+	}
+	localBefore, err := scrape(admins, "floodgate_sidecar_local_denials_total", `rule="flood"`)
+	if err != nil {
+		return err
+	}
+	fbBefore, err := scrape(admins, "floodgate_sidecar_fallback_decisions_total", `rule="flood"`)
+	if err != nil {
+		return err
+	}
+	unBefore, err := scrape(admins, "floodgate_sidecar_store_operations_total", `result="unavailable"`)
+	if err != nil {
+		return err
+	}
+	s, err := OpenLoop(ctx, NewClient(h.o.Workers), target, offered, d, h.o.Workers)
 	if err != nil {
 		return err
 	}
@@ -477,14 +505,25 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	f := &Flood{Sidecars: sidecars, LimitPerSec: h.o.FloodLimit, OfferedPerSec: offered, AchievedPerSec: s.Rate, Seconds: s.Elapsed.Seconds(),
 		Allowed: s.OK, Limited: s.Limited, Errors: s.Errors, ScriptCalls: calls}
 	f.Bound = 1.1*float64(s.OK) + float64(sidecars)*f.Seconds
-	// The most the limit admits in the run: a full bucket plus the refill.
-	f.LimitAdmits = int64(h.o.FloodLimit) + int64(float64(h.o.FloodLimit)*f.Seconds+0.5)
+	// The most the limit admits in the run: the bucket is empty after the
+	// warm-up, so the refill, plus one token of slack for the boundary.
+	f.LimitAdmits = 1 + int64(float64(h.o.FloodLimit)*f.Seconds+0.5)
 	if f.FallbackDecisions, err = scrape(admins, "floodgate_sidecar_fallback_decisions_total", `rule="flood"`); err != nil {
 		return err
 	}
 	if f.StoreUnavailable, err = scrape(admins, "floodgate_sidecar_store_operations_total", `result="unavailable"`); err != nil {
 		return err
 	}
+	if f.SidecarStoreCalls, err = scrape(admins, "floodgate_sidecar_store_operations_total"); err != nil {
+		return err
+	}
+	if f.LocalDenials, err = scrape(admins, "floodgate_sidecar_local_denials_total", `rule="flood"`); err != nil {
+		return err
+	}
+	f.SidecarStoreCalls -= before
+	f.LocalDenials -= localBefore
+	f.FallbackDecisions -= fbBefore
+	f.StoreUnavailable -= unBefore
 	if s.OK > 0 {
 		f.CallsPerAllow = float64(calls) / float64(s.OK)
 	}
@@ -556,7 +595,7 @@ func (h *harness) table(rep *Report) {
 	if f := rep.Flood; f != nil {
 		fmt.Fprintf(w, "\nHot-key flood on Redis: %.0f req/s offered (%.0f achieved) for %.1fs over %d sidecars, limit %d/s\n", f.OfferedPerSec, f.AchievedPerSec, f.Seconds, f.Sidecars, f.LimitPerSec)
 		fmt.Fprintf(w, "  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
-		fmt.Fprintf(w, "  store calls failed %.0f, fallback decisions %.0f\n", f.StoreUnavailable, f.FallbackDecisions)
+		fmt.Fprintf(w, "  sidecar store calls %.0f (failed %.0f), local denials %.0f, fallback decisions %.0f\n", f.SidecarStoreCalls, f.StoreUnavailable, f.LocalDenials, f.FallbackDecisions)
 	}
 	fmt.Fprintf(w, "\nAcceptance\n")
 	for _, a := range rep.Acceptance {
