@@ -1,7 +1,9 @@
 // Command floodgate-sidecar is floodgate's enforcement proxy. It sits in
 // front of an application, matches each request to the rate-limit rules in
-// force, and proxies it or answers 429. See package runner for the flags
-// and their environment variables.
+// force, and proxies it or answers 429. With --grpc-listen it also serves
+// Envoy's rate-limit service API on the same engine, and --check-config
+// FILE validates and explains a policy file without serving. See package
+// runner for the flags and their environment variables.
 package main
 
 import (
@@ -37,6 +39,9 @@ func run(args []string) error {
 			return nil
 		}
 		return err
+	}
+	if cfg.CheckConfig != "" {
+		return cfg.Check(os.Stdout, cfg.CheckConfig)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: runner.LogLevel(cfg.LogLevel)}))
 	var source runner.Source // nil: the runner watches --policy-file

@@ -161,6 +161,42 @@ type Match struct {
 	Methods []string `json:"methods,omitempty"`
 	// Headers must all match.
 	Headers []HeaderMatch `json:"headers,omitempty"`
+	// Descriptors, when set, makes the rule a descriptor rule: it applies
+	// to Envoy rate-limit service calls (ShouldRateLimit on the sidecar's
+	// gRPC listener), never to HTTP requests through the proxy. Path,
+	// Methods and Headers must then be empty, and so must the rule's Key,
+	// OnMissingKey and Cost: the counter is keyed by the descriptor's
+	// values and the cost is the call's hits_addend.
+	Descriptors *DescriptorMatch `json:"descriptors,omitempty"`
+}
+
+// DescriptorMatch selects the Envoy rate-limit descriptors a rule applies
+// to, with envoyproxy/ratelimit's matching: a request descriptor is walked
+// entry by entry through the rules of its domain, preferring at each level
+// an entry with an equal value, then a wildcard value, then a key-only
+// entry, and the rules whose Entries the walk ends on exactly apply. A
+// descriptor matches only rules with as many entries as it has.
+type DescriptorMatch struct {
+	// Domain is the rate-limit domain of the calls (RateLimitRequest.domain).
+	Domain string `json:"domain"`
+	// Entries match the descriptor's entries one for one, in order.
+	Entries []DescriptorEntry `json:"entries"`
+	// Replaces names rules of the same policy that this rule replaces: when
+	// a call matches this rule and a replaced rule, the replaced rule is not
+	// evaluated and its counter is untouched (envoyproxy/ratelimit's
+	// replaces).
+	Replaces []string `json:"replaces,omitempty"`
+}
+
+// DescriptorEntry matches one descriptor entry.
+type DescriptorEntry struct {
+	// Key must equal the entry's key.
+	Key string `json:"key"`
+	// Value, when set, must equal the entry's value; a Value ending in "*"
+	// matches every value that starts with what precedes the "*". An empty
+	// Value matches any value, and each distinct value then has its own
+	// counter. Wildcard matches also count per distinct value.
+	Value string `json:"value,omitempty"`
 }
 
 // Path match types.
@@ -219,7 +255,10 @@ type KeyPart struct {
 
 // Limit is a rule's limit.
 type Limit struct {
-	// Requests is the number of requests admitted per Per.
+	// Requests is the number of requests admitted per Per. A descriptor
+	// rule may set 0, which denies every call it matches
+	// (envoyproxy/ratelimit's requests_per_unit: 0); Per still sets the
+	// window its answers report.
 	Requests int64 `json:"requests"`
 	// Per is the period, between 1s and 366d.
 	Per metav1.Duration `json:"per"`
@@ -229,6 +268,11 @@ type Limit struct {
 	// Algorithm is TokenBucket (default), GCRA, SlidingWindow, FixedWindow
 	// or SlidingLog.
 	Algorithm string `json:"algorithm,omitempty"`
+	// Unlimited, for descriptor rules only, makes the rule match and
+	// answer OK without counting (envoyproxy/ratelimit's unlimited: true);
+	// it stops a less specific rule from applying. Requests, Per, Burst and
+	// Algorithm must then be empty.
+	Unlimited bool `json:"unlimited,omitempty"`
 }
 
 // Cost says what a request spends.

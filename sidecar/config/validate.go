@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -26,6 +28,14 @@ const (
 	MaxKeyParts = 8
 	// MaxHops bounds TrustedProxies.Hops.
 	MaxHops = 32
+	// MaxDescriptorEntries bounds the entries of a descriptor match.
+	MaxDescriptorEntries = 16
+	// MaxDomainLength bounds a descriptor match's domain.
+	MaxDomainLength = 256
+	// MaxDescriptorKeyLength and MaxDescriptorValueLength bound the key
+	// and the value of a descriptor match entry.
+	MaxDescriptorKeyLength   = 256
+	MaxDescriptorValueLength = 1024
 )
 
 // FieldError is one problem in a document, with the path of the field at
@@ -171,6 +181,60 @@ func (p *Policy) validate(path string, errs *errList) {
 			seen[r.Name] = i
 		}
 	}
+	for i := range p.Rules {
+		d := p.Rules[i].Match.Descriptors
+		if d == nil {
+			continue
+		}
+		for k, name := range d.Replaces {
+			kp := fmt.Sprintf("%s.rules[%d].match.descriptors.replaces[%d]", path, i, k)
+			j, ok := seen[name]
+			switch {
+			case !ok:
+				errs.add(kp, "no rule named %q in this policy", name)
+			case j == i:
+				errs.add(kp, "a rule cannot replace itself")
+			case p.Rules[j].Match.Descriptors == nil || p.Rules[j].Match.Descriptors.Domain != d.Domain:
+				errs.add(kp, "rule %q is not a descriptor rule of domain %q", name, d.Domain)
+			}
+		}
+	}
+}
+
+func (d *DescriptorMatch) validate(path string, errs *errList) {
+	if d.Domain == "" || len(d.Domain) > MaxDomainLength || !printable(d.Domain) {
+		errs.add(path+".domain", "must be 1-%d printable characters, got %q", MaxDomainLength, d.Domain)
+	}
+	if len(d.Entries) == 0 || len(d.Entries) > MaxDescriptorEntries {
+		errs.add(path+".entries", "must have 1-%d entries, got %d", MaxDescriptorEntries, len(d.Entries))
+	}
+	for i, e := range d.Entries {
+		ep := fmt.Sprintf("%s.entries[%d]", path, i)
+		if e.Key == "" || len(e.Key) > MaxDescriptorKeyLength || !printable(e.Key) {
+			errs.add(ep+".key", "must be 1-%d printable characters, got %q", MaxDescriptorKeyLength, e.Key)
+		}
+		if len(e.Value) > MaxDescriptorValueLength || !printable(e.Value) {
+			errs.add(ep+".value", "must be at most %d printable characters", MaxDescriptorValueLength)
+		}
+	}
+	for i, name := range d.Replaces {
+		if !validName(name) {
+			errs.add(fmt.Sprintf("%s.replaces[%d]", path, i), "must be a rule name, got %q", name)
+		}
+	}
+}
+
+// printable reports whether s is valid UTF-8 without control characters.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Rule) validate(path string, p *Policy, errs *errList) {
@@ -178,6 +242,13 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 		errs.add(path+".name", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxNameLength, r.Name)
 	}
 	r.Match.validate(path+".match", errs)
+	if r.Match.Descriptors != nil {
+		r.validateDescriptorRule(path, errs)
+		return
+	}
+	if r.Limit.Unlimited {
+		errs.add(path+".limit.unlimited", "only a descriptor rule (match.descriptors) can be unlimited")
+	}
 	if len(r.Key) > MaxKeyParts {
 		errs.add(path+".key", "at most %d parts, got %d", MaxKeyParts, len(r.Key))
 	}
@@ -250,6 +321,57 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	}
 	if c.Max > 0 && c.Default > c.Max {
 		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
+	}
+	switch r.FailureMode {
+	case "", FailureOpen, FailureClosed:
+	default:
+		errs.add(path+".failureMode", "must be %s or %s, got %q", FailureOpen, FailureClosed, r.FailureMode)
+	}
+	switch r.Mode {
+	case "", ModeEnforce, ModeShadow:
+	default:
+		errs.add(path+".mode", "must be %s or %s, got %q", ModeEnforce, ModeShadow, r.Mode)
+	}
+}
+
+// validateDescriptorRule checks a rule with match.descriptors.
+func (r *Rule) validateDescriptorRule(path string, errs *errList) {
+	m := &r.Match
+	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 {
+		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods and headers must be empty")
+	}
+	m.Descriptors.validate(path+".match.descriptors", errs)
+	if len(r.Key) > 0 {
+		errs.add(path+".key", "a descriptor rule is keyed by the descriptor's values: key must be empty")
+	}
+	if r.OnMissingKey != "" {
+		errs.add(path+".onMissingKey", "not used by a descriptor rule")
+	}
+	if r.Cost != (Cost{}) {
+		errs.add(path+".cost", "a descriptor rule is charged the call's hits_addend: cost must be empty")
+	}
+	l := r.Limit
+	switch {
+	case l.Unlimited:
+		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" {
+			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst or algorithm")
+		}
+	case l.Requests == 0:
+		// Denies every call; the limit still needs a valid period.
+		l.Requests = 1
+		fallthrough
+	default:
+		if _, err := l.Limiter(); err != nil {
+			for _, e := range unjoin(err) {
+				msg := e.Error()
+				field, rest, ok := strings.Cut(msg, ": ")
+				if ok && !strings.ContainsAny(field, " ") {
+					errs.add(path+".limit."+field, "%s", rest)
+				} else {
+					errs.add(path+".limit", "%s", msg)
+				}
+			}
+		}
 	}
 	switch r.FailureMode {
 	case "", FailureOpen, FailureClosed:

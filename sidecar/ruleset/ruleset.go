@@ -34,6 +34,9 @@ type Set struct {
 	// Ignored names the policies whose podSelector does not select this
 	// pod.
 	Ignored []string
+	// Descriptors holds the descriptor rules (match.descriptors), which
+	// the Envoy rate-limit service front evaluates; they are not in Rules.
+	Descriptors *Descriptors
 }
 
 // Rule is one compiled rule.
@@ -89,6 +92,7 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 	s := &Set{Config: c}
 	var matches []config.Match
 	var errs []error
+	descs := newDescriptorBuilder()
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		path := fmt.Sprintf("policies[%d]", i)
@@ -112,6 +116,12 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 		for j := range p.Rules {
 			r := &p.Rules[j]
 			rp := fmt.Sprintf("%s.rules[%d]", path, j)
+			if r.Match.Descriptors != nil {
+				if err := descs.add(i, p, r, m); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", rp, err))
+				}
+				continue
+			}
 			lim, err := r.Limit.Limiter()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s.limit: %w", rp, err))
@@ -145,6 +155,9 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 		return nil, err
 	}
 	var err error
+	if s.Descriptors, err = descs.finish(); err != nil {
+		return nil, err
+	}
 	if s.Matcher, err = match.New(matches); err != nil {
 		return nil, err
 	}

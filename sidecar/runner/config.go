@@ -73,6 +73,15 @@ type Config struct {
 	LocalMaxKeys    int
 	EventQueue      int
 	LogLevel        string
+	// GRPCListen, when set, serves Envoy's rate-limit service
+	// (ShouldRateLimit), gRPC health and reflection on this address.
+	GRPCListen string
+	// GRPCResponseHeaders adds the rate-limit response fields to
+	// ShouldRateLimit answers (response_headers_to_add).
+	GRPCResponseHeaders bool
+	// CheckConfig, when set, validates and explains this policy file and
+	// exits without serving.
+	CheckConfig string
 
 	// set records the flags given on the command line or by environment.
 	set map[string]bool
@@ -114,6 +123,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
 	fs.IntVar(&c.EventQueue, "event-queue", 4096, "capacity of the deny event queue; events beyond it are dropped and counted")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
+	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
+	fs.StringVar(&c.CheckConfig, "check-config", "", "validate and explain a policy file (floodgate sidecar config or envoyproxy/ratelimit config, detected), then exit")
 }
 
 // Parse parses args into c: flags first, then, for each flag not given,
@@ -187,6 +199,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		bad("admin-listen", "must differ from --listen")
+	}
+	if c.GRPCListen != "" {
+		if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
+			bad("grpc-listen", "%v", err)
+		} else if (c.GRPCListen == c.Listen || c.GRPCListen == c.AdminListen) && !strings.HasSuffix(c.GRPCListen, ":0") {
+			bad("grpc-listen", "must differ from --listen and --admin-listen")
+		}
 	}
 	if u, err := url.Parse(c.Upstream); err != nil {
 		bad("upstream", "%v", err)

@@ -21,10 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
+	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
@@ -44,6 +47,8 @@ type Runner struct {
 	ev  *events.Queue
 
 	adminLn, proxyLn net.Listener
+	grpcLn           net.Listener     // nil unless --grpc-listen
+	rls              *envoyrls.Server // nil unless --grpc-listen
 
 	mu      sync.Mutex // guards status and the fields below
 	status  Status
@@ -58,16 +63,20 @@ type Runner struct {
 
 // Status is what /debug/config shows.
 type Status struct {
-	Revision        string         `json:"revision,omitempty"`
-	Origin          string         `json:"origin,omitempty"`
-	AppliedAt       *time.Time     `json:"appliedAt,omitempty"`
-	LastError       string         `json:"lastError,omitempty"`
-	LastErrorAt     *time.Time     `json:"lastErrorAt,omitempty"`
-	Store           StoreStatus    `json:"store"`
-	StoreDrift      string         `json:"storeDrift,omitempty"`
-	IgnoredPolicies []string       `json:"ignoredPolicies,omitempty"`
-	Rules           int            `json:"rules"`
-	Config          *config.Config `json:"config,omitempty"`
+	Revision        string      `json:"revision,omitempty"`
+	Origin          string      `json:"origin,omitempty"`
+	AppliedAt       *time.Time  `json:"appliedAt,omitempty"`
+	LastError       string      `json:"lastError,omitempty"`
+	LastErrorAt     *time.Time  `json:"lastErrorAt,omitempty"`
+	Store           StoreStatus `json:"store"`
+	StoreDrift      string      `json:"storeDrift,omitempty"`
+	IgnoredPolicies []string    `json:"ignoredPolicies,omitempty"`
+	Rules           int         `json:"rules"`
+	// DescriptorRules counts the rules served on the Envoy rate-limit API.
+	DescriptorRules int `json:"descriptorRules"`
+	// Format is the format the config in force was written in.
+	Format string         `json:"format,omitempty"`
+	Config *config.Config `json:"config,omitempty"`
 }
 
 // StoreStatus describes the store in use; it never holds the password.
@@ -104,7 +113,27 @@ func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
 		_ = r.adminLn.Close()
 		return nil, fmt.Errorf("proxy listener: %w", err)
 	}
+	if cfg.GRPCListen != "" {
+		r.rls, err = envoyrls.New(envoyrls.Options{Registerer: r.reg, Events: r.ev, ResponseHeaders: cfg.GRPCResponseHeaders, Log: log})
+		if err == nil {
+			r.grpcLn, err = net.Listen("tcp", cfg.GRPCListen)
+		}
+		if err != nil {
+			_ = r.adminLn.Close()
+			_ = r.proxyLn.Close()
+			return nil, fmt.Errorf("grpc listener: %w", err)
+		}
+	}
 	return r, nil
+}
+
+// GRPCAddr returns the Envoy rate-limit service listener's address, or ""
+// when --grpc-listen is off.
+func (r *Runner) GRPCAddr() string {
+	if r.grpcLn == nil {
+		return ""
+	}
+	return r.grpcLn.Addr().String()
 }
 
 // ProxyAddr returns the proxy listener's address.
@@ -148,7 +177,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	srv := r.proxyServer()
 	proxyErr := make(chan error, 1)
 	go func() { proxyErr <- srv.Serve(r.proxyLn) }()
-	r.log.Info("serving", "listen", r.ProxyAddr(), "admin", r.AdminAddr(), "upstream", r.cfg.Upstream)
+	// The Envoy rate-limit service serves from the start too: UNAVAILABLE
+	// and health NOT_SERVING until the first good config.
+	var gs *grpc.Server
+	grpcErr := make(chan error, 1)
+	if r.grpcLn != nil {
+		gs = grpc.NewServer()
+		r.rls.Register(gs)
+		go func() { grpcErr <- gs.Serve(r.grpcLn) }()
+	}
+	r.log.Info("serving", "listen", r.ProxyAddr(), "admin", r.AdminAddr(), "grpc", r.GRPCAddr(), "upstream", r.cfg.Upstream)
 
 	var err error
 	select {
@@ -157,14 +195,33 @@ func (r *Runner) Run(ctx context.Context) error {
 		err = fmt.Errorf("proxy server: %w", err)
 	case err = <-adminErr:
 		err = fmt.Errorf("admin server: %w", err)
+	case err = <-grpcErr:
+		err = fmt.Errorf("grpc server: %w", err)
 	}
 	r.ready.Store(false)
 	stopSource()
 	<-srcDone
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
 	defer cancel()
+	grpcDone := make(chan struct{})
+	if gs != nil {
+		// Health turns NOT_SERVING first, then in-flight calls drain.
+		r.rls.Shutdown()
+		go func() { gs.GracefulStop(); close(grpcDone) }()
+	} else {
+		close(grpcDone)
+	}
 	if e := srv.Shutdown(drainCtx); e != nil {
 		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
+	}
+	if gs != nil {
+		select {
+		case <-grpcDone:
+		case <-drainCtx.Done():
+			gs.Stop()
+			<-grpcDone
+			err = errors.Join(err, errors.New("draining grpc calls: drain timeout"))
+		}
 	}
 	_ = admin.Shutdown(drainCtx)
 	r.mu.Lock()
@@ -225,7 +282,9 @@ func (r *Runner) applyUpdate(u Update) {
 		r.reject(u.Origin, u.Err)
 		return
 	}
-	c, err := config.Load(u.Data)
+	// A policy file may be floodgate's sidecar config or an
+	// envoyproxy/ratelimit config, told apart by shape.
+	c, format, _, err := envoyconfig.LoadAny(u.Data, envoyconfig.Options{})
 	if err != nil {
 		r.reject(u.Origin, err)
 		return
@@ -244,7 +303,7 @@ func (r *Runner) applyUpdate(u Update) {
 		r.reject(u.Origin, fmt.Errorf("compile sidecar config: %w", err))
 		return
 	}
-	r.install(u.Origin, c, set)
+	r.install(u.Origin, c, set, format)
 }
 
 // openLocked opens the store for the first config and builds the engine
@@ -288,11 +347,14 @@ func closeStore(st *storeHandle) error {
 }
 
 // install puts a compiled set in force.
-func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set) {
+func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, format envoyconfig.Format) {
 	r.mu.Lock()
 	old := r.current
 	r.current = set
 	r.proxy.SetRules(set)
+	if r.rls != nil {
+		r.rls.Install(r.engine, set)
+	}
 	if old != nil {
 		// A limit may have been raised: local denials may be stale. The
 		// shared counters are untouched.
@@ -303,6 +365,7 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set) {
 	r.status.Revision, r.status.Origin, r.status.AppliedAt = c.Revision, origin, &now
 	r.status.LastError, r.status.LastErrorAt = "", nil
 	r.status.IgnoredPolicies, r.status.Rules, r.status.Config = set.Ignored, len(set.Rules), c
+	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""
 	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
 		r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
@@ -332,9 +395,17 @@ func (r *Runner) forgetRemovedRules(old, cur *ruleset.Set) {
 	for _, ru := range cur.Rules {
 		keep[[2]string{ru.Engine.Policy, ru.Engine.Name}] = true
 	}
+	for _, ru := range cur.Descriptors.Rules() {
+		keep[[2]string{ru.Policy, ru.Name}] = true
+	}
 	for _, ru := range old.Rules {
 		if !keep[[2]string{ru.Engine.Policy, ru.Engine.Name}] {
 			r.m.ForgetRule(ru.Engine.Policy, ru.Engine.Name)
+		}
+	}
+	for _, ru := range old.Descriptors.Rules() {
+		if !keep[[2]string{ru.Policy, ru.Name}] {
+			r.m.ForgetRule(ru.Policy, ru.Name)
 		}
 	}
 }
