@@ -100,8 +100,9 @@ type Flood struct {
 	Allowed        int64   `json:"allowed"`
 	Limited        int64   `json:"limited"`
 	Errors         int64   `json:"errors"`
-	// LimitAdmits is what the limit allows over the run (bucket plus
-	// refill); Allowed above it means over-admission.
+	// LimitAdmits is the most the limit allows in a window of the run's
+	// length (a full bucket plus the refill); Allowed above it means
+	// over-admission.
 	LimitAdmits int64 `json:"limitAdmits"`
 	// FallbackDecisions and StoreUnavailable count the decisions that
 	// fell back to local buckets and the store calls that failed (a call
@@ -505,9 +506,9 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	f := &Flood{Sidecars: sidecars, LimitPerSec: h.o.FloodLimit, OfferedPerSec: offered, AchievedPerSec: s.Rate, Seconds: s.Elapsed.Seconds(),
 		Allowed: s.OK, Limited: s.Limited, Errors: s.Errors, ScriptCalls: calls}
 	f.Bound = 1.1*float64(s.OK) + float64(sidecars)*f.Seconds
-	// The most the limit admits in the run: the bucket is empty after the
-	// warm-up, so the refill, plus one token of slack for the boundary.
-	f.LimitAdmits = 1 + int64(float64(h.o.FloodLimit)*f.Seconds+0.5)
+	// The most a token bucket admits in any window of this length: a full
+	// bucket (Burst = Requests here) plus the refill.
+	f.LimitAdmits = int64(h.o.FloodLimit) + int64(float64(h.o.FloodLimit)*f.Seconds+0.5)
 	if f.FallbackDecisions, err = scrape(admins, "floodgate_sidecar_fallback_decisions_total", `rule="flood"`); err != nil {
 		return err
 	}
