@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -57,7 +58,7 @@ func newProxy(tb testing.TB, upstream string) *Proxy {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p, err := New(Options{Upstream: u, Engine: e, Metrics: m})
+	p, err := New(Options{Upstream: u, Engine: e, Metrics: m, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		tb.Fatal(err)
 	}
