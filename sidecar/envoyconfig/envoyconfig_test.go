@@ -1,0 +1,163 @@
+package envoyconfig_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
+)
+
+func TestConvertMapping(t *testing.T) {
+	t.Parallel()
+	c, m, err := envoyconfig.Load([]byte(`
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 5, name: mk}
+  - key: to_number
+    rate_limit: {unit: Minute, requests_per_unit: 100, replaces: [{name: mk}, {name: nobody}]}
+    shadow_mode: true
+  - key: ip
+    value: 10.0.0.1
+  - key: ldap
+    rate_limit: {unlimited: true}
+  - key: path
+    value: "/a b/*"
+    rate_limit: {unit: second, requests_per_unit: 0}
+---
+domain: other
+descriptors:
+  - key: k
+    rate_limit: {unit: week, requests_per_unit: 1}
+`), envoyconfig.Options{Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(c.Policies), 2; got != want {
+		t.Fatalf("%d policies, want %d", got, want)
+	}
+	p := c.Policies[0]
+	if p.Name != "messaging" || p.UID != "envoy.messaging" || p.Replicas != 3 {
+		t.Errorf("policy %s uid %s replicas %d", p.Name, p.UID, p.Replicas)
+	}
+	byName := map[string]config.Rule{}
+	for _, r := range p.Rules {
+		byName[r.Name] = r
+	}
+	nested, okN := byName["message_type_marketing.to_number"]
+	if !okN || len(nested.Match.Descriptors.Entries) != 2 || nested.Limit.Requests != 5 || nested.Limit.Per.Duration != 24*time.Hour || nested.Limit.Algorithm != "FixedWindow" {
+		t.Errorf("nested rule %+v", nested)
+	}
+	top := byName["to_number"]
+	if top.Mode != config.ModeShadow || top.Limit.Per.Duration != time.Minute || len(top.Match.Descriptors.Replaces) != 1 || top.Match.Descriptors.Replaces[0] != "message_type_marketing.to_number" {
+		t.Errorf("top rule %+v", top)
+	}
+	if r := byName["ip_10.0.0.1"]; !r.Limit.Unlimited {
+		t.Errorf("whitelisted descriptor became %+v, want an unlimited rule", r)
+	}
+	if r := byName["ldap"]; !r.Limit.Unlimited {
+		t.Errorf("unlimited descriptor became %+v", r)
+	}
+	var blocked *config.Rule
+	for i, r := range p.Rules {
+		if strings.HasPrefix(r.Name, "path_-a-b--") {
+			blocked = &p.Rules[i]
+		}
+	}
+	if blocked == nil || blocked.Limit.Requests != 0 || blocked.Match.Descriptors.Entries[0].Value != "/a b/*" {
+		t.Errorf("blocking wildcard rule missing or wrong: %+v (rules %v)", blocked, byName)
+	}
+	if got := c.Policies[1].Rules[0].Limit.Per.Duration; got != 7*24*time.Hour {
+		t.Errorf("week = %v", got)
+	}
+	if len(m.Warnings) != 1 || !strings.Contains(m.Warnings[0], `"nobody"`) {
+		t.Errorf("warnings %q, want one about replaces nobody", m.Warnings)
+	}
+	var out bytes.Buffer
+	if err := envoyconfig.Explain(&out, c, envoyconfig.FormatEnvoy, m); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"envoyproxy/ratelimit config", "domains: 2", "requests_per_unit 0: denies every call", "whitelisted", "shadow", "replaces message_type_marketing.to_number"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("explanation lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// Bad configs are rejected as envoyproxy/ratelimit rejects them, every
+// problem at once.
+func TestConvertErrors(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct{ doc, want string }{
+		"unknown key":        {"domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: second}\n", "ratelimit"},
+		"empty domain":       {"descriptors:\n  - key: k\n", "domain must not be empty"},
+		"empty key":          {"domain: d\ndescriptors:\n  - value: v\n", "empty key"},
+		"duplicate key":      {"domain: d\ndescriptors:\n  - key: k\n  - key: k\n", "duplicate descriptor composite key \"d.k\""},
+		"bad unit":           {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "invalid rate limit unit"},
+		"unit and unlimited": {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, unlimited: true}\n", "should not specify rate limit unit when unlimited"},
+		"empty replaces":     {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: \"\"}]}\n", "empty replaces entry"},
+		"self replaces":      {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n", "name of same descriptor"},
+		"duplicate domain":   {"domain: d\ndescriptors: [{key: k}]\n---\ndomain: d\ndescriptors: [{key: j}]\n", "duplicate domain"},
+		"share_threshold":    {"domain: d\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "share_threshold"},
+		"negative":           {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "line 4: cannot unmarshal !!int `-1` into uint32"},
+		"too large":          {"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4000000000}\n", "requests: must be between 1 and 1000000000"},
+		"not yaml":           {"domain: [\n", "parse envoy ratelimit config"},
+	}
+	for name, tc := range cases {
+		_, _, err := envoyconfig.Load([]byte(tc.doc), envoyconfig.Options{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one containing %q", name, err, tc.want)
+		}
+	}
+	// Two problems in one document are both reported.
+	_, _, err := envoyconfig.Load([]byte("domain: d\ndescriptors:\n  - key: ''\n  - key: k\n    rate_limit: {unit: eon, requests_per_unit: 1}\n"), envoyconfig.Options{})
+	if err == nil || !strings.Contains(err.Error(), "empty key") || !strings.Contains(err.Error(), "eon") {
+		t.Errorf("error %v, want both problems", err)
+	}
+}
+
+func TestDetect(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		doc  string
+		want envoyconfig.Format
+		err  string
+	}{
+		{"apiVersion: floodgate.dev/sidecar-config/v1\npolicies: []\n", envoyconfig.FormatFloodgate, ""},
+		{`{"apiVersion": "floodgate.dev/sidecar-config/v1", "policies": []}`, envoyconfig.FormatFloodgate, ""},
+		{"# comment\n---\ndomain: d\ndescriptors: []\n", envoyconfig.FormatEnvoy, ""},
+		{"descriptors: []\n", envoyconfig.FormatEnvoy, ""},
+		{"", 0, "empty document"},
+		{"kind: ConfigMap\n", 0, "unknown format: top-level keys [kind]"},
+		{"- a\n", 0, "not YAML"},
+	}
+	for _, tc := range cases {
+		got, err := envoyconfig.Detect([]byte(tc.doc))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("Detect(%q) error %v, want %q", tc.doc, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Detect(%q) = %v, %v, want %v", tc.doc, got, err, tc.want)
+		}
+	}
+}
+
+func FuzzLoadAny(f *testing.F) {
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	f.Add([]byte("apiVersion: floodgate.dev/sidecar-config/v1\npolicies: []\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, _, _, err := envoyconfig.LoadAny(data, envoyconfig.Options{})
+		if err == nil && c.Validate() != nil {
+			t.Fatalf("LoadAny accepted a config that does not validate")
+		}
+	})
+}
