@@ -251,6 +251,7 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 	return e.prefix + string(hx[:]), true, nil
 }
 
+// String names the part for error messages.
 func (p part) String() string {
 	switch p.kind {
 	case kindHeader:

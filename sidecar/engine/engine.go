@@ -131,6 +131,7 @@ const (
 	Unavailable
 )
 
+// String returns the outcome's name.
 func (o Outcome) String() string {
 	switch o {
 	case Allow:
@@ -160,6 +161,7 @@ const (
 	FromNowhere
 )
 
+// String returns the source's name, as deny events report it.
 func (s Source) String() string {
 	return [...]string{"none", "store", "local", "fallback", "unavailable"}[s]
 }

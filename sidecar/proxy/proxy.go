@@ -342,7 +342,10 @@ type bufferPool struct{}
 
 var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-func (bufferPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
+// Get implements httputil.BufferPool.
+func (bufferPool) Get() []byte { return *(buffers.Get().(*[]byte)) }
+
+// Put implements httputil.BufferPool.
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // NotReady answers a request that arrives before any config is loaded:
