@@ -76,7 +76,13 @@ func Detect(data []byte) (Format, error) {
 func LoadAny(data []byte, o Options) (*config.Config, Format, *Mapping, error) {
 	f, err := Detect(data)
 	if err != nil {
-		return nil, 0, nil, err
+		// Neither shape: report floodgate's own parse or validation
+		// errors, the sidecar's primary format, and why neither matched.
+		_, lerr := config.Load(data)
+		if lerr == nil {
+			lerr = errors.New("not a sidecar config")
+		}
+		return nil, 0, nil, fmt.Errorf("%w\n(the document is neither a floodgate sidecar config nor an envoyproxy/ratelimit config: %v)", lerr, err)
 	}
 	if f == FormatEnvoy {
 		c, m, err := Load(data, o)

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+// Config is the harness's flags.
+type Config struct {
+	SidecarBin string
+	Duration   time.Duration
+	Warmup     time.Duration
+	Conns      int
+	Callers    int
+	Rounds     int
+	Out        string
+	// ServeNull, set by the harness on its own re-exec, serves the null
+	// ShouldRateLimit server on this address instead of benchmarking.
+	ServeNull string
+}
+
+// Register defines the flags.
+func (c *Config) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.SidecarBin, "sidecar-bin", "", "floodgate-sidecar binary; empty builds ./cmd/floodgate-sidecar")
+	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "length of each measurement")
+	fs.DurationVar(&c.Warmup, "warmup", time.Second, "unmeasured load before each measurement")
+	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections of the load generator")
+	fs.IntVar(&c.Callers, "callers", 64, "concurrent calls in flight (closed loop)")
+	fs.IntVar(&c.Rounds, "rounds", 3, "measurements of each case, interleaved; the report gives the median")
+	fs.StringVar(&c.Out, "out", "", "write the JSON report here")
+	fs.StringVar(&c.ServeNull, "serve-null", "", "internal: serve the null server on this address")
+}
+
+// Validate reports every problem at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Duration < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("-duration: at least 100ms, got %v", c.Duration))
+	}
+	if c.Warmup < 0 {
+		errs = append(errs, errors.New("-warmup: must not be negative"))
+	}
+	if c.Conns < 1 || c.Callers < 1 || c.Callers < c.Conns {
+		errs = append(errs, fmt.Errorf("-conns and -callers: at least 1, callers >= conns, got %d and %d", c.Conns, c.Callers))
+	}
+	if c.Rounds < 1 {
+		errs = append(errs, errors.New("-rounds: at least 1"))
+	}
+	return errors.Join(errs...)
+}
+
+// Report is the JSON output.
+type Report struct {
+	Machine    Machine       `json:"machine"`
+	Cases      []Case        `json:"cases"`
+	Acceptance []Requirement `json:"acceptance"`
+}
+
+// Machine says where the numbers come from.
+type Machine struct {
+	CPUs        int    `json:"cpus"`
+	GoVersion   string `json:"goVersion"`
+	Pinning     string `json:"pinning"`
+	LoadAverage string `json:"loadAverageAtStart"`
+	ClockTicks  int    `json:"clockTicksPerSec"`
+}
+
+// Case is one workload's median measurement.
+type Case struct {
+	Name string `json:"name"`
+	// Server is "null" or "floodgate".
+	Server string `json:"server"`
+	// DecisionsPerSec is completed calls per second (closed loop).
+	DecisionsPerSec float64 `json:"decisionsPerSec"`
+	// CPUMicrosPerDecision is the server process's user+system CPU time
+	// (from /proc/<pid>/stat) over the measurement, per completed call.
+	CPUMicrosPerDecision float64 `json:"cpuMicrosPerDecision"`
+	// CoreUtilisation is the server's CPU time over wall time: near 1
+	// means the load saturated its core.
+	CoreUtilisation float64 `json:"coreUtilisation"`
+	// OverNull is CPUMicrosPerDecision over the null server's, measured
+	// in the same run.
+	OverNull float64 `json:"cpuOverNull,omitempty"`
+	Errors   int64   `json:"errors"`
+	OK       int64   `json:"ok"`
+	Over     int64   `json:"overLimit"`
+	// Rounds are the individual measurements (CPU µs per decision).
+	Rounds []float64 `json:"roundsCpuMicros"`
+}
+
+// Requirement is one acceptance criterion.
+type Requirement struct {
+	Name string  `json:"name"`
+	Want string  `json:"want"`
+	Got  float64 `json:"got"`
+	Met  bool    `json:"met"`
+}
+
+// policy is the sidecar's config, in envoyproxy/ratelimit's format: a
+// counter per user value with a limit no run reaches (cold and hot), and
+// a small one that a flood exceeds at once (hot-denied).
+const policy = `domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: flood
+    rate_limit: {unit: hour, requests_per_unit: 10}
+`
+
+// workload makes the descriptor of call i.
+type workload struct {
+	name, server string
+	desc         func(run, i int64) *rlcommonv3.RateLimitDescriptor
+}
+
+func entry(k, v string) *rlcommonv3.RateLimitDescriptor {
+	return &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+}
+
+// Run runs the harness.
+func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(log, format, args...) }
+	rep := &Report{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), ClockTicks: clockTicks}}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		rep.Machine.LoadAverage = strings.TrimSpace(string(b))
+	}
+	dir, err := os.MkdirTemp("", "floodgate-rlsbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+
+	_, tsErr := exec.LookPath("taskset")
+	pin := tsErr == nil && runtime.NumCPU() >= 2
+	if pin {
+		// The generator (this process) and Redis share CPU 1; the
+		// servers under test get CPU 0.
+		if out, err := exec.Command("taskset", "-a", "-cp", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("pin the load generator: %v: %s", err, out)
+		}
+		rep.Machine.Pinning = "servers on CPU 0 (GOMAXPROCS=1); load generator and Redis on CPU 1"
+	} else {
+		rep.Machine.Pinning = "none (taskset missing or one CPU)"
+	}
+
+	logf("starting a 3-master Redis Cluster\n")
+	cluster, err := redistest.NewCluster(redistest.Options{Masters: 3})
+	if err != nil {
+		return nil, err
+	}
+	defer cluster.Close()
+	if pin {
+		for _, n := range cluster.Nodes() {
+			if out, err := exec.Command("taskset", "-a", "-cp", "1", strconv.Itoa(n.Pid())).CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("pin redis: %v: %s", err, out)
+			}
+		}
+	}
+
+	bin := cfg.SidecarBin
+	if bin == "" {
+		bin = filepath.Join(dir, "floodgate-sidecar")
+		logf("building floodgate-sidecar\n")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/floodgate-sidecar").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build floodgate-sidecar: %v: %s", err, out)
+		}
+	}
+	pf := filepath.Join(dir, "ratelimit.yaml")
+	if err := os.WriteFile(pf, []byte(policy), 0o600); err != nil {
+		return nil, err
+	}
+	ports := make([]string, 4)
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+	}()
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		if pin {
+			args = append([]string{"-c", "0", name}, args...)
+			name = "taskset"
+		}
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+		lf, err := os.Create(filepath.Join(dir, fmt.Sprintf("proc-%d.log", len(procs))))
+		if err != nil {
+			return nil, err
+		}
+		cmd.Stdout, cmd.Stderr = lf, lf
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start %s: %w", name, err)
+		}
+		procs = append(procs, cmd)
+		return cmd, nil
+	}
+	sidecarAddr, nullAddr := "127.0.0.1:"+ports[0], "127.0.0.1:"+ports[3]
+	sc, err := start(bin, "--grpc-listen", sidecarAddr, "--listen", "127.0.0.1:"+ports[1], "--admin-listen", "127.0.0.1:"+ports[2],
+		"--policy-file", pf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	null, err := start(self, "-serve-null", nullAddr)
+	if err != nil {
+		return nil, err
+	}
+
+	conns := map[string][]*grpc.ClientConn{}
+	for _, addr := range []string{sidecarAddr, nullAddr} {
+		for range cfg.Conns {
+			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+			defer c.Close()
+			conns[addr] = append(conns[addr], c)
+		}
+		if err := waitServing(ctx, conns[addr][0]); err != nil {
+			return nil, fmt.Errorf("server on %s (logs in %s): %w", addr, dir, err)
+		}
+	}
+
+	var runID atomic.Int64
+	workloads := []workload{
+		{"null server (answers OK at once)", "null", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
+		{"cold keys (a new counter every call, each a Redis call)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return entry("user", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
+		}},
+		{"one hot key, allowed (every call a Redis call)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
+		{"one hot key, over its limit (local deny cache)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
+	}
+	pids := map[string]int{"null": null.Process.Pid, "floodgate": sc.Process.Pid}
+	addrs := map[string]string{"null": nullAddr, "floodgate": sidecarAddr}
+	rounds := make([][]measurement, len(workloads))
+	for round := range cfg.Rounds {
+		for wi, w := range workloads {
+			run := runID.Add(1)
+			cs := conns[addrs[w.server]]
+			logf("round %d: %s: warm-up\n", round+1, w.name)
+			load(ctx, cs, cfg.Callers, cfg.Warmup, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, -i-1) })
+			m, err := measure(ctx, pids[w.server], cs, cfg.Callers, cfg.Duration, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, i) })
+			if err != nil {
+				return nil, err
+			}
+			logf("round %d: %s: %.0f/s, %.1f µs CPU per decision, %.0f%% of a core, %d errors\n",
+				round+1, w.name, m.rate, m.cpuMicros, 100*m.util, m.errors)
+			rounds[wi] = append(rounds[wi], m)
+		}
+	}
+	for wi, w := range workloads {
+		ms := rounds[wi]
+		c := Case{Name: w.name, Server: w.server}
+		var cpu, rate, util []float64
+		for _, m := range ms {
+			cpu, rate, util = append(cpu, m.cpuMicros), append(rate, m.rate), append(util, m.util)
+			c.Errors += m.errors
+			c.OK += m.ok
+			c.Over += m.over
+		}
+		c.Rounds = cpu
+		c.CPUMicrosPerDecision, c.DecisionsPerSec, c.CoreUtilisation = median(cpu), median(rate), median(util)
+		rep.Cases = append(rep.Cases, c)
+	}
+	floor := rep.Cases[0].CPUMicrosPerDecision
+	for i := range rep.Cases[1:] {
+		c := &rep.Cases[i+1]
+		if floor > 0 {
+			c.OverNull = c.CPUMicrosPerDecision / floor
+		}
+	}
+	rep.Acceptance = []Requirement{
+		{Name: "CPU per decision, one hot key (allowed), over the null server", Want: "<= 1.5", Got: rep.Cases[2].OverNull, Met: rep.Cases[2].OverNull <= 1.5},
+		{Name: "CPU per decision, one hot key (over its limit), over the null server", Want: "<= 1.5", Got: rep.Cases[3].OverNull, Met: rep.Cases[3].OverNull <= 1.5},
+		{Name: "CPU per decision, cold keys, over the null server", Want: "<= 2", Got: rep.Cases[1].OverNull, Met: rep.Cases[1].OverNull <= 2},
+	}
+	return rep, nil
+}
+
+// measurement is one timed closed-loop run.
+type measurement struct {
+	rate, cpuMicros, util float64
+	ok, over, errors      int64
+}
+
+// measure runs the load for d and reads the server's CPU time around it.
+func measure(ctx context.Context, pid int, cs []*grpc.ClientConn, callers int, d time.Duration, desc func(int64) *rlcommonv3.RateLimitDescriptor) (measurement, error) {
+	cpu0, err := procCPU(pid)
+	if err != nil {
+		return measurement{}, err
+	}
+	t0 := time.Now()
+	ok, over, errs := load(ctx, cs, callers, d, desc)
+	elapsed := time.Since(t0)
+	cpu1, err := procCPU(pid)
+	if err != nil {
+		return measurement{}, err
+	}
+	n := ok + over
+	m := measurement{ok: ok, over: over, errors: errs, rate: float64(n) / elapsed.Seconds(), util: (cpu1 - cpu0).Seconds() / elapsed.Seconds()}
+	if n > 0 {
+		m.cpuMicros = float64((cpu1 - cpu0).Microseconds()) / float64(n)
+	}
+	return m, nil
+}
+
+// load runs callers closed-loop callers over the connections for d.
+func load(ctx context.Context, cs []*grpc.ClientConn, callers int, d time.Duration, desc func(int64) *rlcommonv3.RateLimitDescriptor) (ok, over, errs int64) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var next, nOK, nOver, nErr atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for c := range callers {
+		client := rlsv3.NewRateLimitServiceClient(cs[c%len(cs)])
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := next.Add(1)
+				out, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlcommonv3.RateLimitDescriptor{desc(i)}})
+				switch {
+				case err != nil:
+					// A call cut by the end of the run is not a failure;
+					// gRPC may see the deadline before ctx.Err does.
+					if ctx.Err() == nil && status.Code(err) != codes.DeadlineExceeded {
+						if nErr.Add(1) == 1 {
+							firstErr.Store(err.Error())
+						}
+					}
+				case out.OverallCode == rlsv3.RateLimitResponse_OK:
+					nOK.Add(1)
+				default:
+					nOver.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if e, _ := firstErr.Load().(string); e != "" {
+		fmt.Fprintf(os.Stderr, "%d failed calls, the first: %s\n", nErr.Load(), e)
+	}
+	return nOK.Load(), nOver.Load(), nErr.Load()
+}
+
+// waitServing waits until the server answers a call.
+func waitServing(ctx context.Context, c *grpc.ClientConn) error {
+	client := rlsv3.NewRateLimitServiceClient(c)
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, last = client.ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlcommonv3.RateLimitDescriptor{entry("warm", "x")}})
+		cancel()
+		if last == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times; 100 on
+// Linux on every architecture Go supports.
+const clockTicks = 100
+
+// procCPU returns a process's user plus system CPU time.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu time of %d: %w", pid, err)
+	}
+	return parseStatCPU(string(b))
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) from a
+// /proc/<pid>/stat line. The command name (field 2) may hold spaces and
+// parentheses, so fields are counted after its last ')'.
+func parseStatCPU(s string) (time.Duration, error) {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("proc stat: no command field")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime is field 14, stime 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat: %d fields after the command", len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	_, p, err := net.SplitHostPort(ln.Addr().String())
+	return p, err
+}
+
+// nullServer answers every call OK at once: the floor of a
+// ShouldRateLimit server on this machine and gRPC version.
+type nullServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+// ShouldRateLimit implements RateLimitServiceServer.
+func (nullServer) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// serveNull serves the null server until ctx ends.
+func serveNull(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, nullServer{})
+	go func() {
+		<-ctx.Done()
+		g.Stop()
+	}()
+	return g.Serve(ln)
+}
+
+// Write prints the report as a table.
+func (r *Report) Write(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s; load average at start %s\n", r.Machine.Pinning, r.Machine.LoadAverage)
+	fmt.Fprintf(&b, "%-58s %12s %14s %8s %10s\n", "case", "decisions/s", "CPU µs/decision", "core", "vs null")
+	for _, c := range r.Cases {
+		vs := "1.00 (floor)"
+		if c.Server != "null" {
+			vs = fmt.Sprintf("%.2f", c.OverNull)
+		}
+		fmt.Fprintf(&b, "%-58s %12.0f %14.1f %7.0f%% %10s\n", c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs)
+	}
+	for _, a := range r.Acceptance {
+		fmt.Fprintf(&b, "%s: %.2f, want %s: met=%v\n", a.Name, a.Got, a.Want, a.Met)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
