@@ -308,7 +308,7 @@ limit: {requests: 0, per: 1h}`))
 	}
 	// A file that does not parse at all is rejected the same way.
 	writeAtomic(t, sc.policy, "apiVersion: [")
-	sc.waitError(t, "parse sidecar config")
+	sc.waitError(t, "yaml")
 	// Fixing it applies.
 	writeAtomic(t, sc.policy, policyDoc("v4", `key: [{header: X-User}]
 limit: {requests: 10, per: 1h}`))
