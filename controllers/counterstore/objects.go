@@ -181,9 +181,26 @@ EOF
 `, confDir, dir)
 }
 
-// probeScript checks that the node answers PING; REDISCLI_AUTH carries the
-// password.
-const probeScript = `redis-cli -h "${POD_IP}" -p 6379 ping | grep -q PONG`
+// LivenessScript checks that the node answers PING. REDISCLI_AUTH carries
+// the password.
+const LivenessScript = `redis-cli -h "${POD_IP}" -p 6379 ping | grep -q PONG`
+
+// ReadinessScript checks that the node serves its role: it sees the
+// cluster as ok, and it is either a replica whose link to its master is
+// up, or a master that serves slots. A new node is therefore not Ready
+// until the operator has made it a replica and it has synced, so a rolling
+// update never restarts a shard's last copy before its new replica holds
+// the data. The Pods' Service publishes not-ready addresses, and the
+// operator dials Pods by IP, so formation does not wait for readiness.
+const ReadinessScript = `set -eu
+cli() { redis-cli -h "${POD_IP}" -p 6379 "$@"; }
+case "$(cli cluster info)" in *cluster_state:ok*) ;; *) exit 1 ;; esac
+repl=$(cli info replication)
+case "$repl" in
+*role:slave*) case "$repl" in *master_link_status:up*) exit 0 ;; esac; exit 1 ;;
+esac
+cli cluster nodes | awk '$3 ~ /myself/ { found = 1; if (NF > 8) ok = 1 } END { exit !(found && ok) }'
+`
 
 func hash(s string) string {
 	sum := sha256.Sum256([]byte(s))
@@ -263,9 +280,9 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 	if image == "" {
 		image = "redis:7.4"
 	}
-	probe := func(period, failures, initial int32) *corev1.Probe {
+	probe := func(script string, period, failures, initial int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:        corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", probeScript}}},
+			ProbeHandler:        corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", script}}},
 			InitialDelaySeconds: initial,
 			PeriodSeconds:       period,
 			TimeoutSeconds:      2,
@@ -290,8 +307,8 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 			{Name: "redis", ContainerPort: RedisPort, Protocol: corev1.ProtocolTCP},
 			{Name: "bus", ContainerPort: BusPort, Protocol: corev1.ProtocolTCP},
 		},
-		ReadinessProbe: probe(5, 3, 2),
-		LivenessProbe:  probe(10, 6, 15),
+		ReadinessProbe: probe(ReadinessScript, 5, 2, 2),
+		LivenessProbe:  probe(LivenessScript, 10, 6, 15),
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false),
 			ReadOnlyRootFilesystem:   ptr.To(true),

@@ -3,8 +3,10 @@ package counterstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -328,7 +330,7 @@ func TestStartScript(t *testing.T) {
 	}
 	const password = "start-script-password-1"
 	addr := net.JoinHostPort(host.IP, strconv.Itoa(RedisPort))
-	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password}
+	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password}
 	start := func() string {
 		t.Helper()
 		p, err := nodetest.StartProcess(addr, password, dir, "sh", []string{"-c", StartScript(confDir, dataDir)}, env)
@@ -350,6 +352,28 @@ func TestStartScript(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A node of its own, unformed, is not Ready; once it serves every
+		// slot it is.
+		if err := probe(t, ReadinessScript, env); err == nil {
+			t.Error("readiness probe passed on an unformed node")
+		}
+		if err := probe(t, LivenessScript, env); err != nil {
+			t.Errorf("liveness probe failed on a running node: %v", err)
+		}
+		if err := p.Client().Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := probe(t, ReadinessScript, env)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("readiness probe still fails on a master serving every slot: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		p.Kill()
 		return id
 	}
@@ -357,4 +381,16 @@ func TestStartScript(t *testing.T) {
 	if first == second {
 		t.Errorf("the node kept its ID %s across a restart; the start script must drop nodes.conf", first)
 	}
+}
+
+// probe runs a probe script as the kubelet's exec probe would, with the
+// container's env.
+func probe(t *testing.T, script string, env []string) error {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "sh", "-c", script)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
 }
