@@ -1,0 +1,340 @@
+// Package sidecaraccess gives the sidecars of each namespace what they
+// need from the API server, and nothing more.
+//
+// For every namespace that has RateLimitPolicies or pods opted in to
+// injection, it keeps:
+//   - the Role "floodgate-sidecar": get, list and watch on the one
+//     ConfigMap "floodgate-policies", and get and patch on pods/status;
+//   - the RoleBinding "floodgate-sidecar", binding that Role to the group
+//     system:serviceaccounts:<namespace>, so that a sidecar has it with
+//     whatever service account its pod runs as;
+//   - the Secret "floodgate-store-auth", a copy of the password of the
+//     CounterStore that the namespace's ConfigMap names, under the key
+//     "password" (empty for a store without a password). Injected
+//     sidecars read it as FLOODGATE_REDIS_PASSWORD; the key is required,
+//     so a sidecar does not start before its password is there.
+//
+// A sidecar can read no other ConfigMap and no Secret: the password
+// reaches it through the kubelet, as an environment variable.
+//
+// # Limits of RBAC
+//
+// RBAC cannot restrict pods/status to "the pod the sidecar runs in". The
+// sidecar only ever patches its own pod, named by the downward API; a
+// compromised sidecar could write the status conditions of other pods of
+// its namespace, which is the price of reporting through the pod.
+//
+// # Lifecycle
+//
+// The objects are removed when the namespace has neither policies nor
+// opted-in pods. The mirrored Secret is written once the namespace's
+// ConfigMap names a store, and is kept (not deleted) while policies or
+// opted-in pods remain, even if the ConfigMap goes away, so that pods
+// keep starting. The source passwords are read uncached: a change to a
+// managed store's Secret (which the manager's cache watches) triggers an
+// update at once, a change to an external store's Secret within
+// ResyncPeriod. Pods read the password when they start, so running pods
+// keep the old one until they restart.
+package sidecaraccess
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+const (
+	// ControllerName names the controller in logs and metrics.
+	ControllerName = "sidecaraccess"
+	// FieldOwner is the server-side apply field manager.
+	FieldOwner = "floodgate-manager"
+	// ResyncPeriod bounds how long a changed external store password
+	// takes to reach the mirrored Secrets.
+	ResyncPeriod = 10 * time.Minute
+)
+
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/status,verbs=get;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies;counterstores,verbs=get;list;watch
+
+// Reconciler keeps one namespace's sidecar access per call. Its fields are
+// set before SetupWithManager and not changed afterwards.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes to the API
+	// server.
+	Client client.Client
+	// APIReader reads the stores' source Secrets, uncached.
+	APIReader client.Reader
+	// ManagerNamespace holds the managed stores' password Secrets; it is
+	// never given sidecar access.
+	ManagerNamespace string
+}
+
+// SetupWithManager registers the controller with mgr.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if r.Client == nil || r.APIReader == nil {
+		return errors.New("sidecaraccess: Client and APIReader are required")
+	}
+	if r.ManagerNamespace == "" {
+		return errors.New("sidecaraccess: ManagerNamespace is empty")
+	}
+	toNamespace := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+	})
+	toAll := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		return r.namespacesWithConfig(ctx)
+	})
+	oursOnly := builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ours(o.GetLabels()) }))
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		WithOptions(opts).
+		Watches(&v1alpha1.RateLimitPolicy{}, toNamespace, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+		})).
+		Watches(&corev1.Pod{}, toNamespace, builder.WithPredicates(optedInPods())).
+		Watches(&corev1.ConfigMap{}, toNamespace, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.GetName() == config.ConfigMapName
+		}))).
+		Watches(&rbacv1.Role{}, toNamespace, oursOnly).
+		Watches(&rbacv1.RoleBinding{}, toNamespace, oursOnly).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			if o.GetNamespace() == r.ManagerNamespace {
+				// A store's password may have changed.
+				return r.namespacesWithConfig(ctx)
+			}
+			if o.GetName() == SecretName && ours(o.GetLabels()) {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+			}
+			return nil
+		})).
+		Watches(&v1alpha1.CounterStore{}, toAll).
+		Complete(r)
+}
+
+// optedInPods passes the creation and deletion of pods that ask for, or
+// have, the sidecar.
+func optedInPods() predicate.Funcs {
+	relevant := func(o client.Object) bool {
+		pod, ok := o.(*corev1.Pod)
+		return ok && (injection.OptedIn(pod) || injection.HasSidecar(pod))
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return relevant(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return relevant(e.Object) },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// namespacesWithConfig lists the namespaces that have a policies
+// ConfigMap.
+func (r *Reconciler) namespacesWithConfig(ctx context.Context) []reconcile.Request {
+	var cms corev1.ConfigMapList
+	if err := r.Client.List(ctx, &cms); err != nil {
+		log.FromContext(ctx).Error(err, "listing the policies ConfigMaps")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, cm := range cms.Items {
+		if cm.Name == config.ConfigMapName {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: cm.Namespace}})
+		}
+	}
+	return reqs
+}
+
+// Reconcile brings namespace req.Name's sidecar access to what its
+// policies and pods need.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	ns := req.Name
+	if ns == r.ManagerNamespace || slices.Contains(injection.SystemNamespaces, ns) {
+		return ctrl.Result{}, nil
+	}
+	need, err := r.needsAccess(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !need {
+		return ctrl.Result{}, r.remove(ctx, ns)
+	}
+	if err := r.applyRBAC(ctx, ns); err != nil {
+		return ctrl.Result{}, ignoreTerminating(err)
+	}
+	if err := r.mirror(ctx, ns); err != nil {
+		return ctrl.Result{}, ignoreTerminating(err)
+	}
+	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
+}
+
+// needsAccess reports whether ns has policies or opted-in pods.
+func (r *Reconciler) needsAccess(ctx context.Context, ns string) (bool, error) {
+	var policies v1alpha1.RateLimitPolicyList
+	if err := r.Client.List(ctx, &policies, client.InNamespace(ns)); err != nil {
+		return false, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
+	}
+	for _, p := range policies.Items {
+		if p.DeletionTimestamp == nil {
+			return true, nil
+		}
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return false, fmt.Errorf("list pods in %s: %w", ns, err)
+	}
+	return slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool {
+		return p.DeletionTimestamp == nil && (injection.OptedIn(&p) || injection.HasSidecar(&p))
+	}), nil
+}
+
+// applyRBAC writes the Role and RoleBinding where they differ.
+func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
+	var role rbacv1.Role
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &role)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get Role %s/%s: %w", ns, RoleName, err)
+	}
+	if err != nil || !roleUpToDate(&role) {
+		if err := r.Client.Apply(ctx, DesiredRole(ns), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply Role %s/%s: %w", ns, RoleName, err)
+		}
+		log.FromContext(ctx).Info("applied the sidecar Role", "namespace", ns)
+	}
+
+	var binding rbacv1.RoleBinding
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &binding)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get RoleBinding %s/%s: %w", ns, RoleName, err)
+	}
+	if err == nil && !roleRefOK(&binding) {
+		// roleRef is immutable: replace the binding.
+		if err := r.Client.Delete(ctx, &binding, client.Preconditions{UID: &binding.UID}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete RoleBinding %s/%s with a foreign roleRef: %w", ns, RoleName, err)
+		}
+	}
+	if err != nil || !bindingUpToDate(&binding) {
+		if err := r.Client.Apply(ctx, DesiredRoleBinding(ns), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply RoleBinding %s/%s: %w", ns, RoleName, err)
+		}
+		log.FromContext(ctx).Info("applied the sidecar RoleBinding", "namespace", ns)
+	}
+	return nil
+}
+
+// mirror copies the password of the store that ns's ConfigMap names.
+func (r *Reconciler) mirror(ctx context.Context, ns string) error {
+	var cm corev1.ConfigMap
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
+		return nil // no store chosen yet; keep any earlier copy
+	} else if err != nil {
+		return fmt.Errorf("get ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
+	}
+	doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
+	if err != nil || doc.Store.Type != config.StoreRedis {
+		// An unreadable document is the policy controller's to fix; a
+		// memory store needs no password.
+		return nil
+	}
+	password, err := r.password(ctx, doc.Store)
+	if err != nil {
+		return err
+	}
+	var s corev1.Secret
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: SecretName}, &s)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get Secret %s/%s: %w", ns, SecretName, err)
+	}
+	if err == nil && secretUpToDate(&s, doc.Store.Name, password) {
+		return nil
+	}
+	if err := r.Client.Apply(ctx, DesiredSecret(ns, doc.Store.Name, password), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply Secret %s/%s: %w", ns, SecretName, err)
+	}
+	log.FromContext(ctx).Info("mirrored the store password", "namespace", ns, "store", doc.Store.Name)
+	return nil
+}
+
+// password reads the password of store: an external store's
+// passwordSecretRef, else the Secret the store publishes in the manager's
+// namespace, else none.
+func (r *Reconciler) password(ctx context.Context, store config.Store) ([]byte, error) {
+	ref := struct{ ns, name, key string }{r.ManagerNamespace, store.AuthSecretName, PasswordKey}
+	var cs v1alpha1.CounterStore
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); err == nil {
+		if ext := cs.Spec.External; ext != nil && ext.PasswordSecretRef != nil {
+			ref.ns, ref.name, ref.key = ext.PasswordSecretRef.Namespace, ext.PasswordSecretRef.Name, ext.PasswordSecretRef.Key
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
+	}
+	if ref.name == "" {
+		return []byte{}, nil
+	}
+	var s corev1.Secret
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ref.ns, Name: ref.name}, &s); err != nil {
+		return nil, fmt.Errorf("read the password of CounterStore %s from Secret %s/%s: %w", store.Name, ref.ns, ref.name, err)
+	}
+	pw, ok := s.Data[ref.key]
+	if !ok {
+		return nil, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.ns, ref.name, store.Name, ref.key)
+	}
+	return pw, nil
+}
+
+// remove deletes this controller's objects from ns.
+func (r *Reconciler) remove(ctx context.Context, ns string) error {
+	var errs []error
+	for _, obj := range []client.Object{
+		&rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.Secret{},
+	} {
+		name := RoleName
+		if _, ok := obj.(*corev1.Secret); ok {
+			name = SecretName
+		}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
+			errs = append(errs, client.IgnoreNotFound(err))
+			continue
+		}
+		if !ours(obj.GetLabels()) || obj.GetDeletionTimestamp() != nil {
+			continue
+		}
+		uid := obj.GetUID()
+		if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("delete %T %s/%s: %w", obj, ns, name, err))
+			continue
+		}
+		log.FromContext(ctx).Info("removed sidecar access: no policy or opted-in pod is left", "namespace", ns, "object", name)
+	}
+	return errors.Join(errs...)
+}
+
+// ignoreTerminating drops the error of a write into a namespace being
+// deleted: its objects go with it.
+func ignoreTerminating(err error) error {
+	if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		return nil
+	}
+	return err
+}
