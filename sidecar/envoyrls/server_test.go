@@ -49,15 +49,17 @@ func TestExactCountsPerAlgorithmRedis(t *testing.T) {
 	for _, alg := range algorithms {
 		t.Run(alg, func(t *testing.T) {
 			t.Parallel()
+			// A uid of its own: the shared cluster outlives a run, and
+			// -count=N must start from fresh counters.
 			doc := fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
 policies:
 - name: p
-  uid: exact-%s
+  uid: exact-%s-%d
   rules:
   - name: per-user
     match: {descriptors: {domain: api, entries: [{key: user}]}}
     limit: {requests: 7, per: 1h, algorithm: %s}
-`, strings.ToLower(alg), alg)
+`, strings.ToLower(alg), time.Now().UnixNano(), alg)
 			r := newRLS(t, doc, setup{store: store, parallel: true})
 			for i := range 7 {
 				out := r.call(t, req("api", d("user=alice")))
