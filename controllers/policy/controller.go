@@ -65,6 +65,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -127,7 +128,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		return ctrl.Result{}, fmt.Errorf("compile namespace %s: %w", ns, err)
 	}
 	specErr := r.reconcileSpec(ctx, ns, existing, in.Policies, out)
-	statusErr := r.reconcileStatus(ctx, in.Policies, out, specErr)
+	statusErr := r.reconcileStatus(ctx, in.Policies, in.Pods, out, specErr)
 	if err := errors.Join(specErr, statusErr); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -279,7 +280,7 @@ func upToDate(existing *corev1.ConfigMap, out compiler.Output, owners []metav1.O
 }
 
 // reconcileStatus writes each live policy's status where it changed.
-func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.RateLimitPolicy, out compiler.Output, specErr error) error {
+func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.RateLimitPolicy, pods []corev1.Pod, out compiler.Output, specErr error) error {
 	results := make(map[string]*compiler.PolicyResult, len(out.Policies))
 	for i := range out.Policies {
 		results[out.Policies[i].Name] = &out.Policies[i]
@@ -291,7 +292,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
-		status := desiredStatus(p, res, specErr)
+		status := desiredStatus(p, res, pods, out.Config, specErr)
 		if equality.Semantic.DeepEqual(p.Status, status) {
 			continue
 		}
@@ -310,10 +311,21 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 
 // desiredStatus is the status of p given the compiler's findings. It keeps
 // each condition's lastTransitionTime while its status does not change.
-func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, specErr error) v1alpha1.RateLimitPolicyStatus {
+func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods []corev1.Pod, doc *config.Config, specErr error) v1alpha1.RateLimitPolicyStatus {
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
 	st.TargetedPods = res.TargetedPods
+	// The sidecars report the revision they enforce on their pods
+	// (package programmed); the document holds an entry of the policy
+	// whenever CompiledGeneration is set.
+	var sidecars programmed.Result
+	st.EnforcingPods = 0
+	if doc != nil && res.CompiledGeneration != 0 {
+		if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector); err == nil {
+			sidecars = programmed.Evaluate(sel, pods, doc.Revision, p.Generation)
+			st.EnforcingPods = sidecars.Enforcing
+		}
+	}
 	set := func(typ string, ok bool, reason, msg string) {
 		status := metav1.ConditionFalse
 		if ok {
@@ -339,10 +351,9 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, spec
 	case specErr != nil && res.CompiledGeneration != 0:
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
 			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", config.ConfigMapName, specErr))
+	case res.CompiledGeneration == p.Generation && sidecars.Reason != "":
+		set(v1alpha1.ConditionProgrammed, sidecars.Programmed, sidecars.Reason, sidecars.Message)
 	case res.CompiledGeneration == p.Generation:
-		// The message leaves out the revision and pod counts, which
-		// change with every pod readiness change, so that those cost no
-		// status write of their own.
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonWaitingForSidecars,
 			fmt.Sprintf("Generation %d is compiled into ConfigMap %s; waiting for the sidecars of the targeted pods to report it loaded.",
 				p.Generation, config.ConfigMapName))

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -287,6 +288,11 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 		// The workqueue's per-item backoff starts at 5ms and doubles on each
 		// failure, so the k-th retry comes at least 5ms*2^(k-1) after the
 		// previous attempt. A slow machine only widens the gaps.
+		gaps := make([]string, 0, len(times))
+		for k := 1; k < len(times); k++ {
+			gaps = append(gaps, times[k].Sub(times[k-1]).Round(time.Millisecond).String())
+		}
+		AddReportEntry("retries of a failing ConfigMap apply", fmt.Sprintf("%d attempts in %v, gaps %v", len(times), window, gaps))
 		Expect(len(times)).To(BeNumerically(">=", 4), "the failing apply is retried")
 		Expect(len(times)).To(BeNumerically("<=", 14), "within %v: %d attempts is a hot loop", window, len(times))
 		for k := 1; k < len(times); k++ {
@@ -321,6 +327,7 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 		}).Should(BeTrue())
 		writes := calls.writes(ns)
 		reconciles := calls.reconcileCount(ns)
+		policyVersion := policyStatus(ctx, ns, "api")(Default).ResourceVersion
 
 		By("reconciling on an event that changes no input of the document")
 		createPod(ctx, ns, "unrelated", map[string]string{"app": "web"})
@@ -329,6 +336,8 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 		_, after, err := compiled(ctx, ns)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+		Expect(policyStatus(ctx, ns, "api")(Default).ResourceVersion).To(Equal(policyVersion),
+			"an unchanged status is not written")
 
 		By("restoring the document after a manual edit")
 		after.Data[config.DataKey] = `{"apiVersion": "floodgate.dev/sidecar-config/v1", "policies": []}`

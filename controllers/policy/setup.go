@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -133,7 +134,8 @@ func policyChanged() predicate.Funcs {
 }
 
 // podChanged passes what changes the pod counts: creation, deletion, and
-// updates of labels, readiness, phase or the start of a deletion.
+// updates of labels, readiness, phase, the sidecar's policy-loaded
+// condition (enforcingPods, Programmed) or the start of a deletion.
 func podChanged() predicate.Funcs {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -145,6 +147,7 @@ func podChanged() predicate.Funcs {
 			return !labels.Equals(old.Labels, now.Labels) ||
 				podReady(old) != podReady(now) ||
 				old.Status.Phase != now.Status.Phase ||
+				programmed.LoadedChanged(old, now) ||
 				(old.DeletionTimestamp == nil) != (now.DeletionTimestamp == nil)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
