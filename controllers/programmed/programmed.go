@@ -54,8 +54,8 @@ func (r Result) Status() metav1.ConditionStatus {
 	return metav1.ConditionFalse
 }
 
-// Evaluate decides the Programmed condition of a policy whose entry is
-// compiled into the ConfigMap at revision, given the pods its selector
+// Evaluate decides the Programmed condition of a policy whose generation
+// is compiled into the ConfigMap at revision, given the pods its selector
 // matches among pods.
 //
 // Programmed is True when at least one targeted pod enforces revision and
@@ -66,7 +66,11 @@ func (r Result) Status() metav1.ConditionStatus {
 // hold the condition back; it is counted in Targeted but not in Enforcing.
 // With no targeted pod, nothing enforces the policy, so it is not
 // Programmed.
-func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string) Result {
+//
+// The message names the lagging pods but not the revision, which changes
+// with every readiness change of a targeted pod (it carries the replica
+// count), so that it costs no status write of its own.
+func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, generation int64) Result {
 	var res Result
 	var lagging []string
 	for i := range pods {
@@ -90,7 +94,7 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string) Resu
 			if ready {
 				lagging = append(lagging, pod.Name+" (its sidecar has not reported yet)")
 			}
-		case c.Reason == kubesource.ReasonLoaded:
+		case c.Reason == kubesource.ReasonLoaded && c.Status == corev1.ConditionTrue:
 			lagging = append(lagging, fmt.Sprintf("%s (enforces revision %s)", pod.Name, c.Message))
 		default:
 			lagging = append(lagging, fmt.Sprintf("%s (%s: %s)", pod.Name, c.Reason, c.Message))
@@ -98,25 +102,26 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string) Resu
 	}
 	slices.Sort(lagging)
 
+	compiled := fmt.Sprintf("Generation %d is compiled into ConfigMap floodgate-policies", generation)
 	switch {
 	case res.Targeted == 0:
 		res.Reason = v1alpha1.ReasonWaitingForSidecars
-		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; no running pod is targeted yet, so no sidecar enforces it.", revision)
+		res.Message = compiled + "; no running pod is targeted yet, so no sidecar enforces it."
 	case res.Enforcing == 0 && len(lagging) == 0:
 		res.Reason = v1alpha1.ReasonWaitingForSidecars
-		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; waiting for the sidecars of the %d targeted pods, which are starting, to report it loaded.",
-			revision, res.Targeted)
+		res.Message = fmt.Sprintf("%s; waiting for the sidecars of the %d targeted pods, which are starting, to report it loaded.",
+			compiled, res.Targeted)
 	case len(lagging) > 0:
 		res.Reason = v1alpha1.ReasonWaitingForSidecars
-		res.Message = fmt.Sprintf("Compiled into ConfigMap floodgate-policies at revision %s; %d of %d targeted pods enforce it; waiting for %s.",
-			revision, res.Enforcing, res.Targeted, list(lagging))
+		res.Message = fmt.Sprintf("%s; %d of %d targeted pods enforce it; waiting for %s.",
+			compiled, res.Enforcing, res.Targeted, list(lagging))
 	default:
 		res.Programmed = true
 		res.Reason = ReasonProgrammed
-		res.Message = fmt.Sprintf("Revision %s of ConfigMap floodgate-policies is enforced by %d of %d targeted pods; the others are starting.",
-			revision, res.Enforcing, res.Targeted)
+		res.Message = fmt.Sprintf("Generation %d is enforced by %d of %d targeted pods; the others are starting.",
+			generation, res.Enforcing, res.Targeted)
 		if res.Enforcing == res.Targeted {
-			res.Message = fmt.Sprintf("Revision %s of ConfigMap floodgate-policies is enforced by all %d targeted pods.", revision, res.Targeted)
+			res.Message = fmt.Sprintf("Generation %d is enforced by all %d targeted pods.", generation, res.Targeted)
 		}
 	}
 	return res

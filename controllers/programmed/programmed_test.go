@@ -66,12 +66,12 @@ func TestEvaluate(t *testing.T) {
 		msgHas     []string
 	}{{
 		name:   "no pods",
-		reason: v1alpha1.ReasonWaitingForSidecars, msgHas: []string{rev, "no running pod is targeted"},
+		reason: v1alpha1.ReasonWaitingForSidecars, msgHas: []string{"Generation 3 is compiled into ConfigMap floodgate-policies", "no running pod is targeted"},
 	}, {
 		name:     "every pod enforces the revision",
 		pods:     []corev1.Pod{pod("a", ready, enforcing(rev)), pod("b", ready, enforcing(rev))},
 		targeted: 2, enforcing: 2, programmed: true,
-		reason: ReasonProgrammed, msgHas: []string{"all 2 targeted pods"},
+		reason: ReasonProgrammed, msgHas: []string{"Generation 3 is enforced by all 2 targeted pods"},
 	}, {
 		name:     "a ready pod on an older revision holds it back",
 		pods:     []corev1.Pod{pod("a", ready, enforcing(rev)), pod("b", ready, enforcing("sha256:old"))},
@@ -131,10 +131,13 @@ func TestEvaluate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := Evaluate(sel, tt.pods, rev)
+			got := Evaluate(sel, tt.pods, rev, 3)
 			if got.Targeted != tt.targeted || got.Enforcing != tt.enforcing || got.Programmed != tt.programmed || got.Reason != tt.reason {
 				t.Errorf("Evaluate = {targeted %d, enforcing %d, programmed %v, reason %s}, want {%d, %d, %v, %s}; message %q",
 					got.Targeted, got.Enforcing, got.Programmed, got.Reason, tt.targeted, tt.enforcing, tt.programmed, tt.reason, got.Message)
+			}
+			if strings.Contains(got.Message, rev) && !strings.Contains(tt.name, "False condition") {
+				t.Errorf("message %q names the current revision, which churns with readiness", got.Message)
 			}
 			for _, s := range tt.msgHas {
 				if !strings.Contains(got.Message, s) {
@@ -154,7 +157,7 @@ func TestEvaluateListsAtMostFivePods(t *testing.T) {
 	for _, n := range []string{"a", "b", "c", "d", "e", "f", "g"} {
 		pods = append(pods, pod(n, ready, enforcing("sha256:old")))
 	}
-	got := Evaluate(labels.Everything(), pods, "sha256:new")
+	got := Evaluate(labels.Everything(), pods, "sha256:new", 1)
 	if !strings.Contains(got.Message, "and 2 more") || strings.Contains(got.Message, "f (") {
 		t.Errorf("message %q should name five pods and count the rest", got.Message)
 	}
