@@ -86,7 +86,10 @@ type Reconciler struct {
 	// Client reads through the manager's cache and writes to the API
 	// server.
 	Client client.Client
-	// APIReader reads the stores' source Secrets, uncached.
+	// APIReader reads, uncached, the Roles, RoleBindings and Secrets this
+	// controller writes and the stores' source Secrets: the manager
+	// caches only their metadata, so that no Secret's data is held in
+	// memory.
 	APIReader client.Reader
 	// ManagerNamespace holds the managed stores' password Secrets; it is
 	// never given sidecar access.
@@ -108,6 +111,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		return r.namespacesWithConfig(ctx)
 	})
 	oursOnly := builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return ours(o.GetLabels()) }))
+	// The objects this controller writes, and Secrets, are watched as
+	// metadata only.
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		WithOptions(opts).
@@ -118,8 +123,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		Watches(&corev1.ConfigMap{}, toNamespace, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return o.GetName() == config.ConfigMapName
 		}))).
-		Watches(&rbacv1.Role{}, toNamespace, oursOnly).
-		Watches(&rbacv1.RoleBinding{}, toNamespace, oursOnly).
+		Watches(&rbacv1.Role{}, toNamespace, oursOnly, builder.OnlyMetadata).
+		Watches(&rbacv1.RoleBinding{}, toNamespace, oursOnly, builder.OnlyMetadata).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			if o.GetNamespace() == r.ManagerNamespace {
 				// A store's password may have changed.
@@ -129,7 +134,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
 			}
 			return nil
-		})).
+		}), builder.OnlyMetadata).
 		Watches(&v1alpha1.CounterStore{}, toAll).
 		Complete(r)
 }
@@ -212,7 +217,7 @@ func (r *Reconciler) needsAccess(ctx context.Context, ns string) (bool, error) {
 // applyRBAC writes the Role and RoleBinding where they differ.
 func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
 	var role rbacv1.Role
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &role)
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &role)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get Role %s/%s: %w", ns, RoleName, err)
 	}
@@ -224,7 +229,7 @@ func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
 	}
 
 	var binding rbacv1.RoleBinding
-	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &binding)
+	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &binding)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get RoleBinding %s/%s: %w", ns, RoleName, err)
 	}
@@ -262,7 +267,7 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 		return err
 	}
 	var s corev1.Secret
-	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: SecretName}, &s)
+	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: SecretName}, &s)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get Secret %s/%s: %w", ns, SecretName, err)
 	}
@@ -313,7 +318,7 @@ func (r *Reconciler) remove(ctx context.Context, ns string) error {
 		if _, ok := obj.(*corev1.Secret); ok {
 			name = SecretName
 		}
-		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
+		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
 			errs = append(errs, client.IgnoreNotFound(err))
 			continue
 		}

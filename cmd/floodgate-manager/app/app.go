@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -36,6 +37,7 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 )
 
 // Name is the binary's name, also the Event reporter's.
@@ -50,9 +52,12 @@ type component struct {
 // components are the manager's controllers and webhooks, set up in order.
 var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
-	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, _ *Options) error {
-		return counterstore.Setup(ctx, mgr, counterstore.Options{}, controller.Options{})
+	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, o *Options) error {
+		return counterstore.Setup(ctx, mgr, counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
 	}},
+	{name: "webhook certificate", setup: setupWebhookCert},
+	{name: "webhooks", setup: setupWebhooks},
+	{name: sidecaraccess.ControllerName, setup: setupSidecarAccess},
 }
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
@@ -76,6 +81,11 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", Name, fs.Args())
 		return 2
+	}
+	namespaceSet := false
+	fs.Visit(func(f *flag.Flag) { namespaceSet = namespaceSet || f.Name == "namespace" })
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" && !namespaceSet {
+		o.Webhook.Namespace = ns
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(stderr, "%s: invalid flags:\n%v\n", Name, err)
@@ -160,6 +170,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		RetryPeriod:                   &o.RetryPeriod,
 		GracefulShutdownTimeout:       &graceful,
 		Cache:                         CacheOptions(),
+		WebhookServer:                 webhookServer(&o, tlsOpts),
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
 	if err != nil {
@@ -175,6 +186,9 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("add the readiness check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhooks", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return nil, fmt.Errorf("add the webhook readiness check: %w", err)
 	}
 	for _, c := range components {
 		if err := c.setup(ctx, mgr, &o); err != nil {

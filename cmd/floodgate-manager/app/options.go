@@ -51,6 +51,10 @@ type Options struct {
 	// order.
 	Kubeconfig string
 
+	// Webhook configures the webhooks, their certificate and the
+	// injected sidecar (webhooks.go).
+	Webhook WebhookOptions
+
 	// Zap configures logging.
 	Zap zap.Options
 
@@ -71,6 +75,7 @@ func DefaultOptions() Options {
 		RetryPeriod:       2 * time.Second,
 		PolicyConcurrency: 4,
 		GracefulShutdown:  30 * time.Second,
+		Webhook:           defaultWebhookOptions(),
 		Zap:               zap.Options{Development: false},
 	}
 }
@@ -106,6 +111,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"How long to wait for running reconciles on shutdown.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
 		"Path to a kubeconfig; only needed out of cluster. Empty uses $KUBECONFIG, the in-cluster config or ~/.kube/config.")
+	o.Webhook.bindFlags(fs)
 	o.Zap.BindFlags(fs)
 }
 
@@ -150,6 +156,7 @@ func (o *Options) Validate() error {
 	if o.GracefulShutdown < 0 {
 		errs = append(errs, fmt.Errorf("--graceful-shutdown-timeout: must not be negative, got %v", o.GracefulShutdown))
 	}
+	errs = append(errs, o.Webhook.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -95,3 +95,33 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateWebhookOptions(t *testing.T) {
+	t.Parallel()
+	o := DefaultOptions()
+	o.Webhook = WebhookOptions{Namespace: "Bad_NS", Port: 70000, CertMode: "manual", ServiceName: "svc"}
+	err := o.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil, want errors")
+	}
+	for _, want := range []string{
+		`--namespace: a lowercase RFC 1123 label`,
+		"--sidecar-image: must not be empty",
+		"--webhook-port: must be between 1 and 65535, got 70000",
+		"--webhook-cert-dir: must not be empty",
+		`--webhook-cert-mode: must be self-managed or external, got "manual"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %q\nwant it to contain %q", err, want)
+		}
+	}
+	o.Webhook = defaultWebhookOptions()
+	o.Webhook.CertSecret = ""
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--webhook-cert-secret") {
+		t.Errorf("Validate() = %v, want it to reject an empty --webhook-cert-secret in self-managed mode", err)
+	}
+	o.Webhook.CertMode = CertModeExternal
+	if err := o.Validate(); err != nil {
+		t.Errorf("Validate() = %v; external mode needs no Secret", err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,11 @@ func TestRunServesProbesAndMetrics(t *testing.T) {
 			o.LeaderElect, o.LeaderElectionNamespace = true, "default"
 			o.LeaderElectionID = fmt.Sprintf("floodgate-manager-test-%v", secure)
 			o.skipNameValidation = true
+			// The webhook server and its self-managed certificate: a free
+			// port, a private directory, a namespace envtest has.
+			_, port, _ := net.SplitHostPort(freeAddr(t))
+			o.Webhook.Port, _ = strconv.Atoi(port)
+			o.Webhook.Namespace, o.Webhook.CertDir = "default", t.TempDir()
 
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			done := make(chan error, 1)
