@@ -279,7 +279,7 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	}
 
 	sess := formation.NewSession(formation.Dialer{Password: password, Timeout: o.DialTimeout})
-	defer sess.Close()
+	defer func() { _ = sess.Close() }() // closing idle connections; nothing to report
 	res, formErr := sess.Reconcile(ctx, spec, o.MigrateBudget)
 	if formErr != nil && res.Snapshot == nil {
 		return &observation{failReason: ReasonUnreachable, failMessage: formErr.Error()}, formErr
@@ -371,7 +371,7 @@ func (r *Reconciler) ensurePassword(ctx context.Context, cs *v1alpha1.CounterSto
 		}
 		password = hex.EncodeToString(b)
 	} else if err := ValidatePassword(password); err != nil {
-		return "", fmt.Errorf("Secret %s/%s key %q: %w: %w", ns, AuthSecretName(cs.Name), PasswordKey, errBadPassword, err)
+		return "", fmt.Errorf("secret %s/%s key %q: %w: %w", ns, AuthSecretName(cs.Name), PasswordKey, errBadPassword, err)
 	}
 	if err := r.apply(ctx, DesiredSecret(cs, ns, password)); err != nil {
 		return "", err
@@ -412,7 +412,7 @@ func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.Counter
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM([]byte(pem)) {
-				err := fmt.Errorf("Secret %s/%s key %q holds no PEM certificate", ref.Namespace, ref.Name, ref.Key)
+				err := fmt.Errorf("secret %s/%s key %q holds no PEM certificate", ref.Namespace, ref.Name, ref.Key)
 				return &observation{failReason: ReasonSecretError, failMessage: err.Error(), waitForUser: true}, nil
 			}
 			cfg.RootCAs = pool
@@ -424,7 +424,7 @@ func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.Counter
 		seeds[i] = string(a)
 	}
 	sess := formation.NewSession(d)
-	defer sess.Close()
+	defer func() { _ = sess.Close() }() // closing idle connections; nothing to report
 	snap, err := sess.ObserveCluster(ctx, seeds)
 	if err != nil {
 		return &observation{failReason: ReasonUnreachable, failMessage: err.Error()}, err
@@ -444,7 +444,7 @@ func (r *Reconciler) secretValue(ctx context.Context, ref *v1alpha1.SecretKeySel
 	}
 	v, ok := sec.Data[ref.Key]
 	if !ok || len(v) == 0 {
-		return "", fmt.Errorf("Secret %s/%s has no key %q", ref.Namespace, ref.Name, ref.Key)
+		return "", fmt.Errorf("secret %s/%s has no key %q", ref.Namespace, ref.Name, ref.Key)
 	}
 	return string(v), nil
 }

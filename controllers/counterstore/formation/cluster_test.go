@@ -28,7 +28,7 @@ func newTestCluster(t *testing.T, shards, replicas int) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, spec: formation.Spec{Shards: shards, ReplicasPerShard: replicas}}
 	c.sess = formation.NewSession(formation.Dialer{Password: password})
-	t.Cleanup(func() { c.sess.Close() })
+	t.Cleanup(func() { _ = c.sess.Close() })
 	c.grow(shards * (1 + replicas))
 	return c
 }
@@ -113,7 +113,7 @@ func (c *testCluster) clusterClient() *redis.ClusterClient {
 		}
 	}
 	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Password: password, Protocol: 2, DisableIdentity: true, MaxRedirects: 16})
-	c.t.Cleanup(func() { cl.Close() })
+	c.t.Cleanup(func() { _ = cl.Close() })
 	return cl
 }
 

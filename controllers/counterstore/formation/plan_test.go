@@ -16,7 +16,6 @@ type fakeNode struct {
 	leaving  bool
 	down     bool   // the operator cannot reach it; peers flag it fail
 	noAddr   bool   // peers see it without an address
-	member   bool   // listed as a member (default true for non-ghosts)
 	ghost    bool   // no member: a replaced node that peers remember
 	alone    bool   // knows only itself and nobody knows it (fresh)
 	addr     string // default derived from the name

@@ -97,7 +97,7 @@ func TestSlotSet(t *testing.T) {
 	if u.Len() != s.Len() {
 		t.Errorf("union len %d, want %d", u.Len(), s.Len())
 	}
-	if !strings.Contains(Flags(FlagMaster|FlagFail).String(), "fail") || Flags(0).String() != "noflags" {
+	if !strings.Contains((FlagMaster|FlagFail).String(), "fail") || Flags(0).String() != "noflags" {
 		t.Errorf("Flags.String broken")
 	}
 }

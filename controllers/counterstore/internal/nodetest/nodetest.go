@@ -49,7 +49,7 @@ type Host struct {
 // Release gives the claim up.
 func (h *Host) Release() {
 	if h.lock != nil {
-		h.lock.Close()
+		_ = h.lock.Close() // closing drops the flock
 		h.lock = nil
 	}
 }
@@ -82,13 +82,13 @@ func claimHost(port int) (*Host, error) {
 			return nil, fmt.Errorf("nodetest: host lock: %w", err)
 		}
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			f.Close()
+			_ = f.Close()
 			continue
 		}
 		if portsFree(ip, port) {
 			return &Host{IP: ip, lock: f}, nil
 		}
-		f.Close()
+		_ = f.Close()
 	}
 	return nil, fmt.Errorf("nodetest: no free loopback address for port %d after 200 tries", port)
 }
@@ -99,7 +99,7 @@ func portsFree(ip string, port int) bool {
 		if err != nil {
 			return false
 		}
-		ln.Close()
+		_ = ln.Close()
 	}
 	return true
 }
@@ -140,7 +140,7 @@ func StartProcess(addr, password, dir, name string, args, env []string) (*Proces
 	if err != nil {
 		return nil, fmt.Errorf("nodetest: %w", err)
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }() // the child has its own descriptor
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
@@ -169,13 +169,13 @@ func StartProcess(addr, password, dir, name string, args, env []string) (*Proces
 		}
 		select {
 		case <-p.done:
-			p.client.Close()
+			_ = p.client.Close()
 			return nil, fmt.Errorf("nodetest: %s at %s exited during start: %s", name, addr, tail(filepath.Join(dir, "stdout.log"))+tail(filepath.Join(dir, "redis.log")))
 		default:
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return nil, fmt.Errorf("nodetest: %s at %s did not answer PING in 20s: %v", name, addr, err)
+			return nil, fmt.Errorf("nodetest: %s at %s did not answer PING in 20s: %w", name, addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -200,7 +200,7 @@ func (p *Process) Kill() {
 		<-p.done
 	}
 	if p.client != nil {
-		p.client.Close()
+		_ = p.client.Close()
 		p.client = nil
 	}
 }
