@@ -284,6 +284,13 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 		return nil, Result{}, fmt.Errorf("injector options: %w", err)
 	}
 	out := pod.DeepCopy()
+	// The sidecar's API access volume projects a service account token,
+	// which the API server only accepts with a named service account. The
+	// ServiceAccount admission plugin names "default" before webhooks run
+	// on most clusters; where it is off, name it here, as it would.
+	if out.Spec.ServiceAccountName == "" {
+		out.Spec.ServiceAccountName = "default"
+	}
 	var errs []error
 	bad := func(annotation, reason string, args ...any) {
 		errs = append(errs, &AnnotationError{Annotation: annotation, Value: out.Annotations[annotation], Reason: fmt.Sprintf(reason, args...)})

@@ -123,7 +123,7 @@ func (d *demo) trafficPerRule(_ context.Context) error {
 	if reached != int64(allowed) {
 		return fmt.Errorf("the app received %d requests, but %d were allowed", reached, allowed)
 	}
-	shadow, err := d.metricSum(`floodgate_decisions_total`, `rule="all-requests-shadow"`, `result="shadow_denied"`)
+	shadow, err := d.metricSum(`floodgate_sidecar_decisions_total`, `rule="all-requests-shadow"`, `result="shadow_denied"`)
 	if err != nil {
 		return err
 	}
@@ -148,6 +148,7 @@ metadata:
   name: broken
   namespace: shop
 spec:
+  podSelector: {}
   rules:
   - name: typo
     match:
@@ -213,7 +214,7 @@ func (d *demo) editPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	say("alice, who had spent her 5 tokens, now sees Remaining %s of %s: her counter survived the edit",
+	say("alice's next request: Remaining %s of %s (her counter is kept across edits and refills at the new rate)",
 		r.header.Get("X-Ratelimit-Remaining"), r.header.Get("X-Ratelimit-Limit"))
 	return nil
 }
@@ -266,7 +267,8 @@ func (d *demo) killMaster(ctx context.Context) error {
 	const keys = 30
 	hits0 := d.backendHits.Load()
 	var total struct{ ok, limited, unavailable int }
-	for sec := 1; sec <= 12; sec++ {
+	seenFallback := false
+	for sec := 1; sec <= 15; sec++ {
 		var mu sync.Mutex
 		var ok, limited, unavailable int
 		var lat []time.Duration
@@ -303,46 +305,59 @@ func (d *demo) killMaster(ctx context.Context) error {
 			}(w)
 		}
 		wg.Wait()
-		fb, err := d.metricSum("floodgate_fallback_active")
+		fb, err := d.metricSum("floodgate_sidecar_fallback_active")
 		if err != nil {
 			return err
 		}
 		note := ""
-		if fb > 0 {
-			note = "store shard down: per-api-key on local buckets, logins refused"
-		} else if sec > 1 {
+		switch {
+		case fb > 0:
+			seenFallback = true
+			note = "shard down: per-api-key on local buckets, logins refused"
+		case seenFallback && unavailable == 0:
 			note = "replica promoted: shared counting again"
+		case unavailable > 0:
+			note = "shard down, breaker opening"
 		}
 		fmt.Printf("    %-6d %9d %9d %9d %9s %12.0f   %s\n", sec, ok, limited, unavailable, p99(lat).Round(10*time.Microsecond), fb, note)
 		total.ok += ok
 		total.limited += limited
 		total.unavailable += unavailable
-		if fb == 0 && sec >= 3 {
+		if seenFallback && fb == 0 && unavailable == 0 {
 			break
 		}
 	}
-	fbAllowed, err := d.metricSum("floodgate_fallback_decisions_total", `result="allowed"`)
+	fbAllowed, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", `result="allowed"`)
 	if err != nil {
 		return err
 	}
-	fbDenied, err := d.metricSum("floodgate_fallback_decisions_total", `result="denied"`)
+	fbDenied, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", `result="denied"`)
 	if err != nil {
 		return err
 	}
-	unavail, err := d.metricSum("floodgate_decisions_total", `result="unavailable"`)
+	unavail, err := d.metricSum("floodgate_sidecar_decisions_total", `result="unavailable"`)
 	if err != nil {
 		return err
 	}
 	say("after %s: %d allowed, %d limited, %d refused with 503 (fail-closed login)", time.Since(killed).Round(100*time.Millisecond), total.ok, total.limited, total.unavailable)
 	say("fallback decisions on local buckets: %.0f allowed, %.0f denied; fail-closed decisions: %.0f", fbAllowed, fbDenied, unavail)
 	say("the app received %d requests in this phase, exactly the allowed ones", d.backendHits.Load()-hits0)
-	status, err := run(ctx, d.root, "hack/redis-cluster.sh", "status", "--dir", d.redisDir)
-	if err != nil {
-		// status exits non-zero while a node is down; show it anyway.
-		status = err.Error()
-	}
-	for _, l := range strings.Split(status, "\n") {
-		say("%s", l)
+	for _, a := range d.redisAddrs {
+		if strings.HasSuffix(a, fmt.Sprintf(":%d", port)) {
+			continue
+		}
+		_, p, _ := net.SplitHostPort(a)
+		nodes, err := run(ctx, d.root, "redis-cli", "-p", p, "cluster", "nodes")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(nodes, "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 3 {
+				say("%-22s %s", strings.SplitN(f[1], "@", 2)[0], strings.ReplaceAll(f[2], "myself,", ""))
+			}
+		}
+		break
 	}
 	return nil
 }
@@ -389,7 +404,7 @@ func (d *demo) showMetrics(_ context.Context) error {
 	var picked []string
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "floodgate_decisions_total") || strings.HasPrefix(l, "floodgate_local_denials_total") ||
+		if strings.HasPrefix(l, "floodgate_sidecar_decisions_total") || strings.HasPrefix(l, "floodgate_local_denials_total") ||
 			strings.HasPrefix(l, "floodgate_config_info") || strings.HasPrefix(l, "floodgate_decision_duration_seconds_count") {
 			picked = append(picked, l)
 		}
