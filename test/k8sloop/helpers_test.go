@@ -1,0 +1,202 @@
+package k8sloop
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+)
+
+func init() {
+	SetDefaultEventuallyTimeout(30 * time.Second)
+	SetDefaultEventuallyPollingInterval(20 * time.Millisecond)
+	SetDefaultConsistentlyDuration(time.Second)
+}
+
+// newNamespace creates a namespace for one spec, enforcing the restricted
+// Pod Security profile, so that the API server's own PodSecurity
+// admission checks every injected pod.
+func newNamespace(ctx context.Context) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: "loop-",
+		Labels:       map[string]string{"pod-security.kubernetes.io/enforce": "restricted"},
+	}}
+	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, ns))).To(Succeed())
+	})
+	return ns.Name
+}
+
+// validPolicy is a policy that passes every check.
+func validPolicy(ns, name, store string) *v1alpha1.RateLimitPolicy {
+	return &v1alpha1.RateLimitPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1alpha1.RateLimitPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+			StoreRef:    &v1alpha1.StoreReference{Name: store},
+			Rules: []v1alpha1.Rule{{
+				Name:  "per-client",
+				Key:   []v1alpha1.KeyPart{{Header: "X-Client"}},
+				Limit: v1alpha1.Limit{Requests: 100, Per: metav1.Duration{Duration: time.Minute}},
+			}},
+		},
+	}
+}
+
+// appPod is a pod that the restricted profile admits, serving "http" on
+// 8080; annotated asks for the sidecar.
+func appPod(ns, name string, annotated bool) *corev1.Pod {
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "api"}},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:  "app",
+				Image: "registry.example/app:1",
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+					HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstrName("http")},
+				}},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+	if annotated {
+		pod.Annotations = map[string]string{injection.AnnotationInject: "true"}
+	}
+	return pod
+}
+
+// newStore creates a Ready CounterStore whose password is password,
+// published in a Secret of the manager's namespace, as the store
+// controller would.
+func newStore(ctx context.Context, password string) string {
+	name := "loop-" + rand.String(6)
+	auth := name + "-auth"
+	Expect(k8sClient.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: auth, Namespace: managerNamespace},
+		Data:       map[string][]byte{"password": []byte(password)},
+	})).To(Succeed())
+	cs := &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{"127.0.0.1:6379"}}},
+	}
+	Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+	cs.Status = v1alpha1.CounterStoreStatus{
+		ObservedGeneration: cs.Generation,
+		Conditions: []metav1.Condition{{
+			Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "test store",
+			LastTransitionTime: metav1.Now(), ObservedGeneration: cs.Generation,
+		}},
+		SlotsCovered:   v1alpha1.RedisClusterSlots,
+		Endpoints:      []string{"127.0.0.1:6379"},
+		AuthSecretName: auth,
+	}
+	Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed())
+	})
+	return name
+}
+
+// configMap returns the namespace's compiled document.
+func configMap(ctx context.Context, ns string) (*config.Config, error) {
+	var cm corev1.ConfigMap
+	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); err != nil {
+		return nil, err
+	}
+	return config.Parse([]byte(cm.Data[config.DataKey]))
+}
+
+// revision returns the namespace's current document revision, or "".
+func revision(ctx context.Context, ns string) string {
+	c, err := configMap(ctx, ns)
+	if err != nil {
+		return ""
+	}
+	return c.Revision
+}
+
+// loadedCondition returns the sidecar's condition on a pod, or nil.
+func loadedCondition(ctx context.Context, ns, name string) *corev1.PodCondition {
+	var pod corev1.Pod
+	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pod); err != nil {
+		return nil
+	}
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// getPolicy reads a policy.
+func getPolicy(ctx context.Context, ns, name string) *v1alpha1.RateLimitPolicy {
+	var p v1alpha1.RateLimitPolicy
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p)).To(Succeed())
+	return &p
+}
+
+// updatePolicy changes a policy's spec, retrying on conflicts.
+func updatePolicy(ctx context.Context, ns, name string, change func(*v1alpha1.RateLimitPolicy)) {
+	Eventually(func() error {
+		p := getPolicy(ctx, ns, name)
+		change(p)
+		return k8sClient.Update(ctx, p)
+	}).Should(Succeed())
+}
+
+func isForbidden(err error) bool { return apierrors.IsForbidden(err) }
+
+// killAPIServer crashes envtest's kube-apiserver with SIGKILL, as a node
+// failure would: no graceful shutdown, open watches cut. It finds the
+// process by the certificate directory the suite gave it.
+func killAPIServer() {
+	dir := testEnv.ControlPlane.GetAPIServer().CertDir
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	Expect(err).NotTo(HaveOccurred())
+	killed := 0
+	for _, p := range procs {
+		cmd, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if !strings.HasSuffix(args[0], "kube-apiserver") || !strings.Contains(string(cmd), dir) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(syscall.Kill(pid, syscall.SIGKILL)).To(Succeed())
+		killed++
+	}
+	Expect(killed).To(Equal(1), "found %d kube-apiservers with cert dir %s", killed, dir)
+	// The process is gone: Stop only reaps it.
+	Eventually(testEnv.ControlPlane.APIServer.Stop).Should(Succeed())
+}

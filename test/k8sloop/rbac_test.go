@@ -1,0 +1,131 @@
+package k8sloop
+
+import (
+	"context"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+var _ = Describe("the sidecar's identity", func() {
+	It("may read its namespace's policies ConfigMap and write pod status, and nothing else", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		other := newNamespace(ctx)
+		store := newStore(ctx, "s3cret")
+		for _, n := range []string{ns, other} {
+			Expect(k8sClient.Create(ctx, validPolicy(n, "api", store))).To(Succeed())
+			Expect(k8sClient.Create(ctx, &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app-settings"},
+				Data:       map[string]string{"k": "v"},
+			})).To(Succeed())
+		}
+		pod := injectedPod(ctx, ns, "api-0")
+		Eventually(func(g Gomega) {
+			g.Expect(revision(ctx, ns)).NotTo(BeEmpty())
+			var s corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
+			var b rbacv1.RoleBinding
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}, &b)).To(Succeed())
+		}).Should(Succeed())
+
+		cs, err := kubernetes.NewForConfig(podIdentity(ns))
+		Expect(err).NotTo(HaveOccurred())
+		cms := cs.CoreV1().ConfigMaps(ns)
+
+		By("allowing what the sidecar does")
+		_, err = cms.Get(ctx, config.ConfigMapName, metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		one := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", config.ConfigMapName).String()}
+		list, err := cms.List(ctx, one)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(list.Items).To(HaveLen(1))
+		w, err := cms.Watch(ctx, one)
+		Expect(err).NotTo(HaveOccurred())
+		w.Stop()
+		_, err = cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+			[]byte(`{"status":{"conditions":[{"type":"floodgate.dev/policy-loaded","status":"False","reason":"Probe","message":"rbac test"}]}}`),
+			metav1.PatchOptions{}, "status")
+		Expect(err).NotTo(HaveOccurred())
+
+		By("forbidding everything else")
+		forbidden := map[string]func(context.Context) error{
+			"get another ConfigMap": func(ctx context.Context) error {
+				_, err := cms.Get(ctx, "app-settings", metav1.GetOptions{})
+				return err
+			},
+			"list every ConfigMap": func(ctx context.Context) error {
+				_, err := cms.List(ctx, metav1.ListOptions{})
+				return err
+			},
+			"read the policies of another namespace": func(ctx context.Context) error {
+				_, err := cs.CoreV1().ConfigMaps(other).Get(ctx, config.ConfigMapName, metav1.GetOptions{})
+				return err
+			},
+			"get the store password Secret": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Secrets(ns).Get(ctx, sidecaraccess.SecretName, metav1.GetOptions{})
+				return err
+			},
+			"list Secrets": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+				return err
+			},
+			"read a Secret of the manager's namespace": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Secrets(managerNamespace).Get(ctx, certSecret, metav1.GetOptions{})
+				return err
+			},
+			"edit the policies ConfigMap": func(ctx context.Context) error {
+				_, err := cms.Patch(ctx, config.ConfigMapName, types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
+				return err
+			},
+			"get a pod (not its status)": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+				return err
+			},
+			"patch a pod's spec": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+				return err
+			},
+			"patch the status of a pod in another namespace": func(ctx context.Context) error {
+				_, err := cs.CoreV1().Pods(other).Patch(ctx, "any", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{}, "status")
+				return err
+			},
+			"read RateLimitPolicies": func(ctx context.Context) error {
+				return cs.RESTClient().Get().AbsPath("/apis/ratelimit.floodgate.dev/v1alpha1/namespaces", ns, "ratelimitpolicies").Do(ctx).Error()
+			},
+		}
+		for what, call := range forbidden {
+			err := call(ctx)
+			Expect(isForbidden(err)).To(BeTrue(), "%s: got %v, want Forbidden", what, err)
+		}
+
+		By("saying the same through kubectl auth can-i")
+		as := []string{"--as=system:serviceaccount:" + ns + ":default", "--as-group=system:serviceaccounts", "--as-group=system:serviceaccounts:" + ns}
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"get", "configmaps/" + config.ConfigMapName}, "yes"},
+			{[]string{"watch", "configmaps/" + config.ConfigMapName}, "yes"},
+			{[]string{"patch", "pods/api-0", "--subresource=status"}, "yes"},
+			{[]string{"get", "configmaps/app-settings"}, "no"},
+			{[]string{"get", "secrets"}, "no"},
+			{[]string{"get", "secrets/" + sidecaraccess.SecretName}, "no"},
+			{[]string{"patch", "pods"}, "no"},
+		} {
+			args := append(append([]string{"auth", "can-i", "-n", ns}, tc.args...), as...)
+			out, _ := kubectl.Run(ctx, args...)
+			Expect(strings.TrimSpace(out)).To(Equal(tc.want), "kubectl %s", strings.Join(args, " "))
+		}
+	})
+})
