@@ -519,7 +519,7 @@ func takeOver(pod *corev1.Pod, up portRef) (string, error) {
 	c.Ports[up.index].Name = renamed
 	for _, pr := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
 		if pr != nil {
-			renameHandler(&pr.ProbeHandler.HTTPGet, &pr.ProbeHandler.TCPSocket, up.name, renamed)
+			renameHandler(&pr.HTTPGet, &pr.TCPSocket, up.name, renamed)
 		}
 	}
 	if lc := c.Lifecycle; lc != nil {

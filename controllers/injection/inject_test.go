@@ -150,6 +150,14 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 		t.Errorf("memory request %s, want the default 64Mi", got.String())
 	}
 
+	if got := out.Spec.ServiceAccountName; got != "default" {
+		t.Errorf("service account %q, want default: the projected token needs a named service account", got)
+	}
+	named := appPod()
+	named.Spec.ServiceAccountName = "api"
+	if out, _ := mustInject(t, named); out.Spec.ServiceAccountName != "api" {
+		t.Errorf("service account %q, want the pod's own", out.Spec.ServiceAccountName)
+	}
 	if !slices.Contains(out.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: kubesource.ConditionPolicyLoaded}) {
 		t.Errorf("readiness gates %+v lack %s", out.Spec.ReadinessGates, kubesource.ConditionPolicyLoaded)
 	}

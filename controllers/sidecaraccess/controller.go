@@ -257,10 +257,14 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 		return fmt.Errorf("get ConfigMap %s/%s: %w", ns, config.ConfigMapName, err)
 	}
 	doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
-	if err != nil || doc.Store.Type != config.StoreRedis {
-		// An unreadable document is the policy controller's to fix; a
-		// memory store needs no password.
-		return nil
+	if err != nil {
+		// The policy controller rewrites an unreadable document, and
+		// that write triggers this reconcile again.
+		log.FromContext(ctx).V(1).Info("not mirroring the store password: the policies document is unreadable", "error", err.Error())
+		return nil //nolint:nilerr // not this controller's error to retry
+	}
+	if doc.Store.Type != config.StoreRedis {
+		return nil // a memory store needs no password
 	}
 	password, err := r.password(ctx, doc.Store)
 	if err != nil {

@@ -76,7 +76,12 @@ func TestCertwatcherReloadsWrittenCertificates(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cw.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("certwatcher: %v", err)
+		}
+	})
 
 	served := func() []byte {
 		c, err := cw.GetCertificate(nil)

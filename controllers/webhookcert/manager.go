@@ -161,10 +161,10 @@ func New(o Options) (*Manager, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	hosts := []string{
+	hosts := make([]string, 0, 2+len(o.ExtraHosts))
+	hosts = append(hosts,
 		fmt.Sprintf("%s.%s.svc", o.ServiceName, o.Namespace),
-		fmt.Sprintf("%s.%s.svc.cluster.local", o.ServiceName, o.Namespace),
-	}
+		fmt.Sprintf("%s.%s.svc.cluster.local", o.ServiceName, o.Namespace))
 	hosts = append(hosts, o.ExtraHosts...)
 	return &Manager{o: o, policy: Policy{
 		CALifetime: o.CALifetime, ServingLifetime: o.ServingLifetime, Propagation: o.Propagation, Hosts: hosts,

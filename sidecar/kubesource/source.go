@@ -23,8 +23,9 @@
 //
 // Nothing is delivered while the API server is unreachable: the informer
 // keeps its last state and retries with backoff, and the runner keeps the
-// config in force. The outage is logged, not reported on the pod, because
-// the pod condition cannot be written either.
+// config in force. Watch failures are logged (client-go retries a refused
+// connection quietly), not reported on the pod, because the pod condition
+// cannot be written either.
 //
 // # A deleted ConfigMap
 //

@@ -212,20 +212,7 @@ func (c *Config) Validate() error {
 	} else if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		bad("upstream", "must be an http:// or https:// URL with a host, got %q", c.Upstream)
 	}
-	switch {
-	case c.Kubernetes:
-		if c.PolicyFile != "" {
-			bad("policy-file", "not used with --kubernetes, which reads the namespace's %s ConfigMap", config.ConfigMapName)
-		}
-		if c.Namespace == "" {
-			bad("namespace", "required with --kubernetes (or set %s)", EnvPodNamespace)
-		}
-		if c.PodName == "" {
-			bad("pod-name", "required with --kubernetes (or set %s)", EnvPodName)
-		}
-	case c.PolicyFile == "":
-		bad("policy-file", "required in standalone mode")
-	}
+	c.validateSource(bad)
 	if c.PollInterval < 10*time.Millisecond {
 		bad("policy-poll-interval", "must be at least 10ms, got %v", c.PollInterval)
 	}
@@ -285,6 +272,26 @@ func (c *Config) Validate() error {
 		bad("log-level", "must be debug, info, warn or error, got %q", c.LogLevel)
 	}
 	return errors.Join(errs...)
+}
+
+// validateSource checks the config source: --policy-file in standalone
+// mode, the pod's identity in Kubernetes mode.
+func (c *Config) validateSource(bad func(flagName, format string, args ...any)) {
+	if !c.Kubernetes {
+		if c.PolicyFile == "" {
+			bad("policy-file", "required in standalone mode")
+		}
+		return
+	}
+	if c.PolicyFile != "" {
+		bad("policy-file", "not used with --kubernetes, which reads the namespace's %s ConfigMap", config.ConfigMapName)
+	}
+	if c.Namespace == "" {
+		bad("namespace", "required with --kubernetes (or set %s)", EnvPodNamespace)
+	}
+	if c.PodName == "" {
+		bad("pod-name", "required with --kubernetes (or set %s)", EnvPodName)
+	}
 }
 
 func (c *Config) redisAddrs() []string {

@@ -130,7 +130,12 @@ func TestUpdateResultReportsTheRevisionInForce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 
 	want := []string{" rejected: no document yet", "r1 applied", "r1 rejected: ", "r2 applied"}
 	for i, w := range want {
