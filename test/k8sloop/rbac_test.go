@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -127,5 +128,52 @@ var _ = Describe("the sidecar's identity", func() {
 			out, _ := kubectl.Run(ctx, args...)
 			Expect(strings.TrimSpace(out)).To(Equal(tc.want), "kubectl %s", strings.Join(args, " "))
 		}
+	})
+})
+
+var _ = Describe("the sidecar access controller", func() {
+	It("repairs a widened Role and removes its objects when the namespace no longer needs them", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, "pw-1")
+		Expect(k8sClient.Create(ctx, validPolicy(ns, "api", store))).To(Succeed())
+		key := client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}
+		Eventually(func(g Gomega) {
+			var s corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
+			g.Expect(string(s.Data["password"])).To(Equal("pw-1"))
+			var r rbacv1.Role
+			g.Expect(k8sClient.Get(ctx, key, &r)).To(Succeed())
+		}).Should(Succeed())
+
+		By("undoing a manual widening of the Role")
+		var r rbacv1.Role
+		Expect(k8sClient.Get(ctx, key, &r)).To(Succeed())
+		r.Rules[0].ResourceNames = nil
+		r.Rules = append(r.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}})
+		Expect(k8sClient.Update(ctx, &r)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, key, &r)).To(Succeed())
+			g.Expect(r.Rules).To(Equal(sidecaraccess.Rules()))
+		}).Should(Succeed())
+
+		By("following a new store password")
+		var src corev1.Secret
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: managerNamespace, Name: store + "-auth"}, &src)).To(Succeed())
+		src.Labels = map[string]string{"app.kubernetes.io/managed-by": "floodgate-manager"}
+		src.Data["password"] = []byte("pw-2")
+		Expect(k8sClient.Update(ctx, &src)).To(Succeed())
+		Eventually(func(g Gomega) {
+			var s corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
+			g.Expect(string(s.Data["password"])).To(Equal("pw-2"))
+		}).Should(Succeed())
+
+		By("removing the Role, RoleBinding and password once no policy and no opted-in pod is left")
+		Expect(k8sClient.Delete(ctx, getPolicy(ctx, ns, "api"))).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, key, &rbacv1.Role{}))).To(BeTrue())
+			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, key, &rbacv1.RoleBinding{}))).To(BeTrue())
+			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &corev1.Secret{}))).To(BeTrue())
+		}).Should(Succeed())
 	})
 })
