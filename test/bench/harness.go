@@ -399,19 +399,13 @@ func (h *harness) latency(ctx context.Context, store, url string, rep *Report) e
 		return err
 	}
 	rate := maxS.Rate / 2
-	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct and through the sidecar at once", store, maxS.Rate, rate)
-	// Both paths run in the same window, so that whatever else the machine
-	// does at the time weighs on both alike.
-	var direct, via Stats
-	var derr, verr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		direct, derr = OpenLoop(ctx, NewClient(h.o.Workers), Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}, rate, h.o.Duration, h.o.Workers)
-	}()
-	via, verr = OpenLoop(ctx, c, t, rate, h.o.Duration, h.o.Workers)
-	<-done
-	if err := errors.Join(derr, verr); err != nil {
+	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct and through the sidecar in alternating 1s slices", store, maxS.Rate, rate)
+	directPath := Path{Client: NewClient(h.o.Workers), Target: Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}}
+	if _, err := ClosedLoop(ctx, directPath.Client, directPath.Target, time.Second, h.o.Conns); err != nil {
+		return err
+	}
+	direct, via, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, h.o.Duration, h.o.Workers)
+	if err != nil {
 		return err
 	}
 	rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Rate: rate, Direct: direct, Sidecar: via,

@@ -120,12 +120,57 @@ func do(ctx context.Context, c *http.Client, t Target, i int64, rec *recorder) b
 // instant, so time spent waiting for a free worker (because the server is
 // slow) counts against the server. workers bounds the requests in flight.
 func OpenLoop(ctx context.Context, c *http.Client, t Target, rate float64, d time.Duration, workers int) (Stats, error) {
+	rec := &recorder{}
+	sent, elapsed, err := openLoop(ctx, c, t, rate, d, workers, 0, rec)
+	if err != nil {
+		return Stats{}, err
+	}
+	return rec.stats(sent, elapsed), nil
+}
+
+// Path is one side of an interleaved comparison: a target and the client
+// that sends to it.
+type Path struct {
+	Client *http.Client
+	Target Target
+}
+
+// Interleaved compares two paths at the same open-loop rate. It runs them
+// in alternating slices (a, b, a, b, ...) until each has run for total, so
+// that the load generator carries one stream at a time (running both at
+// once would double its load) while whatever else the machine does weighs
+// on both alike. Request numbering continues across slices, so keyed
+// targets see the same keys on both paths.
+func Interleaved(ctx context.Context, a, b Path, rate float64, slice, total time.Duration, workers int) (Stats, Stats, error) {
+	if slice <= 0 || total < slice {
+		return Stats{}, Stats{}, fmt.Errorf("interleaved: slice must be positive and at most the total")
+	}
+	var recs [2]recorder
+	var sent [2]int64
+	var elapsed [2]time.Duration
+	paths := [2]Path{a, b}
+	for done := time.Duration(0); done < total; done += slice {
+		d := min(slice, total-done)
+		for i, p := range paths {
+			n, e, err := openLoop(ctx, p.Client, p.Target, rate, d, workers, sent[i], &recs[i])
+			if err != nil {
+				return Stats{}, Stats{}, err
+			}
+			sent[i] += n
+			elapsed[i] += e
+		}
+	}
+	return recs[0].stats(sent[0], elapsed[0]), recs[1].stats(sent[1], elapsed[1]), nil
+}
+
+// openLoop is one open-loop run into rec; requests are numbered from first.
+// It returns the requests sent and the run's wall time.
+func openLoop(ctx context.Context, c *http.Client, t Target, rate float64, d time.Duration, workers int, first int64, rec *recorder) (int64, time.Duration, error) {
 	if rate <= 0 || d <= 0 || workers <= 0 {
-		return Stats{}, fmt.Errorf("open loop: rate, duration and workers must be positive")
+		return 0, 0, fmt.Errorf("open loop: rate, duration and workers must be positive")
 	}
 	total := int64(rate * d.Seconds())
 	interval := float64(time.Second) / rate
-	rec := &recorder{lat: make([]float64, 0, total)}
 	var next atomic.Int64
 	start := time.Now().Add(10 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
@@ -144,14 +189,14 @@ func OpenLoop(ctx context.Context, c *http.Client, t Target, rate float64, d tim
 				if w := time.Until(due); w > 0 {
 					time.Sleep(w)
 				}
-				if do(ctx, c, t, i, rec) {
+				if do(ctx, c, t, first+i, rec) {
 					local = append(local, float64(time.Since(due).Microseconds()))
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return rec.stats(min(next.Load(), total), time.Since(start)), nil
+	return min(next.Load(), total), time.Since(start), nil
 }
 
 // ClosedLoop runs conns workers that each send the next request as soon as

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,5 +75,59 @@ func TestScriptCalls(t *testing.T) {
 	}, "\r\n")
 	if got, want := scriptCalls(info), int64(123); got != want {
 		t.Errorf("scriptCalls = %d, want %d", got, want)
+	}
+}
+
+func TestInterleavedAlternatesSlicesAndKeepsNumbering(t *testing.T) {
+	t.Parallel()
+	// Each server records the request numbers it saw and whether the other
+	// server was mid-slice: with alternating slices the two never overlap.
+	var inA, inB atomic.Int64
+	var overlap atomic.Int64
+	var keysA, keysB sync.Map
+	handler := func(self, other *atomic.Int64, keys *sync.Map, delay time.Duration) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			self.Add(1)
+			defer self.Add(-1)
+			if other.Load() > 0 {
+				overlap.Add(1)
+			}
+			keys.Store(r.Header.Get("X-Key"), true)
+			time.Sleep(delay)
+		}
+	}
+	a := httptest.NewServer(handler(&inA, &inB, &keysA, 0))
+	t.Cleanup(a.Close)
+	b := httptest.NewServer(handler(&inB, &inA, &keysB, 3*time.Millisecond))
+	t.Cleanup(b.Close)
+	key := keyed("k", 1<<40)
+	// 100/s for 0.6s per path in 0.2s slices: 60 requests each, in three
+	// slices of 20.
+	sa, sb, err := Interleaved(context.Background(),
+		Path{Client: NewClient(8), Target: Target{URLs: []string{a.URL}, Header: key}},
+		Path{Client: NewClient(8), Target: Target{URLs: []string{b.URL}, Header: key}},
+		100, 200*time.Millisecond, 600*time.Millisecond, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sa.Sent != 60 || sa.OK != 60 || sb.Sent != 60 || sb.OK != 60 {
+		t.Errorf("a %+v, b %+v: want 60 sent and answered on each path", sa, sb)
+	}
+	if n := overlap.Load(); n != 0 {
+		t.Errorf("%d requests arrived while the other path was mid-slice: the slices must alternate", n)
+	}
+	if sb.P50 < 3000 || sa.P50 >= sb.P50 {
+		t.Errorf("p50 a %.0fµs, b %.0fµs: b's 3ms service time must show on b only", sa.P50, sb.P50)
+	}
+	// Numbering continues across slices: each path saw keys k0..k59 once.
+	for _, keys := range []*sync.Map{&keysA, &keysB} {
+		n := 0
+		keys.Range(func(k, _ any) bool { n++; return true })
+		if n != 60 {
+			t.Errorf("a path saw %d distinct keys, want 60 (numbering must continue across slices)", n)
+		}
+	}
+	if _, _, err := Interleaved(context.Background(), Path{}, Path{}, 100, 0, time.Second, 1); err == nil {
+		t.Error("a zero slice was accepted")
 	}
 }
