@@ -37,9 +37,20 @@ type Config struct {
 	Callers    int
 	Rounds     int
 	Out        string
+	// CPUProfile, when set, is a directory that receives a CPU profile of
+	// the server under test for each measured case and round (see
+	// profile.go); the sidecar then runs in process in a re-exec of the
+	// harness.
+	CPUProfile string
 	// ServeNull, set by the harness on its own re-exec, serves the null
 	// ShouldRateLimit server on this address instead of benchmarking.
 	ServeNull string
+	// ServeSidecar, set by the harness on its own re-exec, runs the
+	// sidecar's runner with the arguments after the flags.
+	ServeSidecar bool
+	// Control, set by the harness on its own re-exec, serves the profile
+	// control endpoint on this address.
+	Control string
 }
 
 // Register defines the flags.
@@ -51,7 +62,10 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Callers, "callers", 64, "concurrent calls in flight (closed loop)")
 	fs.IntVar(&c.Rounds, "rounds", 3, "measurements of each case, interleaved; the report gives the median")
 	fs.StringVar(&c.Out, "out", "", "write the JSON report here")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "directory for a CPU profile of the server per case and round; the sidecar then runs in process in this harness's binary")
 	fs.StringVar(&c.ServeNull, "serve-null", "", "internal: serve the null server on this address")
+	fs.BoolVar(&c.ServeSidecar, "serve-sidecar", false, "internal: run the sidecar with the remaining arguments")
+	fs.StringVar(&c.Control, "control-listen", "", "internal: serve the profile control endpoint on this address")
 }
 
 // Validate reports every problem at once.
@@ -85,6 +99,7 @@ type Machine struct {
 	GoVersion   string `json:"goVersion"`
 	Pinning     string `json:"pinning"`
 	LoadAverage string `json:"loadAverageAtStart"`
+	Profiling   string `json:"profiling,omitempty"`
 	ClockTicks  int    `json:"clockTicksPerSec"`
 }
 
@@ -132,8 +147,8 @@ descriptors:
 
 // workload makes the descriptor of call i.
 type workload struct {
-	name, server string
-	desc         func(run, i int64) *rlcommonv3.RateLimitDescriptor
+	name, short, server string
+	desc                func(run, i int64) *rlcommonv3.RateLimitDescriptor
 }
 
 func entry(k, v string) *rlcommonv3.RateLimitDescriptor {
@@ -192,7 +207,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err := os.WriteFile(pf, []byte(policy), 0o600); err != nil {
 		return nil, err
 	}
-	ports := make([]string, 4)
+	ports := make([]string, 6)
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return nil, err
@@ -224,16 +239,29 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		return cmd, nil
 	}
 	sidecarAddr, nullAddr := "127.0.0.1:"+ports[0], "127.0.0.1:"+ports[3]
-	sc, err := start(bin, "--grpc-listen", sidecarAddr, "--listen", "127.0.0.1:"+ports[1], "--admin-listen", "127.0.0.1:"+ports[2],
-		"--policy-file", pf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
-	if err != nil {
-		return nil, err
-	}
+	controls := map[string]string{}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	null, err := start(self, "-serve-null", nullAddr)
+	sidecarArgs := []string{"--grpc-listen", sidecarAddr, "--listen", "127.0.0.1:" + ports[1], "--admin-listen", "127.0.0.1:" + ports[2],
+		"--policy-file", pf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn"}
+	nullArgs := []string{"-serve-null", nullAddr}
+	if cfg.CPUProfile != "" {
+		if err := os.MkdirAll(cfg.CPUProfile, 0o755); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		controls["floodgate"], controls["null"] = "127.0.0.1:"+ports[4], "127.0.0.1:"+ports[5]
+		sidecarArgs = append([]string{"-serve-sidecar", "-control-listen", controls["floodgate"], "--"}, sidecarArgs...)
+		bin = self
+		nullArgs = append([]string{"-control-listen", controls["null"]}, nullArgs...)
+		rep.Machine.Profiling = "CPU profiles in " + cfg.CPUProfile + "; the sidecar ran in process in the harness binary"
+	}
+	sc, err := start(bin, sidecarArgs...)
+	if err != nil {
+		return nil, err
+	}
+	null, err := start(self, nullArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -255,12 +283,12 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 
 	var runID atomic.Int64
 	workloads := []workload{
-		{"null server (answers OK at once)", "null", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
-		{"cold keys (a new counter every call, each a Redis call)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+		{"null server (answers OK at once)", "null", "null", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
+		{"cold keys (a new counter every call, each a Redis call)", "cold", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor {
 			return entry("user", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
 		}},
-		{"one hot key, allowed (every call a Redis call)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
-		{"one hot key, over its limit (local deny cache)", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
+		{"one hot key, allowed (every call a Redis call)", "hot-allowed", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
+		{"one hot key, over its limit (local deny cache)", "hot-denied", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
 	}
 	pids := map[string]int{"null": null.Process.Pid, "floodgate": sc.Process.Pid}
 	addrs := map[string]string{"null": nullAddr, "floodgate": sidecarAddr}
@@ -271,9 +299,19 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			cs := conns[addrs[w.server]]
 			logf("round %d: %s: warm-up\n", round+1, w.name)
 			load(ctx, cs, cfg.Callers, cfg.Warmup, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, -i-1) })
+			if ctl := controls[w.server]; ctl != "" {
+				if err := profileCall(ctx, ctl, filepath.Join(cfg.CPUProfile, fmt.Sprintf("%s-r%d.pprof", w.short, round+1))); err != nil {
+					return nil, err
+				}
+			}
 			m, err := measure(ctx, pids[w.server], cs, cfg.Callers, cfg.Duration, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, i) })
 			if err != nil {
 				return nil, err
+			}
+			if ctl := controls[w.server]; ctl != "" {
+				if err := profileCall(ctx, ctl, ""); err != nil {
+					return nil, err
+				}
 			}
 			logf("round %d: %s: %.0f/s, %.1f µs CPU per decision, %.0f%% of a core, %d errors\n",
 				round+1, w.name, m.rate, m.cpuMicros, 100*m.util, m.errors)
@@ -480,6 +518,9 @@ func serveNull(ctx context.Context, addr string) error {
 func (r *Report) Write(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%s; load average at start %s\n", r.Machine.Pinning, r.Machine.LoadAverage)
+	if r.Machine.Profiling != "" {
+		fmt.Fprintf(&b, "%s\n", r.Machine.Profiling)
+	}
 	fmt.Fprintf(&b, "%-58s %12s %14s %8s %10s\n", "case", "decisions/s", "CPU µs/decision", "core", "vs null")
 	for _, c := range r.Cases {
 		vs := "1.00 (floor)"

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,4 +57,52 @@ func TestLoadAgainstNullServer(t *testing.T) {
 		t.Errorf("load: ok %d, over %d, errors %d; want only OKs", ok, over, errs)
 	}
 	_ = rlsv3.RateLimitResponse_OK
+}
+
+// The control endpoint starts and stops a CPU profile over a real socket,
+// and refuses a second start or a stop without a profile.
+func TestProfileControl(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveControl(ctx, addr) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	var err2 error
+	for range 100 {
+		if err2 = profileCall(ctx, addr, ""); err2 != nil && strings.Contains(err2.Error(), "409") {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err2 == nil || !strings.Contains(err2.Error(), "no profile is running") {
+		t.Fatalf("stop without a profile: %v, want a conflict", err2)
+	}
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	if err := profileCall(ctx, addr, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := profileCall(ctx, addr, path+".2"); err == nil || !strings.Contains(err.Error(), "already running") {
+		t.Errorf("second start: %v, want a conflict", err)
+	}
+	if err := profileCall(ctx, addr, ""); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A CPU profile is gzip-compressed protobuf.
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("profile %s is not gzip data: % x", path, b[:min(len(b), 8)])
+	}
 }

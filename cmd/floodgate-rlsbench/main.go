@@ -38,8 +38,18 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if cfg.ServeNull != "" {
+	if cfg.Control != "" {
+		go func() {
+			if err := serveControl(ctx, cfg.Control); err != nil {
+				fmt.Fprintln(os.Stderr, "floodgate-rlsbench:", err)
+			}
+		}()
+	}
+	switch {
+	case cfg.ServeNull != "":
 		return serveNull(ctx, cfg.ServeNull)
+	case cfg.ServeSidecar:
+		return serveSidecar(ctx, fs.Args())
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
