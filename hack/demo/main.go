@@ -22,6 +22,9 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/go-logr/logr"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 func main() {
@@ -31,6 +34,9 @@ func main() {
 	flag.IntVar(&o.redisBasePort, "redis-base-port", 31001, "first port of the demo's Redis Cluster")
 	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the report until Ctrl-C")
 	flag.Parse()
+	// envtest logs through controller-runtime; the demo prints its own
+	// report, and the processes it starts log to files.
+	logf.SetLogger(logr.Discard())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -16,27 +16,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-)
 
-// startBackend runs the sample app: it answers every request and counts
-// them, so the demo can show that denied requests never reach it.
-func (d *demo) startBackend() error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	d.backendAddr = l.Addr().String()
-	d.backend = &http.Server{
-		ReadHeaderTimeout: 5 * time.Second,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			d.backendHits.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, "{\"app\":\"checkout\",\"path\":%q}\n", r.URL.Path)
-		}),
-	}
-	go func() { _ = d.backend.Serve(l) }()
-	return nil
-}
+	"github.com/floodgate-dev/floodgate/test/localstack"
+)
 
 var client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 
@@ -68,7 +50,7 @@ func (d *demo) send(method, path string, hdr ...string) (result, error) {
 var shownHeaders = []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy", "Retry-After"}
 
 func (d *demo) trafficPerRule(_ context.Context) error {
-	hitsBefore := d.backendHits.Load()
+	hitsBefore := d.backend.Hits()
 	type batch struct {
 		label, method, path string
 		n                   int
@@ -118,12 +100,12 @@ func (d *demo) trafficPerRule(_ context.Context) error {
 	if firstDenied != nil {
 		show("first denied response: 429 with", headerLines(firstDenied.header)+"\nContent-Type: "+firstDenied.header.Get("Content-Type")+"\n"+strings.TrimSpace(firstDenied.body))
 	}
-	reached := d.backendHits.Load() - hitsBefore
+	reached := d.backend.Hits() - hitsBefore
 	say("the app received %d requests: exactly the %d allowed; none of the %d denied reached it", reached, allowed, denied)
 	if reached != int64(allowed) {
 		return fmt.Errorf("the app received %d requests, but %d were allowed", reached, allowed)
 	}
-	shadow, err := d.metricSum(`floodgate_sidecar_decisions_total`, `rule="all-requests-shadow"`, `result="shadow_denied"`)
+	shadow, err := d.metricSum(`floodgate_sidecar_decisions_total`, "rule=all-requests-shadow", "result=shadow_denied")
 	if err != nil {
 		return err
 	}
@@ -192,7 +174,7 @@ func (d *demo) editPolicy(ctx context.Context) error {
 	}
 	applied := time.Since(t0)
 	var probes int
-	if err := poll(ctx, 20*time.Millisecond, 30*time.Second, "the new limit in force", func() (bool, error) {
+	if err := localstack.Poll(ctx, 20*time.Millisecond, 30*time.Second, "the new limit in force", func() (bool, error) {
 		probes++
 		r, err := d.send(http.MethodGet, "/api/orders", "X-API-Key", fmt.Sprintf("probe-%d", probes))
 		if err != nil {
@@ -227,18 +209,7 @@ func short(rev string) string {
 }
 
 func (d *demo) revision() (string, error) {
-	resp, err := client.Get(d.sidecarAdmin + "/debug/config")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Revision string `json:"revision"`
-	}
-	if err := jsonDecode(resp.Body, &st); err != nil {
-		return "", err
-	}
-	return st.Revision, nil
+	return d.sidecar.Revision(context.Background())
 }
 
 // killMaster kills the master that holds the login counter, then drives
@@ -265,7 +236,7 @@ func (d *demo) killMaster(ctx context.Context) error {
 	fmt.Printf("    %-6s %9s %9s %9s %9s %12s   %s\n", "second", "200", "429", "503", "p99", "fallback", "note")
 
 	const keys = 30
-	hits0 := d.backendHits.Load()
+	hits0 := d.backend.Hits()
 	var total struct{ ok, limited, unavailable int }
 	seenFallback := false
 	for sec := 1; sec <= 15; sec++ {
@@ -327,21 +298,21 @@ func (d *demo) killMaster(ctx context.Context) error {
 			break
 		}
 	}
-	fbAllowed, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", `result="allowed"`)
+	fbAllowed, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", "result=allowed")
 	if err != nil {
 		return err
 	}
-	fbDenied, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", `result="denied"`)
+	fbDenied, err := d.metricSum("floodgate_sidecar_fallback_decisions_total", "result=denied")
 	if err != nil {
 		return err
 	}
-	unavail, err := d.metricSum("floodgate_sidecar_decisions_total", `result="unavailable"`)
+	unavail, err := d.metricSum("floodgate_sidecar_decisions_total", "result=unavailable")
 	if err != nil {
 		return err
 	}
 	say("after %s: %d allowed, %d limited, %d refused with 503 (fail-closed login)", time.Since(killed).Round(100*time.Millisecond), total.ok, total.limited, total.unavailable)
 	say("fallback decisions on local buckets: %.0f allowed, %.0f denied; fail-closed decisions: %.0f", fbAllowed, fbDenied, unavail)
-	say("the app received %d requests in this phase, exactly the allowed ones", d.backendHits.Load()-hits0)
+	say("the app received %d requests in this phase, exactly the allowed ones", d.backend.Hits()-hits0)
 	for _, a := range d.redisAddrs {
 		if strings.HasSuffix(a, fmt.Sprintf(":%d", port)) {
 			continue
@@ -404,8 +375,8 @@ func (d *demo) showMetrics(_ context.Context) error {
 	var picked []string
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "floodgate_sidecar_decisions_total") || strings.HasPrefix(l, "floodgate_local_denials_total") ||
-			strings.HasPrefix(l, "floodgate_config_info") || strings.HasPrefix(l, "floodgate_decision_duration_seconds_count") {
+		if strings.HasPrefix(l, "floodgate_sidecar_decisions_total") || strings.HasPrefix(l, "floodgate_sidecar_local_denials_total") ||
+			strings.HasPrefix(l, "floodgate_sidecar_config_info") || strings.HasPrefix(l, "floodgate_sidecar_decision_duration_seconds_count") {
 			picked = append(picked, l)
 		}
 	}
@@ -417,37 +388,15 @@ func (d *demo) showMetrics(_ context.Context) error {
 }
 
 // metricSum adds the values of the sidecar's samples named name whose
-// labels contain every matcher.
+// labels include every label=value pair in matchers.
 func (d *demo) metricSum(name string, matchers ...string) (float64, error) {
-	resp, err := client.Get(d.sidecarAdmin + "/metrics")
-	if err != nil {
-		return 0, err
+	match := map[string]string{}
+	for _, m := range matchers {
+		k, v, ok := strings.Cut(m, "=")
+		if !ok {
+			return 0, fmt.Errorf("matcher %q: want label=value", m)
+		}
+		match[k] = v
 	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	for sc.Scan() {
-		l := sc.Text()
-		if !strings.HasPrefix(l, name) || (len(l) > len(name) && l[len(name)] != '{' && l[len(name)] != ' ') {
-			continue
-		}
-		match := true
-		for _, m := range matchers {
-			if !strings.Contains(l, m) {
-				match = false
-				break
-			}
-		}
-		if !match {
-			continue
-		}
-		f := strings.Fields(l)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			return 0, err
-		}
-		sum += v
-	}
-	return sum, sc.Err()
+	return d.sidecar.Metric(context.Background(), name, match)
 }

@@ -1,0 +1,295 @@
+package localstack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+)
+
+// InjectedSidecar returns the floodgate-sidecar container the injection
+// webhook added to pod. It is an error when there is none, or more than
+// one, among the containers and init containers.
+func InjectedSidecar(pod *corev1.Pod) (*corev1.Container, error) {
+	var found []*corev1.Container
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			if list[i].Name == injection.ContainerName {
+				found = append(found, &list[i])
+			}
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("pod %s/%s has no %s container: the webhook did not inject it", pod.Namespace, pod.Name, injection.ContainerName)
+	case 1:
+		return found[0], nil
+	}
+	return nil, fmt.Errorf("pod %s/%s has %d %s containers, want exactly one", pod.Namespace, pod.Name, len(found), injection.ContainerName)
+}
+
+// ResolveEnv turns a container's env into plain NAME=value pairs, as the
+// kubelet would: literal values, the downward-API fields the injector uses
+// (the pod IP is loopback here) and Secret keys. A missing Secret is an
+// error unless the reference is optional.
+func (s *Stack) ResolveEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container) ([]string, error) {
+	var env []string
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env = append(env, e.Name+"="+e.Value)
+		case e.ValueFrom.FieldRef != nil:
+			var v string
+			switch e.ValueFrom.FieldRef.FieldPath {
+			case "metadata.name":
+				v = pod.Name
+			case "metadata.namespace":
+				v = pod.Namespace
+			case "metadata.uid":
+				v = string(pod.UID)
+			case "status.podIP":
+				v = "127.0.0.1"
+			case "spec.serviceAccountName":
+				v = pod.Spec.ServiceAccountName
+			case "spec.nodeName":
+				v = "localhost"
+			default:
+				return nil, fmt.Errorf("env %s: downward-API field %s is not resolved locally", e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+			env = append(env, e.Name+"="+v)
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			sec, err := s.Kube.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+			if err != nil {
+				if ref.Optional != nil && *ref.Optional {
+					continue
+				}
+				return nil, fmt.Errorf("env %s from secret %s/%s: %w", e.Name, pod.Namespace, ref.Name, err)
+			}
+			v, ok := sec.Data[ref.Key]
+			if !ok && (ref.Optional == nil || !*ref.Optional) {
+				return nil, fmt.Errorf("env %s: secret %s/%s has no key %q", e.Name, pod.Namespace, ref.Name, ref.Key)
+			}
+			env = append(env, e.Name+"="+string(v))
+		default:
+			return nil, fmt.Errorf("env %s: unsupported valueFrom", e.Name)
+		}
+	}
+	return env, nil
+}
+
+// SidecarOptions say which pod's injected sidecar to run and in front of
+// what.
+type SidecarOptions struct {
+	// Namespace and Pod name the annotated pod. Required.
+	Namespace, Pod string
+	// Upstream is the app's URL, e.g. a Backend's URL. Required.
+	Upstream string
+	// Name names the process and its log (default
+	// "floodgate-sidecar-<namespace>-<pod>").
+	Name string
+	// ReadyTimeout bounds the wait for the store password Secret and for
+	// /readyz (default 30s).
+	ReadyTimeout time.Duration
+}
+
+// Sidecar is an injected floodgate-sidecar running as a local process.
+type Sidecar struct {
+	// Proc is the process.
+	Proc *Process
+	// URL is where it proxies (http://127.0.0.1:port).
+	URL string
+	// AdminURL serves /metrics, /readyz and /debug/config.
+	AdminURL string
+	// Injected is the container as the webhook injected it.
+	Injected corev1.Container
+	// Args are the arguments it runs with: the injected ones, then the
+	// local overrides.
+	Args []string
+	// Env is the resolved injected environment it runs with.
+	Env []string
+}
+
+// StartSidecar runs the sidecar injected into o.Pod as a local process:
+// it resolves the injected env (waiting for the store password Secret the
+// manager mirrors), writes the downward-API labels file, starts the binary
+// with the injected args plus overrides for the addresses (free loopback
+// ports, o.Upstream, a kubeconfig and the labels file), and waits until
+// /readyz answers.
+func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, error) {
+	if o.Namespace == "" || o.Pod == "" || o.Upstream == "" {
+		return nil, fmt.Errorf("localstack: SidecarOptions need Namespace, Pod and Upstream, got %+v", o)
+	}
+	if o.Name == "" {
+		o.Name = "floodgate-sidecar-" + o.Namespace + "-" + o.Pod
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 30 * time.Second
+	}
+	pod, err := s.Kube.CoreV1().Pods(o.Namespace).Get(ctx, o.Pod, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading pod %s/%s: %w", o.Namespace, o.Pod, err)
+	}
+	sc, err := InjectedSidecar(pod)
+	if err != nil {
+		return nil, err
+	}
+	if len(sc.Command) > 1 {
+		return nil, fmt.Errorf("injected command %q: only the floodgate-sidecar binary itself runs locally", sc.Command)
+	}
+	var env []string
+	var envErr error
+	if err := Poll(ctx, 100*time.Millisecond, o.ReadyTimeout, "the sidecar's env to resolve", func() (bool, error) {
+		env, envErr = s.ResolveEnv(ctx, pod, sc)
+		return envErr == nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, envErr)
+	}
+	labels, err := s.writeLabels(pod)
+	if err != nil {
+		return nil, err
+	}
+	listen, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	// Later flags win, so the overrides follow the injected arguments.
+	args := append(append([]string{}, sc.Args...),
+		"--listen", listen,
+		"--admin-listen", admin,
+		"--upstream", o.Upstream,
+		"--kubeconfig", s.Kubectl.Kubeconfig,
+		"--pod-labels-file", labels,
+	)
+	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
+	p, err := s.StartProcess(o.Name, env, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	side := &Sidecar{Proc: p, URL: "http://" + listen, AdminURL: "http://" + admin, Injected: *sc.DeepCopy(), Args: args, Env: env}
+	if err := WaitHTTP(ctx, side.AdminURL+"/readyz", p, o.ReadyTimeout); err != nil {
+		p.Stop(5 * time.Second)
+		return nil, err
+	}
+	return side, nil
+}
+
+// writeLabels writes the pod's downward-API labels file, one key="value"
+// per line, and returns its path.
+func (s *Stack) writeLabels(pod *corev1.Pod) (string, error) {
+	dir := filepath.Join(s.opts.Work, "podinfo", pod.Namespace, pod.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating %s: %w", dir, err)
+	}
+	var lines []string
+	for k, v := range pod.Labels {
+		lines = append(lines, fmt.Sprintf("%s=%q", k, v))
+	}
+	sort.Strings(lines)
+	path := filepath.Join(dir, "labels")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// Revision returns the revision of the config the sidecar has in force,
+// from its /debug/config.
+func (sc *Sidecar) Revision(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, sc.AdminURL+"/debug/config", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", req.URL, err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Revision string `json:"revision"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return "", fmt.Errorf("decoding %s: %w", req.URL, err)
+	}
+	return st.Revision, nil
+}
+
+// Metric returns the sum of the sidecar's samples of the metric name whose
+// labels include every label in match.
+func (sc *Sidecar) Metric(ctx context.Context, name string, match map[string]string) (float64, error) {
+	return MetricSum(ctx, sc.AdminURL+"/metrics", name, match)
+}
+
+// PolicyLoaded returns the sidecar's floodgate.dev/policy-loaded condition
+// on a pod, or nil when it has not reported one.
+func (s *Stack) PolicyLoaded(ctx context.Context, namespace, name string) (*corev1.PodCondition, error) {
+	pod, err := s.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+	}
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+			return &pod.Status.Conditions[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// WaitPolicyLoaded waits until the pod's sidecar reports
+// floodgate.dev/policy-loaded=True and returns the condition's message (the
+// revision in force).
+func (s *Stack) WaitPolicyLoaded(ctx context.Context, namespace, name string, timeout time.Duration) (string, error) {
+	var msg string
+	err := Poll(ctx, 100*time.Millisecond, timeout, "pod condition "+string(kubesource.ConditionPolicyLoaded)+" on "+namespace+"/"+name, func() (bool, error) {
+		c, err := s.PolicyLoaded(ctx, namespace, name)
+		if err != nil || c == nil || c.Status != corev1.ConditionTrue {
+			return false, err
+		}
+		msg = c.Message
+		return true, nil
+	})
+	return msg, err
+}
+
+// MarkPodReady plays the kubelet once the containers run: the pod becomes
+// Running on 127.0.0.1 with PodScheduled, ContainersReady and Ready true.
+// The sidecar's own condition is left as it reported it.
+func (s *Stack) MarkPodReady(ctx context.Context, namespace, name string) error {
+	now := metav1.Now()
+	patch := map[string]any{
+		"status": map[string]any{
+			"phase":  "Running",
+			"podIP":  "127.0.0.1",
+			"podIPs": []map[string]string{{"ip": "127.0.0.1"}},
+			"conditions": []corev1.PodCondition{
+				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			},
+		},
+	}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Kube.CoreV1().Pods(namespace).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("marking pod %s/%s ready: %w", namespace, name, err)
+	}
+	return nil
+}
