@@ -296,7 +296,3 @@ type CounterStoreList struct {
 	// Items are the stores.
 	Items []CounterStore `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&CounterStore{}, &CounterStoreList{})
-}

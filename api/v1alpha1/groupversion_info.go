@@ -14,8 +14,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -23,8 +24,19 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "ratelimit.floodgate.dev", Version: "v1alpha1"}
 
 	// SchemeBuilder registers this API's types with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds this API's types to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+// addKnownTypes registers every kind of this group version, and the meta
+// types (ListOptions and friends) that clients of the group use.
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&RateLimitPolicy{}, &RateLimitPolicyList{},
+		&CounterStore{}, &CounterStoreList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

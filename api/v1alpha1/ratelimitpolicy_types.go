@@ -508,7 +508,3 @@ type RateLimitPolicyList struct {
 	// Items are the policies.
 	Items []RateLimitPolicy `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&RateLimitPolicy{}, &RateLimitPolicyList{})
-}

@@ -62,8 +62,11 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		w = f
+		if err := rep.WriteJSON(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		return f.Close()
 	}
 	return rep.WriteJSON(w)
 }

@@ -136,16 +136,6 @@ func configMapGone(ctx context.Context, ns string) func() bool {
 	}
 }
 
-// entry returns the document's entry for the policy named name, or nil.
-func entry(c *config.Config, name string) *config.Policy {
-	for i := range c.Policies {
-		if c.Policies[i].Name == name {
-			return &c.Policies[i]
-		}
-	}
-	return nil
-}
-
 // policyStatus fetches a policy from the API server.
 func policyStatus(ctx context.Context, ns, name string) func(g Gomega) *v1alpha1.RateLimitPolicy {
 	return func(g Gomega) *v1alpha1.RateLimitPolicy {

@@ -82,7 +82,7 @@ func LoadAny(data []byte, o Options) (*config.Config, Format, *Mapping, error) {
 		if lerr == nil {
 			lerr = errors.New("not a sidecar config")
 		}
-		return nil, 0, nil, fmt.Errorf("%w\n(the document is neither a floodgate sidecar config nor an envoyproxy/ratelimit config: %v)", lerr, err)
+		return nil, 0, nil, fmt.Errorf("%w\n(the document is neither a floodgate sidecar config nor an envoyproxy/ratelimit config: %w)", lerr, err)
 	}
 	if f == FormatEnvoy {
 		c, m, err := Load(data, o)

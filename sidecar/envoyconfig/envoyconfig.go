@@ -344,11 +344,11 @@ func (cv *converter) limit(d Descriptor, entries []config.DescriptorEntry, path,
 	}
 	var names []string
 	for i, rep := range rl.Replaces {
-		switch {
-		case rep.Name == "":
+		switch rep.Name {
+		case "":
 			cv.errorf(fmt.Sprintf("%s.rate_limit.replaces[%d]", dp, i), "should not have an empty replaces entry")
 			return
-		case rep.Name == rl.Name:
+		case rl.Name:
 			cv.errorf(fmt.Sprintf("%s.rate_limit.replaces[%d]", dp, i), "replaces should not contain name of same descriptor")
 			return
 		}
@@ -375,11 +375,20 @@ func (cv *converter) add(r config.Rule, entries []config.DescriptorEntry, path, 
 // uniqueName derives a name of at most max letters, digits, '-', '_' and
 // '.' from s, unique among used: s itself when it qualifies, else s
 // sanitized, shortened and suffixed with a hash of s.
+// nameByte reports whether c may appear in a floodgate rule name.
+func nameByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.':
+		return true
+	}
+	return false
+}
+
 func uniqueName(s string, used map[string]bool, maxLen int) string {
 	clean := []byte(s)
 	changed := false
 	for i, c := range clean {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+		if !nameByte(c) {
 			clean[i] = '-'
 			changed = true
 		}

@@ -99,7 +99,7 @@ func TestEnvoyRLSOnGRPCListen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res.Body.Close()
+		_ = res.Body.Close()
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("HTTP request through the proxy: %d", res.StatusCode)
 		}

@@ -98,7 +98,9 @@ func startSidecar(t *testing.T, upstream, policy string, waitReady bool, args ..
 		url: "http://" + r.ProxyAddr(), admin: "http://" + r.AdminAddr()}
 	go func() { s.done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		s.stop(t)
+		if err := s.stop(t); err != nil {
+			t.Errorf("sidecar stopped with an error: %v", err)
+		}
 		if t.Failed() {
 			t.Logf("sidecar logs:\n%s", logs.String())
 		}
@@ -128,7 +130,7 @@ func (s *sidecar) waitReady(t *testing.T) {
 	for time.Now().Before(deadline) {
 		if s.Ready() {
 			if res, err := http.Get(s.admin + "/readyz"); err == nil {
-				res.Body.Close()
+				_ = res.Body.Close()
 				if res.StatusCode == 200 {
 					return
 				}
@@ -173,7 +175,7 @@ func (s *sidecar) metric(t *testing.T, sample string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	body, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +219,7 @@ func get(t *testing.T, c *http.Client, url string, hdr ...string) (*http.Respons
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	body, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)

@@ -293,7 +293,7 @@ limit: {requests: 0, per: 1h}`))
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
+	_ = res.Body.Close()
 	if !strings.Contains(string(body), "limit.requests") || !strings.Contains(string(body), `"revision": "v2"`) {
 		t.Errorf("/debug/config does not show the error and the config in force:\n%s", body)
 	}
@@ -330,7 +330,7 @@ func TestNotReadyUntilConfigLoaded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode != 503 {
 		t.Errorf("/readyz without a config: %d, want 503", res.StatusCode)
 	}
@@ -375,7 +375,7 @@ policies:
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 		go func() { _, _ = io.WriteString(conn, req) }()
 		line, err := bufio.NewReader(conn).ReadString('\n')
@@ -426,7 +426,7 @@ func TestWebSocketUpgradePassesThrough(t *testing.T) {
 		if err != nil {
 			return
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		_ = rw.Flush()
 		// Echo one line.
@@ -443,7 +443,7 @@ func TestWebSocketUpgradePassesThrough(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 		_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		br := bufio.NewReader(conn)
@@ -471,7 +471,7 @@ func TestH2CAndStreaming(t *testing.T) {
 	release := make(chan struct{})
 	be := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "first\n")
-		http.NewResponseController(w).Flush()
+		_ = http.NewResponseController(w).Flush()
 		<-release
 		_, _ = io.WriteString(w, "second\n")
 	})
@@ -483,7 +483,7 @@ func TestH2CAndStreaming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	if res.ProtoMajor != 2 {
 		t.Errorf("proto %s, want HTTP/2 (h2c)", res.Proto)
 	}
@@ -525,7 +525,7 @@ func TestGracefulShutdownDrainsInFlight(t *testing.T) {
 			return
 		}
 		b, err := io.ReadAll(res.Body)
-		res.Body.Close()
+		_ = res.Body.Close()
 		out <- result{res.StatusCode, string(b), err}
 	}()
 	<-entered
@@ -540,8 +540,8 @@ func TestGracefulShutdownDrainsInFlight(t *testing.T) {
 		t.Error("still ready while shutting down")
 	}
 	select {
-	case <-stopped:
-		t.Fatal("shutdown finished before the in-flight request")
+	case err := <-stopped:
+		t.Fatalf("shutdown finished before the in-flight request (stop returned %v)", err)
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(release)
@@ -581,7 +581,7 @@ policies:
 		if err != nil {
 			t.Fatal(err)
 		}
-		res.Body.Close()
+		_ = res.Body.Close()
 		return res
 	}
 	for i := range 2 {

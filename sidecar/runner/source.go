@@ -58,7 +58,7 @@ func stampOf(path string) fileStamp {
 	}
 	s := fileStamp{size: fi.Size(), mod: fi.ModTime()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.dev, s.ino = uint64(st.Dev), uint64(st.Ino)
+		s.dev, s.ino = uint64(st.Dev), uint64(st.Ino) //nolint:unconvert // the field types differ between platforms
 	}
 	return s
 }

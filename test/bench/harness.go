@@ -235,7 +235,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 }
 
 func (h *harness) logf(format string, args ...any) {
-	fmt.Fprintf(h.o.Log, format+"\n", args...)
+	_, _ = fmt.Fprintf(h.o.Log, format+"\n", args...) // progress lines; a lost one is harmless
 }
 
 func (h *harness) setup(ctx context.Context) error {
@@ -244,7 +244,7 @@ func (h *harness) setup(ctx context.Context) error {
 	if h.pin {
 		// The load generator shares CPU 1 with the backend and Redis.
 		if out, err := exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
-			return fmt.Errorf("pin the load generator: %v: %s", err, out)
+			return fmt.Errorf("pin the load generator: %w: %s", err, out)
 		}
 	}
 	h.bin = h.o.SidecarBin
@@ -253,7 +253,7 @@ func (h *harness) setup(ctx context.Context) error {
 		h.logf("building floodgate-sidecar")
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", h.bin, "github.com/floodgate-dev/floodgate/cmd/floodgate-sidecar")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build floodgate-sidecar: %v: %s", err, out)
+			return fmt.Errorf("go build floodgate-sidecar: %w: %s", err, out)
 		}
 	}
 	exe, err := os.Executable()
@@ -265,7 +265,7 @@ func (h *harness) setup(ctx context.Context) error {
 		return err
 	}
 	h.backend = "127.0.0.1:" + port
-	if _, err := h.start(ctx, 1, nil, exe, "backend", "-listen", h.backend); err != nil {
+	if err := h.start(ctx, 1, nil, exe, "backend", "-listen", h.backend); err != nil {
 		return err
 	}
 	if err := waitHTTP(ctx, "http://"+h.backend+"/", 0); err != nil {
@@ -286,7 +286,7 @@ func (h *harness) setup(ctx context.Context) error {
 }
 
 // start runs a process, pinned to cpu when pinning.
-func (h *harness) start(ctx context.Context, cpu int, env []string, name string, args ...string) (*exec.Cmd, error) {
+func (h *harness) start(ctx context.Context, cpu int, env []string, name string, args ...string) error {
 	if h.pin {
 		args = append([]string{"-c", strconv.Itoa(cpu), name}, args...)
 		name = "taskset"
@@ -295,14 +295,14 @@ func (h *harness) start(ctx context.Context, cpu int, env []string, name string,
 	cmd.Env = append(os.Environ(), env...)
 	logf, err := os.Create(filepath.Join(h.dir, fmt.Sprintf("proc-%d.log", len(h.procs))))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
+		return fmt.Errorf("start %s: %w", name, err)
 	}
 	h.procs = append(h.procs, cmd)
-	return cmd, nil
+	return nil
 }
 
 // sidecars starts n sidecars on a store and returns their proxy and admin
@@ -331,7 +331,7 @@ func (h *harness) sidecars(ctx context.Context, store string, n int) (urls, admi
 				args = append(args, "--redis-timeout", h.o.RedisTimeout.String())
 			}
 		}
-		if _, err := h.start(ctx, 0, []string{"GOMAXPROCS=1"}, h.bin, args...); err != nil {
+		if err := h.start(ctx, 0, []string{"GOMAXPROCS=1"}, h.bin, args...); err != nil {
 			return nil, nil, err
 		}
 		if err := waitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
@@ -353,7 +353,7 @@ func scrape(admins []string, family string, match ...string) (float64, error) {
 			return 0, err
 		}
 		body, err := io.ReadAll(res.Body)
-		res.Body.Close()
+		_ = res.Body.Close()
 		if err != nil {
 			return 0, err
 		}
@@ -465,7 +465,7 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	clients := make([]*redis.Client, 0, len(masters))
 	for _, m := range masters {
 		cl := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: h.cluster.Password()})
-		defer cl.Close()
+		defer func() { _ = cl.Close() }()
 		if err := cl.ConfigResetStat(ctx).Err(); err != nil {
 			return fmt.Errorf("CONFIG RESETSTAT on %s: %w", m.Addr(), err)
 		}
@@ -586,31 +586,32 @@ func (h *harness) accept(rep *Report) {
 }
 
 func (h *harness) table(rep *Report) {
-	w := h.o.Log
-	fmt.Fprintf(w, "\nfloodgate-bench  %s  %d CPUs  %s  loadavg %s  redis timeout %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.LoadAverage, rep.Machine.RedisTimeout, rep.Machine.Pinning)
-	fmt.Fprintf(w, "\nAdded latency (open loop at half the sidecar's max rate; µs from scheduled send time)\n")
-	fmt.Fprintf(w, "  %-7s %10s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
+	// The table goes to the log writer; a failed write only loses output.
+	printf := func(format string, args ...any) { _, _ = fmt.Fprintf(h.o.Log, format, args...) }
+	printf("\nfloodgate-bench  %s  %d CPUs  %s  loadavg %s  redis timeout %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.LoadAverage, rep.Machine.RedisTimeout, rep.Machine.Pinning)
+	printf("\nAdded latency (open loop at half the sidecar's max rate; µs from scheduled send time)\n")
+	printf("  %-7s %10s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
 	for _, l := range rep.Latency {
-		fmt.Fprintf(w, "  %-7s %10.0f %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, l.Rate,
+		printf("  %-7s %10.0f %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, l.Rate,
 			l.Direct.P50, l.Direct.P99, l.Direct.Max, l.Sidecar.P50, l.Sidecar.P99, l.Sidecar.Max, l.AddedP50Usec, l.AddedP99Usec)
 	}
-	fmt.Fprintf(w, "\nDecisions per second per sidecar core (closed loop, %d conns, HTTP end to end)\n", h.o.Conns)
-	fmt.Fprintf(w, "  %-7s %-16s %12s %8s %8s %8s %8s\n", "store", "case", "decisions/s", "2xx", "429", "errors", "p99 µs")
+	printf("\nDecisions per second per sidecar core (closed loop, %d conns, HTTP end to end)\n", h.o.Conns)
+	printf("  %-7s %-16s %12s %8s %8s %8s %8s\n", "store", "case", "decisions/s", "2xx", "429", "errors", "p99 µs")
 	for _, t := range rep.Throughput {
-		fmt.Fprintf(w, "  %-7s %-16s %12.0f %8d %8d %8d %8.0f\n", t.Store, t.Case, t.DecisionsPerSecPC, t.Stats.OK, t.Stats.Limited, t.Stats.Errors, t.Stats.P99)
+		printf("  %-7s %-16s %12.0f %8d %8d %8d %8.0f\n", t.Store, t.Case, t.DecisionsPerSecPC, t.Stats.OK, t.Stats.Limited, t.Stats.Errors, t.Stats.P99)
 	}
 	if f := rep.Flood; f != nil {
-		fmt.Fprintf(w, "\nHot-key flood on Redis: %.0f req/s offered (%.0f achieved) for %.1fs over %d sidecars, limit %d/s\n", f.OfferedPerSec, f.AchievedPerSec, f.Seconds, f.Sidecars, f.LimitPerSec)
-		fmt.Fprintf(w, "  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
-		fmt.Fprintf(w, "  sidecar store calls %.0f (failed %.0f), local denials %.0f, fallback decisions %.0f\n", f.SidecarStoreCalls, f.StoreUnavailable, f.LocalDenials, f.FallbackDecisions)
+		printf("\nHot-key flood on Redis: %.0f req/s offered (%.0f achieved) for %.1fs over %d sidecars, limit %d/s\n", f.OfferedPerSec, f.AchievedPerSec, f.Seconds, f.Sidecars, f.LimitPerSec)
+		printf("  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
+		printf("  sidecar store calls %.0f (failed %.0f), local denials %.0f, fallback decisions %.0f\n", f.SidecarStoreCalls, f.StoreUnavailable, f.LocalDenials, f.FallbackDecisions)
 	}
-	fmt.Fprintf(w, "\nAcceptance\n")
+	printf("\nAcceptance\n")
 	for _, a := range rep.Acceptance {
 		mark := "PASS"
 		if !a.Pass {
 			mark = "FAIL"
 		}
-		fmt.Fprintf(w, "  [%s] %s: %s\n", mark, a.Name, a.Measured)
+		printf("  [%s] %s: %s\n", mark, a.Name, a.Measured)
 	}
 }
 
@@ -648,7 +649,7 @@ func freePort() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	_, p, err := net.SplitHostPort(l.Addr().String())
 	return p, err
 }
@@ -660,7 +661,7 @@ func waitHTTP(ctx context.Context, url string, want int) error {
 	for time.Now().Before(deadline) {
 		res, err := http.Get(url)
 		if err == nil {
-			res.Body.Close()
+			_ = res.Body.Close()
 			if want == 0 || res.StatusCode == want {
 				return nil
 			}

@@ -103,7 +103,7 @@ func do(ctx context.Context, c *http.Client, t Target, i int64, rec *recorder) b
 		return false
 	}
 	_, _ = io.Copy(io.Discard, res.Body)
-	res.Body.Close()
+	_ = res.Body.Close()
 	switch {
 	case res.StatusCode/100 == 2:
 		rec.ok.Add(1)

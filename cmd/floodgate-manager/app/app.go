@@ -79,7 +79,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", Name, fs.Args())
+		_, _ = fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", Name, fs.Args())
 		return 2
 	}
 	namespaceSet := false
@@ -88,7 +88,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		o.Webhook.Namespace = ns
 	}
 	if err := o.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%s: invalid flags:\n%v\n", Name, err)
+		_, _ = fmt.Fprintf(stderr, "%s: invalid flags:\n%v\n", Name, err)
 		return 2
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Zap)))
