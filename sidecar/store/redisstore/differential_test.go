@@ -1,8 +1,9 @@
 package redisstore_test
 
 import (
+	"encoding/binary"
+	"math"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func bigTickLimit(alg limiter.Algorithm) limiter.Limit {
 // exactly.
 func TestGCRAPast2To53(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	l := bigTickLimit(limiter.GCRA)
 	p, err := limiter.NewParams(l)
 	if err != nil {
@@ -93,17 +94,30 @@ func TestGCRAPast2To53(t *testing.T) {
 		}
 		if i == 0 {
 			cl := cluster.NewClient()
-			a, err := cl.HGet(t.Context(), redisstore.CounterKey(key, limiter.GCRA), "A").Result()
+			st, err := cl.Get(t.Context(), redisstore.CounterKey(key, limiter.GCRA)).Result()
 			_ = cl.Close()
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Fresh state: TAT = now + cost*K ticks.
-			if want := strconv.FormatInt(now0+cost*p.TokenUnits, 10); a != want {
-				t.Fatalf("stored TAT %s, want %s", a, want)
+			// The state is seven little-endian doubles; the TAT is the
+			// sum of the first two, each exact.
+			if len(st) != 56 {
+				t.Fatalf("stored state is %d bytes, want 56", len(st))
 			}
-			if v, _ := strconv.ParseInt(a, 10, 64); v < 1<<53 {
-				t.Fatalf("stored TAT %s is below 2^53: the case is not exercised", a)
+			var parts [2]float64
+			for j := range parts {
+				parts[j] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(st[8*j : 8*j+8])))
+				if parts[j] != math.Trunc(parts[j]) || math.Abs(parts[j]) >= 1<<53 {
+					t.Fatalf("stored TAT part %d = %v: not an exact integer", j, parts[j])
+				}
+			}
+			a := int64(parts[0]) + int64(parts[1])
+			// Fresh state: TAT = now + cost*K ticks.
+			if want := now0 + cost*p.TokenUnits; a != want {
+				t.Fatalf("stored TAT %d (%v + %v), want %d", a, parts[0], parts[1], want)
+			}
+			if a < 1<<53 {
+				t.Fatalf("stored TAT %d is below 2^53: the case is not exercised", a)
 			}
 		}
 	}
@@ -115,7 +129,7 @@ func TestGCRAPast2To53(t *testing.T) {
 // requires the same Decision at every step.
 func TestDifferentialExtremes(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	for _, alg := range allAlgorithms {
 		t.Run(alg.String(), func(t *testing.T) {
 			t.Parallel()

@@ -106,7 +106,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	proxy := newReplyDropper(t, srv.Addr())
-	direct, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Single: true, Timeout: 2 * time.Second})
+	direct, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, batching := range []bool{true, false} {
-		opts := redisstore.Options{Addrs: []string{proxy.addr()}, Single: true, Timeout: 2 * time.Second}
+		opts := redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{proxy.addr()}, Single: true, Timeout: 2 * time.Second}
 		if !batching {
 			opts.BatchWindow = redisstore.NoBatching
 		}

@@ -42,13 +42,19 @@ func classify(err error) outcome {
 	if err == nil {
 		return outOK
 	}
+	var msg string
+	var perr replyError
 	var rerr redis.Error
-	if !errors.As(err, &rerr) || isTransportError(err) {
+	switch {
+	case errors.As(err, &perr):
+		msg = string(perr)
+	case errors.As(err, &rerr) && !isTransportError(err):
+		msg = rerr.Error()
+	default:
 		// Timeouts, refused or dropped connections, a closed client, a
 		// cancelled context, an unparsable reply: no answer.
 		return outUnavailable
 	}
-	msg := rerr.Error()
 	code, _, _ := strings.Cut(msg, " ")
 	switch code {
 	case "NOSCRIPT":

@@ -78,7 +78,7 @@ func TestKilledMaster(t *testing.T) {
 	// A deadline well above the default: the live shards must answer
 	// every decision, on a machine that -race and other tests load.
 	const timeout = 200 * time.Millisecond
-	s := newStore(t, c, redisstore.Options{Timeout: timeout, BreakerFailures: 3, BreakerCooldown: 200 * time.Millisecond})
+	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 3, BreakerCooldown: 200 * time.Millisecond})
 	ctx := t.Context()
 	masters, err := c.Masters(ctx)
 	if err != nil {
@@ -204,7 +204,7 @@ func breakerOf(s *redisstore.Store, addr string) redisstore.BreakerState {
 func TestPausedNode(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{Masters: 3, NodeTimeout: 20 * time.Second, PartialCoverage: true})
 	const timeout = 100 * time.Millisecond
-	s := newStore(t, c, redisstore.Options{Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond})
+	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond})
 	ctx := t.Context()
 	masters, err := c.Masters(ctx)
 	if err != nil {

@@ -34,7 +34,7 @@ func TestKeyTag(t *testing.T) {
 		}
 		seen[got] = k
 	}
-	if got, want := len(counterKey(strings.Repeat("k", 1<<20), limiter.GCRA)), 4+33+6; got != want {
+	if got, want := len(counterKey(strings.Repeat("k", 1<<20), limiter.GCRA)), len("fg:{")+33+len("}:gcra:2"); got != want {
 		t.Errorf("key of a 1 MiB Request.Key is %d bytes, want %d", got, want)
 	}
 	if got := len(counterKey(plain[2], limiter.GCRA)); got != MaxRedisKeyLen {
@@ -206,12 +206,15 @@ func TestOptionsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Timeout != DefaultTimeout || d.BatchWindow != DefaultBatchWindow || d.MaxBatch != DefaultMaxBatch ||
+	if d.Timeout != DefaultTimeout || d.BatchWindow != NoBatching || d.MaxBatch != DefaultMaxBatch ||
 		d.BreakerFailures != DefaultBreakerFailures || d.BreakerCooldown != DefaultBreakerCooldown {
 		t.Errorf("defaults = %+v", d)
 	}
-	if d, _ := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: NoBatching}).withDefaults(); d.BatchWindow >= 0 {
-		t.Errorf("NoBatching became %v", d.BatchWindow)
+	if d, _ := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: DefaultBatchWindow}).withDefaults(); d.BatchWindow != DefaultBatchWindow {
+		t.Errorf("BatchWindow %v became %v", DefaultBatchWindow, d.BatchWindow)
+	}
+	if err := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: -time.Microsecond}).Validate(); err == nil || !strings.Contains(err.Error(), "batchWindow") {
+		t.Errorf("negative batch window: %v, want a batchWindow error", err)
 	}
 }
 

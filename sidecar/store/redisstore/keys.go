@@ -15,12 +15,18 @@ const MaxKeyTag = 200
 // algorithm makes an algorithm edit start afresh (ALGORITHMS.md section
 // 2, rule 7), and gives every script exactly one key, so a slot migration
 // redirects it with ASK instead of failing it with TRYAGAIN.
+//
+// The trailing ":2" is the state format: version 2 packs the state into
+// one string of doubles (version 1 was a hash). A new format gets new key
+// names, so that during a rolling upgrade sidecars of either version never
+// read the other's state (they count apart until the old ones are gone,
+// and the old keys expire by their TTL).
 var keyParts = [...]string{
-	limiter.TokenBucket:   "tb",
-	limiter.GCRA:          "gcra",
-	limiter.FixedWindow:   "fw",
-	limiter.SlidingWindow: "sw",
-	limiter.SlidingLog:    "sl",
+	limiter.TokenBucket:   "tb:2",
+	limiter.GCRA:          "gcra:2",
+	limiter.FixedWindow:   "fw:2",
+	limiter.SlidingWindow: "sw:2",
+	limiter.SlidingLog:    "sl:2",
 }
 
 // keyTag returns the hash tag for a counter: Request.Key itself when it is
@@ -72,7 +78,7 @@ func CounterKey(key string, alg limiter.Algorithm) string {
 }
 
 // MaxRedisKeyLen is the longest Redis key the store ever writes.
-const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}:gcra")
+const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}:gcra:2")
 
 // KeySlot returns the Redis Cluster hash slot of the counter with the given
 // Request.Key, whatever its algorithm: what CLUSTER KEYSLOT answers for its

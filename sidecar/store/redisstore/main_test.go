@@ -45,7 +45,7 @@ const suiteTimeout = 5 * time.Second
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	limitertest.Run(t, func(t *testing.T) limiter.Store {
-		return newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+		return newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	})
 }
 
@@ -60,7 +60,7 @@ func TestConformanceSingleNode(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "pw"})
 	limitertest.Run(t, func(t *testing.T) limiter.Store {
-		s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Single: true, Password: "pw", Timeout: suiteTimeout})
+		s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Password: "pw", Timeout: suiteTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,8 +13,11 @@ const (
 	// DefaultTimeout is the per-call deadline: the most a decision waits for
 	// Redis, batching window included.
 	DefaultTimeout = 50 * time.Millisecond
-	// DefaultBatchWindow is how long a decision waits for others bound to
-	// the same shard before their pipeline goes out.
+	// DefaultBatchWindow is the batch window to use unless there is a
+	// reason not to: how long a decision may wait for others bound to the
+	// same shard while the shard's pipelines are out. Options does not
+	// apply it by itself (0 turns batching off); whoever builds Options,
+	// such as the sidecar's flags, passes it.
 	DefaultBatchWindow = 100 * time.Microsecond
 	// MaxBatchWindow bounds BatchWindow: batching trades a little latency
 	// for throughput, never a lot.
@@ -32,12 +35,12 @@ const (
 	DefaultDialTimeout = time.Second
 )
 
-// NoBatching, as Options.BatchWindow, sends every decision as its own
-// EVALSHA, unpipelined.
-const NoBatching time.Duration = -1
+// NoBatching, as Options.BatchWindow (it is the zero value), sends every
+// decision as its own EVALSHA, unpipelined, through a connection pool.
+const NoBatching time.Duration = 0
 
-// Options configure a Store. The zero value of every field but Addrs picks
-// the default.
+// Options configure a Store. The zero value of every field but Addrs and
+// BatchWindow picks the default; a zero BatchWindow turns batching off.
 type Options struct {
 	// Addrs are the seed addresses, host:port. In cluster mode (the
 	// default) any reachable node will do; the store learns the rest. In
@@ -57,13 +60,16 @@ type Options struct {
 	// whatever Redis does (plus at most one batch window when it leads a
 	// batch). 0 means DefaultTimeout.
 	Timeout time.Duration
-	// BatchWindow is how long a decision may wait for others bound to the
-	// same shard, so that they share one pipelined round trip. 0 means
-	// DefaultBatchWindow; NoBatching (any negative value) turns batching
-	// off. At most MaxBatchWindow.
+	// BatchWindow turns batching on when positive: decisions bound for the
+	// same shard then share one pipelined connection and leave together,
+	// and a decision waits at most BatchWindow for others, only while
+	// the shard already has pipelines out (see the package documentation).
+	// 0 (NoBatching) turns batching off: every decision is one unpipelined
+	// EVALSHA. DefaultBatchWindow is the usual value. At most
+	// MaxBatchWindow.
 	BatchWindow time.Duration
-	// MaxBatch is the most decisions per pipeline; a batch that fills up
-	// goes out before its window ends. 0 means DefaultMaxBatch.
+	// MaxBatch is the most decisions per pipelined write; a batch that
+	// fills up goes out before its window ends. 0 means DefaultMaxBatch.
 	MaxBatch int
 	// BreakerFailures is how many consecutive failed calls to a shard open
 	// its circuit breaker. 0 means DefaultBreakerFailures.
@@ -74,8 +80,9 @@ type Options struct {
 	// DialTimeout bounds background connection attempts. 0 means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
-	// PoolSize is the connection pool size per node. 0 means go-redis's
-	// default (10 per GOMAXPROCS).
+	// PoolSize is the connection pool size per node without batching. 0
+	// means go-redis's default (10 per GOMAXPROCS). With batching, each
+	// node gets one pipelined connection.
 	PoolSize int
 }
 
@@ -83,12 +90,6 @@ type Options struct {
 func (o Options) withDefaults() (Options, error) {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
-	}
-	if o.BatchWindow == 0 {
-		o.BatchWindow = DefaultBatchWindow
-	}
-	if o.BatchWindow < 0 {
-		o.BatchWindow = NoBatching
 	}
 	if o.MaxBatch == 0 {
 		o.MaxBatch = DefaultMaxBatch
@@ -124,8 +125,8 @@ func (o Options) Validate() error {
 	if o.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout: must not be negative, got %v", o.Timeout))
 	}
-	if o.BatchWindow > MaxBatchWindow {
-		errs = append(errs, fmt.Errorf("batchWindow: at most %v, got %v", MaxBatchWindow, o.BatchWindow))
+	if o.BatchWindow < 0 || o.BatchWindow > MaxBatchWindow {
+		errs = append(errs, fmt.Errorf("batchWindow: must be between 0 (no batching) and %v, got %v", MaxBatchWindow, o.BatchWindow))
 	}
 	if o.MaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("maxBatch: must not be negative, got %d", o.MaxBatch))

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
@@ -58,58 +59,75 @@ func Script(alg limiter.Algorithm) (src, sha string, ok bool) {
 	return scripts[alg].src, scripts[alg].sha, true
 }
 
-// numArgs is the length of every script's ARGV.
-const numArgs = 10
-
 // limitArgs is a limit's validated parameters, its script, and the
-// constant part of its ARGV (C, P, q, U, K, CU, FT, PW), boxed once.
+// constant part of its ARGV, formatted once: as decimal strings, boxed for
+// go-redis, and as RESP for the pipelined connections, which also get the
+// command's head (EVALSHA or EVAL, the script, the key count) ready.
 type limitArgs struct {
-	p    *limiter.Params
-	sc   *script
-	tail []any
+	p        *limiter.Params
+	sc       *script
+	tail     []string
+	tailArgs []any
+	shaHead  []byte // *<n>, EVALSHA, sha, 1
+	evalHead []byte // *<n>, EVAL, source, 1
+	tailRESP []byte
 }
 
 func newLimitArgs(p *limiter.Params) *limitArgs {
-	return &limitArgs{
-		p:  p,
-		sc: scripts[p.Limit.Algorithm],
-		tail: []any{p.Capacity, p.PeriodMicros, p.TickMicros, p.TickUnits,
-			p.TokenUnits, p.CapacityUnits, p.FullTicks, p.WindowTicks},
+	var tail []int64
+	switch p.Limit.Algorithm {
+	case limiter.TokenBucket, limiter.GCRA:
+		tail = []int64{p.Capacity, p.PeriodMicros, p.TickMicros, p.TickUnits, p.TokenUnits, p.CapacityUnits, p.FullTicks}
+	case limiter.SlidingWindow:
+		tail = []int64{p.Capacity, p.PeriodMicros, p.TickMicros, p.WindowTicks}
+	default: // FixedWindow, SlidingLog
+		tail = []int64{p.Capacity, p.PeriodMicros}
 	}
+	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail)), tailArgs: make([]any, len(tail))}
+	for i, v := range tail {
+		la.tail[i] = strconv.FormatInt(v, 10)
+		la.tailArgs[i] = la.tail[i]
+		la.tailRESP = appendBulk(la.tailRESP, la.tail[i])
+	}
+	// EVALSHA sha numkeys key now n, then the tail.
+	argc := 6 + len(tail)
+	la.shaHead = appendBulk(appendBulk(appendBulk(appendArrayHeader(nil, argc), "EVALSHA"), la.sc.sha), "1")
+	la.evalHead = appendBulk(appendBulk(appendBulk(appendArrayHeader(nil, argc), "EVAL"), la.sc.src), "1")
+	return la
 }
 
-// command returns the whole EVALSHA command of one decision: EVALSHA sha 1
-// key, then ARGV: now (µs, or "" for Redis TIME), n, C, P, q, U, K, CU, FT,
-// PW. Every script takes the same ten ARGV; each reads what its algorithm
-// needs.
-func (la *limitArgs) command(key string, nowUs int64, haveNow bool, n int64) []any {
-	var now any = ""
-	if haveNow {
-		now = nowUs
-	}
-	a := make([]any, 0, 4+numArgs)
-	a = append(a, "evalsha", la.sc.shaArg, 1, key, now, n)
-	return append(a, la.tail...)
-}
+// askingCmd is ASKING in RESP.
+var askingCmd = appendBulk(appendArrayHeader(nil, 1), "ASKING")
 
-// evalCommand turns an EVALSHA command into the EVAL of the same script.
-func evalCommand(evalsha []any, sc *script) []any {
-	a := make([]any, len(evalsha))
-	copy(a, evalsha)
-	a[0], a[1] = "eval", sc.srcArg
-	return a
+// appendCommand appends o's command in RESP: ASKING first when it follows
+// an ASK redirect, then EVALSHA, or EVAL after a NOSCRIPT answer.
+func (o *op) appendCommand(b []byte) []byte {
+	if o.asking {
+		b = append(b, askingCmd...)
+	}
+	if o.useEval {
+		b = append(b, o.la.evalHead...)
+	} else {
+		b = append(b, o.la.shaHead...)
+	}
+	b = appendBulk(b, o.key)
+	b = appendBulk(b, o.now)
+	b = appendBulkInt(b, o.n)
+	return append(b, o.la.tailRESP...)
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at
-// nowUs under p, as strings, for tools such as redis-benchmark. A negative
-// nowUs leaves "now" empty, so the script reads Redis TIME.
+// nowUs under p, as strings, for tools such as redis-benchmark: now (µs,
+// or "" for Redis TIME), n, then the limit's constants (each script's
+// header lists them). A negative nowUs leaves "now" empty, so the script
+// reads Redis TIME.
 func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
-	cmd := newLimitArgs(p).command("", nowUs, nowUs >= 0, n)
-	out := make([]string, 0, numArgs)
-	for _, a := range cmd[4:] {
-		out = append(out, fmt.Sprint(a))
+	la := newLimitArgs(p)
+	now := ""
+	if nowUs >= 0 {
+		now = strconv.FormatInt(nowUs, 10)
 	}
-	return out
+	return append([]string{now, strconv.FormatInt(n, 10)}, la.tail...)
 }
 
 // parseReply checks a script's reply, {allowed, remaining, reset_us,
@@ -117,7 +135,10 @@ func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
 func parseReply(res any, p *limiter.Params) (limiter.Decision, error) {
 	arr, ok := res.([]any)
 	if !ok {
-		return limiter.Decision{}, fmt.Errorf("reply is %T, want an array of 4 integers", res)
+		if re, isErr := res.(replyError); isErr {
+			return limiter.Decision{}, fmt.Errorf("reply is an error, %q, want an array of 4 integers", string(re))
+		}
+		return limiter.Decision{}, fmt.Errorf("reply is %T (%v), want an array of 4 integers", res, res)
 	}
 	if len(arr) != 4 {
 		return limiter.Decision{}, fmt.Errorf("reply has %d elements, want 4", len(arr))
@@ -130,6 +151,12 @@ func parseReply(res any, p *limiter.Params) (limiter.Decision, error) {
 		}
 		v[i] = n
 	}
+	return checkReply(v, p)
+}
+
+// checkReply checks a script's answer, {allowed, remaining, reset_us,
+// retry_us}, and turns it into a Decision.
+func checkReply(v [4]int64, p *limiter.Params) (limiter.Decision, error) {
 	allowed, remaining, reset, retry := v[0], v[1], v[2], v[3]
 	switch {
 	case allowed != 0 && allowed != 1:

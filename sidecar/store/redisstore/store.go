@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -147,7 +148,7 @@ func (s *Store) Close() error {
 	defer s.mu.Unlock()
 	var errs []error
 	for _, sh := range *s.shards.Load() {
-		if err := sh.client.Close(); err != nil {
+		if err := sh.close(); err != nil {
 			errs = append(errs, fmt.Errorf("close %s: %w", sh.addr, err))
 		}
 	}
@@ -205,12 +206,7 @@ func (s *Store) shard(addr string) *shard {
 	if sh, ok := m[addr]; ok {
 		return sh
 	}
-	sh := newShard(s, addr, redis.NewClient(s.nodeOptions(addr)))
-	sh.br = newBreaker(s.opts.BreakerFailures, s.opts.BreakerCooldown, time.Now, func(st BreakerState) {
-		if st != BreakerClosed {
-			s.reloadTopology()
-		}
-	})
+	sh := newShard(s, addr)
 	next := make(map[string]*shard, len(m)+1)
 	for k, v := range m {
 		next[k] = v
@@ -348,21 +344,14 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if err != nil {
 		return limiter.Decision{}, err
 	}
-	o := &op{
-		ctx:    ctx,
-		script: la.sc,
-		args:   la.command(key, nowUs, haveNow, req.Cost),
-		done:   make(chan struct{}),
+	o := &op{ctx: ctx, la: la, key: key, n: req.Cost, done: make(chan struct{})}
+	if haveNow {
+		o.now = strconv.FormatInt(nowUs, 10)
 	}
-	res, err := sh.do(ctx, o)
-	if err != nil {
+	if err := sh.do(ctx, o); err != nil {
 		return limiter.Decision{}, err
 	}
-	d, err := parseReply(res, la.p)
-	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.script.name, o.addr, err)
-	}
-	return d, nil
+	return o.decision(la.p)
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.

@@ -36,7 +36,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 		for _, alg := range allAlgorithms {
 			t.Run(fmt.Sprintf("%v/batching=%v", alg, batching), func(t *testing.T) {
 				t.Parallel()
-				opts := redisstore.Options{Timeout: suiteTimeout}
+				opts := redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}
 				if !batching {
 					opts.BatchWindow = redisstore.NoBatching
 				}
@@ -98,7 +98,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 // bytes can neither pick its slot nor grow the Redis key.
 func TestKeyInjection(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	ctx := t.Context()
 	prefix := uniqueKey(t)
 	victim := "victim-tag"
@@ -184,7 +184,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	stores := []*redisstore.Store{
-		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout}),
+		newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}),
 		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: redisstore.NoBatching}),
 	}
 	stop := make(chan struct{})
@@ -238,24 +238,26 @@ func TestScriptFlushMidRun(t *testing.T) {
 func TestWrongTypeIsScriptError(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	key := uniqueKey(t)
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
 	redisKey := redisstore.CounterKey(key, limiter.TokenBucket)
-	if err := cl.Set(ctx, redisKey, "not a hash", time.Minute).Err(); err != nil {
+	if err := cl.HSet(ctx, redisKey, "L", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
 	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("take on a string key: %v, want a WRONGTYPE script error", err)
+		t.Fatalf("take on a hash key: %v, want a WRONGTYPE script error", err)
 	}
-	if err := cl.HSet(ctx, redisstore.CounterKey(key, limiter.GCRA), "A", "garbage", "F", "0", "sq", "1", "su", "1", "sk", "1", "sc", "5").Err(); err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
-	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "corrupt GCRA state") {
-		t.Fatalf("take on corrupt state: %v, want a corrupt-state script error", err)
+	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
+		if err := cl.Set(ctx, redisstore.CounterKey(key, alg), "garbage", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
+		if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "corrupt "+alg.String()+" state") {
+			t.Fatalf("%v: take on corrupt state: %v, want a corrupt-state script error", alg, err)
+		}
 	}
 }
 
@@ -264,7 +266,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 func TestAuthFailureIsUnavailable(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "right"})
-	s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Single: true, Password: "wrong", Timeout: time.Second})
+	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Password: "wrong", Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +280,7 @@ func TestAuthFailureIsUnavailable(t *testing.T) {
 // TestClosedStore fails decisions as unavailable.
 func TestClosedStore(t *testing.T) {
 	t.Parallel()
-	s, err := redisstore.New(redisstore.Options{Addrs: cluster.Addrs()})
+	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: cluster.Addrs()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +298,7 @@ func TestClosedStore(t *testing.T) {
 func TestTTL(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
 	for _, alg := range allAlgorithms {
@@ -333,8 +335,8 @@ func TestMovedAndAsk(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, redistest.Options{Masters: 3})
 	ctx := t.Context()
-	asker := newStore(t, c, redisstore.Options{Timeout: time.Second})
-	mover := newStore(t, c, redisstore.Options{Timeout: time.Second})
+	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
+	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
 	now := time.Unix(1_700_000_000, 0)
 	key := uniqueKey(t)

@@ -84,7 +84,7 @@ func TestTLS(t *testing.T) {
 	pool.AddCert(ca)
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute}
 
-	s, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
+	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
 		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func TestTLS(t *testing.T) {
 		}
 	}
 
-	untrusting, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
+	untrusting, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
 		TLS: &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}})
 	if err != nil {
 		t.Fatal(err)

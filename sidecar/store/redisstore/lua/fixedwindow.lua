@@ -1,39 +1,39 @@
 -- floodgate FixedWindow, windows aligned to the Unix epoch
 -- (sidecar/limiter/ALGORITHMS.md section 5.1).
 --
--- KEYS[1]  state hash, fg:{<tag>}:fw: W=window start in µs, N=count
+-- KEYS[1]  state, fg:{<tag>}:fw:2, a string of two little-endian doubles
+--          (struct '<dd'): W window start in µs, N count
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
--- ARGV[5..10]  unused here
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
 -- Every number is an integer below 2^53: sums and differences of times
 -- and counts only, exact in Lua's doubles. W + P - now is computed as
 -- (W - now) + P, which stays below 2^53 whatever now is.
+--
+-- Cost: at most three redis.call (TIME unless ARGV[1] is set, GET, and SET
+-- with PX on an allow), and one write command, so a replica applies one SET.
 local ceil = math.ceil
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
+local now = tonumber(ARGV[1])
+if not now then
   local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  now = tm[1] * 1000000 + tm[2]
 end
 local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local ws = now - now % P
-local st = redis.call('HMGET', KEYS[1], 'W', 'N')
-local fresh = not st[1]
+local st = redis.call('GET', KEYS[1])
 local W, N
-if fresh then
+if not st then
   W, N = ws, 0
 else
-  W, N = tonumber(st[1]), tonumber(st[2])
-  if not (W and N) then
+  if #st ~= 16 then
     return redis.error_reply('ERR floodgate: corrupt FixedWindow state at ' .. KEYS[1])
   end
+  W, N = struct.unpack('<dd', st)
   -- ws < W: the clock went back, keep the stored window.
   if ws > W then W, N = ws, 0 end
 end
@@ -56,9 +56,8 @@ local remaining = C - N
 if remaining < 0 then remaining = 0 end
 
 if write then
-  redis.call('HSET', KEYS[1], 'W', W, 'N', N)
   local r = reset
   if r < 0 then r = 0 end
-  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
+  redis.call('SET', KEYS[1], struct.pack('<dd', W, N), 'PX', ceil(r / 1000) + 1000)
 end
 return {allowed, remaining, reset, retry}

@@ -1,14 +1,13 @@
 -- floodgate SlidingLog, an exact log of admitted units
 -- (sidecar/limiter/ALGORITHMS.md section 5.3).
 --
--- KEYS[1]  the log, fg:{<tag>}:sl, a sorted set: one member per admitted
+-- KEYS[1]  the log, fg:{<tag>}:sl:2, a sorted set: one member per admitted
 --          unit, score = its timestamp in µs, member = "<ts>:<i>" where i
 --          counts the units admitted at ts (entries leave only by whole
 --          timestamps, so ZCOUNT ts ts + 1 is always a fresh i)
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
--- ARGV[5..10]  unused here
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
 -- As in the pseudocode, every call first drops the entries at or before
@@ -22,12 +21,10 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
+local now = tonumber(ARGV[1])
+if not now then
   local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  now = tm[1] * 1000000 + tm[2]
 end
 local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -1,42 +1,42 @@
 -- floodgate SlidingWindow, the sliding-window counter
 -- (sidecar/limiter/ALGORITHMS.md section 5.2).
 --
--- KEYS[1]  state hash, fg:{<tag>}:sw: W=current window start in µs,
---          c=current window count, p=previous window count
+-- KEYS[1]  state, fg:{<tag>}:sw:2, a string of three little-endian doubles
+--          (struct '<ddd'): W current window start in µs, the current
+--          window's count and the previous window's count
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
--- ARGV[5]  q tick in µs        ARGV[6..9] unused here
--- ARGV[10] PW = ceil(P/q), the window in ticks
+-- ARGV[5]  q tick in µs        ARGV[6]  PW = ceil(P/q), the window in ticks
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
 -- Every number is an integer below 2^53, so Lua's doubles are exact and
 -- math.floor(a / b) equals Go's integer division. Instants relative to now
 -- are computed from W - now first, which keeps them below 2^53.
+--
+-- Cost: at most three redis.call (TIME unless ARGV[1] is set, GET, and SET
+-- with PX on an allow), and one write command, so a replica applies one SET.
 local floor, ceil = math.floor, math.ceil
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
+local now = tonumber(ARGV[1])
+if not now then
   local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  now = tm[1] * 1000000 + tm[2]
 end
 local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
-local q, PW = tonumber(ARGV[5]), tonumber(ARGV[10])
+local q, PW = tonumber(ARGV[5]), tonumber(ARGV[6])
 
 local ws = now - now % P
-local st = redis.call('HMGET', KEYS[1], 'W', 'c', 'p')
-local fresh = not st[1]
+local st = redis.call('GET', KEYS[1])
 local W, cur, prev
-if fresh then
+if not st then
   W, cur, prev = ws, 0, 0
 else
-  W, cur, prev = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-  if not (W and cur and prev) then
+  if #st ~= 24 then
     return redis.error_reply('ERR floodgate: corrupt SlidingWindow state at ' .. KEYS[1])
   end
+  W, cur, prev = struct.unpack('<ddd', st)
   local d = ws - W
   if d >= 2 * P then
     W, cur, prev = ws, 0, 0
@@ -91,9 +91,8 @@ local left = C * PW - x
 if left < 0 then left = 0 end
 
 if write then
-  redis.call('HSET', KEYS[1], 'W', W, 'c', cur, 'p', prev)
   local r = reset
   if r < 0 then r = 0 end
-  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
+  redis.call('SET', KEYS[1], struct.pack('<ddd', W, cur, prev), 'PX', ceil(r / 1000) + 1000)
 end
 return {allowed, floor(left / PW), reset, retry}

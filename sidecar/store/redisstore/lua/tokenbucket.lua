@@ -1,28 +1,30 @@
 -- floodgate TokenBucket (sidecar/limiter/ALGORITHMS.md section 3).
 --
--- KEYS[1]  state hash, fg:{<tag>}:tb: L=level in units, T=last tick,
---          sq, su, sk, sc = the scale (q, U, K, C) the state was written with
+-- KEYS[1]  state, fg:{<tag>}:tb:2, a string of six little-endian doubles
+--          (struct '<dddddd'): L level in units, T last tick, and the
+--          scale q, U, K, C the state was written with
 -- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
 -- ARGV[2]  n, the cost (an integer >= 0)
 -- ARGV[3]  C capacity          ARGV[4]  P period in microseconds
 -- ARGV[5]  q tick in µs        ARGV[6]  U units refilled per tick
 -- ARGV[7]  K units per token   ARGV[8]  CU = C*K, a full bucket
 -- ARGV[9]  FT ticks from empty to full
--- ARGV[10] PW (unused here)
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
--- Every number is an integer below 2^53, so Lua's doubles are exact and
--- math.floor(a / b), math.ceil(a / b) equal Go's integer division. The
--- instants (T + w) * q - now are computed as (T * q - now) + w * q: the
--- first form passes 2^53 when now is within a fill time of 2^53 µs.
+-- Every number is an integer below 2^53, so Lua's doubles are exact (and so
+-- is their binary encoding), and math.floor(a / b), math.ceil(a / b) equal
+-- Go's integer division. The instants (T + w) * q - now are computed as
+-- (T * q - now) + w * q: the first form passes 2^53 when now is within a
+-- fill time of 2^53 µs.
+--
+-- Cost: at most three redis.call (TIME unless ARGV[1] is set, GET, and SET
+-- with PX on an allow), and one write command, so a replica applies one SET.
 local floor, ceil = math.floor, math.ceil
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
+local now = tonumber(ARGV[1])
+if not now then
   local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  now = tm[1] * 1000000 + tm[2]
 end
 local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -30,18 +32,16 @@ local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
 
 local t = floor(now / q)
-local st = redis.call('HMGET', KEYS[1], 'L', 'T', 'sq', 'su', 'sk', 'sc')
-local fresh = not st[1]
+local st = redis.call('GET', KEYS[1])
 local L, T
-if fresh then
-  L = CU
-  T = t
+if not st then
+  L, T = CU, t
 else
-  L, T = tonumber(st[1]), tonumber(st[2])
-  local sq, su, sk, sc = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6])
-  if not (L and T and sq and su and sk and sc) then
+  if #st ~= 48 then
     return redis.error_reply('ERR floodgate: corrupt TokenBucket state at ' .. KEYS[1])
   end
+  local sq, su, sk, sc
+  L, T, sq, su, sk, sc = struct.unpack('<dddddd', st)
   if sq ~= q or su ~= U or sk ~= K or sc ~= C then
     -- Limit edited: the whole tokens spent survive (section 3.1).
     local spent = sc - floor(L / sk)
@@ -77,9 +77,8 @@ if L ~= CU then
 end
 
 if write then
-  redis.call('HSET', KEYS[1], 'L', L, 'T', T, 'sq', q, 'su', U, 'sk', K, 'sc', C)
   local r = reset
   if r < 0 then r = 0 end
-  redis.call('PEXPIRE', KEYS[1], ceil(r / 1000) + 1000)
+  redis.call('SET', KEYS[1], struct.pack('<dddddd', L, T, q, U, K, C), 'PX', ceil(r / 1000) + 1000)
 end
 return {allowed, floor(L / K), reset, retry}
