@@ -449,7 +449,9 @@ func (e *Engine) abandon(key string, entry *denyEntry) {
 
 // run makes the store calls, concurrently when the engine is Parallel.
 func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Time) {
-	if len(calls) == 1 || !e.o.Parallel {
+	// One call (or none, when the deny cache decided) runs inline: a
+	// WaitGroup here would cost an allocation and a goroutine for nothing.
+	if len(calls) <= 1 || !e.o.Parallel {
 		for i := range calls {
 			e.take(ctx, &hits[calls[i].hit], &calls[i], now)
 		}

@@ -52,6 +52,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -291,13 +292,13 @@ func costOf(req *rlsv3.RateLimitRequest, d *rlcommonv3.RateLimitDescriptor) int6
 }
 
 func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateLimitResponse {
-	nd := len(req.Descriptors)
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, nd)}
+	resp, blocks := newAnswer(len(req.Descriptors))
 	root := st.set.Descriptors.Domain(req.Domain)
 	if root == nil {
 		// Unknown domain: nothing applies, as in envoyproxy/ratelimit.
-		for i := range resp.Statuses {
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		for i := range blocks {
+			blocks[i].status.Code = rlsv3.RateLimitResponse_OK
+			resp.Statuses[i] = &blocks[i].status
 		}
 		return resp
 	}
@@ -330,7 +331,8 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		if n == nil {
 			continue
 		}
-		var hash string
+		var hash [hashLen]byte
+		hashed := false
 		for _, r := range n.Rules {
 			if replaced(sc.drop, r) {
 				continue
@@ -347,10 +349,11 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 					r.Metrics.Denied.Inc()
 				}
 			default:
-				if hash == "" {
+				if !hashed {
 					hash, sc.buf = entriesHash(req.Descriptors[i].Entries, sc.buf)
+					hashed = true
 				}
-				sc.hits = append(sc.hits, engine.Hit{Rule: r.Engine, Key: r.Prefix + hash, Cost: cost})
+				sc.hits = append(sc.hits, engine.Hit{Rule: r.Engine, Key: counterKey(r.Prefix, &hash), Cost: cost})
 				sc.owner = append(sc.owner, int32(i))
 				sc.hrule = append(sc.hrule, r)
 			}
@@ -379,7 +382,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 
 	now := time.Now()
 	for i := range resp.Statuses {
-		resp.Statuses[i] = s.descriptorStatus(i, sc, v, now)
+		resp.Statuses[i] = s.descriptorStatus(i, sc, v, now, &blocks[i])
 	}
 	if s.o.ResponseHeaders {
 		resp.ResponseHeadersToAdd = s.headers(sc, v, blocked, now)
@@ -398,9 +401,12 @@ func replaced(drop []*ruleset.DescriptorRule, r *ruleset.DescriptorRule) bool {
 	return false
 }
 
+// hashLen is the length of an entries hash: 128 bits in hex.
+const hashLen = 32
+
 // entriesHash returns the hex SHA-256/128 of the entries, each key and
 // value length-prefixed so that no two descriptors share an encoding.
-func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) (string, []byte) {
+func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) ([hashLen]byte, []byte) {
 	buf = buf[:0]
 	for _, e := range es {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(e.Key)))
@@ -409,9 +415,51 @@ func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) (string
 		buf = append(buf, e.Value...)
 	}
 	sum := sha256.Sum256(buf)
-	var hx [32]byte
-	hex.Encode(hx[:], sum[:16])
-	return string(hx[:]), buf
+	var hx [hashLen]byte
+	hex.Encode(hx[:], sum[:hashLen/2])
+	return hx, buf
+}
+
+// counterKey returns prefix followed by hash, in one allocation: the
+// key is the one string a hit keeps after the call.
+func counterKey(prefix string, hash *[hashLen]byte) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + hashLen)
+	b.WriteString(prefix)
+	b.Write(hash[:])
+	return b.String()
+}
+
+// statusBlock holds one descriptor status and the messages it points to,
+// so that a status costs no allocation of its own.
+type statusBlock struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	mult   wrapperspb.UInt32Value
+	reset  durationpb.Duration
+}
+
+// answer1 is the whole answer to a call of one descriptor, the common
+// case, in one allocation.
+type answer1 struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	blocks   [1]statusBlock
+}
+
+// newAnswer returns an OK response with room for nd statuses, and the
+// blocks to build them in. The statuses are left nil. Everything is new:
+// the response outlives the call (gRPC marshals it afterwards), so none of
+// it may be pooled.
+func newAnswer(nd int) (*rlsv3.RateLimitResponse, []statusBlock) {
+	if nd == 1 {
+		a := &answer1{}
+		a.resp.OverallCode = rlsv3.RateLimitResponse_OK
+		a.resp.Statuses = a.statuses[:]
+		return &a.resp, a.blocks[:]
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, nd)}
+	return resp, make([]statusBlock, nd)
 }
 
 // view is what one status or header set reports about a rule's decision.
@@ -424,11 +472,13 @@ type view struct {
 	evaluated bool
 }
 
-// descriptorStatus builds descriptor i's status from its hits.
-func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
+// descriptorStatus builds descriptor i's status from its hits, in blk.
+func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now time.Time, blk *statusBlock) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ds := &blk.status
+	ds.Code = rlsv3.RateLimitResponse_OK
 	n := sc.nodes[i]
 	if n == nil {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		return ds
 	}
 	var best *view
 	var cand view
@@ -472,21 +522,18 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 			}
 		}
 		if unlimited {
-			return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			ds.LimitRemaining = math.MaxUint32
 		}
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		return ds
 	}
-	code := rlsv3.RateLimitResponse_OK
 	if best.denied {
-		code = rlsv3.RateLimitResponse_OVER_LIMIT
+		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	ds := &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:           code,
-		CurrentLimit:   currentLimit(best.rule),
-		LimitRemaining: uint32(min(max(best.remaining, 0), math.MaxUint32)),
-	}
+	ds.CurrentLimit = currentLimit(best.rule, blk)
+	ds.LimitRemaining = uint32(min(max(best.remaining, 0), math.MaxUint32))
 	if best.evaluated {
-		ds.DurationUntilReset = &durationpb.Duration{Seconds: ceilSeconds(max(best.reset, best.retry), 0)}
+		blk.reset.Seconds = ceilSeconds(max(best.reset, best.retry), 0)
+		ds.DurationUntilReset = &blk.reset
 	}
 	return ds
 }
@@ -514,16 +561,18 @@ func blockView(r *ruleset.DescriptorRule, now time.Time) view {
 	return view{rule: r, denied: !r.Shadow, remaining: 0, reset: left, retry: left, evaluated: true}
 }
 
-// currentLimit expresses a rule's limit in Envoy's units: the largest
-// unit that divides the period, with a multiplier when it is not 1.
-func currentLimit(r *ruleset.DescriptorRule) *rlsv3.RateLimitResponse_RateLimit {
-	l := &rlsv3.RateLimitResponse_RateLimit{Name: r.PolicyName, RequestsPerUnit: uint32(min(r.Limit.Requests, math.MaxUint32))}
+// currentLimit expresses a rule's limit in Envoy's units, in blk: the
+// largest unit that divides the period, with a multiplier when it is not 1.
+func currentLimit(r *ruleset.DescriptorRule, blk *statusBlock) *rlsv3.RateLimitResponse_RateLimit {
+	l := &blk.limit
+	l.Name, l.RequestsPerUnit = r.PolicyName, uint32(min(r.Limit.Requests, math.MaxUint32))
 	p := r.Limit.Period
 	for _, u := range units {
 		if p%u.d == 0 {
 			l.Unit = u.unit
 			if m := p / u.d; m != 1 {
-				l.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32)))
+				blk.mult.Value = uint32(min(int64(m), math.MaxUint32))
+				l.UnitMultiplier = &blk.mult
 			}
 			return l
 		}
