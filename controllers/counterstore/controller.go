@@ -172,11 +172,15 @@ type observation struct {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
 	var cs v1alpha1.CounterStore
 	if err := r.Client.Get(ctx, req.NamespacedName, &cs); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetStore(req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !cs.DeletionTimestamp.IsZero() {
 		// The children carry owner references: the garbage collector
 		// removes them. Nothing outside the API server needs cleaning.
+		forgetStore(cs.Name)
 		return ctrl.Result{}, nil
 	}
 	o := r.Options.withDefaults()
@@ -558,6 +562,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, cs *v1alpha1.CounterSt
 		}
 		next.AuthSecretName = obs.authSecret
 	}
+	recordStatus(cs.Name, next, ready.Status == metav1.ConditionTrue, degraded.Status == metav1.ConditionTrue)
 	if equality.Semantic.DeepEqual(&cs.Status, next) {
 		return nil
 	}

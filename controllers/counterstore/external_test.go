@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
@@ -66,7 +68,7 @@ var _ = Describe("An external CounterStore", func() {
 			}},
 		}
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, cs)).To(Succeed()) })
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed()) })
 
 		before := topology()
 		Eventually(func(g Gomega) {
@@ -77,6 +79,9 @@ var _ = Describe("An external CounterStore", func() {
 			g.Expect(cs.Status.Nodes.Primaries).To(BeEquivalentTo(3), "every master is found from one seed")
 			g.Expect(cs.Status.Endpoints).To(Equal([]string{seed}), "an external store publishes its seeds")
 			g.Expect(cs.Status.AuthSecretName).To(Equal(counterstore.AuthSecretName(name)))
+			g.Expect(storeMetric("floodgate_counterstore_ready", name, "")).To(Equal(1.0))
+			g.Expect(storeMetric("floodgate_counterstore_slots_covered", name, "")).To(Equal(16384.0))
+			g.Expect(storeMetric("floodgate_counterstore_nodes", name, "primary")).To(Equal(3.0))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Consistently(topology, 2*time.Second, 200*time.Millisecond).Should(Equal(before),
 			"the controller changed an external cluster")
@@ -91,7 +96,14 @@ var _ = Describe("An external CounterStore", func() {
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse), describe(cs))
 			g.Expect(c.Reason).To(Or(Equal(counterstore.ReasonSlotsUncovered), Equal(counterstore.ReasonClusterDown)))
 			g.Expect(cs.Status.SlotsCovered).To(BeNumerically("<", 16384))
+			g.Expect(storeMetric("floodgate_counterstore_ready", name, "")).To(Equal(0.0), "the not-Ready store must show in the metric alerts use")
+			g.Expect(storeMetric("floodgate_counterstore_slots_covered", name, "")).To(BeNumerically("<", 16384))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		// Deleting the store removes its series.
+		Expect(k8sClient.Delete(ctx, cs)).To(Succeed())
+		Eventually(func() float64 { return storeMetric("floodgate_counterstore_ready", name, "") }).
+			WithTimeout(30 * time.Second).Should(Equal(-1.0), "a deleted store's series must go")
 	})
 
 	It("says why when its password Secret is missing", func(ctx SpecContext) {
@@ -147,3 +159,28 @@ var _ = Describe("CounterStore validation", func() {
 		Expect(k8sClient.Delete(ctx, cs)).To(Succeed())
 	})
 })
+
+// storeMetric reads a CounterStore gauge from the manager's metrics
+// registry, as a scrape of /metrics would; role selects a
+// floodgate_counterstore_nodes series. It returns -1 when the series is
+// absent.
+func storeMetric(family, store, role string) float64 {
+	GinkgoHelper()
+	mfs, err := metrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["store"] == store && labels["role"] == role {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}

@@ -139,6 +139,9 @@ const (
 	// RenamedPortPrefix prefixes the application port whose name the
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
+	// LabelInjected marks an injected pod with "true", so that monitoring
+	// (the chart's PodMonitor) can select the pods that run a sidecar.
+	LabelInjected = "floodgate.dev/injected"
 )
 
 // Defaults of Options.
@@ -284,6 +287,10 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 		return nil, Result{}, fmt.Errorf("injector options: %w", err)
 	}
 	out := pod.DeepCopy()
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	out.Labels[LabelInjected] = "true"
 	// The sidecar's API access volume projects a service account token,
 	// which the API server only accepts with a named service account. The
 	// ServiceAccount admission plugin names "default" before webhooks run

@@ -94,6 +94,14 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	if got := out.Spec.InitContainers[0].Name; got != ContainerName {
 		t.Errorf("first init container is %q, want the sidecar, so that it starts before everything else", got)
 	}
+	if got := out.Labels[LabelInjected]; got != "true" {
+		t.Errorf("label %s = %q, want \"true\" so that the PodMonitor finds the pod", LabelInjected, got)
+	}
+	for k, v := range orig.Labels {
+		if out.Labels[k] != v {
+			t.Errorf("label %s = %q, want the pod's own %q kept", k, out.Labels[k], v)
+		}
+	}
 	if got := out.Spec.InitContainers[1].Name; got != "migrate" {
 		t.Errorf("second init container is %q, want the pod's own", got)
 	}

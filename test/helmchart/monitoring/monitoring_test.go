@@ -1,10 +1,11 @@
 // Package monitoring checks the chart's PrometheusRule and Grafana dashboard
-// against the metrics the sidecar really exports: every metric name, label
-// and label value in their queries must exist in sidecar/metrics, so that
+// against the metrics floodgate really exports: every metric name, label and
+// label value in their queries must exist in sidecar/metrics or among the
+// manager's CounterStore metrics (controllers/counterstore), so that
 // renaming a metric breaks this test instead of silently emptying an alert.
 //
-// It is a package of its own because it imports sidecar/metrics: the chart's
-// other tests do not depend on the sidecar building.
+// It is a package of its own because it imports those packages: the chart's
+// other tests do not depend on them building.
 package monitoring
 
 import (
@@ -19,13 +20,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/test/helmchart/helmtest"
 )
 
 // targetLabels are the labels Prometheus Operator's PodMonitor adds to every
 // sample it scrapes from a sidecar.
-var targetLabels = []string{"namespace", "pod", "container", "endpoint", "job", "instance"}
+var targetLabels = []string{"namespace", "pod", "container", "endpoint", "job", "instance", "service"}
 
 // knownValues are the values of labels that the queries match on. The
 // decision results are the metrics package's constants; the store call
@@ -48,12 +50,14 @@ type family struct {
 	histogram bool
 }
 
-// sidecarFamilies registers the sidecar's metrics on a recording registerer
-// and reads back every metric's name and variable labels.
-func sidecarFamilies(t *testing.T) map[string]family {
+// exportedFamilies registers the sidecar's metrics and the manager's
+// CounterStore metrics on a recording registerer and reads back every
+// metric's name and variable labels.
+func exportedFamilies(t *testing.T) map[string]family {
 	t.Helper()
 	rec := &recorder{}
 	metrics.NewMetrics(rec)
+	rec.collectors = append(rec.collectors, counterstore.Collectors()...)
 	descRE := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
 	out := map[string]family{}
 	for _, c := range rec.collectors {
@@ -99,10 +103,10 @@ func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 func (r *recorder) Unregister(prometheus.Collector) bool { return false }
 
 var (
-	metricRE  = regexp.MustCompile(`\b(floodgate_sidecar_[a-z0-9_]+)\b(\{[^}]*\})?`)
+	metricRE  = regexp.MustCompile(`\b(floodgate_(?:sidecar|counterstore)_[a-z0-9_]+)\b(\{[^}]*\})?`)
 	matcherRE = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
 	groupRE   = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
-	labelsFn  = regexp.MustCompile(`label_values\(\s*(floodgate_sidecar_[a-z0-9_]+)(?:\{[^}]*\})?\s*,\s*([a-zA-Z_]+)\s*\)`)
+	labelsFn  = regexp.MustCompile(`label_values\(\s*(floodgate_(?:sidecar|counterstore)_[a-z0-9_]+)(?:\{[^}]*\})?\s*,\s*([a-zA-Z_]+)\s*\)`)
 )
 
 // checkQuery reports every metric, label and label value of a PromQL (or
@@ -115,12 +119,12 @@ func checkQuery(fams map[string]family, where, q string) []string {
 	allowed := slices.Clone(targetLabels)
 	refs := metricRE.FindAllStringSubmatch(q, -1)
 	if len(refs) == 0 {
-		errs = append(errs, fmt.Sprintf("%s: query %q uses no floodgate_sidecar metric", where, q))
+		errs = append(errs, fmt.Sprintf("%s: query %q uses no floodgate metric", where, q))
 	}
 	for _, ref := range refs {
 		name, base, ok := resolve(fams, ref[1])
 		if !ok {
-			errs = append(errs, fmt.Sprintf("%s: the sidecar exports no metric %s", where, ref[1]))
+			errs = append(errs, fmt.Sprintf("%s: floodgate exports no metric %s", where, ref[1]))
 			continue
 		}
 		own := append(slices.Clone(targetLabels), fams[base].labels...)
@@ -182,7 +186,7 @@ func render(t *testing.T) helmtest.Set {
 // PrometheusRule, and that the alerts the chart promises are there.
 func TestAlertsUseRealMetrics(t *testing.T) {
 	t.Parallel()
-	fams := sidecarFamilies(t)
+	fams := exportedFamilies(t)
 	rules := render(t).OfKind("PrometheusRule")
 	if len(rules) != 1 {
 		t.Fatalf("%d PrometheusRules rendered, want 1", len(rules))
@@ -208,7 +212,7 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"FloodgateDecisionLatencyHigh", "FloodgateFallbackActive", "FloodgateDenyRatioSpike", "FloodgateCounterStoreUnavailable", "FloodgateSidecarConfigRejected"}
+	want := []string{"FloodgateDecisionLatencyHigh", "FloodgateFallbackActive", "FloodgateDenyRatioSpike", "FloodgateCounterStoreUnavailable", "FloodgateCounterStoreNotReady", "FloodgateSidecarConfigRejected"}
 	var got []string
 	for name := range exprs {
 		got = append(got, name)
@@ -228,6 +232,7 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 		"FloodgateDenyRatioSpike":          `result="denied"`,
 		"FloodgateCounterStoreUnavailable": `result!="ok"`,
 		"FloodgateFallbackActive":          "floodgate_sidecar_fallback_active",
+		"FloodgateCounterStoreNotReady":    "floodgate_counterstore_ready",
 	} {
 		if !strings.Contains(exprs[name], want) {
 			t.Errorf("alert %s = %q, want it to use %s", name, exprs[name], want)
@@ -267,7 +272,7 @@ type dashboard struct {
 // sidecar's metrics, and the panels the dashboard is built around.
 func TestDashboardUsesRealMetrics(t *testing.T) {
 	t.Parallel()
-	fams := sidecarFamilies(t)
+	fams := exportedFamilies(t)
 	cms := render(t).OfKind("ConfigMap")
 	if len(cms) != 1 {
 		t.Fatalf("%d ConfigMaps rendered, want the dashboard only", len(cms))
@@ -337,7 +342,7 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 // it must, so that the tests above cannot pass vacuously.
 func TestCheckQueryCatchesMistakes(t *testing.T) {
 	t.Parallel()
-	fams := sidecarFamilies(t)
+	fams := exportedFamilies(t)
 	for q, want := range map[string]string{
 		`sum(rate(floodgate_sidecar_decision_total[5m]))`:                         "exports no metric floodgate_sidecar_decision_total",
 		`sum by (status) (rate(floodgate_sidecar_requests_total[5m]))`:            `groups by "status"`,
