@@ -30,6 +30,40 @@ var _ = Describe("the local control plane", func() {
 		Expect(out).To(Equal("floodgate"))
 	})
 
+	It("installs config/default with kubectl apply -k", func(ctx SpecContext) {
+		out, err := kubectl.Run(ctx, "apply", "-k", "../../config/default")
+		Expect(err).NotTo(HaveOccurred(), out)
+		DeferCleanup(func(ctx SpecContext) {
+			out, err := kubectl.Run(ctx, "delete", "-k", "../../config/default", "--wait=false", "--ignore-not-found")
+			Expect(err).NotTo(HaveOccurred(), out)
+		})
+		for _, obj := range []string{"deployment/floodgate-manager", "service/floodgate-webhook", "serviceaccount/floodgate-manager"} {
+			out, err := kubectl.Run(ctx, "-n", "floodgate-system", "get", obj, "-o", "name")
+			Expect(err).NotTo(HaveOccurred(), out)
+		}
+		// The webhook configurations carry the names the manager's flags
+		// default to, and call the Service in the install namespace.
+		out, err = kubectl.Run(ctx, "get", "mutatingwebhookconfiguration", "floodgate-sidecar-injector",
+			"-o", "jsonpath={.webhooks[0].clientConfig.service.namespace}/{.webhooks[0].clientConfig.service.name}")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(Equal("floodgate-system/floodgate-webhook"))
+		out, err = kubectl.Run(ctx, "get", "validatingwebhookconfiguration", "floodgate-policy-validator",
+			"-o", "jsonpath={.webhooks[0].clientConfig.service.namespace}/{.webhooks[0].clientConfig.service.name}")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(Equal("floodgate-system/floodgate-webhook"))
+		for _, crd := range []string{"ratelimitpolicies.ratelimit.floodgate.dev", "counterstores.ratelimit.floodgate.dev"} {
+			out, err := kubectl.Run(ctx, "wait", "--for=condition=Established", "--timeout=30s", "crd/"+crd)
+			Expect(err).NotTo(HaveOccurred(), out)
+		}
+		// The manager's Deployment mounts a writable /tmp for the
+		// self-managed webhook certificate and exposes the webhook port.
+		out, err = kubectl.Run(ctx, "-n", "floodgate-system", "get", "deployment", "floodgate-manager",
+			"-o", "jsonpath={.spec.template.spec.containers[0].ports[*].containerPort} {.spec.template.spec.containers[0].volumeMounts[*].mountPath}")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("9443"))
+		Expect(out).To(ContainSubstring("/tmp"))
+	})
+
 	It("reports the server version the binaries were stamped with", func(ctx SpecContext) {
 		out, err := kubectl.Run(ctx, "version", "-o", "json")
 		Expect(err).NotTo(HaveOccurred(), out)
