@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,11 +11,36 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/test/localstack"
 )
+
+// watchGeneration returns a channel that receives the time at which a
+// watch saw the policy reach generation gen.
+func watchGeneration(ctx context.Context, ns, name string, gen int64) <-chan time.Time {
+	GinkgoHelper()
+	dyn, err := dynamic.NewForConfig(stack.Config)
+	Expect(err).NotTo(HaveOccurred())
+	gvr := v1alpha1.GroupVersion.WithResource("ratelimitpolicies")
+	w, err := dyn.Resource(gvr).Namespace(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(w.Stop)
+	seen := make(chan time.Time, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && u.GetGeneration() >= gen {
+				seen <- time.Now()
+				return
+			}
+		}
+	}()
+	return seen
+}
 
 // checkoutPolicy is the flow's policy; perKey is the per-API-key limit
 // that the live edit changes.
@@ -71,8 +97,11 @@ var _ = Describe("the demo flow, asserted", Ordered, func() {
 
 	It("brings the CounterStore applied with kubectl to Ready, covering every slot", func(ctx SpecContext) {
 		waitStoreReady(ctx)
-		Expect(jsonpath(ctx, "{.status.slotsCovered}", "get", "counterstore", storeName)).To(Equal("16384"))
-		Expect(jsonpath(ctx, "{.status.nodes.primaries}/{.status.nodes.replicas}", "get", "counterstore", storeName)).To(Equal("3/3"))
+		// Another Describe may have just brought the store back from an
+		// outage: the node counts follow within the controller's resync.
+		Eventually(func() string {
+			return jsonpath(ctx, "{.status.slotsCovered} {.status.nodes.primaries}/{.status.nodes.replicas}/{.status.nodes.failed}", "get", "counterstore", storeName)
+		}).WithContext(ctx).Should(Equal("16384 3/3/0"))
 	})
 
 	It("accepts a policy applied with kubectl", func(ctx SpecContext) {
@@ -198,6 +227,9 @@ spec:
 
 	It("applies a live policy edit within 5 s and reports Programmed=True for the new revision", func(ctx SpecContext) {
 		before := compiled(ctx, ns).Revision
+		// The watch sees when the API server stored the edit: kubectl's
+		// own start-up is not part of the loop's latency.
+		written := watchGeneration(ctx, ns, "checkout", 2)
 		start := time.Now()
 		Expect(apply(ctx, "checkout-policy.yaml", checkoutPolicy(ns, 20))).To(Equal("ratelimitpolicy.ratelimit.floodgate.dev/checkout configured"))
 		applied := time.Now()
@@ -212,9 +244,13 @@ spec:
 		}).WithContext(ctx).WithTimeout(5*time.Second).WithPolling(20*time.Millisecond).Should(Equal("20"),
 			"the sidecar enforces the edit within 5 s of kubectl apply returning")
 		inForce := time.Now()
+		var stored time.Time
+		Eventually(written).WithContext(ctx).Should(Receive(&stored))
+		Expect(inForce.Sub(stored)).To(BeNumerically("<=", 5*time.Second), "the sidecar enforces the edit within 5 s of the API write")
 		AddReportEntry("live policy edit latency",
-			fmt.Sprintf("kubectl apply took %s; the sidecar enforced the new limit %s after apply returned (%s from the start of the apply)",
-				applied.Sub(start).Round(time.Millisecond), inForce.Sub(applied).Round(time.Millisecond), inForce.Sub(start).Round(time.Millisecond)))
+			fmt.Sprintf("API write -> sidecar enforcing: %s; kubectl apply took %s and the limit was in force %s after it returned (%s from its start)",
+				inForce.Sub(stored).Round(time.Millisecond), applied.Sub(start).Round(time.Millisecond),
+				inForce.Sub(applied).Round(time.Millisecond), inForce.Sub(start).Round(time.Millisecond)))
 
 		By("enforcing the new limit exactly on a fresh key")
 		Expect(statuses(ctx, m.sidecar.URL, 21, http.MethodGet, "/api/orders", "X-API-Key", "carol")).To(Equal(append(repeat(200, 20), 429)))

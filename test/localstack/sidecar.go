@@ -3,6 +3,7 @@ package localstack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -155,12 +156,24 @@ func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, e
 		env, envErr = s.ResolveEnv(ctx, pod, sc)
 		return envErr == nil, nil
 	}); err != nil {
-		return nil, fmt.Errorf("%w: %w", err, envErr)
+		return nil, errors.Join(err, envErr)
 	}
 	labels, err := s.writeLabels(pod)
 	if err != nil {
 		return nil, err
 	}
+	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
+	// A free port can be taken by another process before the sidecar
+	// binds it; the sidecar then exits at once, and gets other ports.
+	for attempt := 1; ; attempt++ {
+		side, err := s.startSidecarOnce(ctx, o, bin, sc, env, labels)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return side, err
+		}
+	}
+}
+
+func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin string, sc *corev1.Container, env []string, labels string) (*Sidecar, error) {
 	listen, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -177,7 +190,6 @@ func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, e
 		"--kubeconfig", s.Kubectl.Kubeconfig,
 		"--pod-labels-file", labels,
 	)
-	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
 	p, err := s.StartProcess(o.Name, env, bin, args...)
 	if err != nil {
 		return nil, err

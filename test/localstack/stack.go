@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -161,6 +162,17 @@ func (s *Stack) StartManager(ctx context.Context) (*Manager, error) {
 	if _, err := s.Kubectl.Run(ctx, "create", "namespace", s.opts.OperatorNamespace); err != nil {
 		return nil, err
 	}
+	// A free port can be taken by another process before the manager
+	// binds it; the manager then exits at once, and gets other ports.
+	for attempt := 1; ; attempt++ {
+		m, err := s.startManagerOnce(ctx)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return m, err
+		}
+	}
+}
+
+func (s *Stack) startManagerOnce(ctx context.Context) (*Manager, error) {
 	probe, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -186,6 +198,7 @@ func (s *Stack) StartManager(ctx context.Context) (*Manager, error) {
 		return nil, err
 	}
 	if err := WaitHTTP(ctx, "http://"+probe+"/readyz", p, 60*time.Second); err != nil {
+		p.Stop(5 * time.Second)
 		return nil, err
 	}
 	return &Manager{Proc: p, ProbeAddr: probe, MetricsAddr: met}, nil
