@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 // EnvPrefix prefixes the environment variable of every flag: --redis-addrs
@@ -67,12 +68,22 @@ type Config struct {
 	RedisTLSServer  string
 	RedisTLSSkipVer bool
 	RedisTimeout    time.Duration
-	MaxHeaderBytes  int
-	DrainTimeout    time.Duration
-	DenyCacheKeys   int
-	LocalMaxKeys    int
-	EventQueue      int
-	LogLevel        string
+	// RedisBatchWindow is how long a Redis decision may wait to share a
+	// pipelined write with others bound for the same shard; 0 sends each
+	// decision on its own.
+	RedisBatchWindow time.Duration
+	// RedisMaxBatch bounds the decisions of one pipelined write.
+	RedisMaxBatch int
+	// RedisBreakerFailures and RedisBreakerCooldown tune the per-shard
+	// circuit breaker.
+	RedisBreakerFailures int
+	RedisBreakerCooldown time.Duration
+	MaxHeaderBytes       int
+	DrainTimeout         time.Duration
+	DenyCacheKeys        int
+	LocalMaxKeys         int
+	EventQueue           int
+	LogLevel             string
 	// GRPCListen, when set, serves Envoy's rate-limit service
 	// (ShouldRateLimit), gRPC health and reflection on this address.
 	GRPCListen string
@@ -116,7 +127,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
 	fs.BoolVar(&c.RedisTLSSkipVer, "redis-tls-insecure-skip-verify", false, "do not verify Redis certificates (testing only)")
-	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call; 0 keeps the store's default")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call; 0 keeps the store's default ("+redisstore.DefaultTimeout.String()+")")
+	fs.DurationVar(&c.RedisBatchWindow, "redis-batch-window", redisstore.DefaultBatchWindow,
+		"longest a Redis decision waits to share a pipelined write with others bound for the same shard (only while the shard has writes in flight); 0 disables batching; at most "+redisstore.MaxBatchWindow.String())
+	fs.IntVar(&c.RedisMaxBatch, "redis-max-batch", redisstore.DefaultMaxBatch, "most decisions in one pipelined write to a shard")
+	fs.IntVar(&c.RedisBreakerFailures, "redis-breaker-failures", redisstore.DefaultBreakerFailures,
+		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode)")
+	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
+		"how long an open breaker fails fast before one probe call tests the shard again")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted; larger gets 431")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
 	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
@@ -250,6 +268,18 @@ func (c *Config) Validate() error {
 	}
 	if c.RedisTimeout < 0 {
 		bad("redis-timeout", "must not be negative")
+	}
+	if c.RedisBatchWindow < 0 || c.RedisBatchWindow > redisstore.MaxBatchWindow {
+		bad("redis-batch-window", "must be between 0 (no batching) and %v, got %v", redisstore.MaxBatchWindow, c.RedisBatchWindow)
+	}
+	if c.RedisMaxBatch < 1 {
+		bad("redis-max-batch", "must be at least 1, got %d", c.RedisMaxBatch)
+	}
+	if c.RedisBreakerFailures < 1 {
+		bad("redis-breaker-failures", "must be at least 1, got %d", c.RedisBreakerFailures)
+	}
+	if c.RedisBreakerCooldown <= 0 {
+		bad("redis-breaker-cooldown", "must be positive, got %v", c.RedisBreakerCooldown)
 	}
 	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
 		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 func parse(t *testing.T, args []string, env map[string]string) (Config, error) {
@@ -38,6 +39,13 @@ func TestFlagsEnvAndDefaults(t *testing.T) {
 	if c.RedisPassword != "s3cret" {
 		t.Errorf("password not read from %s", EnvRedisPassword)
 	}
+	if c.RedisBatchWindow != redisstore.DefaultBatchWindow || c.RedisMaxBatch != redisstore.DefaultMaxBatch ||
+		c.RedisBreakerFailures != redisstore.DefaultBreakerFailures || c.RedisBreakerCooldown != redisstore.DefaultBreakerCooldown {
+		t.Errorf("redis tuning defaults %v %d %d %v, want the store's defaults", c.RedisBatchWindow, c.RedisMaxBatch, c.RedisBreakerFailures, c.RedisBreakerCooldown)
+	}
+	if c, err := parse(t, nil, map[string]string{"FLOODGATE_REDIS_BATCH_WINDOW": "0s"}); err != nil || c.RedisBatchWindow != 0 || c.Validate() != nil && strings.Contains(c.Validate().Error(), "batch") {
+		t.Errorf("FLOODGATE_REDIS_BATCH_WINDOW=0s: %v, window %v; 0 must be accepted (it disables batching)", err, c.RedisBatchWindow)
+	}
 	if !c.IsSet("upstream") || c.IsSet("admin-listen") {
 		t.Errorf("IsSet does not track env-given flags")
 	}
@@ -52,6 +60,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"--listen", "nonsense", "--upstream", "ftp://x", "--store", "etcd",
 		"--redis-addrs", "a:1,bad", "--max-header-bytes", "10", "--log-level", "loud",
 		"--policy-poll-interval", "1ms", "--redis-password-file", "/nonexistent/pw",
+		"--redis-batch-window", "1s", "--redis-max-batch", "0", "--redis-breaker-failures", "-1", "--redis-breaker-cooldown", "0s",
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +69,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	if err == nil {
 		t.Fatal("Validate succeeded")
 	}
-	for _, want := range []string{"--listen", "--upstream", "--store", "--redis-addrs", "--max-header-bytes", "--log-level", "--policy-file", "--policy-poll-interval", "--redis-password-file"} {
+	for _, want := range []string{"--listen", "--upstream", "--store", "--redis-addrs", "--max-header-bytes", "--log-level", "--policy-file", "--policy-poll-interval", "--redis-password-file",
+		"--redis-batch-window", "--redis-max-batch", "--redis-breaker-failures", "--redis-breaker-cooldown"} {
 		if !strings.Contains(err.Error(), want+" (") {
 			t.Errorf("no problem reported for %s:\n%v", want, err)
 		}

@@ -20,7 +20,11 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 	if err != nil {
 		return nil, err
 	}
-	s, err := redisstore.New(redisstore.Options{Addrs: sel.Addresses, Password: pw, TLS: tc, Timeout: cfg.RedisTimeout})
+	s, err := redisstore.New(redisstore.Options{
+		Addrs: sel.Addresses, Password: pw, TLS: tc, Timeout: cfg.RedisTimeout,
+		BatchWindow: cfg.RedisBatchWindow, MaxBatch: cfg.RedisMaxBatch,
+		BreakerFailures: cfg.RedisBreakerFailures, BreakerCooldown: cfg.RedisBreakerCooldown,
+	})
 	if err != nil {
 		return nil, err
 	}
