@@ -53,13 +53,21 @@ func plainTag(key string) bool {
 		return false
 	}
 	for i := 0; i < len(key); i++ {
-		c := key[i]
-		if c <= ' ' || c >= 0x7f || c == '{' || c == '}' {
+		if !tagByte[key[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+// tagByte marks the bytes a verbatim tag may hold: printable ASCII but
+// the braces.
+var tagByte = func() (t [256]bool) {
+	for c := '!'; c < 0x7f; c++ {
+		t[c] = c != '{' && c != '}'
+	}
+	return t
+}()
 
 // counterKey returns the Redis key of the counter with the given
 // Request.Key under alg: fg:{<tag>}:<part>. alg must be valid.

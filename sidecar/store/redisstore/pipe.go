@@ -22,10 +22,9 @@ const maxInflight = 2
 // (enqueue) and wait; one writer goroutine sends what has queued in one
 // write, and one reader goroutine reads the answers, which come in the
 // order of the commands, and completes the ops. No op is ever written
-// twice on a connection. An op unanswered Options.Timeout after it was
-// written fails as unavailable (it may have run; its answer, should it
-// come, is dropped), and a connection on which every written op has timed
-// out is closed. A connection that fails (a write or read error) fails
+// twice on a connection. An op unanswered at its call's deadline fails as
+// unavailable (it may have run; its answer, should it come, is dropped),
+// and a connection on which every written op has timed out is closed. A connection that fails (a write or read error) fails
 // every op it has written and not yet answered, likewise.
 type pconn struct {
 	sh      *shard
@@ -38,7 +37,6 @@ type pconn struct {
 	spare    []*op   // the last queue, reused
 	pending  []entry // written (or being written), in command order
 	head     int     // pending[head:] are unanswered
-	exp      int     // pending[head:exp] have passed their deadline, failed
 	inflight int     // writes with unanswered commands
 	err      error   // set once, when the connection fails
 
@@ -53,7 +51,7 @@ type entry struct {
 	o      *op
 	asking bool // the ASKING command before o's script
 	last   bool // the last command of its write
-	sentAt time.Time
+	dead   bool // o failed at its deadline; o may be reused: never look
 }
 
 // dialPipe connects to sh's node, authenticates, and starts the
@@ -146,22 +144,27 @@ func (c *pconn) enqueue(o *op) bool {
 // sent.
 func (c *pconn) fail(err error) {
 	c.mu.Lock()
+	c.failLocked(err)
+}
+
+// failLocked is fail with c.mu held; it unlocks it.
+func (c *pconn) failLocked(err error) {
 	if c.err != nil {
 		c.mu.Unlock()
 		return
 	}
 	c.err = err
 	queued := c.queue
-	pending := c.pending[max(c.head, c.exp):] // the others are finished
-	c.queue, c.pending, c.head, c.exp = nil, nil, 0, 0
+	pending := c.pending[c.head:]
+	c.queue, c.pending, c.head = nil, nil, 0
 	c.mu.Unlock()
 	close(c.stop)
 	_ = c.nc.Close()
 	sh := c.sh
 	sh.dropConn(c)
 	for _, e := range pending {
-		if e.asking {
-			continue // its op follows
+		if e.asking || e.dead {
+			continue // its op follows, or is finished
 		}
 		sh.br.failure(e.o.probe, 1)
 		e.o.fail(unavailable(sh.addr, fmt.Errorf("%s script: connection lost before the answer (the script may have run): %w", e.o.la.sc.name, err)), sh.addr)
@@ -268,8 +271,7 @@ func (c *pconn) take(maxBatch int) (batch, gone []*op, rest int) {
 	if len(batch) > maxBatch {
 		batch = batch[:maxBatch]
 	}
-	now := time.Now()
-	idle := len(c.pending) == max(c.head, c.exp)
+	idle := c.idle()
 	n := 0
 	for i, o := range batch {
 		if o.ctx.Err() != nil {
@@ -278,9 +280,9 @@ func (c *pconn) take(maxBatch int) (batch, gone []*op, rest int) {
 			continue
 		}
 		if o.asking {
-			c.pending = append(c.pending, entry{o: o, asking: true, sentAt: now})
+			c.pending = append(c.pending, entry{o: o, asking: true})
 		}
-		c.pending = append(c.pending, entry{o: o, sentAt: now})
+		c.pending = append(c.pending, entry{o: o})
 		n++
 	}
 	if n > 0 {
@@ -288,7 +290,7 @@ func (c *pconn) take(maxBatch int) (batch, gone []*op, rest int) {
 		c.inflight++
 		if idle {
 			// The reader may be waiting with no deadline.
-			_ = c.nc.SetReadDeadline(now.Add(c.timeout))
+			_ = c.nc.SetReadDeadline(c.nextDeadline())
 		}
 	}
 	rest = len(c.queue) - len(batch)
@@ -308,8 +310,11 @@ func (c *pconn) readLoop() {
 		// Wait for an answer to begin; a deadline passing here leaves the
 		// stream in step, so the connection may go on.
 		if _, err := c.r.Peek(1); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && c.expire() {
-				continue
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if c.expire() {
+					continue
+				}
+				return // expire closed the connection
 			}
 			c.fail(fmt.Errorf("read: %w", err))
 			return
@@ -327,11 +332,10 @@ func (c *pconn) readLoop() {
 			return
 		}
 		e := c.pending[c.head]
-		expired := c.head < c.exp
 		c.pending[c.head] = entry{}
 		c.head++
 		if c.head == len(c.pending) {
-			c.pending, c.head, c.exp = c.pending[:0], 0, 0
+			c.pending, c.head = c.pending[:0], 0
 		}
 		if e.last {
 			c.inflight--
@@ -343,7 +347,7 @@ func (c *pconn) readLoop() {
 			default:
 			}
 		}
-		if expired {
+		if e.dead {
 			continue // failed at its deadline; the answer comes too late
 		}
 		if e.asking {
@@ -358,33 +362,63 @@ func (c *pconn) readLoop() {
 }
 
 // expire fails the ops whose deadline has passed, unanswered. It reports
-// false when every written op has now timed out: the node has stopped
-// answering, and the connection is to be closed.
+// false, having closed the connection, when every written op has now
+// timed out: the node has stopped answering.
 func (c *pconn) expire() bool {
 	now := time.Now()
 	var gone []*op
+	alive := false
 	c.mu.Lock()
-	c.exp = max(c.exp, c.head)
-	for c.exp < len(c.pending) && !now.Before(c.pending[c.exp].sentAt.Add(c.timeout)) {
-		if e := c.pending[c.exp]; !e.asking {
+	for i := c.head; i < len(c.pending); i++ {
+		e := &c.pending[i]
+		if e.dead {
+			continue
+		}
+		if now.Before(e.o.deadline) {
+			alive = true
+			continue
+		}
+		e.dead = true
+		if !e.asking {
 			gone = append(gone, e.o)
 		}
-		c.exp++
 	}
-	alive := c.exp < len(c.pending)
-	c.mu.Unlock()
 	sh := c.sh
 	for _, o := range gone {
 		sh.br.failure(o.probe, 1)
-		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: no answer within %v (the script may have run)", o.la.sc.name, c.timeout)), sh.addr)
+		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: no answer by the call deadline (the script may have run)", o.la.sc.name)), sh.addr)
 	}
-	return alive
+	if !alive {
+		// Close it before anything more is written to it: an op written
+		// now would fail at once, and might run later.
+		c.failLocked(fmt.Errorf("no answer by the call deadline of any op written"))
+		return false
+	}
+	c.mu.Unlock()
+	return true
+}
+
+// idle reports whether no answer is due. c.mu is held.
+func (c *pconn) idle() bool { return c.nextDeadline().IsZero() }
+
+// nextDeadline returns the deadline of the oldest unanswered op still
+// waiting, or zero when there is none. Ops are written in about the order
+// of their deadlines; one that is out of order (a caller's own shorter
+// deadline) fails a little late, its caller having returned at its own
+// deadline anyway. c.mu is held.
+func (c *pconn) nextDeadline() time.Time {
+	for i := c.head; i < len(c.pending); i++ {
+		if e := c.pending[i]; !e.dead {
+			return e.o.deadline
+		}
+	}
+	return time.Time{}
 }
 
 // deadlineReader reads from the connection with a read deadline while
-// answers are due: Options.Timeout after the oldest unanswered command
-// not yet failed was written. With none due it waits without one (the
-// writer sets it when it writes to an idle connection).
+// answers are due: the deadline of the oldest op still waiting. With none
+// due it waits without one (the writer sets it when it writes to an idle
+// connection).
 type deadlineReader struct{ c *pconn }
 
 func (d deadlineReader) Read(p []byte) (int, error) {
@@ -392,11 +426,7 @@ func (d deadlineReader) Read(p []byte) (int, error) {
 	// Under the lock, so that a writer making the connection busy sets
 	// its deadline after this one, never before.
 	c.mu.Lock()
-	var dl time.Time
-	if i := max(c.head, c.exp); i < len(c.pending) {
-		dl = c.pending[i].sentAt.Add(c.timeout)
-	}
-	_ = c.nc.SetReadDeadline(dl)
+	_ = c.nc.SetReadDeadline(c.nextDeadline())
 	c.mu.Unlock()
 	return c.nc.Read(p)
 }

@@ -13,14 +13,18 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
-// op is one decision on its way to a shard.
+// op is one decision on its way to a shard. An op is reused (opPool) only
+// when its caller got its answer, after which nothing refers to it but,
+// possibly, timed-out entries of a pipelined connection, which never look
+// at it again.
 type op struct {
-	ctx   context.Context
-	la    *limitArgs
-	key   string
-	now   string // µs, or "" for Redis TIME
-	n     int64
-	probe bool // the half-open probe of the breaker it was admitted by
+	ctx      context.Context
+	deadline time.Time // the call's: the op is finished by then
+	la       *limitArgs
+	key      string
+	now      string // µs, or "" for Redis TIME
+	n        int64
+	probe    bool // the half-open probe of the breaker it was admitted by
 
 	// On a pipelined connection: EVALSHA until a NOSCRIPT answer, then
 	// EVAL; asking sends ASKING first; hops counts redirects followed.
@@ -34,18 +38,29 @@ type op struct {
 	redirAddr string
 	redirErr  error
 
-	// Set once, before done is closed: the script's answer in vals, or
+	// Set once, before done is signalled: the script's answer in vals, or
 	// another reply in res, or err.
 	vals [4]int64
 	res  any
 	err  error
-	addr string // the shard that answered, for error messages
-	done chan struct{}
+	addr string        // the shard that answered, for error messages
+	done chan struct{} // capacity 1: finish sends once
+}
+
+var opPool = sync.Pool{New: func() any { return &op{done: make(chan struct{}, 1)} }}
+
+func getOp() *op { return opPool.Get().(*op) }
+
+// putOp recycles o, whose caller has received its answer.
+func putOp(o *op) {
+	done := o.done
+	*o = op{done: done}
+	opPool.Put(o)
 }
 
 func (o *op) finish(vals [4]int64, res any, err error, addr string) {
 	o.vals, o.res, o.err, o.addr = vals, res, err, addr
-	close(o.done)
+	o.done <- struct{}{}
 }
 
 func (o *op) fail(err error, addr string) { o.finish([4]int64{}, nil, err, addr) }
@@ -163,7 +178,7 @@ func (sh *shard) submit(o *op) {
 		c := sh.conn.Load()
 		if c == nil {
 			var err error
-			if c, err = sh.connect(o.ctx); err != nil {
+			if c, err = sh.connect(o.ctx, o.deadline); err != nil {
 				sh.br.failure(o.probe, 1)
 				o.fail(unavailable(sh.addr, err), sh.addr)
 				return
@@ -189,8 +204,8 @@ func (sh *shard) resubmit(o *op) {
 }
 
 // connect returns the live connection, or waits for a dial (starting one
-// if none is in flight) until ctx ends.
-func (sh *shard) connect(ctx context.Context) (*pconn, error) {
+// if none is in flight) until ctx ends or the deadline passes.
+func (sh *shard) connect(ctx context.Context, deadline time.Time) (*pconn, error) {
 	d, err := sh.startDial()
 	if err != nil {
 		return nil, err
@@ -201,6 +216,8 @@ func (sh *shard) connect(ctx context.Context) (*pconn, error) {
 		}
 		return nil, errors.New("connection lost")
 	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
 	select {
 	case <-d.done:
 		if d.err != nil {
@@ -209,6 +226,8 @@ func (sh *shard) connect(ctx context.Context) (*pconn, error) {
 		return d.c, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("connecting: %w", ctx.Err())
+	case <-t.C:
+		return nil, fmt.Errorf("connecting: %w", context.DeadlineExceeded)
 	}
 }
 

@@ -217,7 +217,7 @@ func (s *Store) shard(addr string) *shard {
 }
 
 // shardFor returns the shard of the master that holds key's slot.
-func (s *Store) shardFor(ctx context.Context, key string) (*shard, error) {
+func (s *Store) shardFor(ctx context.Context, deadline time.Time, key string) (*shard, error) {
 	if s.opts.Single {
 		return s.shard(s.opts.Addrs[0]), nil
 	}
@@ -226,7 +226,10 @@ func (s *Store) shardFor(ctx context.Context, key string) (*shard, error) {
 		return nil, unavailable("cluster", errors.New("no node answers with the slot map; failing fast"))
 	}
 	if !s.loaded.Load() {
-		if err := s.loadSlots(ctx); err != nil {
+		lctx, cancel := context.WithDeadline(ctx, deadline)
+		err := s.loadSlots(lctx)
+		cancel()
+		if err != nil {
 			s.route.failure(probe, 1)
 			return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
 		}
@@ -337,21 +340,34 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 		return limiter.Decision{}, unavailable("store", errors.New("store is closed"))
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
+	deadline := time.Now().Add(s.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if s.opts.BatchWindow == NoBatching {
+		// go-redis takes the deadline from the context.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	// With batching, the pipelined connection finishes every op by its
+	// deadline (see pconn), so the hot path needs no timer of its own.
 	key := counterKey(req.Key, la.p.Limit.Algorithm)
-	sh, err := s.shardFor(ctx, key)
+	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {
 		return limiter.Decision{}, err
 	}
-	o := &op{ctx: ctx, la: la, key: key, n: req.Cost, done: make(chan struct{})}
+	o := getOp()
+	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, key, req.Cost
 	if haveNow {
 		o.now = strconv.FormatInt(nowUs, 10)
 	}
 	if err := sh.do(ctx, o); err != nil {
-		return limiter.Decision{}, err
+		return limiter.Decision{}, err // o may still be in flight: not reused
 	}
-	return o.decision(la.p)
+	d, err := o.decision(la.p)
+	putOp(o)
+	return d, err
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.
