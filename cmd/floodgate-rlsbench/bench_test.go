@@ -106,3 +106,18 @@ func TestProfileControl(t *testing.T) {
 		t.Errorf("profile %s is not gzip data: % x", path, b[:min(len(b), 8)])
 	}
 }
+
+func TestRoundRatio(t *testing.T) {
+	t.Parallel()
+	// Rounds 1 and 3 ran under outside load that slowed both servers.
+	got := roundRatio([]float64{60, 40, 90}, []float64{30, 20, 45})
+	if want := 2.0; got != want {
+		t.Errorf("roundRatio = %v, want %v", got, want)
+	}
+	if got := roundRatio([]float64{10, 30}, []float64{0, 10}); got != 3 {
+		t.Errorf("roundRatio with a zero floor = %v, want 3 (the round without a floor skipped)", got)
+	}
+	if got := roundRatio(nil, nil); got != 0 {
+		t.Errorf("roundRatio of no rounds = %v, want 0", got)
+	}
+}
