@@ -31,7 +31,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.work, "work", ".demo", "working directory for logs, kubeconfig and binaries")
 	flag.StringVar(&o.bin, "bin", "", "directory holding floodgate-manager and floodgate-sidecar (default: build them into WORK/bin)")
-	flag.IntVar(&o.redisBasePort, "redis-base-port", 31001, "first port of the demo's Redis Cluster")
+	flag.IntVar(&o.redisBasePort, "redis-base-port", 21001, "first port of the demo's Redis Cluster; each node also uses its port + 10000 for the cluster bus, kept below the ephemeral port range (32768+) so that outgoing connections cannot take them")
 	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the report until Ctrl-C")
 	flag.Parse()
 	// envtest logs through controller-runtime; the demo prints its own
