@@ -13,10 +13,13 @@ import (
 	"time"
 )
 
-// maxInflight is how many pipelines a connection has out at once before
-// new decisions start to wait (at most the batch window) for one to
-// return.
-const maxInflight = 2
+// maxInflight is how many pipelined writes a connection has unanswered
+// before new decisions start to wait (at most the batch window) for one to
+// be answered. With one, decisions gather while the last write is out
+// (group commit): measured on loopback with 64 callers over 3 masters,
+// that makes writes of about 7 decisions instead of 5 with two out, and
+// costs less CPU per decision on both sides.
+const maxInflight = 1
 
 // pconn is one pipelined connection to a node. Callers queue their ops
 // (enqueue) and wait; one writer goroutine sends what has queued in one
@@ -222,6 +225,8 @@ func (c *pconn) writeLoop() {
 				clear(batch) // batch is the spare queue now: hold no finished op
 			}
 			if len(buf) > 0 {
+				c.sh.writes.Add(1)
+				c.sh.ops.Add(int64(len(batch) - len(gone)))
 				_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
 				if _, err := c.nc.Write(buf); err != nil {
 					c.fail(fmt.Errorf("write: %w", err))

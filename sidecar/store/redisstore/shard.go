@@ -108,6 +108,8 @@ type shard struct {
 	dialMu  sync.Mutex
 	dialing *dialCall
 	closed  bool // under dialMu
+
+	writes, ops atomic.Int64 // pipelined writes, and the ops they carried
 }
 
 // dialCall is one connection attempt that callers wait for.

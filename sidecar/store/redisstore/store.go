@@ -178,6 +178,26 @@ func (s *Store) Shards() []ShardState {
 	return out
 }
 
+// PipelineStats counts the pipelined writes of a store with batching on.
+type PipelineStats struct {
+	// Writes is how many pipelined writes went out.
+	Writes int64
+	// Decisions is how many decisions they carried (resends after NOSCRIPT
+	// or a redirect included). Decisions / Writes is the mean batch.
+	Decisions int64
+}
+
+// PipelineStats returns the pipelined writes so far, over every shard. It
+// is all zero with batching off.
+func (s *Store) PipelineStats() PipelineStats {
+	var st PipelineStats
+	for _, sh := range *s.shards.Load() {
+		st.Writes += sh.writes.Load()
+		st.Decisions += sh.ops.Load()
+	}
+	return st
+}
+
 // ShardOf returns the address of the master that holds the counter with
 // the given Request.Key, for metrics labels, or "unknown" when the slot map
 // is not loaded yet. It does no I/O.

@@ -435,3 +435,34 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestPipelineStats: with batching, every decision leaves in a counted
+// pipelined write; without, none does.
+func TestPipelineStats(t *testing.T) {
+	t.Parallel()
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Period: time.Hour}
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, redisstore.NoBatching} {
+		s := newStore(t, cluster, redisstore.Options{BatchWindow: window, Timeout: suiteTimeout})
+		const takes = 64
+		var wg sync.WaitGroup
+		for i := range takes {
+			wg.Go(func() {
+				if _, err := s.Take(t.Context(), limiter.Request{Key: fmt.Sprintf("%s:%d", uniqueKey(t), i), Limit: l, Cost: 1}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		st := s.PipelineStats()
+		if window == redisstore.NoBatching {
+			if st != (redisstore.PipelineStats{}) {
+				t.Errorf("no batching: %+v, want no pipelined writes", st)
+			}
+			continue
+		}
+		if st.Decisions < takes || st.Writes < 1 || st.Writes > st.Decisions {
+			t.Errorf("batched: %+v after %d decisions", st, takes)
+		}
+		t.Logf("batched: %d decisions in %d writes", st.Decisions, st.Writes)
+	}
+}
