@@ -54,6 +54,11 @@ type Config struct {
 	LoadCPU  int
 	Window   time.Duration
 	Timeout  time.Duration
+	// PoolSize is the store's connection pool per node without batching;
+	// 0 means one per caller, so that the unbatched baseline is never
+	// short of connections (go-redis's default, 10 per GOMAXPROCS, would
+	// cap it at 10 calls in flight per node once pinned to one CPU).
+	PoolSize int
 	JSON     bool
 	// CPUProfile, when set, is where the batched closed-loop phase writes
 	// a CPU profile of this process.
@@ -77,6 +82,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.IntVar(&c.LoadCPU, "load-cpu", 1, "CPU for this process and redis-benchmark")
 	fs.DurationVar(&c.Window, "window", redisstore.DefaultBatchWindow, "batch window of the batched phase")
 	fs.DurationVar(&c.Timeout, "timeout", time.Second, "per-call deadline of the store (generous: the harness measures, it does not shed)")
+	fs.IntVar(&c.PoolSize, "pool-size", 0, "connections per node of the unbatched store (default: one per caller)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched closed-loop phase to this file")
 }
@@ -125,6 +131,9 @@ func (c *Config) Validate() error {
 	if c.Window <= 0 || c.Window > redisstore.MaxBatchWindow {
 		errs = append(errs, fmt.Errorf("window: must be in (0, %v], got %v", redisstore.MaxBatchWindow, c.Window))
 	}
+	if c.PoolSize < 0 || c.PoolSize > 100000 {
+		errs = append(errs, fmt.Errorf("pool-size: must be between 0 and 100000, got %d", c.PoolSize))
+	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("timeout: must be positive, got %v", c.Timeout))
 	}
@@ -160,6 +169,9 @@ type Phase struct {
 	// start the servers.
 	ClientCPU time.Duration `json:"clientCPUPerDecision,omitempty"`
 	ServerCPU time.Duration `json:"serverCPUPerDecision,omitempty"`
+	// PerWrite is the mean number of decisions per pipelined write of a
+	// batched phase.
+	PerWrite float64 `json:"decisionsPerWrite,omitempty"`
 	// Note says how the phase ran.
 	Note string `json:"note,omitempty"`
 }
@@ -213,10 +225,14 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	ew.printf("algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
 	tew := &errWriter{w: tw}
-	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\tclient CPU/dec\tserver CPU/dec\t\n")
+	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\tclient CPU/dec\tserver CPU/dec\tdec/write\t\n")
 	for _, p := range r.Phases {
-		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t%v\t%v\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
-			round(p.P50), round(p.P99), round(p.P999), round(p.Max), round(p.ClientCPU), round(p.ServerCPU))
+		perWrite := "-"
+		if p.PerWrite > 0 {
+			perWrite = fmt.Sprintf("%.1f", p.PerWrite)
+		}
+		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t%v\t%v\t%s\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
+			round(p.P50), round(p.P99), round(p.P999), round(p.Max), round(p.ClientCPU), round(p.ServerCPU), perWrite)
 	}
 	if tew.err != nil {
 		return tew.err
@@ -323,8 +339,12 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("bench-policy:rule:%016x", rand.Uint64())
 	}
+	pool := cfg.PoolSize
+	if pool == 0 {
+		pool = cfg.Callers
+	}
 	newStore := func(window time.Duration) (*redisstore.Store, error) {
-		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window})
+		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window, PoolSize: pool})
 	}
 	modes := []struct {
 		name   string
@@ -369,14 +389,20 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 					return nil, err
 				}
 			}
-			cli0, srv0 := selfCPU(), serverCPU(serverPids)
+			cli0, srv0, st0 := selfCPU(), serverCPU(serverPids), s.PipelineStats()
 			p := closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
 			p.ClientCPU = perDecision(selfCPU()-cli0, p.Decisions, []int{0})
 			p.ServerCPU = perDecision(serverCPU(serverPids)-srv0, p.Decisions, serverPids)
+			p.PerWrite = perWrite(st0, s.PipelineStats())
 			stopProfile()
 			_ = s.Close()
 			p.Name = fmt.Sprintf("%d: %s", r, mode.name)
 			p.Note = fmt.Sprintf("closed loop, %d callers", cfg.Callers)
+			if i == 0 {
+				p.Note += fmt.Sprintf(", %d connections per node", pool)
+			} else {
+				p.Note += ", one pipelined connection per node"
+			}
 			rep.Phases = append(rep.Phases, p)
 			if i == 0 {
 				unb = append(unb, p.Rate)
@@ -417,7 +443,9 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		target := maxRate / 2
 		logf("%s: open loop at %.0f/s\n", mode.name, target)
 		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
+		st0 := s.PipelineStats()
 		p := openLoop(ctx, s, keys, l, target, cfg.Duration, 4*cfg.Callers)
+		p.PerWrite = perWrite(st0, s.PipelineStats())
 		_ = s.Close()
 		p.Name = mode.name + ", half its max"
 		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half the median max %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
@@ -551,6 +579,16 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 		}, nil
 	}
 	return Phase{}, fmt.Errorf("redis-benchmark printed no EVALSHA row: %s", out.String())
+}
+
+// perWrite returns the mean decisions per pipelined write between two
+// readings, or 0 when there was none.
+func perWrite(before, after redisstore.PipelineStats) float64 {
+	w := after.Writes - before.Writes
+	if w <= 0 {
+		return 0
+	}
+	return float64(after.Decisions-before.Decisions) / float64(w)
 }
 
 // selfCPU returns this process's user and system CPU time.
