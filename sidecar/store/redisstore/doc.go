@@ -13,9 +13,12 @@
 // gcd or pick a tick. The clock is Redis TIME; Request.Now, when set (tests
 // only), is passed as ARGV instead.
 //
-// A counter's state is one key, fg:{<tag>}:<alg> with <alg> one of tb,
-// gcra, fw, sw (hashes) or sl (a sorted set), so every script touches one
-// key and an algorithm edit starts afresh, as in memory. The hash tag <tag>
+// A counter's state is one key, fg:{<tag>}:<alg>:2 with <alg> one of tb,
+// gcra, fw, sw (a string of 2 to 7 little-endian doubles, struct.pack'd)
+// or sl (a sorted set), so every script touches one key and an algorithm
+// edit starts afresh, as in memory. (":2" is the state format; the first
+// format, hashes, had no suffix, so sidecars of the two versions never
+// read each other's state during an upgrade.) The hash tag <tag>
 // is Request.Key, which the engine builds as <policy-uid>:<rule>:<hash of
 // the descriptor values>; a key that is longer than MaxKeyTag bytes, or
 // holds a brace, a space, a control or non-ASCII byte, or starts with '#',
@@ -36,8 +39,8 @@
 //
 // # Call discipline
 //
-// Every call has a deadline (Options.Timeout, 50ms by default) and returns
-// by it, whatever Redis does. The store never sends a script twice unless
+// Every call has a deadline (Options.Timeout, 50ms by default, or the
+// caller's own if earlier) and returns by it, whatever Redis does. The store never sends a script twice unless
 // the first answer proves it did not run:
 //
 //   - NOSCRIPT: the node lost its script cache (a restart, SCRIPT FLUSH, a
@@ -57,8 +60,10 @@
 // after timeouts and EOF up to MaxRedirects times. So the scripts do not
 // go through the ClusterClient at all: it only keeps the slot map (MasterForKey,
 // ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly, RouteRandomly
-// or RouteByLatency), and the store sends to each master through its own
-// node client with MaxRetries -1, DialerRetries 1 and context deadlines.
+// or RouteByLatency). Without batching the store sends to each master
+// through its own go-redis node client with MaxRetries -1, DialerRetries 1
+// and context deadlines; with batching, through its own pipelined
+// connection (below), which never writes a command twice.
 //
 // Errors: limiter.ErrUnavailable for anything that leaves the count
 // unknown (the shard is unreachable, timed out, its breaker is open, the
@@ -84,15 +89,29 @@
 //
 // # Micro-batching
 //
-// Decisions bound for the same master leave together in one pipeline of
-// EVALSHAs, up to Options.MaxBatch. A shard with fewer than two pipelines
-// out sends a decision at once: batching adds no latency at low load.
-// Under load, decisions gather while the shard's pipelines are out and
-// leave as soon as one returns (group commit), or when the batch is full,
-// or when Options.BatchWindow (100µs by default, NoBatching to turn
-// batching off) has passed since the first of them arrived, whichever
-// comes first. The window is a Go timer, which an idle scheduler fires up
-// to about a millisecond late; it matters only when Redis answers slower
-// than the window. The pipeline's NOSCRIPT, MOVED and ASK answers are
-// handled per decision as above.
+// With Options.BatchWindow above 0, each master gets one pipelined
+// connection that speaks RESP itself: callers queue their decisions; a
+// writer goroutine sends what has queued in one write, and a reader
+// goroutine reads the answers, which come in command order, and hands
+// each to its caller. A connection with no write out sends a decision at
+// once (after one scheduler yield, so that callers already runnable join
+// it): batching adds no latency at low load. Under load, decisions gather
+// while the connection's write is out and leave as soon as it is answered
+// (group commit), or when Options.MaxBatch have queued, or when
+// BatchWindow has passed since the writer started waiting, whichever comes
+// first. The window is a Go timer; it only matters when Redis answers
+// slower than the window (and an idle scheduler fires it up to about a
+// millisecond late). The NOSCRIPT, MOVED and ASK answers are handled per
+// decision as above.
+//
+// The connection enforces the call deadlines itself, so the hot path
+// creates no context or timer per decision: a decision not answered by its
+// deadline fails as unavailable (its late answer is dropped), a connection
+// whose every written decision has timed out is closed, and a read or
+// write error closes the connection and fails every decision on it,
+// written ones as "may have run". None is ever written again.
+//
+// BatchWindow 0 (NoBatching) sends every decision as its own EVALSHA,
+// unpipelined, over a go-redis connection pool (Options.PoolSize): the
+// baseline batching is measured against.
 package redisstore

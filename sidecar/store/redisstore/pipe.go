@@ -212,8 +212,13 @@ func (c *pconn) writeLoop() {
 			c.mu.Unlock()
 
 			for _, o := range gone {
+				// Not sent: the breaker learns nothing from it.
 				c.sh.br.release(o.probe)
-				o.fail(unavailable(c.sh.addr, fmt.Errorf("not sent: %w", o.ctx.Err())), c.sh.addr)
+				cause := o.ctx.Err()
+				if cause == nil {
+					cause = context.DeadlineExceeded
+				}
+				o.fail(unavailable(c.sh.addr, fmt.Errorf("not sent by the call deadline: %w", cause)), c.sh.addr)
 			}
 			buf = buf[:0]
 			for _, o := range batch {
@@ -277,9 +282,10 @@ func (c *pconn) take(maxBatch int) (batch, gone []*op, rest int) {
 		batch = batch[:maxBatch]
 	}
 	idle := c.idle()
+	now := time.Now()
 	n := 0
 	for i, o := range batch {
-		if o.ctx.Err() != nil {
+		if o.ctx.Err() != nil || !now.Before(o.deadline) {
 			gone = append(gone, o)
 			batch[i] = nil
 			continue
