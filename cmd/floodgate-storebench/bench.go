@@ -169,6 +169,11 @@ type Phase struct {
 	// start the servers.
 	ClientCPU time.Duration `json:"clientCPUPerDecision,omitempty"`
 	ServerCPU time.Duration `json:"serverCPUPerDecision,omitempty"`
+	// Foreign is the share of the machine's CPU time during the phase
+	// that went to processes other than this one and the redis-servers
+	// it started (other work on a shared machine), 0 to 1. Rates and
+	// latencies mean little when it is high; CPU per decision still does.
+	Foreign float64 `json:"foreignCPUShare"`
 	// PerWrite is the mean number of decisions per pipelined write of a
 	// batched phase.
 	PerWrite float64 `json:"decisionsPerWrite,omitempty"`
@@ -225,14 +230,14 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	ew.printf("algorithm %s, %d masters, %d callers, pinning: %s\n\n", r.Algorithm, r.Masters, r.Callers, r.Pinned)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
 	tew := &errWriter{w: tw}
-	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\tclient CPU/dec\tserver CPU/dec\tdec/write\t\n")
+	tew.printf("phase\tdecisions/s\tdecisions\terrors\tp50\tp99\tp99.9\tmax\tclient CPU/dec\tserver CPU/dec\tdec/write\tforeign CPU\t\n")
 	for _, p := range r.Phases {
 		perWrite := "-"
 		if p.PerWrite > 0 {
 			perWrite = fmt.Sprintf("%.1f", p.PerWrite)
 		}
-		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t%v\t%v\t%s\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
-			round(p.P50), round(p.P99), round(p.P999), round(p.Max), round(p.ClientCPU), round(p.ServerCPU), perWrite)
+		tew.printf("%s\t%.0f\t%d\t%d\t%v\t%v\t%v\t%v\t%v\t%v\t%s\t%.0f%%\t\n", p.Name, p.Rate, p.Decisions, p.Errors,
+			round(p.P50), round(p.P99), round(p.P999), round(p.Max), round(p.ClientCPU), round(p.ServerCPU), perWrite, 100*p.Foreign)
 	}
 	if tew.err != nil {
 		return tew.err
@@ -252,6 +257,8 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		r.Median.CeilingUnpipelined, r.Median.CeilingPipelined, r.Median.Unbatched, r.Median.Batched)
 	ew.printf("batched / unbatched store (median of the rounds' ratios): %.2fx\n", r.BatchedOverUnbatched)
 	ew.printf("batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
+	ew.printf("foreign CPU: the machine's CPU time taken by other processes during a phase (redis-benchmark's own included);\n" +
+		"where it is high, rates and latencies measure the machine's contention, and CPU per decision is the figure to compare\n")
 	return ew.err
 }
 
@@ -362,12 +369,16 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	for r := 1; r <= cfg.Rounds && ctx.Err() == nil; r++ {
 		for _, depth := range []int{1, cfg.Pipeline} {
 			logf("round %d: redis-benchmark EVALSHA -P %d\n", r, depth)
-			srv0 := serverCPU(serverPids)
+			srv0, m0 := serverCPU(serverPids), machineCPU()
 			p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
 			if err != nil {
 				return nil, err
 			}
-			p.ServerCPU = perDecision(serverCPU(serverPids)-srv0, p.Decisions, serverPids)
+			srv := serverCPU(serverPids) - srv0
+			p.ServerCPU = perDecision(srv, p.Decisions, serverPids)
+			// redis-benchmark's own CPU is not measured: it counts as
+			// foreign here.
+			p.Foreign = foreignShare(m0, machineCPU(), srv)
 			p.Name = fmt.Sprintf("%d: %s", r, p.Name)
 			rep.Phases = append(rep.Phases, p)
 			if depth == 1 {
@@ -389,10 +400,12 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 					return nil, err
 				}
 			}
-			cli0, srv0, st0 := selfCPU(), serverCPU(serverPids), s.PipelineStats()
+			cli0, srv0, st0, m0 := selfCPU(), serverCPU(serverPids), s.PipelineStats(), machineCPU()
 			p := closedLoop(ctx, s, keys, l, cfg.Callers, cfg.Duration)
-			p.ClientCPU = perDecision(selfCPU()-cli0, p.Decisions, []int{0})
-			p.ServerCPU = perDecision(serverCPU(serverPids)-srv0, p.Decisions, serverPids)
+			cli, srv := selfCPU()-cli0, serverCPU(serverPids)-srv0
+			p.ClientCPU = perDecision(cli, p.Decisions, []int{0})
+			p.ServerCPU = perDecision(srv, p.Decisions, serverPids)
+			p.Foreign = foreignShare(m0, machineCPU(), cli+srv)
 			p.PerWrite = perWrite(st0, s.PipelineStats())
 			stopProfile()
 			_ = s.Close()
@@ -443,9 +456,10 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		target := maxRate / 2
 		logf("%s: open loop at %.0f/s\n", mode.name, target)
 		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
-		st0 := s.PipelineStats()
+		st0, cli0, srv0, m0 := s.PipelineStats(), selfCPU(), serverCPU(serverPids), machineCPU()
 		p := openLoop(ctx, s, keys, l, target, cfg.Duration, 4*cfg.Callers)
 		p.PerWrite = perWrite(st0, s.PipelineStats())
+		p.Foreign = foreignShare(m0, machineCPU(), selfCPU()-cli0+serverCPU(serverPids)-srv0)
 		_ = s.Close()
 		p.Name = mode.name + ", half its max"
 		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half the median max %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
@@ -579,6 +593,40 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 		}, nil
 	}
 	return Phase{}, fmt.Errorf("redis-benchmark printed no EVALSHA row: %s", out.String())
+}
+
+// machineSample is the machine's busy and total CPU time, from /proc/stat.
+type machineSample struct{ busy, total time.Duration }
+
+// machineCPU reads the machine's CPU time so far; zero when /proc/stat
+// cannot be read.
+func machineCPU() machineSample {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineSample{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		return machineSample{}
+	}
+	var v [8]int64
+	for i := range v {
+		v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	}
+	busy := v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+	return machineSample{busy: time.Duration(busy) * clockTick, total: time.Duration(busy+v[3]+v[4]) * clockTick}
+}
+
+// foreignShare returns the share of the machine's CPU time between two
+// samples that went to processes other than ours, which used ours.
+func foreignShare(a, b machineSample, ours time.Duration) float64 {
+	total := b.total - a.total
+	if total <= 0 {
+		return 0
+	}
+	f := float64(b.busy-a.busy-ours) / float64(total)
+	return min(max(f, 0), 1)
 }
 
 // perWrite returns the mean decisions per pipelined write between two
