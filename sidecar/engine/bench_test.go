@@ -181,3 +181,26 @@ func BenchmarkDecideRedis(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkShardMetrics is the per-store-call lookup of a shard's store
+// metrics, for a store of three masters.
+func BenchmarkShardMetrics(b *testing.B) {
+	st, err := memstore.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	e, err := New(Options{Store: st, StoreName: "redis", Fallback: st, Metrics: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	shards := []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if e.shardMetrics(shards[i%len(shards)]) == nil {
+			b.Fatal("no shard metrics")
+		}
+		i++
+	}
+}

@@ -230,7 +230,11 @@ type Engine struct {
 	deny     *denyCache
 	fallback atomic.Bool
 	all      *shardMetrics // store metrics without a ShardOf
-	shardObs sync.Map      // shard -> *shardMetrics
+	// shardObs maps a shard to its store metrics. It is copied on write:
+	// the shards are few (the store's masters) and read on every store
+	// call, where a plain map read costs less than a sync.Map's.
+	shardObs atomic.Pointer[map[string]*shardMetrics]
+	shardMu  sync.Mutex // serialises the writes of shardObs
 }
 
 type shardMetrics struct {
@@ -259,8 +263,19 @@ func New(o Options) (*Engine, error) {
 }
 
 func (e *Engine) shardMetrics(shard string) *shardMetrics {
-	if v, ok := e.shardObs.Load(shard); ok {
-		return v.(*shardMetrics)
+	if m := e.shardObs.Load(); m != nil {
+		if sm, ok := (*m)[shard]; ok {
+			return sm
+		}
+	}
+	e.shardMu.Lock()
+	defer e.shardMu.Unlock()
+	var old map[string]*shardMetrics
+	if m := e.shardObs.Load(); m != nil {
+		old = *m
+	}
+	if sm, ok := old[shard]; ok {
+		return sm
 	}
 	m := e.o.Metrics
 	sm := &shardMetrics{
@@ -269,8 +284,13 @@ func (e *Engine) shardMetrics(shard string) *shardMetrics {
 		unav:  m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "unavailable"),
 		error: m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "error"),
 	}
-	v, _ := e.shardObs.LoadOrStore(shard, sm)
-	return v.(*shardMetrics)
+	next := make(map[string]*shardMetrics, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[shard] = sm
+	e.shardObs.Store(&next)
+	return sm
 }
 
 // ForgetLocalState drops the local deny cache, as after a config change

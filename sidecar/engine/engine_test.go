@@ -14,6 +14,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 )
 
 // clock is a settable test clock.
@@ -377,4 +378,48 @@ func value(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// Concurrent first store calls on new shards resolve one set of metrics
+// per shard, each labelled with its shard.
+func TestShardMetricsConcurrent(t *testing.T) {
+	t.Parallel()
+	st, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := metrics.NewMetrics(reg)
+	e, err := New(Options{Store: st, StoreName: "redis", Fallback: st, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards := []string{"a:1", "b:2", "c:3", "d:4"}
+	got := make([][]*shardMetrics, 8)
+	var wg sync.WaitGroup
+	for g := range got {
+		wg.Go(func() {
+			for _, s := range shards {
+				got[g] = append(got[g], e.shardMetrics(s))
+			}
+		})
+	}
+	wg.Wait()
+	for g := range got {
+		for i := range shards {
+			if got[g][i] != got[0][i] {
+				t.Fatalf("goroutine %d got other metrics for shard %s than goroutine 0", g, shards[i])
+			}
+		}
+	}
+	for i, s := range shards {
+		got[0][i].ok.Inc()
+		var out dto.Metric
+		if err := m.StoreOpsTotal.WithLabelValues("redis", s, "ok").Write(&out); err != nil {
+			t.Fatal(err)
+		}
+		if v := out.GetCounter().GetValue(); v != 1 {
+			t.Errorf("store_operations_total{shard=%q,result=ok} = %v, want 1", s, v)
+		}
+	}
 }
