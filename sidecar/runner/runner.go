@@ -90,6 +90,14 @@ type StoreStatus struct {
 // New prepares a sidecar: it validates cfg and binds both listeners, so
 // that a port conflict is reported before Run. source nil means a
 // FileSource on cfg.PolicyFile.
+// grpcStreamWorkers is how many long-lived goroutines serve ShouldRateLimit
+// calls. A fresh goroutine per call grows its stack again on every call
+// (about 13% of the CPU of a Redis-bound decision in profiles); a worker
+// keeps its grown stack. Calls beyond the workers still get a goroutine of
+// their own, so this bounds nothing. 128 covers the calls in flight of a
+// busy sidecar at the cost of about 1 MiB of stacks.
+const grpcStreamWorkers = 128
+
 func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
@@ -182,7 +190,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	var gs *grpc.Server
 	grpcErr := make(chan error, 1)
 	if r.grpcLn != nil {
-		gs = grpc.NewServer()
+		gs = grpc.NewServer(grpc.NumStreamWorkers(grpcStreamWorkers))
 		r.rls.Register(gs)
 		go func() { grpcErr <- gs.Serve(r.grpcLn) }()
 	}
