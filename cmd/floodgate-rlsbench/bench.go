@@ -106,7 +106,7 @@ type Machine struct {
 // Case is one workload's median measurement.
 type Case struct {
 	Name string `json:"name"`
-	// Server is "null" or "floodgate".
+	// Server is serverNull or serverFloodgate.
 	Server string `json:"server"`
 	// DecisionsPerSec is completed calls per second (closed loop).
 	DecisionsPerSec float64 `json:"decisionsPerSec"`
@@ -159,9 +159,15 @@ func entry(k, v string) *rlcommonv3.RateLimitDescriptor {
 	return &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
 }
 
+// The servers a workload runs against.
+const (
+	serverNull      = "null"
+	serverFloodgate = "floodgate"
+)
+
 // Run runs the harness.
 func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
-	logf := func(format string, args ...any) { fmt.Fprintf(log, format, args...) }
+	logf := func(format string, args ...any) { _, _ = fmt.Fprintf(log, format, args...) }
 	rep := &Report{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), ClockTicks: clockTicks}}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		rep.Machine.LoadAverage = strings.TrimSpace(string(b))
@@ -170,7 +176,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 
 	_, tsErr := exec.LookPath("taskset")
 	pin := tsErr == nil && runtime.NumCPU() >= 2
@@ -178,7 +184,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		// The generator (this process) and Redis share CPU 1; the
 		// servers under test get CPU 0.
 		if out, err := exec.Command("taskset", "-a", "-cp", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("pin the load generator: %v: %s", err, out)
+			return nil, fmt.Errorf("pin the load generator: %w: %s", err, out)
 		}
 		rep.Machine.Pinning = "servers on CPU 0 (GOMAXPROCS=1); load generator and Redis on CPU 1"
 	} else {
@@ -194,7 +200,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if pin {
 		for _, n := range cluster.Nodes() {
 			if out, err := exec.Command("taskset", "-a", "-cp", "1", strconv.Itoa(n.Pid())).CombinedOutput(); err != nil {
-				return nil, fmt.Errorf("pin redis: %v: %s", err, out)
+				return nil, fmt.Errorf("pin redis: %w: %s", err, out)
 			}
 		}
 	}
@@ -204,7 +210,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		bin = filepath.Join(dir, "floodgate-sidecar")
 		logf("building floodgate-sidecar\n")
 		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/floodgate-sidecar").CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build floodgate-sidecar: %v: %s", err, out)
+			return nil, fmt.Errorf("go build floodgate-sidecar: %w: %s", err, out)
 		}
 	}
 	pf := filepath.Join(dir, "ratelimit.yaml")
@@ -255,10 +261,10 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		if err := os.MkdirAll(cfg.CPUProfile, 0o755); err != nil {
 			return nil, fmt.Errorf("-cpuprofile: %w", err)
 		}
-		controls["floodgate"], controls["null"] = "127.0.0.1:"+ports[4], "127.0.0.1:"+ports[5]
-		sidecarArgs = append([]string{"-serve-sidecar", "-control-listen", controls["floodgate"], "--"}, sidecarArgs...)
+		controls[serverFloodgate], controls[serverNull] = "127.0.0.1:"+ports[4], "127.0.0.1:"+ports[5]
+		sidecarArgs = append([]string{"-serve-sidecar", "-control-listen", controls[serverFloodgate], "--"}, sidecarArgs...)
 		bin = self
-		nullArgs = append([]string{"-control-listen", controls["null"]}, nullArgs...)
+		nullArgs = append([]string{"-control-listen", controls[serverNull]}, nullArgs...)
 		rep.Machine.Profiling = "CPU profiles in " + cfg.CPUProfile + "; the sidecar ran in process in the harness binary"
 	}
 	sc, err := start(bin, sidecarArgs...)
@@ -277,7 +283,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			if err != nil {
 				return nil, err
 			}
-			defer c.Close()
+			defer func() { _ = c.Close() }()
 			conns[addr] = append(conns[addr], c)
 		}
 		if err := waitServing(ctx, conns[addr][0]); err != nil {
@@ -287,15 +293,15 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 
 	var runID atomic.Int64
 	workloads := []workload{
-		{"null server (answers OK at once)", "null", "null", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
-		{"cold keys (a new counter every call, each a Redis call)", "cold", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+		{"null server (answers OK at once)", serverNull, serverNull, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
+		{"cold keys (a new counter every call, each a Redis call)", "cold", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
 			return entry("user", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
 		}},
-		{"one hot key, allowed (every call a Redis call)", "hot-allowed", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
-		{"one hot key, over its limit (local deny cache)", "hot-denied", "floodgate", func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
+		{"one hot key, allowed (every call a Redis call)", "hot-allowed", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
+		{"one hot key, over its limit (local deny cache)", "hot-denied", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
 	}
-	pids := map[string]int{"null": null.Process.Pid, "floodgate": sc.Process.Pid}
-	addrs := map[string]string{"null": nullAddr, "floodgate": sidecarAddr}
+	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid}
+	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr}
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
 		for wi, w := range workloads {
@@ -500,7 +506,7 @@ func freePort() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	_, p, err := net.SplitHostPort(ln.Addr().String())
 	return p, err
 }
@@ -541,7 +547,7 @@ func (r *Report) Write(w io.Writer) error {
 	fmt.Fprintf(&b, "%-58s %12s %14s %8s %12s %14s\n", "case", "decisions/s", "CPU µs/decision", "core", "vs null", "per round")
 	for _, c := range r.Cases {
 		vs, vr := "1.00 (floor)", ""
-		if c.Server != "null" {
+		if c.Server != serverNull {
 			vs, vr = fmt.Sprintf("%.2f", c.OverNull), fmt.Sprintf("%.2f", c.RoundOverNull)
 		}
 		fmt.Fprintf(&b, "%-58s %12.0f %14.1f %7.0f%% %12s %14s\n", c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs, vr)

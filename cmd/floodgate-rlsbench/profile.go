@@ -120,7 +120,7 @@ func profileCall(ctx context.Context, control, path string) error {
 	if err != nil {
 		return fmt.Errorf("profile control %s: %w", u, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		b := make([]byte, 512)
 		n, _ := resp.Body.Read(b)

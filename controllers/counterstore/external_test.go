@@ -103,7 +103,7 @@ var _ = Describe("An external CounterStore", func() {
 		// Deleting the store removes its series.
 		Expect(k8sClient.Delete(ctx, cs)).To(Succeed())
 		Eventually(func() float64 { return storeMetric("floodgate_counterstore_ready", name, "") }).
-			WithTimeout(30 * time.Second).Should(Equal(-1.0), "a deleted store's series must go")
+			WithTimeout(30*time.Second).Should(Equal(-1.0), "a deleted store's series must go")
 	})
 
 	It("says why when its password Secret is missing", func(ctx SpecContext) {

@@ -10,23 +10,26 @@ import (
 // The manager's CounterStore metrics, served with controller-runtime's on
 // the manager's metrics endpoint. Only the leading manager reconciles, so
 // only it exports them; a store's series go away with the store.
+// storeLabel names the CounterStore in every series.
+const storeLabel = "store"
+
 var (
 	storeReady = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "floodgate_counterstore_ready",
 		Help: "1 when the CounterStore is Ready (every slot served by a reachable master), 0 when it is not.",
-	}, []string{"store"})
+	}, []string{storeLabel})
 	storeDegraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "floodgate_counterstore_degraded",
 		Help: "1 when a Ready CounterStore runs with less redundancy than its spec asks for, else 0.",
-	}, []string{"store"})
+	}, []string{storeLabel})
 	storeSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "floodgate_counterstore_slots_covered",
 		Help: "Hash slots (of 16384) served by a reachable master of the CounterStore.",
-	}, []string{"store"})
+	}, []string{storeLabel})
 	storeNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "floodgate_counterstore_nodes",
 		Help: "Redis nodes of the CounterStore by role: primary, replica, failed.",
-	}, []string{"store", "role"})
+	}, []string{storeLabel, "role"})
 )
 
 func init() {
@@ -54,7 +57,7 @@ func forgetStore(name string) {
 	storeReady.DeleteLabelValues(name)
 	storeDegraded.DeleteLabelValues(name)
 	storeSlots.DeleteLabelValues(name)
-	storeNodes.DeletePartialMatch(prometheus.Labels{"store": name})
+	storeNodes.DeletePartialMatch(prometheus.Labels{storeLabel: name})
 }
 
 func boolGauge(b bool) float64 {

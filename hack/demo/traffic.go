@@ -370,7 +370,7 @@ func (d *demo) showMetrics(_ context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	sc := bufio.NewScanner(resp.Body)
 	var picked []string
 	for sc.Scan() {

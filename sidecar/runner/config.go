@@ -248,6 +248,32 @@ func (c *Config) Validate() error {
 	if c.Store == config.StoreMemory && c.RedisAddrs != "" {
 		bad("redis-addrs", "given with --store memory")
 	}
+	c.validateRedis(bad)
+	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
+		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain-timeout", "must not be negative")
+	}
+	if c.DenyCacheKeys < 1 {
+		bad("deny-cache-keys", "must be at least 1")
+	}
+	if c.LocalMaxKeys < 1 {
+		bad("local-max-keys", "must be at least 1")
+	}
+	if c.EventQueue < 1 {
+		bad("event-queue", "must be at least 1")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log-level", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// validateRedis checks the Redis store's flags.
+func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 	for _, a := range c.redisAddrs() {
 		if err := config.ValidateAddress(a); err != nil {
 			bad("redis-addrs", "%q: %v", a, err)
@@ -281,27 +307,6 @@ func (c *Config) Validate() error {
 	if c.RedisBreakerCooldown <= 0 {
 		bad("redis-breaker-cooldown", "must be positive, got %v", c.RedisBreakerCooldown)
 	}
-	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
-		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)
-	}
-	if c.DrainTimeout < 0 {
-		bad("drain-timeout", "must not be negative")
-	}
-	if c.DenyCacheKeys < 1 {
-		bad("deny-cache-keys", "must be at least 1")
-	}
-	if c.LocalMaxKeys < 1 {
-		bad("local-max-keys", "must be at least 1")
-	}
-	if c.EventQueue < 1 {
-		bad("event-queue", "must be at least 1")
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("log-level", "must be debug, info, warn or error, got %q", c.LogLevel)
-	}
-	return errors.Join(errs...)
 }
 
 // validateSource checks the config source: --policy-file in standalone

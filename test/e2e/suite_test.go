@@ -100,7 +100,7 @@ var _ = AfterSuite(func() {
 	}
 	if workDir != "" {
 		if failed || os.Getenv("FLOODGATE_E2E_KEEP") != "" {
-			fmt.Fprintf(GinkgoWriter, "logs kept in %s\n", workDir)
+			_, _ = fmt.Fprintf(GinkgoWriter, "logs kept in %s\n", workDir)
 			return
 		}
 		Expect(os.RemoveAll(workDir)).To(Succeed())

@@ -44,7 +44,7 @@ func StartBackend(app string) (*Backend, error) {
 			b.byPath[r.URL.Path]++
 			b.mu.Unlock()
 			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, "{\"app\":%q,\"path\":%q}\n", app, r.URL.Path)
+			_, _ = fmt.Fprintf(w, "{\"app\":%q,\"path\":%q}\n", app, r.URL.Path)
 		}),
 	}
 	go func() { _ = b.srv.Serve(l) }()
@@ -78,7 +78,7 @@ func MetricSum(ctx context.Context, url, name string, match map[string]string) (
 	if err != nil {
 		return 0, fmt.Errorf("reading %s: %w", url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("reading %s: status %s", url, resp.Status)
 	}

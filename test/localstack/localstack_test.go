@@ -52,7 +52,7 @@ func posInf() float64 {
 func TestMetricSum(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, `# HELP d decisions
+		_, _ = fmt.Fprint(w, `# HELP d decisions
 # TYPE d counter
 d{policy="p",result="allowed",rule="a"} 3
 d{policy="p",result="denied",rule="a"} 4

@@ -132,7 +132,7 @@ func FreeAddr() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("finding a free loopback port: %w", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().String(), nil
 }
 
@@ -148,7 +148,7 @@ func WaitHTTP(ctx context.Context, url string, p *Process, timeout time.Duration
 		}
 		resp, err := client.Get(url)
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // not answering yet: poll again
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()

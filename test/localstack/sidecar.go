@@ -232,7 +232,7 @@ func (sc *Sidecar) Revision(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading %s: %w", req.URL, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var st struct {
 		Revision string `json:"revision"`
 	}

@@ -81,12 +81,9 @@ func dialPipe(sh *shard) (*pconn, error) {
 		_ = nc.SetDeadline(dl)
 		var b []byte
 		if o.Username != "" {
-			b = appendArrayHeader(b, 3)
-			b = appendBulk(b, "AUTH")
-			b = appendBulk(b, o.Username)
+			b = appendBulk(appendBulk(arrayHeader(3), "AUTH"), o.Username)
 		} else {
-			b = appendArrayHeader(b, 2)
-			b = appendBulk(b, "AUTH")
+			b = appendBulk(arrayHeader(2), "AUTH")
 		}
 		b = appendBulk(b, o.Password)
 		if _, err := nc.Write(b); err != nil {
@@ -362,9 +359,12 @@ func (c *pconn) readLoop() {
 			continue // failed at its deadline; the answer comes too late
 		}
 		if e.asking {
-			if err != nil || res != "OK" {
-				// The script's own answer follows and decides.
-				e.o.redirErr = fmt.Errorf("ASKING answered %v %v", res, err)
+			// The script's own answer follows and decides.
+			switch {
+			case err != nil:
+				e.o.redirErr = fmt.Errorf("ASKING: %w", err)
+			case res != "OK":
+				e.o.redirErr = fmt.Errorf("ASKING answered %q", res)
 			}
 			continue
 		}

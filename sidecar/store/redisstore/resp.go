@@ -18,10 +18,9 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 
-// appendCommand appends a RESP array of bulk strings.
-func appendArrayHeader(b []byte, n int) []byte {
-	b = append(b, '*')
-	b = strconv.AppendInt(b, int64(n), 10)
+// arrayHeader starts a RESP array of n elements.
+func arrayHeader(n int) []byte {
+	b := strconv.AppendInt([]byte{'*'}, int64(n), 10)
 	return append(b, '\r', '\n')
 }
 

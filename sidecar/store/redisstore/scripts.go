@@ -91,13 +91,13 @@ func newLimitArgs(p *limiter.Params) *limitArgs {
 	}
 	// EVALSHA sha numkeys key now n, then the tail.
 	argc := 6 + len(tail)
-	la.shaHead = appendBulk(appendBulk(appendBulk(appendArrayHeader(nil, argc), "EVALSHA"), la.sc.sha), "1")
-	la.evalHead = appendBulk(appendBulk(appendBulk(appendArrayHeader(nil, argc), "EVAL"), la.sc.src), "1")
+	la.shaHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVALSHA"), la.sc.sha), "1")
+	la.evalHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVAL"), la.sc.src), "1")
 	return la
 }
 
 // askingCmd is ASKING in RESP.
-var askingCmd = appendBulk(appendArrayHeader(nil, 1), "ASKING")
+var askingCmd = appendBulk(arrayHeader(1), "ASKING")
 
 // appendCommand appends o's command in RESP: ASKING first when it follows
 // an ASK redirect, then EVALSHA, or EVAL after a NOSCRIPT answer.
