@@ -247,7 +247,9 @@ type NodeCounts struct {
 	// Primaries is the number of reachable primaries that serve slots.
 	// +optional
 	Primaries int32 `json:"primaries"`
-	// Replicas is the number of reachable replicas.
+	// Replicas is the number of reachable replicas in sync with their
+	// primary (link up, initial sync done); a replica still copying its
+	// primary's data does not count, and Degraded stays True meanwhile.
 	// +optional
 	Replicas int32 `json:"replicas"`
 	// Failed is the number of nodes the cluster marks as failed.

@@ -19,7 +19,8 @@ type Health struct {
 	StateOK bool
 	// Primaries counts the reachable masters that serve slots.
 	Primaries int
-	// Replicas counts the reachable replicas of those masters.
+	// Replicas counts the reachable replicas of those masters that are in
+	// sync with them (link up, initial sync done).
 	Replicas int
 	// Failed counts the nodes the cluster flags as failed or without an
 	// address.
@@ -40,7 +41,8 @@ func (h Health) Ready() bool {
 }
 
 // Degraded reports a ready cluster that has lost redundancy: a failed or
-// unreachable node, or a master short of replicas.
+// unreachable node, or a master short of replicas in sync (a replica still
+// copying its master's data does not count yet).
 func (h Health) Degraded() bool {
 	return h.Ready() && (h.Failed > 0 || len(h.Unreachable) > 0 || h.MissingReplicas > 0)
 }
@@ -82,7 +84,7 @@ func Assess(snap *Snapshot, replicasPerShard int) Health {
 			if !r.Self.IsReplica() || r.Self.MasterID != v.ID {
 				continue
 			}
-			if rv, ok := a.View.Node(r.ID); ok && !rv.Failing() {
+			if rv, ok := a.View.Node(r.ID); ok && !rv.Failing() && r.ReplicaInSync {
 				healthy++
 			}
 		}

@@ -21,6 +21,7 @@ type fakeNode struct {
 	addr     string // default derived from the name
 	migrate  map[int]string
 	importng map[int]string
+	syncing  bool // a replica whose initial sync is not done
 }
 
 func idOf(name string) string { return fmt.Sprintf("%040s", strings.ReplaceAll(name, "-", "0")) }
@@ -69,6 +70,7 @@ func snapshotOf(nodes ...fakeNode) *Snapshot {
 			n.ID = idOf(f.name)
 			n.StateOK = true
 			n.Keys = f.keys
+			n.ReplicaInSync = f.master != "" && !f.syncing
 			for _, g := range nodes {
 				switch {
 				case g.name == f.name:
@@ -452,5 +454,35 @@ func TestPlanNoReachableNode(t *testing.T) {
 	p := Plan(snapshotOf(fakeNode{name: "n0", down: true}), spec(1, 0))
 	if len(p.Actions) != 0 || len(p.Waiting) == 0 {
 		t.Errorf("actions %v, waiting %q", kinds(p), p.Waiting)
+	}
+}
+
+func TestAssessCountsOnlyReplicasInSync(t *testing.T) {
+	t.Parallel()
+	nodes := formed33()
+	if h := Assess(snapshotOf(nodes...), 1); !h.Ready() || h.Degraded() || h.Replicas != 3 {
+		t.Fatalf("formed cluster: %+v, want ready, not degraded, 3 replicas", h)
+	}
+	// A replica still loading its master's data adds no redundancy yet:
+	// promoting it would lose the keys it has not received.
+	nodes[4].syncing = true
+	h := Assess(snapshotOf(nodes...), 1)
+	if !h.Ready() || !h.Degraded() || h.Replicas != 2 || h.MissingReplicas != 1 {
+		t.Errorf("one replica syncing: %+v, want ready and degraded, 2 replicas, 1 missing", h)
+	}
+}
+
+func TestReplicaInSync(t *testing.T) {
+	t.Parallel()
+	for info, want := range map[string]bool{
+		"# Replication\r\nrole:slave\r\nmaster_host:10.0.0.1\r\nmaster_link_status:up\r\nmaster_sync_in_progress:0\r\n":        true,
+		"# Replication\r\nrole:slave\r\nmaster_link_status:down\r\nmaster_sync_in_progress:0\r\n":                              false,
+		"# Replication\r\nrole:slave\r\nmaster_link_status:down\r\nmaster_sync_in_progress:1\r\nmaster_sync_total_bytes:9\r\n": false,
+		"# Replication\r\nrole:master\r\nconnected_slaves:1\r\n":                                                               false,
+		"": false,
+	} {
+		if got := ReplicaInSync(info); got != want {
+			t.Errorf("ReplicaInSync(%q) = %v, want %v", info, got, want)
+		}
 	}
 }

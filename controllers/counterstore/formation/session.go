@@ -133,6 +133,7 @@ func (s *Session) observeNode(ctx context.Context, n *NodeState) {
 	nodes := pipe.ClusterNodes(ctx)
 	info := pipe.ClusterInfo(ctx)
 	size := pipe.DBSize(ctx)
+	repl := pipe.Info(ctx, "replication")
 	if _, err := pipe.Exec(ctx); err != nil {
 		n.Err = fmt.Errorf("%s (%s): %w", n.Name, n.Addr, err)
 		return
@@ -153,4 +154,18 @@ func (s *Session) observeNode(ctx context.Context, n *NodeState) {
 	n.Self = self
 	n.StateOK = strings.Contains(info.Val(), "cluster_state:ok")
 	n.Keys = size.Val()
+	n.ReplicaInSync = ReplicaInSync(repl.Val())
+}
+
+// ReplicaInSync reads INFO replication: true for a replica whose link to
+// its master is up and whose sync is done. A replica still loading its
+// master's data would, if promoted, lose the keys it has not received.
+func ReplicaInSync(info string) bool {
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	return fields["role"] == "slave" && fields["master_link_status"] == "up" && fields["master_sync_in_progress"] == "0"
 }

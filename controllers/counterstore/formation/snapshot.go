@@ -94,6 +94,10 @@ type NodeState struct {
 	StateOK bool
 	// Keys is the number of keys the node holds (DBSIZE).
 	Keys int64
+	// ReplicaInSync reports, for a replica, that its link to its master is
+	// up and no sync is in progress (INFO replication): only then does it
+	// hold its master's data and add redundancy.
+	ReplicaInSync bool
 }
 
 // Snapshot is one observation of every member.
