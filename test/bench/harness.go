@@ -404,6 +404,11 @@ func (h *harness) latency(ctx context.Context, store, url string, rep *Report) e
 	if _, err := ClosedLoop(ctx, directPath.Client, directPath.Target, time.Second, h.o.Conns); err != nil {
 		return err
 	}
+	// An unmeasured open-loop second on each path at the rate first, so
+	// that the connections the open loop needs exist before it is timed.
+	if _, _, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, time.Second, h.o.Workers); err != nil {
+		return err
+	}
 	direct, via, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, h.o.Duration, h.o.Workers)
 	if err != nil {
 		return err
