@@ -89,7 +89,12 @@ spec:
     addresses:
 %s`, storeName, addrs.String()))
 	waitStoreReady(ctx)
-}, NodeTimeout(5*time.Minute))
+}, NodeTimeout(setupTimeout))
+
+// setupTimeout bounds the suite's setup. On a cold Go build cache,
+// building the two binaries (without -race, so nothing of the test build is
+// reused) alone took more than 5 minutes on 2 cores busy with other tests.
+const setupTimeout = 20 * time.Minute
 
 var _ = AfterSuite(func() {
 	if stack != nil {
