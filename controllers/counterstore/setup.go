@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 )
 
 // DefaultNamespace is where managed stores' objects go unless
@@ -168,21 +169,12 @@ func podChanged() predicate.Funcs {
 			}
 			return old.Status.PodIP != now.Status.PodIP ||
 				old.Spec.NodeName != now.Spec.NodeName ||
-				podReady(old) != podReady(now) ||
+				podstatus.Ready(old) != podstatus.Ready(now) ||
 				old.Status.Phase != now.Status.Phase ||
 				(old.DeletionTimestamp == nil) != (now.DeletionTimestamp == nil)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // policyChanged passes creations, deletions and spec changes (a storeRef

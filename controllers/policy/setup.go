@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
@@ -145,22 +146,13 @@ func podChanged() predicate.Funcs {
 				return true
 			}
 			return !labels.Equals(old.Labels, now.Labels) ||
-				podReady(old) != podReady(now) ||
+				podstatus.Ready(old) != podstatus.Ready(now) ||
 				old.Status.Phase != now.Status.Phase ||
 				programmed.LoadedChanged(old, now) ||
 				(old.DeletionTimestamp == nil) != (now.DeletionTimestamp == nil)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-}
-
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // storeChanged passes what the compiled document or the ResolvedRefs

@@ -21,6 +21,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 )
 
@@ -84,7 +85,7 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 			res.Enforcing++
 			continue
 		}
-		ready := podReady(pod)
+		ready := podstatus.Ready(pod)
 		switch {
 		case !hasSidecar(pod):
 			if ready || c != nil {
@@ -175,13 +176,4 @@ func hasSidecar(pod *corev1.Pod) bool {
 // deleted and not finished.
 func running(pod *corev1.Pod) bool {
 	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
-}
-
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

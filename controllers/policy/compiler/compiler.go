@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -287,20 +288,11 @@ func countPods(sel labels.Selector, pods []corev1.Pod) (targeted, ready int32) {
 			continue
 		}
 		targeted++
-		if podReady(pod) {
+		if podstatus.Ready(pod) {
 			ready++
 		}
 	}
 	return targeted, ready
-}
-
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // resolveStore returns the store section for the CounterStore named name,
