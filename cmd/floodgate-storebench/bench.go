@@ -28,6 +28,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/bench"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -48,7 +49,10 @@ type Config struct {
 	Pipeline int
 	// Rounds is how many times the closed-loop measurements repeat,
 	// interleaved.
-	Rounds   int
+	Rounds int
+	// OpenLoad is the open-loop phase's offered rate as a share of each
+	// mode's measured maximum.
+	OpenLoad float64
 	Pin      bool
 	RedisCPU int
 	LoadCPU  int
@@ -76,6 +80,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Algorithm, "algorithm", "TokenBucket", "algorithm of the limit: TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog")
 	fs.IntVar(&c.Requests, "requests", 200000, "requests per redis-benchmark run (-n)")
 	fs.IntVar(&c.Pipeline, "pipeline", 16, "redis-benchmark pipeline depth for the pipelined ceiling (-P)")
+	fs.Float64Var(&c.OpenLoad, "open-load", 0.5, "offered rate of the open-loop latency phase, as a share of each mode's measured maximum")
 	fs.IntVar(&c.Rounds, "rounds", 3, "interleaved repetitions of the closed-loop measurements; the report gives medians")
 	fs.BoolVar(&c.Pin, "pin", true, "pin redis-server to -redis-cpu and the load to -load-cpu with taskset, when available")
 	fs.IntVar(&c.RedisCPU, "redis-cpu", 0, "CPU for the redis-server processes")
@@ -118,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pipeline < 1 || c.Pipeline > 1024 {
 		errs = append(errs, fmt.Errorf("pipeline: must be between 1 and 1024, got %d", c.Pipeline))
+	}
+	if c.OpenLoad <= 0 || c.OpenLoad > 1 {
+		errs = append(errs, fmt.Errorf("open-load: must be in (0, 1], got %v", c.OpenLoad))
 	}
 	if c.Rounds < 1 || c.Rounds > 100 {
 		errs = append(errs, fmt.Errorf("rounds: must be between 1 and 100, got %d", c.Rounds))
@@ -442,7 +450,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		rep.BatchedOverCeiling = rep.Median.Batched / rep.Median.CeilingUnpipelined
 	}
 
-	// Latency under an open-loop load at half of each mode's median
+	// Latency under an open-loop load at OpenLoad (default half) of each mode's median
 	// maximum.
 	for i, mode := range modes {
 		s, err := newStore(mode.window)
@@ -453,7 +461,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		if i == 1 {
 			maxRate = rep.Median.Batched
 		}
-		target := maxRate / 2
+		target := maxRate * cfg.OpenLoad
 		logf("%s: open loop at %.0f/s\n", mode.name, target)
 		openLoop(ctx, s, keys, l, target, cfg.Warmup, 4*cfg.Callers)
 		st0, cli0, srv0, m0 := s.PipelineStats(), selfCPU(), serverCPU(serverPids), machineCPU()
@@ -461,9 +469,9 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		p.PerWrite = perWrite(st0, s.PipelineStats())
 		p.Foreign = foreignShare(m0, machineCPU(), selfCPU()-cli0+serverCPU(serverPids)-srv0)
 		_ = s.Close()
-		p.Name = mode.name + ", half its max"
-		p.Note = fmt.Sprintf("open loop at %.0f/s offered (half the median max %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
-			target, maxRate, p.Rate, round(p.P99Sojourn))
+		p.Name = fmt.Sprintf("%s, %.0f%% of its max", mode.name, 100*cfg.OpenLoad)
+		p.Note = fmt.Sprintf("open loop at %.0f/s offered (%.0f%% of the median max %.0f), achieved %.0f/s, p99 arrival-to-answer %v",
+			target, 100*cfg.OpenLoad, maxRate, p.Rate, round(p.P99Sojourn))
 		rep.Phases = append(rep.Phases, p)
 	}
 	return rep, ctx.Err()
@@ -721,8 +729,8 @@ func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limit
 
 // openLoop offers decisions at rate per second for d, whatever the answers
 // take, from workers goroutines, and measures each decision's store
-// latency and its time from scheduled arrival to answer. Arrivals are
-// released every millisecond or so, in small bursts, as Go timers allow.
+// latency and its time from scheduled arrival to answer. Each arrival is
+// released at its scheduled instant (bench.Pacer).
 func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, rate float64, d time.Duration, workers int) Phase {
 	type arrival struct{ at time.Time }
 	queue := make(chan arrival, 1<<16)
@@ -748,21 +756,25 @@ func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter
 		})
 	}
 	interval := time.Duration(float64(time.Second) / rate)
-	var sent int64
-	for ctx.Err() == nil {
-		now := time.Now()
-		if now.Sub(start) >= d {
-			break
-		}
-		due := int64(now.Sub(start) / interval)
-		for ; sent < due; sent++ {
+	total := int64(d / interval)
+	pc, err := bench.NewPacer()
+	if err != nil {
+		close(queue)
+		wg.Wait()
+		return Phase{Errors: 1, Note: err.Error()}
+	}
+	defer pc.Close()
+	for sent := int64(0); sent < total && ctx.Err() == nil; {
+		// Release every arrival that is due, then sleep until the next
+		// one: arrivals leave at their instants, not in bursts.
+		for now := time.Since(start); sent < total && time.Duration(sent)*interval <= now; sent++ {
 			select {
 			case queue <- arrival{at: start.Add(time.Duration(sent) * interval)}:
 			default:
 				dropped.Add(1)
 			}
 		}
-		time.Sleep(500 * time.Microsecond)
+		pc.Sleep(time.Until(start.Add(time.Duration(sent) * interval)))
 	}
 	close(queue)
 	wg.Wait()

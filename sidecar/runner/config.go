@@ -90,6 +90,9 @@ type Config struct {
 	// GRPCResponseHeaders adds the rate-limit response fields to
 	// ShouldRateLimit answers (response_headers_to_add).
 	GRPCResponseHeaders bool
+	// AdminPprof serves Go's profiling endpoints under /debug/pprof/ on
+	// the admin listener.
+	AdminPprof bool
 	// CheckConfig, when set, validates and explains this policy file and
 	// exits without serving.
 	CheckConfig string
@@ -110,6 +113,7 @@ const (
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", DefaultListen, "address the proxy listens on (HTTP/1.1 and h2c)")
 	fs.StringVar(&c.AdminListen, "admin-listen", DefaultAdminListen, "address serving /metrics, /healthz, /readyz and /debug/config")
+	fs.BoolVar(&c.AdminPprof, "admin-pprof", false, "also serve Go's profiles (CPU, heap, goroutines) under /debug/pprof/ on --admin-listen")
 	fs.StringVar(&c.Upstream, "upstream", DefaultUpstream, "the application's URL")
 	fs.BoolVar(&c.UpstreamH2C, "upstream-h2c", false, "speak HTTP/2 without TLS to the upstream (gRPC applications)")
 	fs.StringVar(&c.PolicyFile, "policy-file", "", "sidecar config (YAML or JSON, "+config.APIVersion+"); watched and hot-reloaded")

@@ -628,3 +628,29 @@ policies:
 		t.Errorf("the selected pod did not enforce its policy: %d", res.StatusCode)
 	}
 }
+
+func TestAdminPprofOnlyWhenEnabled(t *testing.T) {
+	t.Parallel()
+	be := newBackend(t, nil)
+	doc := policyDoc("r1", `key: [{header: X-User}]
+limit: {requests: 7, per: 1h}`)
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{nil, http.StatusNotFound},
+		{[]string{"--admin-pprof"}, http.StatusOK},
+	} {
+		sc := startSidecar(t, be.URL, doc, true, tc.args...)
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/goroutine?debug=1"} {
+			res, err := http.Get(sc.admin + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = res.Body.Close()
+			if got := res.StatusCode; got != tc.want {
+				t.Errorf("args %q: GET %s = %d, want %d", tc.args, path, got, tc.want)
+			}
+		}
+	}
+}

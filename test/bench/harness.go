@@ -67,11 +67,13 @@ type Machine struct {
 	Started     string `json:"started"`
 }
 
-// Latency compares the sidecar path with the direct path at half of the
-// sidecar's measured maximum rate, open loop.
+// Latency compares the sidecar path with the direct path at a share (Load)
+// of the sidecar's measured maximum rate, open loop.
 type Latency struct {
-	Store        string  `json:"store"`
-	MaxRate      float64 `json:"maxRatePerSec"`
+	Store   string  `json:"store"`
+	MaxRate float64 `json:"maxRatePerSec"`
+	// Load is the offered rate's share of MaxRate.
+	Load         float64 `json:"load"`
 	Rate         float64 `json:"rateOfferedPerSec"`
 	Direct       Stats   `json:"direct"`
 	Sidecar      Stats   `json:"sidecar"`
@@ -246,6 +248,11 @@ func (h *harness) setup(ctx context.Context) error {
 		if out, err := exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
 			return fmt.Errorf("pin the load generator: %w: %s", err, out)
 		}
+		// The runtime sized GOMAXPROCS for both CPUs at start. Two Ps on
+		// one CPU make the kernel time-slice their threads, and a request
+		// whose goroutine waits on the descheduled thread stalls for a
+		// whole slice: milliseconds at the 99th percentile of both paths.
+		runtime.GOMAXPROCS(1)
 	}
 	h.bin = h.o.SidecarBin
 	if h.bin == "" {
@@ -378,16 +385,23 @@ func scrape(admins []string, family string, match ...string) (float64, error) {
 	return sum, nil
 }
 
-// keyed returns headers whose X-Key is prefix plus i modulo mod: mod 1 is
-// one hot key, a huge mod a fresh key per request.
-func keyed(prefix string, mod int64) func(int64) http.Header {
-	return func(i int64) http.Header {
-		return http.Header{"X-Key": {prefix + strconv.FormatInt(i%mod, 10)}}
+// keyed returns a Target.Header whose X-Key is prefix plus i modulo mod:
+// mod 1 is one hot key, a huge mod a fresh key per request.
+func keyed(prefix string, mod int64) func([]byte, int64) []byte {
+	return func(dst []byte, i int64) []byte {
+		dst = append(dst, "X-Key: "...)
+		dst = append(dst, prefix...)
+		dst = strconv.AppendInt(dst, i%mod, 10)
+		return append(dst, "\r\n"...)
 	}
 }
 
+// latencyLoads are the shares of the maximum rate at which the latency
+// comparison runs; the acceptance criterion reads the one at half.
+var latencyLoads = []float64{0.1, 0.25, 0.5}
+
 func (h *harness) latency(ctx context.Context, store, url string, rep *Report) error {
-	c := NewClient(h.o.Workers)
+	c := NewClient()
 	t := Target{URLs: []string{url + "/lat"}, Header: keyed("user-", 1000)}
 	h.logf("[%s] latency: measuring the maximum rate through the sidecar (%v, %d conns)", store, h.o.Duration, h.o.Conns)
 	// Warm up connections and the store.
@@ -398,28 +412,30 @@ func (h *harness) latency(ctx context.Context, store, url string, rep *Report) e
 	if err != nil {
 		return err
 	}
-	rate := maxS.Rate / 2
-	h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s, direct and through the sidecar in alternating 1s slices", store, maxS.Rate, rate)
-	directPath := Path{Client: NewClient(h.o.Workers), Target: Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}}
+	directPath := Path{Client: NewClient(), Target: Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: t.Header}}
 	if _, err := ClosedLoop(ctx, directPath.Client, directPath.Target, time.Second, h.o.Conns); err != nil {
 		return err
 	}
-	// An unmeasured open-loop second on each path at the rate first, so
-	// that the connections the open loop needs exist before it is timed.
-	if _, _, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, time.Second, h.o.Workers); err != nil {
-		return err
+	for _, load := range latencyLoads {
+		rate := maxS.Rate * load
+		h.logf("[%s] latency: max %.0f req/s; open loop at %.0f req/s (%.0f%%), direct and through the sidecar in alternating 1s slices", store, maxS.Rate, rate, 100*load)
+		// An unmeasured open-loop second on each path at the rate first, so
+		// that the connections the open loop needs exist before it is timed.
+		if _, _, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, time.Second, h.o.Workers); err != nil {
+			return err
+		}
+		direct, via, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, h.o.Duration, h.o.Workers)
+		if err != nil {
+			return err
+		}
+		rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Load: load, Rate: rate, Direct: direct, Sidecar: via,
+			AddedP50Usec: via.P50 - direct.P50, AddedP99Usec: via.P99 - direct.P99})
 	}
-	direct, via, err := Interleaved(ctx, directPath, Path{Client: c, Target: t}, rate, time.Second, h.o.Duration, h.o.Workers)
-	if err != nil {
-		return err
-	}
-	rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Rate: rate, Direct: direct, Sidecar: via,
-		AddedP50Usec: via.P50 - direct.P50, AddedP99Usec: via.P99 - direct.P99})
 	return nil
 }
 
 func (h *harness) throughput(ctx context.Context, store, url string, rep *Report) error {
-	c := NewClient(h.o.Conns)
+	c := NewClient()
 	run := time.Now().UnixNano()
 	for _, tc := range []struct {
 		name string
@@ -460,7 +476,7 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	// state, not the burst of requests in flight when the key first runs
 	// out, which reach the store before any sidecar knows the key is empty.
 	h.logf("[redis] flood: 1s warm-up")
-	if _, err := OpenLoop(ctx, NewClient(h.o.Workers), target, offered, time.Second, h.o.Workers); err != nil {
+	if _, err := OpenLoop(ctx, NewClient(), target, offered, time.Second, h.o.Workers); err != nil {
 		return err
 	}
 	masters, err := h.cluster.Masters(ctx)
@@ -494,7 +510,7 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	s, err := OpenLoop(ctx, NewClient(h.o.Workers), target, offered, d, h.o.Workers)
+	s, err := OpenLoop(ctx, NewClient(), target, offered, d, h.o.Workers)
 	if err != nil {
 		return err
 	}
@@ -562,6 +578,9 @@ func scriptCalls(info string) int64 {
 
 func (h *harness) accept(rep *Report) {
 	for _, l := range rep.Latency {
+		if l.Load != 0.5 {
+			continue
+		}
 		r := Requirement{
 			Name:     fmt.Sprintf("added p99 <= 1 ms at half the max rate (%s store)", l.Store),
 			Measured: fmt.Sprintf("%.0f µs at %.0f req/s", l.AddedP99Usec, l.Rate),
@@ -594,10 +613,10 @@ func (h *harness) table(rep *Report) {
 	// The table goes to the log writer; a failed write only loses output.
 	printf := func(format string, args ...any) { _, _ = fmt.Fprintf(h.o.Log, format, args...) }
 	printf("\nfloodgate-bench  %s  %d CPUs  %s  loadavg %s  redis timeout %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.LoadAverage, rep.Machine.RedisTimeout, rep.Machine.Pinning)
-	printf("\nAdded latency (open loop at half the sidecar's max rate; µs from scheduled send time)\n")
-	printf("  %-7s %10s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
+	printf("\nAdded latency (open loop at a share of the sidecar's closed-loop max rate; µs from scheduled send time)\n")
+	printf("  %-7s %10s %5s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "load", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
 	for _, l := range rep.Latency {
-		printf("  %-7s %10.0f %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, l.Rate,
+		printf("  %-7s %10.0f %4.0f%% %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, 100*l.Load, l.Rate,
 			l.Direct.P50, l.Direct.P99, l.Direct.Max, l.Sidecar.P50, l.Sidecar.P99, l.Sidecar.Max, l.AddedP50Usec, l.AddedP99Usec)
 	}
 	printf("\nDecisions per second per sidecar core (closed loop, %d conns, HTTP end to end)\n", h.o.Conns)

@@ -9,8 +9,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -18,11 +16,12 @@ import (
 	"time"
 )
 
-// Target describes the requests of a run: request i goes to
-// URLs[i%len(URLs)] with the headers Header(i) (none when Header is nil).
+// Target describes the requests of a run: request i is a GET of
+// URLs[i%len(URLs)] with the extra header lines that Header(dst, i) appends
+// to dst (none when Header is nil). Each line ends in CRLF.
 type Target struct {
 	URLs   []string
-	Header func(i int64) http.Header
+	Header func(dst []byte, i int64) []byte
 }
 
 // Stats summarise a run.
@@ -37,21 +36,6 @@ type Stats struct {
 	// Latency percentiles in microseconds. For an open-loop run they are
 	// measured from each request's scheduled send time.
 	P50, P90, P99, P999, Max float64
-}
-
-// NewClient returns an HTTP/1.1 keep-alive client for conns connections.
-func NewClient(conns int) *http.Client {
-	return &http.Client{
-		Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConns:        conns,
-			MaxIdleConnsPerHost: conns,
-			MaxConnsPerHost:     conns,
-			IdleConnTimeout:     time.Minute,
-			DisableCompression:  true,
-		},
-		Timeout: 10 * time.Second,
-	}
 }
 
 type recorder struct {
@@ -86,28 +70,43 @@ func pct(sorted []float64, q float64) float64 {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-func do(ctx context.Context, c *http.Client, t Target, i int64, rec *recorder) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URLs[i%int64(len(t.URLs))], nil)
-	if err != nil {
-		rec.errors.Add(1)
-		return false
+// compiled is a Target with its URLs parsed.
+type compiled struct {
+	eps    []endpoint
+	header func([]byte, int64) []byte
+}
+
+func compile(t Target) (compiled, error) {
+	if len(t.URLs) == 0 {
+		return compiled{}, fmt.Errorf("target: no URLs")
 	}
-	if t.Header != nil {
-		req.Header = t.Header(i)
+	c := compiled{header: t.Header}
+	for _, u := range t.URLs {
+		ep, err := parseEndpoint(u)
+		if err != nil {
+			return compiled{}, err
+		}
+		c.eps = append(c.eps, ep)
 	}
-	res, err := c.Do(req)
+	return c, nil
+}
+
+func do(ctx context.Context, c *Client, t compiled, i int64, rec *recorder) bool {
+	var hdr func([]byte) []byte
+	if t.header != nil {
+		hdr = func(dst []byte) []byte { return t.header(dst, i) }
+	}
+	status, err := c.do(t.eps[i%int64(len(t.eps))], hdr)
 	if err != nil {
 		if ctx.Err() == nil {
 			rec.errors.Add(1)
 		}
 		return false
 	}
-	_, _ = io.Copy(io.Discard, res.Body)
-	_ = res.Body.Close()
 	switch {
-	case res.StatusCode/100 == 2:
+	case status/100 == 2:
 		rec.ok.Add(1)
-	case res.StatusCode == http.StatusTooManyRequests:
+	case status == http.StatusTooManyRequests:
 		rec.limited.Add(1)
 	default:
 		rec.errors.Add(1)
@@ -119,7 +118,7 @@ func do(ctx context.Context, c *http.Client, t Target, i int64, rec *recorder) b
 // request i is due at start + i/rate, and its latency is counted from that
 // instant, so time spent waiting for a free worker (because the server is
 // slow) counts against the server. workers bounds the requests in flight.
-func OpenLoop(ctx context.Context, c *http.Client, t Target, rate float64, d time.Duration, workers int) (Stats, error) {
+func OpenLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Duration, workers int) (Stats, error) {
 	rec := &recorder{}
 	sent, elapsed, err := openLoop(ctx, c, t, rate, d, workers, 0, rec)
 	if err != nil {
@@ -131,7 +130,7 @@ func OpenLoop(ctx context.Context, c *http.Client, t Target, rate float64, d tim
 // Path is one side of an interleaved comparison: a target and the client
 // that sends to it.
 type Path struct {
-	Client *http.Client
+	Client *Client
 	Target Target
 }
 
@@ -164,47 +163,68 @@ func Interleaved(ctx context.Context, a, b Path, rate float64, slice, total time
 }
 
 // openLoop is one open-loop run into rec; requests are numbered from first.
-// It returns the requests sent and the run's wall time.
-func openLoop(ctx context.Context, c *http.Client, t Target, rate float64, d time.Duration, workers int, first int64, rec *recorder) (int64, time.Duration, error) {
+// It returns the requests sent and the run's wall time. A dispatcher
+// releases each request at its due instant (see Pacer) to the first free
+// worker; when every worker is busy the request waits, and that wait is
+// part of its latency.
+func openLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Duration, workers int, first int64, rec *recorder) (int64, time.Duration, error) {
 	if rate <= 0 || d <= 0 || workers <= 0 {
 		return 0, 0, fmt.Errorf("open loop: rate, duration and workers must be positive")
 	}
+	ct, err := compile(t)
+	if err != nil {
+		return 0, 0, err
+	}
+	pc, err := NewPacer()
+	if err != nil {
+		return 0, 0, fmt.Errorf("open loop: %w", err)
+	}
+	defer pc.Close()
 	total := int64(rate * d.Seconds())
 	interval := float64(time.Second) / rate
-	var next atomic.Int64
 	start := time.Now().Add(10 * time.Millisecond)
+	due := func(i int64) time.Time { return start.Add(time.Duration(float64(i) * interval)) }
 	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
 	defer cancel()
+	queue := make(chan int64, workers)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			local := make([]float64, 0, total/int64(workers)+16)
 			defer func() { rec.add(local) }()
-			for {
-				i := next.Add(1) - 1
-				if i >= total || ctx.Err() != nil {
-					return
+			for i := range queue {
+				if ctx.Err() != nil {
+					continue
 				}
-				due := start.Add(time.Duration(float64(i) * interval))
-				if w := time.Until(due); w > 0 {
-					time.Sleep(w)
-				}
-				if do(ctx, c, t, first+i, rec) {
-					local = append(local, float64(time.Since(due).Microseconds()))
+				if do(ctx, c, ct, first+i, rec) {
+					local = append(local, float64(time.Since(due(i)).Microseconds()))
 				}
 			}
 		})
 	}
+	var sent int64
+	for ; sent < total && ctx.Err() == nil; sent++ {
+		pc.Sleep(time.Until(due(sent)))
+		select {
+		case queue <- sent:
+		case <-ctx.Done():
+		}
+	}
+	close(queue)
 	wg.Wait()
-	return min(next.Load(), total), time.Since(start), nil
+	return sent, time.Since(start), nil
 }
 
 // ClosedLoop runs conns workers that each send the next request as soon as
 // the last one is answered, for d: the server's maximum throughput at that
 // concurrency. Its latencies are service times, not open-loop latencies.
-func ClosedLoop(ctx context.Context, c *http.Client, t Target, d time.Duration, conns int) (Stats, error) {
+func ClosedLoop(ctx context.Context, c *Client, t Target, d time.Duration, conns int) (Stats, error) {
 	if d <= 0 || conns <= 0 {
 		return Stats{}, fmt.Errorf("closed loop: duration and conns must be positive")
+	}
+	ct, err := compile(t)
+	if err != nil {
+		return Stats{}, err
 	}
 	rec := &recorder{}
 	var next atomic.Int64
@@ -219,7 +239,7 @@ func ClosedLoop(ctx context.Context, c *http.Client, t Target, d time.Duration, 
 			for ctx.Err() == nil {
 				i := next.Add(1) - 1
 				t0 := time.Now()
-				if do(ctx, c, t, i, rec) {
+				if do(ctx, c, ct, i, rec) {
 					local = append(local, float64(time.Since(t0).Microseconds()))
 				}
 			}

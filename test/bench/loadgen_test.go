@@ -22,7 +22,7 @@ func TestOpenLoopCountsQueueingFromTheSchedule(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	c := NewClient(1)
+	c := NewClient()
 	// 100 requests due within 0.5s, served one at a time in at least 20ms
 	// each: the last one completes at least 2s after start, 1.5s after it
 	// was due. A closed-loop tool would report about 20ms for every one.
@@ -104,8 +104,8 @@ func TestInterleavedAlternatesSlicesAndKeepsNumbering(t *testing.T) {
 	// 100/s for 0.6s per path in 0.2s slices: 60 requests each, in three
 	// slices of 20.
 	sa, sb, err := Interleaved(context.Background(),
-		Path{Client: NewClient(8), Target: Target{URLs: []string{a.URL}, Header: key}},
-		Path{Client: NewClient(8), Target: Target{URLs: []string{b.URL}, Header: key}},
+		Path{Client: NewClient(), Target: Target{URLs: []string{a.URL}, Header: key}},
+		Path{Client: NewClient(), Target: Target{URLs: []string{b.URL}, Header: key}},
 		100, 200*time.Millisecond, 600*time.Millisecond, 8)
 	if err != nil {
 		t.Fatal(err)
