@@ -90,6 +90,13 @@ type Config struct {
 	// GRPCResponseHeaders adds the rate-limit response fields to
 	// ShouldRateLimit answers (response_headers_to_add).
 	GRPCResponseHeaders bool
+	// GCPercent is the garbage collector's GOGC unless the GOGC
+	// environment variable is set.
+	GCPercent int
+	// MemoryLimitRatio sets the runtime's soft memory limit to this share
+	// of the container's memory limit, unless GOMEMLIMIT is set; 0 sets
+	// none.
+	MemoryLimitRatio float64
 	// AdminPprof serves Go's profiling endpoints under /debug/pprof/ on
 	// the admin listener.
 	AdminPprof bool
@@ -144,6 +151,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
 	fs.IntVar(&c.EventQueue, "event-queue", 4096, "capacity of the deny event queue; events beyond it are dropped and counted")
+	fs.IntVar(&c.GCPercent, "gc-percent", DefaultGCPercent,
+		"Go garbage collector target (GOGC): heap growth in percent between collections; the GOGC environment variable, when set, wins")
+	fs.Float64Var(&c.MemoryLimitRatio, "memory-limit-ratio", DefaultMemoryLimitRatio,
+		"soft memory limit of the Go runtime as a share of the container's memory limit (cgroup), so that --gc-percent never grows the heap past it; 0: none; GOMEMLIMIT, when set, wins")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
 	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
@@ -267,6 +278,12 @@ func (c *Config) Validate() error {
 	}
 	if c.EventQueue < 1 {
 		bad("event-queue", "must be at least 1")
+	}
+	if c.GCPercent < 25 || c.GCPercent > 10000 {
+		bad("gc-percent", "must be between 25 and 10000, got %d", c.GCPercent)
+	}
+	if !(c.MemoryLimitRatio >= 0 && c.MemoryLimitRatio <= 1) {
+		bad("memory-limit-ratio", "must be between 0 and 1, got %v", c.MemoryLimitRatio)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

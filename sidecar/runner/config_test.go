@@ -61,6 +61,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"--redis-addrs", "a:1,bad", "--max-header-bytes", "10", "--log-level", "loud",
 		"--policy-poll-interval", "1ms", "--redis-password-file", "/nonexistent/pw",
 		"--redis-batch-window", "1s", "--redis-max-batch", "0", "--redis-breaker-failures", "-1", "--redis-breaker-cooldown", "0s",
+		"--gc-percent", "10", "--memory-limit-ratio", "1.5",
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		t.Fatal("Validate succeeded")
 	}
 	for _, want := range []string{"--listen", "--upstream", "--store", "--redis-addrs", "--max-header-bytes", "--log-level", "--policy-file", "--policy-poll-interval", "--redis-password-file",
-		"--redis-batch-window", "--redis-max-batch", "--redis-breaker-failures", "--redis-breaker-cooldown"} {
+		"--redis-batch-window", "--redis-max-batch", "--redis-breaker-failures", "--redis-breaker-cooldown", "--gc-percent", "--memory-limit-ratio"} {
 		if !strings.Contains(err.Error(), want+" (") {
 			t.Errorf("no problem reported for %s:\n%v", want, err)
 		}
