@@ -11,7 +11,10 @@
 #       127.0.0.1, ports P, P+1, ... (default 7001; the cluster bus uses
 #       port+10000; both stay below the kernel's ephemeral ports), forms the cluster with `redis-cli --cluster create`,
 #       waits until every node reports cluster_state:ok with all 16384 slots
-#       covered, and prints the seed addresses, comma separated, on stdout.
+#       covered and every replica has completed its first sync (until then
+#       Redis will not promote it), and prints the seed addresses, comma
+#       separated, on stdout. Replicas sync at once (repl-diskless-sync-delay
+#       0) rather than after Redis's default 5s.
 #       Nothing is persisted (--save '' --appendonly no). A shard without
 #       a master does not stop the others (cluster-require-full-coverage
 #       no): a rate limiter wants the live shards to keep answering.
@@ -185,6 +188,7 @@ cmd_start() {
     "$server" --port "$port" --bind "$HOST" --protected-mode no \
       --cluster-enabled yes --cluster-config-file "$DIR/$port/nodes.conf" \
       --cluster-node-timeout 2000 --cluster-require-full-coverage no \
+      --repl-diskless-sync-delay 0 \
       --save '' --appendonly no --dir "$DIR/$port" \
       --daemonize yes --pidfile "$DIR/node-$port.pid" --logfile "$DIR/node-$port.log" \
       || { cmd_stop_dir; die "redis-server on port $port failed to start"; }
@@ -224,6 +228,22 @@ cmd_start() {
         "$cli" -h "$HOST" -p "$port" cluster info >&2 || true
         cmd_stop_dir
         die "node $HOST:$port did not reach cluster_state:ok with 16384 slots within ${WAIT_SECONDS}s"
+      fi
+      sleep 0.1
+    done
+  done
+  # A replica whose first sync has not completed cannot be promoted (Redis
+  # refuses: "Disconnected from master for longer than allowed"), so the
+  # cluster is ready only once every replica is in sync with its master.
+  for (( i = 0; i < total; i++ )); do
+    port=$(( BASE_PORT + i ))
+    until repl="$("$cli" -h "$HOST" -p "$port" info replication 2>/dev/null | tr -d '\r')" &&
+      { grep -q '^role:master$' <<<"$repl" ||
+        { grep -q '^master_link_status:up$' <<<"$repl" && grep -q '^master_sync_in_progress:0$' <<<"$repl"; }; }; do
+      if (( SECONDS > deadline )); then
+        echo "$repl" >&2
+        cmd_stop_dir
+        die "replica $HOST:$port did not complete its first sync with its master within ${WAIT_SECONDS}s"
       fi
       sleep 0.1
     done

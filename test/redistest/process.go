@@ -157,6 +157,10 @@ func (p *process) args(host string, port int, nodeTimeout time.Duration, partial
 		"--dir", p.dir,
 		"--logfile", filepath.Join(p.dir, "redis.log"),
 		"--enable-debug-command", "local",
+		// A replica starts its first sync at once instead of after the
+		// 5s that Redis waits to serve several replicas with one
+		// snapshot: until it has synced it cannot be promoted.
+		"--repl-diskless-sync-delay", "0",
 	}
 	if p.password != "" {
 		a = append(a, "--requirepass", p.password, "--masterauth", p.password)
