@@ -239,6 +239,10 @@ func (d *demo) killMaster(ctx context.Context) error {
 	hits0 := d.backend.Hits()
 	var total struct{ ok, limited, unavailable int }
 	seenFallback := false
+	fbBefore, err := d.metricSum("floodgate_sidecar_fallback_decisions_total")
+	if err != nil {
+		return err
+	}
 	for sec := 1; sec <= 15; sec++ {
 		var mu sync.Mutex
 		var ok, limited, unavailable int
@@ -280,21 +284,31 @@ func (d *demo) killMaster(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		fbNow, err := d.metricSum("floodgate_sidecar_fallback_decisions_total")
+		if err != nil {
+			return err
+		}
+		local := fbNow - fbBefore
+		fbBefore = fbNow
 		note := ""
 		switch {
-		case fb > 0:
+		case local > 0 && unavailable > 0:
 			seenFallback = true
 			note = "shard down: per-api-key on local buckets, logins refused"
-		case seenFallback && unavailable == 0:
-			note = "replica promoted: shared counting again"
+		case local > 0:
+			seenFallback = true
+			note = "shard down: per-api-key on local buckets"
 		case unavailable > 0:
-			note = "shard down, breaker opening"
+			seenFallback = true
+			note = "shard down: logins refused"
+		case seenFallback:
+			note = "replica promoted: shared counting again"
 		}
 		fmt.Printf("    %-6d %9d %9d %9d %9s %12.0f   %s\n", sec, ok, limited, unavailable, p99(lat).Round(10*time.Microsecond), fb, note)
 		total.ok += ok
 		total.limited += limited
 		total.unavailable += unavailable
-		if seenFallback && fb == 0 && unavailable == 0 {
+		if seenFallback && local == 0 && unavailable == 0 {
 			break
 		}
 	}

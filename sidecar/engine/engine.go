@@ -228,8 +228,13 @@ type Options struct {
 type Engine struct {
 	o        Options
 	deny     *denyCache
-	fallback atomic.Bool
-	all      *shardMetrics // store metrics without a ShardOf
+	fallback atomic.Bool // some shard's last call found it unavailable
+	// downShards counts the shards whose last call failed; fallbackMu
+	// serialises its changes with the gauge's.
+	downShards int
+	fallbackMu sync.Mutex
+	nextExpiry atomic.Int64 // Unix nanoseconds of the next expireShards
+	all        *shardMetrics // store metrics without a ShardOf
 	// shardObs maps a shard to its store metrics. It is copied on write:
 	// the shards are few (the store's masters) and read on every store
 	// call, where a plain map read costs less than a sync.Map's.
@@ -240,7 +245,17 @@ type Engine struct {
 type shardMetrics struct {
 	obs             prometheus.Observer
 	ok, unav, error prometheus.Counter
+	// down is set while the shard's last call failed; lastFail is when
+	// (Unix nanoseconds).
+	down     atomic.Bool
+	lastFail atomic.Int64
 }
+
+// fallbackHold is how long a shard whose last call failed counts as down
+// when no call to it succeeds. Its own failed calls renew it; a shard that
+// gets no more calls, such as a failed master whose keys a promoted replica
+// now serves under another address, stops counting after it.
+const fallbackHold = 5 * time.Second
 
 // New returns an engine.
 func New(o Options) (*Engine, error) {
@@ -297,9 +312,72 @@ func (e *Engine) shardMetrics(shard string) *shardMetrics {
 // that may have raised a limit. Counters in the stores are kept.
 func (e *Engine) ForgetLocalState() { e.deny.clear() }
 
-// FallbackActive reports whether the last store call found the store
-// unavailable.
+// FallbackActive reports whether the last call to some shard of the store
+// found it unavailable: while one shard of several is down, decisions on
+// its keys fall back and the others do not, and this stays true until a
+// call to that shard succeeds or, when it gets no more calls, for
+// fallbackHold (5s) after its last failure.
 func (e *Engine) FallbackActive() bool { return e.fallback.Load() }
+
+// markShard records whether sm's last call, at now, failed, and keeps
+// FallbackActive and its gauge true while any shard counts as down. Only a
+// change takes the lock; while some shard is down, a successful call also
+// expires, at most every fallbackHold/4, the shards that have had no call
+// for fallbackHold.
+func (e *Engine) markShard(sm *shardMetrics, down bool, now time.Time) {
+	if down {
+		sm.lastFail.Store(now.UnixNano())
+	} else if e.fallback.Load() {
+		if next := e.nextExpiry.Load(); now.UnixNano() >= next && e.nextExpiry.CompareAndSwap(next, now.Add(fallbackHold/4).UnixNano()) {
+			e.expireShards(now)
+		}
+	}
+	if sm.down.Load() == down {
+		return
+	}
+	e.fallbackMu.Lock()
+	defer e.fallbackMu.Unlock()
+	e.setDownLocked(sm, down)
+}
+
+// setDownLocked changes sm's state and the gauge; e.fallbackMu is held.
+func (e *Engine) setDownLocked(sm *shardMetrics, down bool) {
+	if sm.down.Load() == down {
+		return
+	}
+	sm.down.Store(down)
+	if down {
+		e.downShards++
+	} else {
+		e.downShards--
+	}
+	active := e.downShards > 0
+	e.fallback.Store(active)
+	if active {
+		e.o.Metrics.FallbackActive.Set(1)
+	} else {
+		e.o.Metrics.FallbackActive.Set(0)
+	}
+}
+
+// expireShards stops counting as down the shards whose last failed call is
+// older than fallbackHold.
+func (e *Engine) expireShards(now time.Time) {
+	horizon := now.Add(-fallbackHold).UnixNano()
+	e.fallbackMu.Lock()
+	defer e.fallbackMu.Unlock()
+	expire := func(sm *shardMetrics) {
+		if sm.down.Load() && sm.lastFail.Load() < horizon {
+			e.setDownLocked(sm, false)
+		}
+	}
+	expire(e.all)
+	if m := e.shardObs.Load(); m != nil {
+		for _, sm := range *m {
+			expire(sm)
+		}
+	}
+}
 
 // call is one store call of a decision.
 type call struct {
@@ -496,10 +574,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 	sm.obs.Observe(answered.Sub(now).Seconds())
 	if err == nil {
 		sm.ok.Inc()
-		if e.fallback.Load() {
-			e.fallback.Store(false)
-			e.o.Metrics.FallbackActive.Set(0)
-		}
+		e.markShard(sm, false, answered)
 		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
 		if c.cost > 0 {
 			// The store decided at some instant between the call and its
@@ -519,10 +594,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		e.deny.settle(h.Key, c.entry, now, answer{failed: true})
 		c.entry = nil
 	}
-	if !e.fallback.Load() {
-		e.fallback.Store(true)
-		e.o.Metrics.FallbackActive.Set(1)
-	}
+	e.markShard(sm, true, answered)
 	c.err = err
 	if r.FailClosed {
 		c.res = Result{Decision: limiter.Decision{Limit: r.Limit.Capacity(), RetryAfter: UnavailableRetryAfter}, Source: FromNowhere}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,6 +40,9 @@ type keyedStore struct {
 	calls atomic.Int64
 	// fail, when set, makes every Take fail with ErrUnavailable.
 	fail atomic.Bool
+	// failPrefix, when set, makes the Takes of keys with this prefix fail
+	// with ErrUnavailable: one shard down among several.
+	failPrefix atomic.Pointer[string]
 	// gate, when non-nil, is waited on by every Take.
 	gate chan struct{}
 }
@@ -52,7 +56,7 @@ func (s *keyedStore) Take(ctx context.Context, req limiter.Request) (limiter.Dec
 	if s.gate != nil {
 		<-s.gate
 	}
-	if s.fail.Load() {
+	if p := s.failPrefix.Load(); s.fail.Load() || p != nil && strings.HasPrefix(req.Key, *p) {
 		return limiter.Decision{}, fmt.Errorf("dial 127.0.0.1:1: %w", limiter.ErrUnavailable)
 	}
 	s.mu.Lock()
@@ -260,6 +264,98 @@ func TestFailOpenUsesLocalShare(t *testing.T) {
 	}
 	if f.e.FallbackActive() {
 		t.Errorf("fallback still active after a good store call")
+	}
+}
+
+func TestFallbackActiveWhileAnyShardIsDown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	// Two shards, named by the key's first letter; shard b is down.
+	var err error
+	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Now: f.clock.Now,
+		ShardOf: func(key string) string { return key[:1] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.rule(t, "open", perMinute(limiter.TokenBucket, 1000), 1, false, false)
+	down := "b"
+	f.store.failPrefix.Store(&down)
+	// Calls alternate between a healthy and the dead shard: the dead one's
+	// keys fall back, the healthy one's do not, and fallback stays active
+	// after every call, not only after those to the dead shard.
+	for i := range 10 {
+		key := "a-key"
+		if i%2 == 1 {
+			key = "b-key"
+		}
+		v := f.decide(Hit{Rule: r, Key: key, Cost: 1})
+		wantSource := FromStore
+		if key[0] == 'b' {
+			wantSource = FromFallback
+		}
+		if got := v.Results[0].Source; got != wantSource {
+			t.Errorf("call %d on %s: source %v, want %v", i, key, got, wantSource)
+		}
+		if i >= 1 && (!f.e.FallbackActive() || value(f.m.FallbackActive) != 1) {
+			t.Errorf("call %d on %s: fallback reported inactive (gauge %v) while shard b is down", i, key, value(f.m.FallbackActive))
+		}
+	}
+	f.store.failPrefix.Store(nil)
+	if v := f.decide(Hit{Rule: r, Key: "a-key", Cost: 1}); v.Results[0].Source != FromStore {
+		t.Fatalf("healthy shard: source %v", v.Results[0].Source)
+	}
+	if !f.e.FallbackActive() {
+		t.Error("fallback cleared by a call to another shard before shard b answered")
+	}
+	if v := f.decide(Hit{Rule: r, Key: "b-key", Cost: 1}); v.Results[0].Source != FromStore {
+		t.Fatalf("shard b back: source %v", v.Results[0].Source)
+	}
+	if f.e.FallbackActive() || value(f.m.FallbackActive) != 0 {
+		t.Errorf("fallback still active (gauge %v) after every shard answered", value(f.m.FallbackActive))
+	}
+}
+
+func TestFallbackEndsWhenADownShardGetsNoMoreCalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	// Keys move from shard b to shard c, as when a replica at another
+	// address is promoted in place of a failed master.
+	var moved atomic.Bool
+	var err error
+	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Now: f.clock.Now,
+		ShardOf: func(key string) string {
+			if moved.Load() {
+				return "c"
+			}
+			return "b"
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.rule(t, "open", perMinute(limiter.TokenBucket, 1000), 1, false, false)
+	f.store.fail.Store(true)
+	f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+	if !f.e.FallbackActive() {
+		t.Fatal("fallback not active with shard b down")
+	}
+	f.store.fail.Store(false)
+	moved.Store(true)
+	// Calls now succeed on shard c; shard b gets none. It counts as down
+	// until fallbackHold has passed since its last failure, and no longer
+	// once the next expiry check (every fallbackHold/4) has run after that.
+	for elapsed := time.Duration(0); elapsed <= fallbackHold*3/2; elapsed += 250 * time.Millisecond {
+		f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+		got := f.e.FallbackActive()
+		if elapsed < fallbackHold && !got {
+			t.Errorf("%v after shard b's last failure: fallback inactive, want active for %v", elapsed, fallbackHold)
+		}
+		if elapsed > fallbackHold*5/4 && got {
+			t.Errorf("%v after shard b's last failure: fallback still active, want it ended by %v", elapsed, fallbackHold*5/4)
+		}
+		f.clock.Add(250 * time.Millisecond)
+	}
+	if got := value(f.m.FallbackActive); got != 0 {
+		t.Errorf("gauge = %v after the hold, want 0", got)
 	}
 }
 

@@ -40,8 +40,9 @@ type Metrics struct {
 	// FallbackDecisionsTotal counts decisions taken on a local fallback
 	// bucket because the store was unavailable, by policy, rule and result.
 	FallbackDecisionsTotal *prometheus.CounterVec
-	// FallbackActive is 1 while the store is unavailable and rules follow
-	// their failure mode, 0 otherwise.
+	// FallbackActive is 1 while the last call to some shard of the store
+	// failed (decisions on its keys follow their rule's failure mode), 0
+	// once every shard's last call succeeded.
 	FallbackActive prometheus.Gauge
 	// DenyCacheKeys is the number of keys in the local deny cache.
 	DenyCacheKeys prometheus.GaugeFunc
@@ -97,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"policy", "rule", "result"}),
 		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "fallback_active",
-			Help: "1 while the counter store is unavailable and rules follow their failure mode.",
+			Help: "1 while the last call to some shard of the counter store failed, so rules on its keys follow their failure mode.",
 		}),
 		ConfigInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "config_info",
