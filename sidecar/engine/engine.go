@@ -233,7 +233,7 @@ type Engine struct {
 	// serialises its changes with the gauge's.
 	downShards int
 	fallbackMu sync.Mutex
-	nextExpiry atomic.Int64 // Unix nanoseconds of the next expireShards
+	nextExpiry atomic.Int64  // Unix nanoseconds of the next expireShards
 	all        *shardMetrics // store metrics without a ShardOf
 	// shardObs maps a shard to its store metrics. It is copied on write:
 	// the shards are few (the store's masters) and read on every store
