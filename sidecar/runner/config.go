@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -304,7 +305,9 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		if c.RedisPassword != "" {
 			bad("redis-password-file", "give either it or %s, not both", EnvRedisPassword)
 		}
-		if _, err := os.Stat(c.RedisPassFile); err != nil {
+		// In Kubernetes mode the file comes from an optional Secret
+		// volume and may appear after the start.
+		if _, err := os.Stat(c.RedisPassFile); err != nil && !(c.Kubernetes && errors.Is(err, fs.ErrNotExist)) {
 			bad("redis-password-file", "%v", err)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // that is down at start only makes decisions fail over to each rule's
 // failure mode until it answers.
 func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*storeHandle, error) {
-	pw, err := cfg.password()
+	creds, err := cfg.credentials(log)
 	if err != nil {
 		return nil, err
 	}
@@ -21,7 +21,7 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 		return nil, err
 	}
 	s, err := redisstore.New(redisstore.Options{
-		Addrs: sel.Addresses, Password: pw, TLS: tc, Timeout: cfg.RedisTimeout,
+		Addrs: sel.Addresses, Credentials: creds, TLS: tc, Timeout: cfg.RedisTimeout,
 		BatchWindow: cfg.RedisBatchWindow, MaxBatch: cfg.RedisMaxBatch,
 		BreakerFailures: cfg.RedisBreakerFailures, BreakerCooldown: cfg.RedisBreakerCooldown,
 	})

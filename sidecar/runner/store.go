@@ -1,8 +1,11 @@
 package runner
 
 import (
+	"errors"
+	"io/fs"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -72,14 +75,44 @@ func openStore(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 	}
 }
 
-// password reads the Redis password from the environment or the file.
-func (c *Config) password() (string, error) {
+// credentials returns the Redis credentials source. With
+// --redis-password-file the file is read again for every new connection, so
+// a password rotated where it comes from (a Secret volume the kubelet
+// updates) is used without a restart; a file that cannot be read keeps the
+// last password read. In Kubernetes mode the file may not exist yet: the
+// injected Secret volume is optional, and fills in once the manager has
+// mirrored the store's password into the namespace.
+func (c *Config) credentials(log *slog.Logger) (func() (string, string), error) {
 	if c.RedisPassFile == "" {
-		return c.RedisPassword, nil
+		pw := c.RedisPassword
+		return func() (string, string) { return "", pw }, nil
 	}
-	b, err := readFile(c.RedisPassFile)
-	if err != nil {
-		return "", err
+	read := func() (string, error) {
+		b, err := readFile(c.RedisPassFile)
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
 	}
-	return strings.TrimRight(string(b), "\r\n"), nil
+	first, err := read()
+	if err != nil && !(c.Kubernetes && errors.Is(err, fs.ErrNotExist)) {
+		return nil, err
+	}
+	var mu sync.Mutex
+	last, warned := first, ""
+	return func() (string, string) {
+		pw, err := read()
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+			last, warned = pw, ""
+		case (!errors.Is(err, fs.ErrNotExist) || last != "") && err.Error() != warned:
+			// Once per distinct error: connections are dialled again
+			// and again while a store is down.
+			warned = err.Error()
+			log.Warn("reading the Redis password file; keeping the last password read", "file", c.RedisPassFile, "err", err)
+		}
+		return "", last
+	}, nil
 }

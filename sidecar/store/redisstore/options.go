@@ -53,6 +53,12 @@ type Options struct {
 	// for ACL users; empty means the default user.
 	Username string
 	Password string
+	// Credentials, when set, replaces Username and Password: it is called
+	// for every new connection, so a password changed where it comes from
+	// (a file that a Kubernetes Secret volume updates, say) is used from
+	// the next connection on, without a restart. It must be safe for
+	// concurrent use and should not block.
+	Credentials func() (username, password string)
 	// TLS, when set, is used for every connection. Each node connection
 	// gets a clone.
 	TLS *tls.Config
@@ -102,6 +108,10 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DialTimeout == 0 {
 		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.Credentials == nil {
+		user, pw := o.Username, o.Password
+		o.Credentials = func() (string, string) { return user, pw }
 	}
 	return o, o.Validate()
 }

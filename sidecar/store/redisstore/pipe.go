@@ -76,16 +76,16 @@ func dialPipe(sh *shard) (*pconn, error) {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
 	r := bufio.NewReaderSize(nc, 32<<10)
-	if o.Password != "" {
+	if user, password := o.Credentials(); password != "" {
 		dl, _ := ctx.Deadline()
 		_ = nc.SetDeadline(dl)
 		var b []byte
-		if o.Username != "" {
-			b = appendBulk(appendBulk(arrayHeader(3), "AUTH"), o.Username)
+		if user != "" {
+			b = appendBulk(appendBulk(arrayHeader(3), "AUTH"), user)
 		} else {
 			b = appendBulk(arrayHeader(2), "AUTH")
 		}
-		b = appendBulk(b, o.Password)
+		b = appendBulk(b, password)
 		if _, err := nc.Write(b); err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("auth: %w", err)

@@ -75,11 +75,10 @@ func New(opts Options) (*Store, error) {
 	s.shards.Store(&empty)
 	if !o.Single {
 		s.cc = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:     o.Addrs,
-			Username:  o.Username,
-			Password:  o.Password,
-			TLSConfig: cloneTLS(o.TLS),
-			Protocol:  2,
+			Addrs:               o.Addrs,
+			CredentialsProvider: o.Credentials,
+			TLSConfig:           cloneTLS(o.TLS),
+			Protocol:            2,
 			// The cluster client only loads the slot map (CLUSTER
 			// SLOTS); the scripts go through the store's own node
 			// clients. Still, nothing in it may retry.
@@ -114,11 +113,10 @@ func cloneTLS(c *tls.Config) *tls.Config {
 func (s *Store) nodeOptions(addr string) *redis.Options {
 	o := s.opts
 	return &redis.Options{
-		Addr:      addr,
-		Username:  o.Username,
-		Password:  o.Password,
-		TLSConfig: cloneTLS(o.TLS),
-		Protocol:  2,
+		Addr:                addr,
+		CredentialsProvider: o.Credentials,
+		TLSConfig:           cloneTLS(o.TLS),
+		Protocol:            2,
 		// -1: never resend a command. A script that timed out may have
 		// run; sending it again could charge twice.
 		MaxRetries:              -1,

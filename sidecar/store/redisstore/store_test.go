@@ -466,3 +466,64 @@ func TestPipelineStats(t *testing.T) {
 		t.Logf("batched: %d decisions in %d writes", st.Decisions, st.Writes)
 	}
 }
+
+// TestRotatedPasswordWithoutRestart: with Credentials, a store picks up a
+// changed password at its next connection; a store given the old password
+// as a string keeps failing once its connections are gone.
+func TestRotatedPasswordWithoutRestart(t *testing.T) {
+	t.Parallel()
+	for _, window := range []time.Duration{redisstore.NoBatching, redisstore.DefaultBatchWindow} {
+		t.Run(fmt.Sprintf("window=%v", window), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			srv := redistest.StartServer(t, redistest.ServerOptions{Password: "old"})
+			var current atomic.Pointer[string]
+			old, rotated := "old", "new"
+			current.Store(&old)
+			s, err := redisstore.New(redisstore.Options{BatchWindow: window, Addrs: []string{srv.Addr()}, Single: true, Timeout: time.Second,
+				Credentials: func() (string, string) { return "", *current.Load() }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = s.Close() }()
+			fixed, err := redisstore.New(redisstore.Options{BatchWindow: window, Addrs: []string{srv.Addr()}, Single: true, Timeout: time.Second, Password: "old"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = fixed.Close() }()
+			req := limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 1000, Period: time.Minute}, Cost: 1}
+			for _, st := range []*redisstore.Store{s, fixed} {
+				if _, err := st.Take(ctx, req); err != nil {
+					t.Fatalf("take with the password in force: %v", err)
+				}
+			}
+			admin := srv.Client()
+			if err := admin.ConfigSet(ctx, "requirepass", rotated).Err(); err != nil {
+				t.Fatal(err)
+			}
+			current.Store(&rotated)
+			// Existing connections stay authenticated: drop them, as a
+			// restarted Redis would.
+			if err := admin.ClientKillByFilter(ctx, "TYPE", "normal").Err(); err != nil {
+				t.Fatal(err)
+			}
+			var lastErr error
+			ok := false
+			for range 100 {
+				if _, lastErr = s.Take(ctx, req); lastErr == nil {
+					ok = true
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !ok {
+				t.Fatalf("the store with Credentials never authenticated with the rotated password: %v", lastErr)
+			}
+			for range 5 {
+				if _, err := fixed.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
+					t.Fatalf("the store with the old password as a string: %v, want ErrUnavailable", err)
+				}
+			}
+		})
+	}
+}
