@@ -21,8 +21,11 @@
 // the downward API, the pod's labels as the file
 // /etc/floodgate/podinfo/labels, its own service account token (a
 // projected volume, so it works even when the pod does not mount one), the
-// store password from the Secret floodgate-store-auth that the manager
-// mirrors into the namespace, and the Secrets and ConfigMaps that the
+// store password as the file /etc/floodgate/store-auth/password from the
+// Secret floodgate-store-auth that the manager mirrors into the namespace
+// (an optional volume: the sidecar starts before the Secret exists and reads
+// the file again for every new connection, so a rotated password needs no
+// restart), and the Secrets and ConfigMaps that the
 // namespace's policies reference for JWT verification, under
 // compiler.MountDir.
 //
@@ -136,6 +139,15 @@ const (
 	StoreAuthSecret = "floodgate-store-auth"
 	// StoreAuthKey is the password's key in StoreAuthSecret.
 	StoreAuthKey = "password"
+	// StoreAuthVolume mounts StoreAuthSecret into the sidecar, optional,
+	// at StoreAuthDir: the sidecar reads StoreAuthFile for every new
+	// connection, so it starts before the manager has mirrored the
+	// Secret and follows a rotated password without a restart.
+	StoreAuthVolume = "floodgate-store-auth"
+	// StoreAuthDir is where StoreAuthVolume is mounted.
+	StoreAuthDir = "/etc/floodgate/store-auth"
+	// StoreAuthFile is the store password's file.
+	StoreAuthFile = StoreAuthDir + "/" + StoreAuthKey
 	// RenamedPortPrefix prefixes the application port whose name the
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
@@ -332,7 +344,7 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 		h2c = b
 	}
 	for _, v := range out.Spec.Volumes {
-		if v.Name == PodInfoVolume || v.Name == APIAccessVolume {
+		if v.Name == PodInfoVolume || v.Name == APIAccessVolume || v.Name == StoreAuthVolume {
 			errs = append(errs, &AnnotationError{Reason: fmt.Sprintf("the pod already has a volume named %q, which the floodgate sidecar needs", v.Name)})
 		}
 	}
@@ -651,9 +663,18 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 			}},
 		}},
 	}}
+	volumes = append(volumes, corev1.Volume{
+		Name: StoreAuthVolume,
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: StoreAuthSecret,
+			Items:      []corev1.KeyToPath{{Key: StoreAuthKey, Path: StoreAuthKey}},
+			Optional:   ptr.To(true),
+		}},
+	})
 	vms := []corev1.VolumeMount{
 		{Name: PodInfoVolume, MountPath: PodInfoDir, ReadOnly: true},
 		{Name: APIAccessVolume, MountPath: ServiceAccountDir, ReadOnly: true},
+		{Name: StoreAuthVolume, MountPath: StoreAuthDir, ReadOnly: true},
 	}
 	taken := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {
@@ -727,10 +748,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 			{Name: "FLOODGATE_KUBERNETES", Value: "true"},
 			fieldEnv("POD_NAME", "metadata.name"),
 			fieldEnv("POD_NAMESPACE", "metadata.namespace"),
-			{Name: "FLOODGATE_REDIS_PASSWORD", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: StoreAuthSecret},
-				Key:                  StoreAuthKey,
-			}}},
+			{Name: "FLOODGATE_REDIS_PASSWORD_FILE", Value: StoreAuthFile},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: res.PortName, ContainerPort: res.ListenPort, Protocol: corev1.ProtocolTCP},

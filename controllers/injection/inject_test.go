@@ -139,10 +139,11 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 			t.Errorf("%s is not the downward API's %s: %+v", name, field, e)
 		}
 	}
-	if e := env["FLOODGATE_REDIS_PASSWORD"]; e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
-		e.ValueFrom.SecretKeyRef.Name != StoreAuthSecret || e.ValueFrom.SecretKeyRef.Key != StoreAuthKey ||
-		e.ValueFrom.SecretKeyRef.Optional != nil {
-		t.Errorf("the store password is not the required key %s/%s: %+v", StoreAuthSecret, StoreAuthKey, e)
+	if e, ok := env["FLOODGATE_REDIS_PASSWORD"]; ok {
+		t.Errorf("the store password is in the environment (%+v): it could not follow a rotation", e)
+	}
+	if got, want := env["FLOODGATE_REDIS_PASSWORD_FILE"].Value, StoreAuthFile; got != want {
+		t.Errorf("FLOODGATE_REDIS_PASSWORD_FILE = %q, want %q", got, want)
 	}
 
 	sc := c.SecurityContext
@@ -176,7 +177,7 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 			t.Errorf("mount %s is writable", m.Name)
 		}
 	}
-	if mounts[PodInfoVolume] != PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir {
+	if mounts[PodInfoVolume] != PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != StoreAuthDir {
 		t.Errorf("mounts %v", mounts)
 	}
 	vols := map[string]corev1.Volume{}
@@ -189,6 +190,11 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	}
 	if v := vols[APIAccessVolume]; v.Projected == nil || v.Projected.Sources[0].ServiceAccountToken == nil {
 		t.Errorf("api access volume %+v has no service account token", v)
+	}
+	// Optional: the pod starts before the manager mirrors the Secret.
+	if v := vols[StoreAuthVolume]; v.Secret == nil || v.Secret.SecretName != StoreAuthSecret || v.Secret.Optional == nil || !*v.Secret.Optional ||
+		len(v.Secret.Items) != 1 || v.Secret.Items[0] != (corev1.KeyToPath{Key: StoreAuthKey, Path: StoreAuthKey}) {
+		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s key", v, StoreAuthSecret, StoreAuthKey)
 	}
 }
 
@@ -416,8 +422,8 @@ func TestInjectMountsPolicyKeys(t *testing.T) {
 	if !ok || cv.ConfigMap == nil || cv.ConfigMap.Name != "jwks" || !*cv.ConfigMap.Optional {
 		t.Errorf("no optional ConfigMap volume for jwks at the compiler's path: %+v", cv)
 	}
-	if n := len(out.Spec.Volumes); n != 4 {
-		t.Errorf("%d volumes, want 4 (podinfo, api access, one Secret, one ConfigMap; duplicates merged)", n)
+	if n := len(out.Spec.Volumes); n != 5 {
+		t.Errorf("%d volumes, want 5 (podinfo, api access, store auth, one Secret, one ConfigMap; duplicates merged)", n)
 	}
 }
 

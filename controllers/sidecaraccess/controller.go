@@ -11,11 +11,12 @@
 //   - the Secret "floodgate-store-auth", a copy of the password of the
 //     CounterStore that the namespace's ConfigMap names, under the key
 //     "password" (empty for a store without a password). Injected
-//     sidecars read it as FLOODGATE_REDIS_PASSWORD; the key is required,
-//     so a sidecar does not start before its password is there.
+//     sidecars mount it as an optional volume and read the file for every
+//     new connection, so a changed password reaches them without a
+//     restart, once the kubelet has updated the volume.
 //
 // A sidecar can read no other ConfigMap and no Secret: the password
-// reaches it through the kubelet, as an environment variable.
+// reaches it through the kubelet, as a file.
 //
 // # Limits of RBAC
 //

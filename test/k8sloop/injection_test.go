@@ -72,8 +72,10 @@ var _ = Describe("the sidecar injector", func() {
 		}
 		Expect(env["POD_NAME"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.name"))
 		Expect(env["POD_NAMESPACE"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.namespace"))
-		Expect(env["FLOODGATE_REDIS_PASSWORD"].ValueFrom.SecretKeyRef.Name).To(Equal("floodgate-store-auth"))
+		Expect(env).NotTo(HaveKey("FLOODGATE_REDIS_PASSWORD"), "the password comes from a file that follows rotations")
+		Expect(env["FLOODGATE_REDIS_PASSWORD_FILE"].Value).To(Equal("/etc/floodgate/store-auth/password"))
 		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.PodInfoVolume, MountPath: "/etc/floodgate/podinfo", ReadOnly: true}))
+		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.StoreAuthVolume, MountPath: "/etc/floodgate/store-auth", ReadOnly: true}))
 
 		By("showing the sidecar to kubectl")
 		names, err := kubectl.Run(ctx, "get", "pod", "api-0", "-n", ns, "-o", "jsonpath={.spec.initContainers[*].name} {.spec.containers[*].name}")

@@ -124,11 +124,11 @@ type Sidecar struct {
 }
 
 // StartSidecar runs the sidecar injected into o.Pod as a local process:
-// it resolves the injected env (waiting for the store password Secret the
-// manager mirrors), writes the downward-API labels file, starts the binary
-// with the injected args plus overrides for the addresses (free loopback
-// ports, o.Upstream, a kubeconfig and the labels file), and waits until
-// /readyz answers.
+// it resolves the injected env, writes the downward-API labels file and the
+// store password file (waiting for the Secret the manager mirrors), starts
+// the binary with the injected args plus overrides for the addresses (free
+// loopback ports, o.Upstream, a kubeconfig, the labels and password
+// files), and waits until /readyz answers.
 func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, error) {
 	if o.Namespace == "" || o.Pod == "" || o.Upstream == "" {
 		return nil, fmt.Errorf("localstack: SidecarOptions need Namespace, Pod and Upstream, got %+v", o)
@@ -162,18 +162,26 @@ func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, e
 	if err != nil {
 		return nil, err
 	}
+	var password string
+	var pwErr error
+	if err := Poll(ctx, 100*time.Millisecond, o.ReadyTimeout, "the store password Secret to be mirrored", func() (bool, error) {
+		password, pwErr = s.writeStoreAuth(ctx, pod, sc)
+		return pwErr == nil, nil
+	}); err != nil {
+		return nil, errors.Join(err, pwErr)
+	}
 	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
 	// A free port can be taken by another process before the sidecar
 	// binds it; the sidecar then exits at once, and gets other ports.
 	for attempt := 1; ; attempt++ {
-		side, err := s.startSidecarOnce(ctx, o, bin, sc, env, labels)
+		side, err := s.startSidecarOnce(ctx, o, bin, sc, env, labels, password)
 		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return side, err
 		}
 	}
 }
 
-func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin string, sc *corev1.Container, env []string, labels string) (*Sidecar, error) {
+func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin string, sc *corev1.Container, env []string, labels, password string) (*Sidecar, error) {
 	listen, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -190,6 +198,9 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 		"--kubeconfig", s.Kubectl.Kubeconfig,
 		"--pod-labels-file", labels,
 	)
+	if password != "" {
+		args = append(args, "--redis-password-file", password)
+	}
 	p, err := s.StartProcess(o.Name, env, bin, args...)
 	if err != nil {
 		return nil, err
@@ -216,6 +227,46 @@ func (s *Stack) writeLabels(pod *corev1.Pod) (string, error) {
 	sort.Strings(lines)
 	path := filepath.Join(dir, "labels")
 	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// writeStoreAuth plays the kubelet for the injected store password volume:
+// it writes the Secret's key into a local file and returns its path, or ""
+// when the sidecar mounts no such volume. It is an error while the Secret
+// or its key is missing: the kubelet would leave the optional volume empty,
+// but a sidecar started before the manager has mirrored the password would
+// make the first decisions fail over, which tests and the demo do not want.
+func (s *Stack) writeStoreAuth(ctx context.Context, pod *corev1.Pod, c *corev1.Container) (string, error) {
+	var vol *corev1.Volume
+	for _, m := range c.VolumeMounts {
+		if m.Name != injection.StoreAuthVolume {
+			continue
+		}
+		for i := range pod.Spec.Volumes {
+			if pod.Spec.Volumes[i].Name == m.Name && pod.Spec.Volumes[i].Secret != nil {
+				vol = &pod.Spec.Volumes[i]
+			}
+		}
+	}
+	if vol == nil {
+		return "", nil
+	}
+	sec, err := s.Kube.CoreV1().Secrets(pod.Namespace).Get(ctx, vol.Secret.SecretName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("volume %s from secret %s/%s: %w", vol.Name, pod.Namespace, vol.Secret.SecretName, err)
+	}
+	v, ok := sec.Data[injection.StoreAuthKey]
+	if !ok {
+		return "", fmt.Errorf("volume %s: secret %s/%s has no key %q", vol.Name, pod.Namespace, vol.Secret.SecretName, injection.StoreAuthKey)
+	}
+	dir := filepath.Join(s.opts.Work, "store-auth", pod.Namespace, pod.Name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("creating %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, injection.StoreAuthKey)
+	if err := os.WriteFile(path, v, 0o600); err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
 	}
 	return path, nil
