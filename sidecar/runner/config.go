@@ -307,7 +307,7 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		}
 		// In Kubernetes mode the file comes from an optional Secret
 		// volume and may appear after the start.
-		if _, err := os.Stat(c.RedisPassFile); err != nil && !(c.Kubernetes && errors.Is(err, fs.ErrNotExist)) {
+		if _, err := os.Stat(c.RedisPassFile); err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 			bad("redis-password-file", "%v", err)
 		}
 	}

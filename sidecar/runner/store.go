@@ -95,7 +95,7 @@ func (c *Config) credentials(log *slog.Logger) (func() (string, string), error) 
 		return strings.TrimRight(string(b), "\r\n"), nil
 	}
 	first, err := read()
-	if err != nil && !(c.Kubernetes && errors.Is(err, fs.ErrNotExist)) {
+	if err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 		return nil, err
 	}
 	var mu sync.Mutex
