@@ -44,12 +44,6 @@ func run(args []string) error {
 		return cfg.Check(os.Stdout, cfg.CheckConfig)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: runner.LogLevel(cfg.LogLevel)}))
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	gc := runner.PlanGC(cfg, os.LookupEnv, runner.ContainerMemoryLimit)
-	runner.ApplyGC(gc)
-	log.Info("garbage collector", "settings", gc.Why)
 	var source runner.Source // nil: the runner watches --policy-file
 	if cfg.Kubernetes {
 		var err error
@@ -57,10 +51,13 @@ func run(args []string) error {
 			return err
 		}
 	}
-	r, err := runner.New(cfg, log, source)
+	r, err := runner.New(cfg, log, source) // validates cfg
 	if err != nil {
 		return err
 	}
+	gc := runner.PlanGC(cfg, os.LookupEnv, runner.ContainerMemoryLimit)
+	runner.ApplyGC(gc)
+	log.Info("garbage collector", "settings", gc.Why)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return r.Run(ctx)

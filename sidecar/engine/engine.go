@@ -371,7 +371,7 @@ func (e *Engine) expireShards(now time.Time) {
 			e.setDownLocked(sm, false)
 		}
 	}
-	expire(e.all)
+	// e.all is in the map too.
 	if m := e.shardObs.Load(); m != nil {
 		for _, sm := range *m {
 			expire(sm)

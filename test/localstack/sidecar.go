@@ -151,24 +151,19 @@ func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, e
 		return nil, fmt.Errorf("injected command %q: only the floodgate-sidecar binary itself runs locally", sc.Command)
 	}
 	var env []string
-	var envErr error
-	if err := Poll(ctx, 100*time.Millisecond, o.ReadyTimeout, "the sidecar's env to resolve", func() (bool, error) {
-		env, envErr = s.ResolveEnv(ctx, pod, sc)
-		return envErr == nil, nil
+	var password string
+	var lastErr error
+	if err := Poll(ctx, 100*time.Millisecond, o.ReadyTimeout, "the sidecar's env and store password Secret to resolve", func() (bool, error) {
+		if env, lastErr = s.ResolveEnv(ctx, pod, sc); lastErr == nil {
+			password, lastErr = s.writeStoreAuth(ctx, pod, sc)
+		}
+		return lastErr == nil, nil
 	}); err != nil {
-		return nil, errors.Join(err, envErr)
+		return nil, errors.Join(err, lastErr)
 	}
 	labels, err := s.writeLabels(pod)
 	if err != nil {
 		return nil, err
-	}
-	var password string
-	var pwErr error
-	if err := Poll(ctx, 100*time.Millisecond, o.ReadyTimeout, "the store password Secret to be mirrored", func() (bool, error) {
-		password, pwErr = s.writeStoreAuth(ctx, pod, sc)
-		return pwErr == nil, nil
-	}); err != nil {
-		return nil, errors.Join(err, pwErr)
 	}
 	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
 	// A free port can be taken by another process before the sidecar
