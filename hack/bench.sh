@@ -20,10 +20,10 @@ go test -run '^$' -bench HeapPerKey -benchtime 1x ./sidecar/store/memstore/ | te
 go test -run '^$' -bench . -benchmem ./sidecar/engine/ ./sidecar/match/ | tee -a "$OUT/micro.txt"
 
 echo "== counter store: decisions/s with 64 callers, batching on and off, EVALSHA ceiling"
-hack/with-reaper.sh go run ./cmd/floodgate-storebench | tee "$OUT/store.txt"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-storebench | tee "$OUT/store.txt"
 
 echo "== sidecar: added latency, decisions/s for cold, hot allowed and hot denied keys, script calls in a flood"
-hack/with-reaper.sh go run ./cmd/floodgate-bench -duration 5s -out "$OUT/sidecar.json"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-bench -duration 5s -out "$OUT/sidecar.json"
 
 echo "== Envoy ShouldRateLimit: decisions/s and CPU per decision against a null server"
-hack/with-reaper.sh go run ./cmd/floodgate-rlsbench -out "$OUT/rls.json"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-rlsbench -out "$OUT/rls.json"

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
 )
@@ -44,7 +45,7 @@ func run(args []string) error {
 		return cfg.Check(os.Stdout, cfg.CheckConfig)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: runner.LogLevel(cfg.LogLevel)}))
-	var source runner.Source // nil: the runner watches --policy-file
+	var source configsource.Source // nil: the runner watches --policy-file
 	if cfg.Kubernetes {
 		var err error
 		if source, err = kubernetesSource(cfg, log); err != nil {
@@ -65,7 +66,7 @@ func run(args []string) error {
 
 // kubernetesSource builds the Kubernetes-mode source: the namespace's
 // ConfigMap, read with the pod's service account (or --kubeconfig).
-func kubernetesSource(cfg runner.Config, log *slog.Logger) (runner.Source, error) {
+func kubernetesSource(cfg runner.Config, log *slog.Logger) (configsource.Source, error) {
 	var rc *rest.Config
 	var err error
 	if cfg.Kubeconfig != "" {

@@ -91,7 +91,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // Annotations read by the injector.
@@ -116,8 +116,6 @@ const (
 
 // Names of what the injector adds.
 const (
-	// ContainerName is the sidecar container.
-	ContainerName = "floodgate-sidecar"
 	// AdminPortName names the sidecar's admin port (/metrics, /healthz,
 	// /readyz, /debug/config).
 	AdminPortName = "fg-admin"
@@ -126,28 +124,18 @@ const (
 	UnnamedPortName = "fg-proxy"
 	// PodInfoVolume holds the downward API files.
 	PodInfoVolume = "floodgate-podinfo"
-	// PodInfoDir is where PodInfoVolume is mounted.
-	PodInfoDir = "/etc/floodgate/podinfo"
-	// LabelsFile is the pod's labels, one key="value" per line.
-	LabelsFile = PodInfoDir + "/labels"
 	// APIAccessVolume is the sidecar's own service account token.
 	APIAccessVolume = "floodgate-api-access"
 	// ServiceAccountDir is where in-cluster clients read the token.
 	ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	// StoreAuthSecret is the per-namespace copy of the store password,
-	// under StoreAuthKey.
+	// under config.StoreAuthKey.
 	StoreAuthSecret = "floodgate-store-auth"
-	// StoreAuthKey is the password's key in StoreAuthSecret.
-	StoreAuthKey = "password"
 	// StoreAuthVolume mounts StoreAuthSecret into the sidecar, optional,
-	// at StoreAuthDir: the sidecar reads StoreAuthFile for every new
+	// at config.StoreAuthDir: the sidecar reads config.StoreAuthFile for every new
 	// connection, so it starts before the manager has mirrored the
 	// Secret and follows a rotated password without a restart.
 	StoreAuthVolume = "floodgate-store-auth"
-	// StoreAuthDir is where StoreAuthVolume is mounted.
-	StoreAuthDir = "/etc/floodgate/store-auth"
-	// StoreAuthFile is the store password's file.
-	StoreAuthFile = StoreAuthDir + "/" + StoreAuthKey
 	// RenamedPortPrefix prefixes the application port whose name the
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
@@ -285,7 +273,7 @@ func HasSidecar(pod *corev1.Pod) bool {
 	return slices.ContainsFunc(pod.Spec.InitContainers, isSidecar) || slices.ContainsFunc(pod.Spec.Containers, isSidecar)
 }
 
-func isSidecar(c corev1.Container) bool { return c.Name == ContainerName }
+func isSidecar(c corev1.Container) bool { return c.Name == config.ContainerName }
 
 // Inject returns a copy of pod with the sidecar injected, or pod itself
 // when it is not opted in or already has the sidecar. mounts are the
@@ -374,9 +362,9 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 	c := sidecarContainer(o, res, h2c, resources, volumeMounts)
 	out.Spec.InitContainers = append([]corev1.Container{c}, out.Spec.InitContainers...)
 	if !slices.ContainsFunc(out.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool {
-		return g.ConditionType == kubesource.ConditionPolicyLoaded
+		return g.ConditionType == config.ConditionPolicyLoaded
 	}) {
-		out.Spec.ReadinessGates = append(out.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: kubesource.ConditionPolicyLoaded})
+		out.Spec.ReadinessGates = append(out.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: config.ConditionPolicyLoaded})
 	}
 	return out, res, nil
 }
@@ -641,7 +629,7 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 		Name: PodInfoVolume,
 		VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
 			Items: []corev1.DownwardAPIVolumeFile{{
-				Path:     path.Base(LabelsFile),
+				Path:     path.Base(config.LabelsFile),
 				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.labels"},
 			}},
 		}},
@@ -667,14 +655,14 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 		Name: StoreAuthVolume,
 		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: StoreAuthSecret,
-			Items:      []corev1.KeyToPath{{Key: StoreAuthKey, Path: StoreAuthKey}},
+			Items:      []corev1.KeyToPath{{Key: config.StoreAuthKey, Path: config.StoreAuthKey}},
 			Optional:   ptr.To(true),
 		}},
 	})
 	vms := []corev1.VolumeMount{
-		{Name: PodInfoVolume, MountPath: PodInfoDir, ReadOnly: true},
+		{Name: PodInfoVolume, MountPath: config.PodInfoDir, ReadOnly: true},
 		{Name: APIAccessVolume, MountPath: ServiceAccountDir, ReadOnly: true},
-		{Name: StoreAuthVolume, MountPath: StoreAuthDir, ReadOnly: true},
+		{Name: StoreAuthVolume, MountPath: config.StoreAuthDir, ReadOnly: true},
 	}
 	taken := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {
@@ -721,7 +709,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 		fmt.Sprintf("--listen=:%d", res.ListenPort),
 		fmt.Sprintf("--admin-listen=:%d", res.AdminPort),
 		fmt.Sprintf("--upstream=http://127.0.0.1:%d", res.UpstreamPort),
-		"--pod-labels-file=" + LabelsFile,
+		"--pod-labels-file=" + config.LabelsFile,
 	}
 	if h2c {
 		args = append(args, "--upstream-h2c")
@@ -740,15 +728,15 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 		}
 	}
 	return corev1.Container{
-		Name:            ContainerName,
+		Name:            config.ContainerName,
 		Image:           o.Image,
 		ImagePullPolicy: o.ImagePullPolicy,
 		Args:            args,
 		Env: []corev1.EnvVar{
-			{Name: "FLOODGATE_KUBERNETES", Value: "true"},
-			fieldEnv("POD_NAME", "metadata.name"),
-			fieldEnv("POD_NAMESPACE", "metadata.namespace"),
-			{Name: "FLOODGATE_REDIS_PASSWORD_FILE", Value: StoreAuthFile},
+			{Name: config.EnvKubernetes, Value: "true"},
+			fieldEnv(config.EnvPodName, "metadata.name"),
+			fieldEnv(config.EnvPodNamespace, "metadata.namespace"),
+			{Name: config.EnvRedisPasswordFile, Value: config.StoreAuthFile},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: res.PortName, ContainerPort: res.ListenPort, Protocol: corev1.ProtocolTCP},

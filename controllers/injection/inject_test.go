@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 const image = "registry.example/floodgate-sidecar:v1"
@@ -40,7 +40,7 @@ func sidecarOf(t *testing.T, pod *corev1.Pod) corev1.Container {
 	var found []corev1.Container
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range cs {
-			if c.Name == ContainerName {
+			if c.Name == config.ContainerName {
 				found = append(found, c)
 			}
 		}
@@ -91,7 +91,7 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 		PortName: "http", RenamedFrom: "http", RenamedTo: "app-http"}); res != want {
 		t.Errorf("Result = %+v, want %+v", res, want)
 	}
-	if got := out.Spec.InitContainers[0].Name; got != ContainerName {
+	if got := out.Spec.InitContainers[0].Name; got != config.ContainerName {
 		t.Errorf("first init container is %q, want the sidecar, so that it starts before everything else", got)
 	}
 	if got := out.Labels[LabelInjected]; got != "true" {
@@ -142,7 +142,7 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	if e, ok := env["FLOODGATE_REDIS_PASSWORD"]; ok {
 		t.Errorf("the store password is in the environment (%+v): it could not follow a rotation", e)
 	}
-	if got, want := env["FLOODGATE_REDIS_PASSWORD_FILE"].Value, StoreAuthFile; got != want {
+	if got, want := env["FLOODGATE_REDIS_PASSWORD_FILE"].Value, config.StoreAuthFile; got != want {
 		t.Errorf("FLOODGATE_REDIS_PASSWORD_FILE = %q, want %q", got, want)
 	}
 
@@ -167,8 +167,8 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	if out, _ := mustInject(t, named); out.Spec.ServiceAccountName != "api" {
 		t.Errorf("service account %q, want the pod's own", out.Spec.ServiceAccountName)
 	}
-	if !slices.Contains(out.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: kubesource.ConditionPolicyLoaded}) {
-		t.Errorf("readiness gates %+v lack %s", out.Spec.ReadinessGates, kubesource.ConditionPolicyLoaded)
+	if !slices.Contains(out.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: config.ConditionPolicyLoaded}) {
+		t.Errorf("readiness gates %+v lack %s", out.Spec.ReadinessGates, config.ConditionPolicyLoaded)
 	}
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
@@ -177,7 +177,7 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 			t.Errorf("mount %s is writable", m.Name)
 		}
 	}
-	if mounts[PodInfoVolume] != PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != StoreAuthDir {
+	if mounts[PodInfoVolume] != config.PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != config.StoreAuthDir {
 		t.Errorf("mounts %v", mounts)
 	}
 	vols := map[string]corev1.Volume{}
@@ -193,8 +193,8 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	}
 	// Optional: the pod starts before the manager mirrors the Secret.
 	if v := vols[StoreAuthVolume]; v.Secret == nil || v.Secret.SecretName != StoreAuthSecret || v.Secret.Optional == nil || !*v.Secret.Optional ||
-		len(v.Secret.Items) != 1 || v.Secret.Items[0] != (corev1.KeyToPath{Key: StoreAuthKey, Path: StoreAuthKey}) {
-		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s key", v, StoreAuthSecret, StoreAuthKey)
+		len(v.Secret.Items) != 1 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) {
+		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s key", v, StoreAuthSecret, config.StoreAuthKey)
 	}
 }
 
@@ -208,13 +208,13 @@ func TestInjectIsIdempotent(t *testing.T) {
 	// A pod the user wrote with its own floodgate-sidecar container is
 	// left alone as well.
 	own := appPod()
-	own.Spec.Containers = append(own.Spec.Containers, corev1.Container{Name: ContainerName, Image: "mine"})
+	own.Spec.Containers = append(own.Spec.Containers, corev1.Container{Name: config.ContainerName, Image: "mine"})
 	if out, res, err := Inject(own, nil, opts()); err != nil || res.Injected || out != own {
 		t.Errorf("Inject on a pod with its own sidecar container = (%+v, %v), want it unchanged", res, err)
 	}
 	// The readiness gate is not added twice.
 	gated := appPod()
-	gated.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: kubesource.ConditionPolicyLoaded}}
+	gated.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: config.ConditionPolicyLoaded}}
 	out, _ := mustInject(t, gated)
 	if n := len(out.Spec.ReadinessGates); n != 1 {
 		t.Errorf("%d readiness gates, want 1", n)

@@ -1,7 +1,7 @@
 // Package programmed turns what the sidecars report on their pods into a
 // RateLimitPolicy's Programmed condition and status.enforcingPods.
 //
-// Each sidecar writes the pod condition kubesource.ConditionPolicyLoaded:
+// Each sidecar writes the pod condition config.ConditionPolicyLoaded:
 // True with reason Loaded and, as its message, the revision of the
 // namespace's ConfigMap it has in force. A pod enforces the policy's
 // current compilation when that condition is True, its reason is Loaded and
@@ -20,9 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
-	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // ReasonProgrammed is the reason of a True Programmed condition.
@@ -95,7 +94,7 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 			if ready {
 				lagging = append(lagging, pod.Name+" (its sidecar has not reported yet)")
 			}
-		case c.Reason == kubesource.ReasonLoaded && c.Status == corev1.ConditionTrue:
+		case c.Reason == config.ReasonLoaded && c.Status == corev1.ConditionTrue:
 			lagging = append(lagging, fmt.Sprintf("%s (enforces revision %s)", pod.Name, c.Message))
 		default:
 			lagging = append(lagging, fmt.Sprintf("%s (%s: %s)", pod.Name, c.Reason, c.Message))
@@ -132,7 +131,7 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 func Enforces(pod *corev1.Pod, revision string) bool {
 	c := loadedCondition(pod)
 	return revision != "" && c != nil && c.Status == corev1.ConditionTrue &&
-		c.Reason == kubesource.ReasonLoaded && c.Message == revision
+		c.Reason == config.ReasonLoaded && c.Message == revision
 }
 
 // LoadedChanged reports whether the sidecar's condition differs between
@@ -154,7 +153,7 @@ func list(names []string) string {
 
 func loadedCondition(pod *corev1.Pod) *corev1.PodCondition {
 	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+		if pod.Status.Conditions[i].Type == config.ConditionPolicyLoaded {
 			return &pod.Status.Conditions[i]
 		}
 	}
@@ -164,7 +163,7 @@ func loadedCondition(pod *corev1.Pod) *corev1.PodCondition {
 func hasSidecar(pod *corev1.Pod) bool {
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range cs {
-			if cs[i].Name == injection.ContainerName {
+			if cs[i].Name == config.ContainerName {
 				return true
 			}
 		}

@@ -9,8 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
-	"github.com/floodgate-dev/floodgate/controllers/injection"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 type podOpt func(*corev1.Pod)
@@ -19,7 +18,7 @@ func pod(name string, opts ...podOpt) corev1.Pod {
 	p := corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "api"}},
 		Spec: corev1.PodSpec{
-			InitContainers: []corev1.Container{{Name: injection.ContainerName}},
+			InitContainers: []corev1.Container{{Name: config.ContainerName}},
 			Containers:     []corev1.Container{{Name: "app"}},
 		},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
@@ -37,12 +36,12 @@ func ready(p *corev1.Pod) {
 func loaded(status corev1.ConditionStatus, reason, msg string) podOpt {
 	return func(p *corev1.Pod) {
 		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{
-			Type: kubesource.ConditionPolicyLoaded, Status: status, Reason: reason, Message: msg,
+			Type: config.ConditionPolicyLoaded, Status: status, Reason: reason, Message: msg,
 		})
 	}
 }
 
-func enforcing(rev string) podOpt { return loaded(corev1.ConditionTrue, kubesource.ReasonLoaded, rev) }
+func enforcing(rev string) podOpt { return loaded(corev1.ConditionTrue, config.ReasonLoaded, rev) }
 
 func noSidecar(p *corev1.Pod) { p.Spec.InitContainers = nil }
 
@@ -81,14 +80,14 @@ func TestEvaluate(t *testing.T) {
 		name: "a pod whose sidecar rejected the revision holds it back even when not ready",
 		pods: []corev1.Pod{
 			pod("a", ready, enforcing(rev)),
-			pod("b", loaded(corev1.ConditionFalse, kubesource.ReasonRejected, "bad document")),
+			pod("b", loaded(corev1.ConditionFalse, config.ReasonRejected, "bad document")),
 		},
 		targeted: 2, enforcing: 1,
 		reason: v1alpha1.ReasonWaitingForSidecars, msgHas: []string{"b (Rejected: bad document)"},
 	}, {
 		name: "a pod keeping an older revision after a rejection holds it back",
 		pods: []corev1.Pod{
-			pod("a", ready, loaded(corev1.ConditionTrue, kubesource.ReasonRevisionRejected, "revision x stays in force")),
+			pod("a", ready, loaded(corev1.ConditionTrue, config.ReasonRevisionRejected, "revision x stays in force")),
 		},
 		targeted: 1, enforcing: 0,
 		reason: v1alpha1.ReasonWaitingForSidecars, msgHas: []string{"a (RevisionRejected"},
@@ -124,7 +123,7 @@ func TestEvaluate(t *testing.T) {
 		targeted: 1, enforcing: 1, programmed: true, reason: ReasonProgrammed,
 	}, {
 		name:     "a False condition with the revision as message does not count as enforcing",
-		pods:     []corev1.Pod{pod("a", ready, loaded(corev1.ConditionFalse, kubesource.ReasonLoaded, rev))},
+		pods:     []corev1.Pod{pod("a", ready, loaded(corev1.ConditionFalse, config.ReasonLoaded, rev))},
 		targeted: 1,
 		reason:   v1alpha1.ReasonWaitingForSidecars,
 	}}
@@ -183,8 +182,8 @@ func TestLoadedChanged(t *testing.T) {
 		{"condition added", base, pod("a", enforcing("r1")), true},
 		{"condition removed", pod("a", enforcing("r1")), base, true},
 		{"revision changed", pod("a", enforcing("r1")), pod("a", enforcing("r2")), true},
-		{"reason changed", pod("a", enforcing("r1")), pod("a", loaded(corev1.ConditionTrue, kubesource.ReasonRevisionRejected, "r1")), true},
-		{"status changed", pod("a", enforcing("r1")), pod("a", loaded(corev1.ConditionFalse, kubesource.ReasonLoaded, "r1")), true},
+		{"reason changed", pod("a", enforcing("r1")), pod("a", loaded(corev1.ConditionTrue, config.ReasonRevisionRejected, "r1")), true},
+		{"status changed", pod("a", enforcing("r1")), pod("a", loaded(corev1.ConditionFalse, config.ReasonLoaded, "r1")), true},
 		{"unchanged", pod("a", enforcing("r1")), pod("a", ready, enforcing("r1")), false},
 	}
 	for _, tt := range tests {

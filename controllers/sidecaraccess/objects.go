@@ -21,7 +21,7 @@ const (
 	// SecretName is the mirrored store password (injection.StoreAuthSecret).
 	SecretName = injection.StoreAuthSecret
 	// PasswordKey is the password's key in SecretName.
-	PasswordKey = injection.StoreAuthKey
+	PasswordKey = config.StoreAuthKey
 
 	// ManagedByLabel and ComponentLabel mark the objects as this
 	// controller's; the manager's cache watches only objects that carry

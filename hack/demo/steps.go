@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/floodgate-dev/floodgate/test/kubetest"
-	"github.com/floodgate-dev/floodgate/test/localstack"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 const (
@@ -30,16 +30,16 @@ type demo struct {
 	bin   string
 	root  string
 
-	stack   *localstack.Stack
+	stack   *simnode.Stack
 	kube    kubernetes.Interface
 	kubectl *kubetest.Kubectl
 
 	redisDir   string
 	redisAddrs []string
 
-	manager *localstack.Manager
-	sidecar *localstack.Sidecar
-	backend *localstack.Backend
+	manager *simnode.Manager
+	sidecar *simnode.Sidecar
+	backend *simnode.Backend
 
 	sidecarURL   string
 	sidecarAdmin string
@@ -68,7 +68,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if d.bin == "" {
 		d.bin = filepath.Join(d.work, "bin")
 		t := time.Now()
-		if err := localstack.BuildBinaries(ctx, os.Stderr, root, d.bin); err != nil {
+		if err := simnode.BuildBinaries(ctx, os.Stderr, root, d.bin); err != nil {
 			return err
 		}
 		say("built floodgate-manager and floodgate-sidecar in %s", time.Since(t).Round(100*time.Millisecond))
@@ -77,7 +77,7 @@ func (d *demo) prepare(ctx context.Context) error {
 }
 
 func (d *demo) startControlPlane(ctx context.Context) error {
-	stack, err := localstack.New(localstack.Options{
+	stack, err := simnode.New(simnode.Options{
 		Root: d.root, Work: filepath.Join(d.work, "run"), Bin: d.bin,
 		OperatorNamespace: operatorNS, SidecarImage: "floodgate-sidecar:dev",
 	})
@@ -156,7 +156,7 @@ spec:
 	if err := d.apply(ctx, "counterstore.yaml", store); err != nil {
 		return err
 	}
-	if err := localstack.Poll(ctx, 200*time.Millisecond, 60*time.Second, "CounterStore default Ready", func() (bool, error) {
+	if err := simnode.Poll(ctx, 200*time.Millisecond, 60*time.Second, "CounterStore default Ready", func() (bool, error) {
 		out, err := d.kubectl.Run(ctx, "get", "counterstore", "default", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return out == "True", err
 	}); err != nil {
@@ -252,7 +252,7 @@ spec:
 	for _, g := range p.Spec.ReadinessGates {
 		lines = append(lines, fmt.Sprintf("readiness gate %s", g.ConditionType))
 	}
-	sc, err := localstack.InjectedSidecar(p)
+	sc, err := simnode.InjectedSidecar(p)
 	if err != nil {
 		return fmt.Errorf("%w; pod containers: %v", err, lines)
 	}
@@ -263,7 +263,7 @@ spec:
 
 func (d *demo) startSidecar(ctx context.Context) error {
 	// The sample backend plays the app container.
-	b, err := localstack.StartBackend("checkout")
+	b, err := simnode.StartBackend("checkout")
 	if err != nil {
 		return err
 	}
@@ -272,7 +272,7 @@ func (d *demo) startSidecar(ctx context.Context) error {
 	// what differs on this machine (no pod network namespace, so free
 	// loopback ports, the sample backend as the app, and a kubeconfig
 	// instead of the in-cluster service account) is overridden.
-	sc, err := d.stack.StartSidecar(ctx, localstack.SidecarOptions{
+	sc, err := d.stack.StartSidecar(ctx, simnode.SidecarOptions{
 		Namespace: demoNS, Pod: podName, Upstream: b.URL, Name: "floodgate-sidecar",
 	})
 	if err != nil {
@@ -293,7 +293,7 @@ func (d *demo) startSidecar(ctx context.Context) error {
 		return err
 	}
 	say("pod marked Running and Ready (the demo plays the kubelet)")
-	if err := localstack.Poll(ctx, 200*time.Millisecond, 30*time.Second, "policy Programmed", func() (bool, error) {
+	if err := simnode.Poll(ctx, 200*time.Millisecond, 30*time.Second, "policy Programmed", func() (bool, error) {
 		out, err := d.kubectl.Run(ctx, "-n", demoNS, "get", "rlp", "checkout", "-o", `jsonpath={.status.conditions[?(@.type=="Programmed")].status}`)
 		return out == "True", err
 	}); err != nil {

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/test/localstack"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 var client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -174,7 +174,7 @@ func (d *demo) editPolicy(ctx context.Context) error {
 	}
 	applied := time.Since(t0)
 	var probes int
-	if err := localstack.Poll(ctx, 20*time.Millisecond, 30*time.Second, "the new limit in force", func() (bool, error) {
+	if err := simnode.Poll(ctx, 20*time.Millisecond, 30*time.Second, "the new limit in force", func() (bool, error) {
 		probes++
 		r, err := d.send(http.MethodGet, "/api/orders", "X-API-Key", fmt.Sprintf("probe-%d", probes))
 		if err != nil {

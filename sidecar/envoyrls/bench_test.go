@@ -10,10 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
@@ -40,7 +40,7 @@ func benchServer(b *testing.B) *envoyrls.Server {
 // it up for that store.
 func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(string) string, parallel bool) *envoyrls.Server {
 	b.Helper()
-	c, _, err := envoyconfig.Load([]byte(benchPolicy), envoyconfig.Options{})
+	c, _, err := rlsimport.Load([]byte(benchPolicy), rlsimport.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,10 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 )
@@ -43,7 +43,7 @@ type setup struct {
 // is a fresh in-memory store.
 func newRLS(t *testing.T, doc string, s setup) *rls {
 	t.Helper()
-	c, _, _, err := envoyconfig.LoadAny([]byte(doc), envoyconfig.Options{})
+	c, _, _, err := rlsimport.LoadAny([]byte(doc), rlsimport.Options{})
 	if err != nil {
 		t.Fatalf("load config: %v", err)
 	}

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 func TestDesired(t *testing.T) {
@@ -23,19 +25,19 @@ func TestDesired(t *testing.T) {
 		{name: "nothing known before the first list", st: state{}, ok: false},
 		{name: "listed, present, not yet delivered", st: state{synced: true, present: true}, ok: false},
 		{name: "no ConfigMap", st: state{synced: true},
-			ok: true, status: corev1.ConditionFalse, reason: ReasonWaitingForConfigMap, msg: []string{"shop/floodgate-policies"}},
+			ok: true, status: corev1.ConditionFalse, reason: config.ReasonWaitingForConfigMap, msg: []string{"shop/floodgate-policies"}},
 		{name: "first document rejected", st: state{synced: true, present: true, seen: "r1", lastErr: "bad"},
-			ok: true, status: corev1.ConditionFalse, reason: ReasonRejected, msg: []string{"revision r1", "no earlier revision is in force: bad"}},
+			ok: true, status: corev1.ConditionFalse, reason: config.ReasonRejected, msg: []string{"revision r1", "no earlier revision is in force: bad"}},
 		{name: "loaded", st: state{synced: true, present: true, seen: "r1", inForce: "r1"},
-			ok: true, status: corev1.ConditionTrue, reason: ReasonLoaded, msg: []string{"r1"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonLoaded, msg: []string{"r1"}},
 		{name: "later document rejected", st: state{synced: true, present: true, seen: "r2", inForce: "r1", lastErr: "bad"},
-			ok: true, status: corev1.ConditionTrue, reason: ReasonRevisionRejected, msg: []string{"revision r1 stays in force", "revision r2 was rejected: bad"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonRevisionRejected, msg: []string{"revision r1 stays in force", "revision r2 was rejected: bad"}},
 		{name: "rejected document without a revision", st: state{synced: true, present: true, inForce: "r1", lastErr: "no config.json key"},
-			ok: true, status: corev1.ConditionTrue, reason: ReasonRevisionRejected, msg: []string{"revision (unknown) was rejected"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonRevisionRejected, msg: []string{"revision (unknown) was rejected"}},
 		{name: "deleted within the grace period", st: state{synced: true, inForce: "r1"},
-			ok: true, status: corev1.ConditionTrue, reason: ReasonConfigMapDeleted, msg: []string{"revision r1 stays in force for 30s"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonConfigMapDeleted, msg: []string{"revision r1 stays in force for 30s"}},
 		{name: "deleted past the grace period", st: state{synced: true, inForce: "sha256:empty", emptied: true},
-			ok: true, status: corev1.ConditionTrue, reason: ReasonNoPolicies, msg: []string{"stayed deleted for 30s"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonNoPolicies, msg: []string{"stayed deleted for 30s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,7 +57,7 @@ func TestDesired(t *testing.T) {
 					t.Errorf("message %q does not contain %q", c.Message, m)
 				}
 			}
-			if tt.reason == ReasonLoaded && c.Message != tt.st.inForce {
+			if tt.reason == config.ReasonLoaded && c.Message != tt.st.inForce {
 				t.Errorf("a Loaded message is %q, want exactly the revision %q", c.Message, tt.st.inForce)
 			}
 		})

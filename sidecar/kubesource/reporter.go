@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // FieldManager is the field manager of the sidecar's pod status patches.
@@ -22,7 +24,7 @@ const (
 	reportBackoffMax = 10 * time.Second
 )
 
-// reporter writes ConditionPolicyLoaded on the sidecar's own pod through
+// reporter writes config.ConditionPolicyLoaded on the sidecar's own pod through
 // the pods/status subresource. It keeps only the latest wanted condition:
 // while the API server is unreachable it retries with backoff, and writes
 // whatever is current when it comes back. Only its run goroutine calls the
@@ -134,7 +136,7 @@ func (r *reporter) patch(ctx context.Context, c condition, transition time.Time)
 	body, err := json.Marshal(map[string]any{
 		"status": map[string]any{
 			"conditions": []map[string]any{{
-				"type":               ConditionPolicyLoaded,
+				"type":               config.ConditionPolicyLoaded,
 				"status":             c.Status,
 				"reason":             c.Reason,
 				"message":            c.Message,
@@ -156,10 +158,10 @@ func (r *reporter) patch(ctx context.Context, c condition, transition time.Time)
 	return nil
 }
 
-// conditionOf returns the ConditionPolicyLoaded of pod, or nil.
+// conditionOf returns the config.ConditionPolicyLoaded of pod, or nil.
 func conditionOf(pod *corev1.Pod) *corev1.PodCondition {
 	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == ConditionPolicyLoaded {
+		if pod.Status.Conditions[i].Type == config.ConditionPolicyLoaded {
 			return &pod.Status.Conditions[i]
 		}
 	}

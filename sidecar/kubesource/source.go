@@ -1,7 +1,7 @@
 // Package kubesource is floodgate-sidecar's Kubernetes mode: a
-// runner.Source that watches the namespace's "floodgate-policies"
+// configsource.Source that watches the namespace's "floodgate-policies"
 // ConfigMap through a client-go informer, and reports what the runner did
-// with each document as the pod condition ConditionPolicyLoaded.
+// with each document as the pod condition config.ConditionPolicyLoaded.
 //
 // # Least privilege
 //
@@ -33,10 +33,10 @@
 // has anything to enforce, and recreates it at once when someone else
 // deletes it while policies exist. The source therefore keeps the config in
 // force for Options.DeleteGrace (default 30s) after a deletion, reporting
-// ReasonConfigMapDeleted, so that a deletion undone by the manager never
+// config.ReasonConfigMapDeleted, so that a deletion undone by the manager never
 // opens a gap in enforcement. If the ConfigMap is still absent after the
 // grace period, the source delivers a document with the same store and no
-// policies, and reports ReasonNoPolicies: deleting the last policy of a
+// policies, and reports config.ReasonNoPolicies: deleting the last policy of a
 // namespace does stop its limits.
 package kubesource
 
@@ -57,7 +57,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/runner"
+	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 )
 
 // DefaultDeleteGrace is how long the config in force outlives a deletion of
@@ -79,14 +79,14 @@ type Options struct {
 	DeleteGrace time.Duration
 }
 
-// Source is a runner.Source backed by the namespace's ConfigMap. Create it
+// Source is a configsource.Source backed by the namespace's ConfigMap. Create it
 // with New; Run may be called once.
 type Source struct {
 	o   Options
 	log *slog.Logger
 }
 
-var _ runner.Source = (*Source)(nil)
+var _ configsource.Source = (*Source)(nil)
 
 // New validates o and returns a Source.
 func New(o Options) (*Source, error) {
@@ -140,9 +140,9 @@ func (l latest) set(o observed) {
 	}
 }
 
-// Run implements runner.Source. It delivers the ConfigMap's document and
+// Run implements configsource.Source. It delivers the ConfigMap's document and
 // every change of it until ctx ends, and keeps the pod condition current.
-func (s *Source) Run(ctx context.Context, deliver func(runner.Update)) {
+func (s *Source) Run(ctx context.Context, deliver func(configsource.Update)) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -241,7 +241,7 @@ func asConfigMap(obj any) *corev1.ConfigMap {
 // loop is the state of one Run; only Run's goroutine touches it.
 type loop struct {
 	s       *Source
-	deliver func(runner.Update)
+	deliver func(configsource.Update)
 	rep     *reporter
 	st      state
 
@@ -269,7 +269,7 @@ func (l *loop) observe(o observed) {
 			return
 		}
 		l.delivered, l.errKey, l.st.seen = nil, errText, ""
-		l.send(runner.Update{Err: errors.New(errText), Origin: origin})
+		l.send(configsource.Update{Err: errors.New(errText), Origin: origin})
 		return
 	}
 	if l.delivered != nil && bytes.Equal(l.delivered, []byte(data)) {
@@ -282,7 +282,7 @@ func (l *loop) observe(o observed) {
 		store := c.Store
 		l.store = &store
 	}
-	l.send(runner.Update{Data: []byte(data), Origin: origin})
+	l.send(configsource.Update{Data: []byte(data), Origin: origin})
 }
 
 // empty delivers a document with the last store and no policies, after the
@@ -299,7 +299,7 @@ func (l *loop) empty() {
 	}
 	l.s.log.Warn("the ConfigMap stayed deleted; enforcing no policy", "grace", l.s.o.DeleteGrace)
 	l.delivered, l.errKey, l.st.seen = data, "", ""
-	l.send(runner.Update{Data: data, Origin: "configmap " + l.s.o.Namespace + "/" + config.ConfigMapName + " (deleted)"})
+	l.send(configsource.Update{Data: data, Origin: "configmap " + l.s.o.Namespace + "/" + config.ConfigMapName + " (deleted)"})
 	if l.st.lastErr == "" {
 		l.st.emptied = true
 	}
@@ -307,7 +307,7 @@ func (l *loop) empty() {
 }
 
 // send delivers u and records what the runner did with it.
-func (l *loop) send(u runner.Update) {
+func (l *loop) send(u configsource.Update) {
 	u.Result = func(inForce string, err error) {
 		l.st.inForce = inForce
 		l.st.emptied = false

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
@@ -26,7 +26,7 @@ func (c *Config) Check(w io.Writer, path string) error {
 	if len(data) > config.MaxDocumentSize {
 		return fmt.Errorf("check config %s: %d bytes, the limit is %d", path, len(data), config.MaxDocumentSize)
 	}
-	cfg, format, mapping, err := envoyconfig.LoadAny(data, envoyconfig.Options{})
+	cfg, format, mapping, err := rlsimport.LoadAny(data, rlsimport.Options{})
 	if err != nil {
 		return fmt.Errorf("%s is not a valid config:\n%w", path, err)
 	}
@@ -41,7 +41,7 @@ func (c *Config) Check(w io.Writer, path string) error {
 	if _, err := fmt.Fprintf(w, "%s: valid (revision %s)\n", path, cfg.Revision); err != nil {
 		return err
 	}
-	if err := envoyconfig.Explain(w, cfg, format, mapping); err != nil {
+	if err := rlsimport.Explain(w, cfg, format, mapping); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(w, "\nfor a pod with labels {%s}: %d HTTP rules, %d Envoy descriptor rules in %d domains; ignored policies (podSelector): %v\n",

@@ -129,8 +129,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodLabels, "pod-labels", "", "this pod's labels, k=v,k2=v2, matched against policies' podSelector")
 	fs.StringVar(&c.PodLabelsFile, "pod-labels-file", "", "file of this pod's labels, one key=\"value\" per line (a downward API volume); merged with --pod-labels")
 	fs.BoolVar(&c.Kubernetes, "kubernetes", false, "Kubernetes mode: watch the namespace's "+config.ConfigMapName+" ConfigMap instead of --policy-file, and report the pod condition")
-	fs.StringVar(&c.Namespace, "namespace", "", "Kubernetes mode: the pod's namespace (default $"+EnvPodNamespace+")")
-	fs.StringVar(&c.PodName, "pod-name", "", "Kubernetes mode: the pod's name (default $"+EnvPodName+")")
+	fs.StringVar(&c.Namespace, "namespace", "", "Kubernetes mode: the pod's namespace (default $"+config.EnvPodNamespace+")")
+	fs.StringVar(&c.PodName, "pod-name", "", "Kubernetes mode: the pod's name (default $"+config.EnvPodName+")")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file; empty uses the in-cluster service account")
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
@@ -195,7 +195,7 @@ func (c *Config) Parse(fs *flag.FlagSet, args []string, getenv func(string) (str
 	for _, d := range []struct {
 		flag, env string
 		dst       *string
-	}{{"namespace", EnvPodNamespace, &c.Namespace}, {"pod-name", EnvPodName, &c.PodName}} {
+	}{{"namespace", config.EnvPodNamespace, &c.Namespace}, {"pod-name", config.EnvPodName, &c.PodName}} {
 		if v, ok := getenv(d.env); ok && !c.set[d.flag] {
 			*d.dst = v
 			c.set[d.flag] = true
@@ -203,13 +203,6 @@ func (c *Config) Parse(fs *flag.FlagSet, args []string, getenv func(string) (str
 	}
 	return errors.Join(errs...)
 }
-
-// EnvPodNamespace and EnvPodName, set from the downward API, are the
-// defaults of --namespace and --pod-name.
-const (
-	EnvPodNamespace = "POD_NAMESPACE"
-	EnvPodName      = "POD_NAME"
-)
 
 // EnvName returns the environment variable of a flag.
 func EnvName(flagName string) string {
@@ -346,10 +339,10 @@ func (c *Config) validateSource(bad func(flagName, format string, args ...any)) 
 		bad("policy-file", "not used with --kubernetes, which reads the namespace's %s ConfigMap", config.ConfigMapName)
 	}
 	if c.Namespace == "" {
-		bad("namespace", "required with --kubernetes (or set %s)", EnvPodNamespace)
+		bad("namespace", "required with --kubernetes (or set %s)", config.EnvPodNamespace)
 	}
 	if c.PodName == "" {
-		bad("pod-name", "required with --kubernetes (or set %s)", EnvPodName)
+		bad("pod-name", "required with --kubernetes (or set %s)", config.EnvPodName)
 	}
 }
 

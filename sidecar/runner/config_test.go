@@ -105,3 +105,17 @@ func TestStorePrecedence(t *testing.T) {
 		}
 	}
 }
+
+// TestPodContractEnvNames pins the variables the injection webhook writes
+// (sidecar/config's pod contract) to the flags they must set.
+func TestPodContractEnvNames(t *testing.T) {
+	t.Parallel()
+	for flagName, want := range map[string]string{
+		"kubernetes":          config.EnvKubernetes,
+		"redis-password-file": config.EnvRedisPasswordFile,
+	} {
+		if got := EnvName(flagName); got != want {
+			t.Errorf("EnvName(%q) = %q, want the contract's %q", flagName, got, want)
+		}
+	}
+}

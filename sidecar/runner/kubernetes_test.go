@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 )
 
 func TestKubernetesModeFlagsAndEnv(t *testing.T) {
@@ -23,8 +26,8 @@ func TestKubernetesModeFlagsAndEnv(t *testing.T) {
 	}
 	c, err := parse(t, []string{"--pod-labels-file", lf, "--pod-labels", "tier=override"}, map[string]string{
 		"FLOODGATE_KUBERNETES": "true",
-		EnvPodNamespace:        "shop",
-		EnvPodName:             "api-0",
+		config.EnvPodNamespace: "shop",
+		config.EnvPodName:      "api-0",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -43,12 +46,12 @@ func TestKubernetesModeFlagsAndEnv(t *testing.T) {
 		t.Errorf("Labels() = %v, want %v", got, want)
 	}
 
-	flagWins, err := parse(t, []string{"--namespace", "other"}, map[string]string{EnvPodNamespace: "shop"})
+	flagWins, err := parse(t, []string{"--namespace", "other"}, map[string]string{config.EnvPodNamespace: "shop"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if flagWins.Namespace != "other" {
-		t.Errorf("namespace %q, want the flag's value over %s", flagWins.Namespace, EnvPodNamespace)
+		t.Errorf("namespace %q, want the flag's value over %s", flagWins.Namespace, config.EnvPodNamespace)
 	}
 }
 
@@ -88,11 +91,11 @@ func TestParseLabelsFile(t *testing.T) {
 // scriptedSource delivers fixed updates, recording what the runner
 // reports through Update.Result, then waits for the end.
 type scriptedSource struct {
-	updates []Update
+	updates []configsource.Update
 	results chan string
 }
 
-func (s *scriptedSource) Run(ctx context.Context, deliver func(Update)) {
+func (s *scriptedSource) Run(ctx context.Context, deliver func(configsource.Update)) {
 	for _, u := range s.updates {
 		u.Result = func(inForce string, err error) {
 			msg := "applied"
@@ -111,7 +114,7 @@ func TestUpdateResultReportsTheRevisionInForce(t *testing.T) {
 	doc := func(rev string) []byte {
 		return []byte(`{"apiVersion":"floodgate.dev/sidecar-config/v1","revision":"` + rev + `","store":{"type":"memory"},"policies":[]}`)
 	}
-	src := &scriptedSource{results: make(chan string, 8), updates: []Update{
+	src := &scriptedSource{results: make(chan string, 8), updates: []configsource.Update{
 		{Err: errors.New("no document yet")},
 		{Data: doc("r1")},
 		{Data: []byte(`{"apiVersion":"nope"}`)},

@@ -26,12 +26,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 )
@@ -41,7 +42,7 @@ type Runner struct {
 	cfg    Config
 	log    *slog.Logger
 	labels labels.Set
-	source Source
+	source configsource.Source
 
 	reg *prometheus.Registry
 	m   *metrics.Metrics
@@ -90,7 +91,7 @@ type StoreStatus struct {
 
 // New prepares a sidecar: it validates cfg and binds both listeners, so
 // that a port conflict is reported before Run. source nil means a
-// FileSource on cfg.PolicyFile.
+// configsource.FileSource on cfg.PolicyFile.
 // grpcStreamWorkers is how many long-lived goroutines serve ShouldRateLimit
 // calls. A fresh goroutine per call grows its stack again on every call
 // (about 13% of the CPU of a Redis-bound decision in profiles); a worker
@@ -99,7 +100,7 @@ type StoreStatus struct {
 // busy sidecar at the cost of about 1 MiB of stacks.
 const grpcStreamWorkers = 128
 
-func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
+func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -108,7 +109,7 @@ func New(cfg Config, log *slog.Logger, source Source) (*Runner, error) {
 		return nil, err
 	}
 	if source == nil {
-		source = &FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
+		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
 	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -274,7 +275,7 @@ func (r *Runner) serveProxy(w http.ResponseWriter, req *http.Request) {
 // apply is the one place a config update takes effect: parse, validate and
 // compile it, and install it, or keep the last good config and report why.
 // The first good config also opens the store and starts the proxy.
-func (r *Runner) apply(u Update) {
+func (r *Runner) apply(u configsource.Update) {
 	r.applyUpdate(u)
 	if u.Result != nil {
 		st := r.Status()
@@ -286,14 +287,14 @@ func (r *Runner) apply(u Update) {
 	}
 }
 
-func (r *Runner) applyUpdate(u Update) {
+func (r *Runner) applyUpdate(u configsource.Update) {
 	if u.Err != nil {
 		r.reject(u.Origin, u.Err)
 		return
 	}
 	// A policy file may be floodgate's sidecar config or an
 	// envoyproxy/ratelimit config, told apart by shape.
-	c, format, _, err := envoyconfig.LoadAny(u.Data, envoyconfig.Options{})
+	c, format, _, err := rlsimport.LoadAny(u.Data, rlsimport.Options{})
 	if err != nil {
 		r.reject(u.Origin, err)
 		return
@@ -356,7 +357,7 @@ func closeStore(st *storeHandle) error {
 }
 
 // install puts a compiled set in force.
-func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, format envoyconfig.Format) {
+func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, format rlsimport.Format) {
 	r.mu.Lock()
 	old := r.current
 	r.current = set

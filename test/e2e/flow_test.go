@@ -15,9 +15,8 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
-	"github.com/floodgate-dev/floodgate/controllers/injection"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
-	"github.com/floodgate-dev/floodgate/test/localstack"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 // watchGeneration returns a channel that receives the time at which a
@@ -117,11 +116,11 @@ var _ = Describe("the demo flow, asserted", Ordered, func() {
 		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
 			names = append(names, c.Name)
 		}
-		Expect(names).To(ConsistOf("app", injection.ContainerName), "exactly one injected sidecar next to the app")
-		sc, err := localstack.InjectedSidecar(pod)
+		Expect(names).To(ConsistOf("app", config.ContainerName), "exactly one injected sidecar next to the app")
+		sc, err := simnode.InjectedSidecar(pod)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(sc.Image).To(Equal(localstack.DefaultSidecarImage))
-		Expect(pod.Spec.ReadinessGates).To(ContainElement(HaveField("ConditionType", kubesource.ConditionPolicyLoaded)))
+		Expect(sc.Image).To(Equal(simnode.DefaultSidecarImage))
+		Expect(pod.Spec.ReadinessGates).To(ContainElement(HaveField("ConditionType", config.ConditionPolicyLoaded)))
 		AddReportEntry("injected sidecar args", sc.Args)
 		By("reporting Programmed=False until the sidecar reports the revision")
 		Eventually(func() string { return condition(ctx, ns, "checkout", "Programmed") }).WithContext(ctx).

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/test/localstack"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 func init() {
@@ -100,17 +100,17 @@ spec:
 // member is one injected pod run locally: its backend and its sidecar.
 type member struct {
 	pod     string
-	backend *localstack.Backend
-	sidecar *localstack.Sidecar
+	backend *simnode.Backend
+	sidecar *simnode.Sidecar
 }
 
 // startMember starts a backend and the pod's injected sidecar in front of
 // it. The caller stops them with stop.
 func startMember(ctx context.Context, ns, pod string) *member {
 	GinkgoHelper()
-	b, err := localstack.StartBackend(pod)
+	b, err := simnode.StartBackend(pod)
 	Expect(err).NotTo(HaveOccurred())
-	sc, err := stack.StartSidecar(ctx, localstack.SidecarOptions{Namespace: ns, Pod: pod, Upstream: b.URL})
+	sc, err := stack.StartSidecar(ctx, simnode.SidecarOptions{Namespace: ns, Pod: pod, Upstream: b.URL})
 	if err != nil {
 		_ = b.Close()
 	}

@@ -1,6 +1,6 @@
 // Package e2e is floodgate's end-to-end suite. It runs the whole system on
 // this machine with real parts, as `make demo` does (both through
-// test/localstack): envtest's kube-apiserver and etcd with the CRDs applied
+// test/simnode): envtest's kube-apiserver and etcd with the CRDs applied
 // by kubectl and the webhooks registered, a Redis Cluster of 3 masters and
 // 3 replicas on loopback, floodgate-manager as a local process serving the
 // webhooks, and for each annotated Pod the injected floodgate-sidecar run
@@ -26,16 +26,16 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/floodgate-dev/floodgate/test/localstack"
 	"github.com/floodgate-dev/floodgate/test/redistest"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 // storeName is the CounterStore every policy of the suite uses.
 const storeName = "e2e"
 
 var (
-	stack   *localstack.Stack
-	manager *localstack.Manager
+	stack   *simnode.Stack
+	manager *simnode.Manager
 	cluster *redistest.Cluster
 	workDir string
 	// failed keeps the logs of a run where a spec failed.
@@ -59,7 +59,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	By("building floodgate-manager and floodgate-sidecar")
 	start := time.Now()
-	Expect(localstack.BuildBinaries(ctx, GinkgoWriter, root, bin)).To(Succeed())
+	Expect(simnode.BuildBinaries(ctx, GinkgoWriter, root, bin)).To(Succeed())
 	AddReportEntry("binaries built", time.Since(start).Round(time.Millisecond).String())
 
 	By("starting a Redis Cluster: 3 masters, 3 replicas on loopback")
@@ -67,7 +67,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 
 	By("starting the control plane and applying the CRDs with kubectl")
-	stack, err = localstack.New(localstack.Options{Root: root, Work: filepath.Join(workDir, "run"), Bin: bin})
+	stack, err = simnode.New(simnode.Options{Root: root, Work: filepath.Join(workDir, "run"), Bin: bin})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(stack.StartControlPlane(ctx)).To(Succeed())
 

@@ -21,7 +21,6 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 )
 
 func init() {
@@ -149,7 +148,7 @@ func loadedCondition(ctx context.Context, ns, name string) *corev1.PodCondition 
 		return nil
 	}
 	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+		if pod.Status.Conditions[i].Type == config.ConditionPolicyLoaded {
 			return &pod.Status.Conditions[i]
 		}
 	}

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/floodgate-dev/floodgate/controllers/injection"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 func intstrName(name string) intstr.IntOrString { return intstr.FromString(name) }
@@ -24,7 +24,7 @@ func sidecars(pod *corev1.Pod) []corev1.Container {
 	var out []corev1.Container
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range cs {
-			if c.Name == injection.ContainerName {
+			if c.Name == config.ContainerName {
 				out = append(out, c)
 			}
 		}
@@ -45,7 +45,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-0"}, &pod)).To(Succeed())
 		sc := sidecars(&pod)
 		Expect(sc).To(HaveLen(1), "exactly one sidecar")
-		Expect(pod.Spec.InitContainers[0].Name).To(Equal(injection.ContainerName), "a native sidecar, first of the init containers")
+		Expect(pod.Spec.InitContainers[0].Name).To(Equal(config.ContainerName), "a native sidecar, first of the init containers")
 		c := sc[0]
 		Expect(c.Image).To(Equal(sidecarImage))
 		Expect(c.RestartPolicy).To(HaveValue(Equal(corev1.ContainerRestartPolicyAlways)))
@@ -59,7 +59,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(pod.Spec.Containers[0].Ports).To(Equal([]corev1.ContainerPort{{Name: "app-http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}))
 		Expect(pod.Spec.Containers[0].ReadinessProbe.HTTPGet.Port).To(Equal(intstr.FromString("app-http")),
 			"the application's probe follows its renamed port")
-		Expect(pod.Spec.ReadinessGates).To(ContainElement(corev1.PodReadinessGate{ConditionType: kubesource.ConditionPolicyLoaded}))
+		Expect(pod.Spec.ReadinessGates).To(ContainElement(corev1.PodReadinessGate{ConditionType: config.ConditionPolicyLoaded}))
 		sec := c.SecurityContext
 		Expect(sec.RunAsNonRoot).To(HaveValue(BeTrue()))
 		Expect(sec.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))

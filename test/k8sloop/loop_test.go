@@ -17,7 +17,7 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 var _ = Describe("the policy loop", func() {
@@ -46,7 +46,7 @@ var _ = Describe("the policy loop", func() {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(corev1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonLoaded))
+			g.Expect(c.Reason).To(Equal(config.ReasonLoaded))
 			g.Expect(c.Message).To(Equal(revision(ctx, ns)))
 		}).Should(Succeed())
 		Expect(sc.Status().Revision).To(Equal(revision(ctx, ns)))
@@ -104,7 +104,7 @@ var _ = Describe("the policy loop", func() {
 		Eventually(func(g Gomega) {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonLoaded))
+			g.Expect(c.Reason).To(Equal(config.ReasonLoaded))
 			g.Expect(c.Message).To(Equal(revision(ctx, ns)))
 		}).WithTimeout(60 * time.Second).Should(Succeed())
 
@@ -122,7 +122,7 @@ var _ = Describe("the policy loop", func() {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(corev1.ConditionTrue), "the pod keeps serving on the last good revision")
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonRevisionRejected))
+			g.Expect(c.Reason).To(Equal(config.ReasonRevisionRejected))
 			g.Expect(c.Message).To(ContainSubstring("revision " + good + " stays in force"))
 			g.Expect(c.Message).To(ContainSubstring("revision " + revision(ctx, ns) + " was rejected"))
 			g.Expect(c.Message).To(ContainSubstring("read hmac secret"))
@@ -145,7 +145,7 @@ var _ = Describe("the policy loop", func() {
 		Eventually(func(g Gomega) {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonLoaded))
+			g.Expect(c.Reason).To(Equal(config.ReasonLoaded))
 			g.Expect(c.Message).To(Equal(revision(ctx, ns)))
 		}).Should(Succeed())
 
@@ -155,7 +155,7 @@ var _ = Describe("the policy loop", func() {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(corev1.ConditionTrue), "the pod stays ready")
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonNoPolicies))
+			g.Expect(c.Reason).To(Equal(config.ReasonNoPolicies))
 		}).Should(Succeed())
 		Expect(sc.codes("client-a", 10)).To(HaveEach(http.StatusOK), "no policy is enforced any more")
 	})
@@ -178,7 +178,7 @@ var _ = Describe("the policy loop", func() {
 			c := loadedCondition(ctx, ns, "api-0")
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(corev1.ConditionFalse), "the readiness gate keeps the pod out of its Services")
-			g.Expect(c.Reason).To(Equal(kubesource.ReasonWaitingForConfigMap))
+			g.Expect(c.Reason).To(Equal(config.ReasonWaitingForConfigMap))
 		}).Should(Succeed())
 		Expect(sc.Ready()).To(BeFalse())
 		Expect(sc.get("x")).To(Equal(http.StatusServiceUnavailable))

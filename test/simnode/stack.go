@@ -1,4 +1,4 @@
-package localstack
+package simnode
 
 import (
 	"context"
@@ -48,13 +48,13 @@ func (o Options) Validate() error {
 	var errs []error
 	for _, f := range []struct{ name, val string }{{"Root", o.Root}, {"Work", o.Work}, {"Bin", o.Bin}} {
 		if f.val == "" {
-			errs = append(errs, fmt.Errorf("localstack: Options.%s is required", f.name))
+			errs = append(errs, fmt.Errorf("simnode: Options.%s is required", f.name))
 		}
 	}
 	if o.Root != "" {
 		for _, d := range []string{"config/crd/bases", "config/webhook"} {
 			if _, err := os.Stat(filepath.Join(o.Root, d)); err != nil {
-				errs = append(errs, fmt.Errorf("localstack: Options.Root %s: %w", o.Root, err))
+				errs = append(errs, fmt.Errorf("simnode: Options.Root %s: %w", o.Root, err))
 			}
 		}
 	}
@@ -96,7 +96,7 @@ func New(o Options) (*Stack, error) {
 		return nil, err
 	}
 	if err := os.MkdirAll(o.Work, 0o755); err != nil {
-		return nil, fmt.Errorf("localstack: creating %s: %w", o.Work, err)
+		return nil, fmt.Errorf("simnode: creating %s: %w", o.Work, err)
 	}
 	return &Stack{opts: o}, nil
 }

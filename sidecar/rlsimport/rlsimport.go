@@ -1,4 +1,4 @@
-// Package envoyconfig reads envoyproxy/ratelimit's YAML configuration
+// Package rlsimport reads envoyproxy/ratelimit's YAML configuration
 // format and maps it onto floodgate's sidecar config, so that a
 // deployment of that service can move to floodgate-sidecar's Envoy
 // rate-limit API without rewriting its limits.
@@ -38,7 +38,7 @@
 // value_to_metric only change that service's statistics names; floodgate
 // never puts descriptor values in metric labels, and keeps per-rule
 // metrics, so they are accepted and noted. See docs/envoy.md.
-package envoyconfig
+package rlsimport
 
 import (
 	"bytes"

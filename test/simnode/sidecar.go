@@ -1,4 +1,4 @@
-package localstack
+package simnode
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/floodgate-dev/floodgate/controllers/injection"
-	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // InjectedSidecar returns the floodgate-sidecar container the injection
@@ -27,18 +27,18 @@ func InjectedSidecar(pod *corev1.Pod) (*corev1.Container, error) {
 	var found []*corev1.Container
 	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range list {
-			if list[i].Name == injection.ContainerName {
+			if list[i].Name == config.ContainerName {
 				found = append(found, &list[i])
 			}
 		}
 	}
 	switch len(found) {
 	case 0:
-		return nil, fmt.Errorf("pod %s/%s has no %s container: the webhook did not inject it", pod.Namespace, pod.Name, injection.ContainerName)
+		return nil, fmt.Errorf("pod %s/%s has no %s container: the webhook did not inject it", pod.Namespace, pod.Name, config.ContainerName)
 	case 1:
 		return found[0], nil
 	}
-	return nil, fmt.Errorf("pod %s/%s has %d %s containers, want exactly one", pod.Namespace, pod.Name, len(found), injection.ContainerName)
+	return nil, fmt.Errorf("pod %s/%s has %d %s containers, want exactly one", pod.Namespace, pod.Name, len(found), config.ContainerName)
 }
 
 // ResolveEnv turns a container's env into plain NAME=value pairs, as the
@@ -131,7 +131,7 @@ type Sidecar struct {
 // files), and waits until /readyz answers.
 func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, error) {
 	if o.Namespace == "" || o.Pod == "" || o.Upstream == "" {
-		return nil, fmt.Errorf("localstack: SidecarOptions need Namespace, Pod and Upstream, got %+v", o)
+		return nil, fmt.Errorf("simnode: SidecarOptions need Namespace, Pod and Upstream, got %+v", o)
 	}
 	if o.Name == "" {
 		o.Name = "floodgate-sidecar-" + o.Namespace + "-" + o.Pod
@@ -252,15 +252,15 @@ func (s *Stack) writeStoreAuth(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	if err != nil {
 		return "", fmt.Errorf("volume %s from secret %s/%s: %w", vol.Name, pod.Namespace, vol.Secret.SecretName, err)
 	}
-	v, ok := sec.Data[injection.StoreAuthKey]
+	v, ok := sec.Data[config.StoreAuthKey]
 	if !ok {
-		return "", fmt.Errorf("volume %s: secret %s/%s has no key %q", vol.Name, pod.Namespace, vol.Secret.SecretName, injection.StoreAuthKey)
+		return "", fmt.Errorf("volume %s: secret %s/%s has no key %q", vol.Name, pod.Namespace, vol.Secret.SecretName, config.StoreAuthKey)
 	}
 	dir := filepath.Join(s.opts.Work, "store-auth", pod.Namespace, pod.Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("creating %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, injection.StoreAuthKey)
+	path := filepath.Join(dir, config.StoreAuthKey)
 	if err := os.WriteFile(path, v, 0o600); err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
 	}
@@ -302,7 +302,7 @@ func (s *Stack) PolicyLoaded(ctx context.Context, namespace, name string) (*core
 		return nil, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 	}
 	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == kubesource.ConditionPolicyLoaded {
+		if pod.Status.Conditions[i].Type == config.ConditionPolicyLoaded {
 			return &pod.Status.Conditions[i], nil
 		}
 	}
@@ -314,7 +314,7 @@ func (s *Stack) PolicyLoaded(ctx context.Context, namespace, name string) (*core
 // revision in force).
 func (s *Stack) WaitPolicyLoaded(ctx context.Context, namespace, name string, timeout time.Duration) (string, error) {
 	var msg string
-	err := Poll(ctx, 100*time.Millisecond, timeout, "pod condition "+string(kubesource.ConditionPolicyLoaded)+" on "+namespace+"/"+name, func() (bool, error) {
+	err := Poll(ctx, 100*time.Millisecond, timeout, "pod condition "+string(config.ConditionPolicyLoaded)+" on "+namespace+"/"+name, func() (bool, error) {
 		c, err := s.PolicyLoaded(ctx, namespace, name)
 		if err != nil || c == nil || c.Status != corev1.ConditionTrue {
 			return false, err

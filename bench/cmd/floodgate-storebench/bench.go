@@ -26,9 +26,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/floodgate-dev/floodgate/bench/harness"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
-	"github.com/floodgate-dev/floodgate/test/bench"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -739,7 +739,7 @@ func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limit
 // openLoop offers decisions at rate per second for d, whatever the answers
 // take, from workers goroutines, and measures each decision's store
 // latency and its time from scheduled arrival to answer. Arrivals are
-// released at their scheduled instants (bench.Pacer), at most arrivalTick
+// released at their scheduled instants (harness.Pacer), at most arrivalTick
 // late.
 func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, rate float64, d time.Duration, workers int) Phase {
 	type arrival struct{ at time.Time }
@@ -767,7 +767,7 @@ func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter
 	}
 	interval := time.Duration(float64(time.Second) / rate)
 	total := int64(d / interval)
-	pc, err := bench.NewPacer()
+	pc, err := harness.NewPacer()
 	if err != nil {
 		close(queue)
 		wg.Wait()

@@ -1,4 +1,4 @@
-package runner
+package configsource
 
 import (
 	"bytes"
@@ -8,30 +8,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// Update is one observation of a config source: a document, or the error
-// that kept the source from reading one.
-type Update struct {
-	Data   []byte
-	Err    error
-	Origin string
-	// Result, when set, is called once the runner has applied or rejected
-	// the update, before deliver returns: inForce is the revision in force
-	// afterwards (empty when none), err is nil when the update was applied
-	// and the reason it was rejected otherwise. The Kubernetes source
-	// reports it as the pod's policy-loaded condition.
-	Result func(inForce string, err error)
-}
-
-// Source delivers config documents. The standalone sidecar watches a file;
-// a Kubernetes source watches the namespace's ConfigMap. Whatever the
-// source, the runner applies updates in one place (Runner.apply), which
-// keeps the last good config when a document is invalid.
-type Source interface {
-	// Run delivers the current document, then every change, until ctx
-	// ends. deliver is never called concurrently.
-	Run(ctx context.Context, deliver func(Update))
-}
 
 // FileSource watches one file by polling: it compares the file's identity
 // (device and inode, after following symlinks), size and modification

@@ -6,14 +6,14 @@
 // answers OK at once, as the floor. The servers are pinned to CPU 0 with
 // GOMAXPROCS=1, the load generator and Redis to CPU 1 (taskset).
 //
-//	go run ./cmd/floodgate-rlsbench -duration 5s -out rlsbench.json
+//	go run ./bench/cmd/floodgate-rlsbench -duration 5s -out rlsbench.json
 //
 // With -cpuprofile DIR each server profiles itself during each measured
 // case and round, into DIR/<case>-r<round>.pprof (null, cold, hot-allowed,
 // hot-denied); the sidecar then runs its runner in a re-exec of this
 // binary, as the sidecar binary has no profiler:
 //
-//	go build -o bin/ ./cmd/floodgate-rlsbench && bin/floodgate-rlsbench -cpuprofile prof
+//	go build -o bin/ ./bench/cmd/floodgate-rlsbench && bin/floodgate-rlsbench -cpuprofile prof
 //	go tool pprof -top bin/floodgate-rlsbench prof/hot-allowed-r*.pprof
 package main
 

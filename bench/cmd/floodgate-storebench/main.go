@@ -16,7 +16,7 @@
 // redis-benchmark on another, so that the load generator does not steal
 // the server's core. Run it on an otherwise idle machine:
 //
-//	go run ./cmd/floodgate-storebench -duration 5s -rounds 3
+//	go run ./bench/cmd/floodgate-storebench -duration 5s -rounds 3
 package main
 
 import (

@@ -1,4 +1,4 @@
-package envoyconfig_test
+package rlsimport_test
 
 import (
 	"bytes"
@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyconfig"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 )
 
 func TestConvertMapping(t *testing.T) {
 	t.Parallel()
-	c, m, err := envoyconfig.Load([]byte(`
+	c, m, err := rlsimport.Load([]byte(`
 domain: messaging
 descriptors:
   - key: message_type
@@ -35,7 +35,7 @@ domain: other
 descriptors:
   - key: k
     rate_limit: {unit: week, requests_per_unit: 1}
-`), envoyconfig.Options{Replicas: 3})
+`), rlsimport.Options{Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ descriptors:
 		t.Errorf("warnings %q, want one about replaces nobody", m.Warnings)
 	}
 	var out bytes.Buffer
-	if err := envoyconfig.Explain(&out, c, envoyconfig.FormatEnvoy, m); err != nil {
+	if err := rlsimport.Explain(&out, c, rlsimport.FormatEnvoy, m); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"envoyproxy/ratelimit config", "domains: 2", "requests_per_unit 0: denies every call", "whitelisted", "shadow", "replaces message_type_marketing.to_number"} {
@@ -110,13 +110,13 @@ func TestConvertErrors(t *testing.T) {
 		"not yaml":           {"domain: [\n", "parse envoy ratelimit config"},
 	}
 	for name, tc := range cases {
-		_, _, err := envoyconfig.Load([]byte(tc.doc), envoyconfig.Options{})
+		_, _, err := rlsimport.Load([]byte(tc.doc), rlsimport.Options{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one containing %q", name, err, tc.want)
 		}
 	}
 	// Two problems in one document are both reported.
-	_, _, err := envoyconfig.Load([]byte("domain: d\ndescriptors:\n  - key: ''\n  - key: k\n    rate_limit: {unit: eon, requests_per_unit: 1}\n"), envoyconfig.Options{})
+	_, _, err := rlsimport.Load([]byte("domain: d\ndescriptors:\n  - key: ''\n  - key: k\n    rate_limit: {unit: eon, requests_per_unit: 1}\n"), rlsimport.Options{})
 	if err == nil || !strings.Contains(err.Error(), "empty key") || !strings.Contains(err.Error(), "eon") {
 		t.Errorf("error %v, want both problems", err)
 	}
@@ -126,19 +126,19 @@ func TestDetect(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		doc  string
-		want envoyconfig.Format
+		want rlsimport.Format
 		err  string
 	}{
-		{"apiVersion: floodgate.dev/sidecar-config/v1\npolicies: []\n", envoyconfig.FormatFloodgate, ""},
-		{`{"apiVersion": "floodgate.dev/sidecar-config/v1", "policies": []}`, envoyconfig.FormatFloodgate, ""},
-		{"# comment\n---\ndomain: d\ndescriptors: []\n", envoyconfig.FormatEnvoy, ""},
-		{"descriptors: []\n", envoyconfig.FormatEnvoy, ""},
+		{"apiVersion: floodgate.dev/sidecar-config/v1\npolicies: []\n", rlsimport.FormatFloodgate, ""},
+		{`{"apiVersion": "floodgate.dev/sidecar-config/v1", "policies": []}`, rlsimport.FormatFloodgate, ""},
+		{"# comment\n---\ndomain: d\ndescriptors: []\n", rlsimport.FormatEnvoy, ""},
+		{"descriptors: []\n", rlsimport.FormatEnvoy, ""},
 		{"", 0, "empty document"},
 		{"kind: ConfigMap\n", 0, "unknown format: top-level keys [kind]"},
 		{"- a\n", 0, "not YAML"},
 	}
 	for _, tc := range cases {
-		got, err := envoyconfig.Detect([]byte(tc.doc))
+		got, err := rlsimport.Detect([]byte(tc.doc))
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("Detect(%q) error %v, want %q", tc.doc, err, tc.err)
@@ -155,7 +155,7 @@ func FuzzLoadAny(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
 	f.Add([]byte("apiVersion: floodgate.dev/sidecar-config/v1\npolicies: []\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, _, _, err := envoyconfig.LoadAny(data, envoyconfig.Options{})
+		c, _, _, err := rlsimport.LoadAny(data, rlsimport.Options{})
 		if err == nil && c.Validate() != nil {
 			t.Fatalf("LoadAny accepted a config that does not validate")
 		}

@@ -1,4 +1,4 @@
-// Package localstack runs floodgate's whole Kubernetes loop on one machine
+// Package simnode runs floodgate's whole Kubernetes loop on one machine
 // with real parts, for `make demo` (hack/demo) and the end-to-end suite
 // (test/e2e):
 //
@@ -29,4 +29,4 @@
 //
 // A Stack is safe for concurrent use once its control plane is started:
 // several sidecars may be started from different goroutines.
-package localstack
+package simnode

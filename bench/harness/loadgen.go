@@ -4,7 +4,7 @@
 // "coordinated omission" of closed-loop tools), a closed-loop generator for
 // maximum throughput, and the scenarios that cmd/floodgate-bench runs
 // against real floodgate-sidecar, backend and Redis Cluster processes.
-package bench
+package harness
 
 import (
 	"context"

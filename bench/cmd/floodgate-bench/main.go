@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/test/bench"
+	"github.com/floodgate-dev/floodgate/bench/harness"
 )
 
 func main() {
@@ -36,10 +36,10 @@ func run(args []string) error {
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		return bench.ServeBackend(ctx, *addr)
+		return harness.ServeBackend(ctx, *addr)
 	}
 	fs := flag.NewFlagSet("floodgate-bench", flag.ContinueOnError)
-	var o bench.Options
+	var o harness.Options
 	fs.StringVar(&o.SidecarBin, "sidecar", "", "floodgate-sidecar binary (default: go build it)")
 	fs.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each measurement")
 	fs.IntVar(&o.Conns, "conns", 64, "closed-loop concurrency")
@@ -52,7 +52,7 @@ func run(args []string) error {
 		return err
 	}
 	o.Log = os.Stderr
-	rep, err := bench.Run(ctx, o)
+	rep, err := harness.Run(ctx, o)
 	if err != nil {
 		return err
 	}
