@@ -71,7 +71,7 @@ test-deps: ## Install redis-server and build the envtest binaries and tools.
 	hack/tools.sh helm >/dev/null
 
 .PHONY: test
-test: test-deps ## Run every test: unit, envtest and real-Redis suites.
+test: test-deps vet ## Run go vet, then every test: unit, envtest and real-Redis suites.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
 		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $(PKGS)
 
