@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # Builds static floodgate-manager and floodgate-sidecar binaries and ships
-# them in a minimal, non-root final stage. Pick the binary with --target or
-# by overriding the entrypoint (the chart does the latter).
+# each in a minimal, non-root final stage: pick the image with
+# --target floodgate-manager or --target floodgate-sidecar. The chart runs
+# each image's own entrypoint.
 
 FROM golang:1.26 AS build
 WORKDIR /src
