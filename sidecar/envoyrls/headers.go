@@ -1,54 +1,52 @@
 package envoyrls
 
 import (
-	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
-// headers builds the response fields of the call's binding rule.
+// headers builds the response fields of the call's binding rule, as the
+// HTTP proxy sets them (package ratelimitheaders): the first enforced rule
+// that denies every call when one matched, else the engine's binding hit.
 func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.Time) []*corev3.HeaderValue {
-	var b view
+	var b ratelimitheaders.Binding
 	switch {
 	case blocked:
 		for _, bh := range sc.blocks {
 			if !bh.rule.Shadow {
-				b = blockView(bh.rule, now)
+				b = blockBinding(bh.rule, now)
 				break
 			}
 		}
 	case v.Binding >= 0:
-		b = hitView(sc.hrule[v.Binding], v.Binding, v)
+		r := sc.hrule[v.Binding]
+		b = ratelimitheaders.Bind(r.PolicyName, r.Limit, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
 	default:
 		return nil
 	}
-	reset := max(b.reset, b.retry)
-	resetSec := strconv.FormatInt(ceilSeconds(reset, 0), 10)
-	remaining := strconv.FormatInt(b.remaining, 10)
-	lim := b.rule.Limit
-	capacity := lim.Capacity()
-	name := strconv.Quote(b.rule.PolicyName)
-	hs := []*corev3.HeaderValue{
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(capacity, 10)},
-		{Key: "X-RateLimit-Remaining", Value: remaining},
-		{Key: "X-RateLimit-Reset", Value: resetSec},
-		{Key: "RateLimit-Policy", Value: name + ";q=" + strconv.FormatInt(lim.Requests, 10) + ";w=" + strconv.FormatInt(int64(lim.Period/time.Second), 10)},
-		{Key: "RateLimit", Value: name + ";r=" + remaining + ";t=" + resetSec},
+	vals := ratelimitheaders.Format(&b)
+	// The values share one string, the header values one array.
+	n := vals.Len()
+	hv := make([]corev3.HeaderValue, n)
+	out := make([]*corev3.HeaderValue, n)
+	for i := range n {
+		f := ratelimitheaders.Field(i)
+		hv[i].Key, hv[i].Value = ratelimitheaders.Names[f], vals.Get(f)
+		out[i] = &hv[i]
 	}
-	if b.denied {
-		retry := b.retry
-		if retry <= 0 {
-			retry = reset
-		}
-		hs = append(hs, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ceilSeconds(retry, 1), 10)})
-	}
-	return hs
+	return out
 }
 
-// ceilSeconds rounds d up to whole seconds, at least floor.
-func ceilSeconds(d time.Duration, floor int64) int64 {
-	return max(int64((d+time.Second-1)/time.Second), floor)
+// blockBinding is the binding of a rule that denies every call: nothing
+// remains until the end of its window.
+func blockBinding(r *ruleset.DescriptorRule, now time.Time) ratelimitheaders.Binding {
+	left := windowLeft(r, now)
+	return ratelimitheaders.Bind(r.PolicyName, r.Limit,
+		limiter.Decision{Limit: r.Limit.Capacity(), ResetAfter: left, RetryAfter: left}, true)
 }

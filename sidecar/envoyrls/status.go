@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
@@ -114,7 +115,7 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 	ds.CurrentLimit = currentLimit(best.rule, blk)
 	ds.LimitRemaining = uint32(min(max(best.remaining, 0), math.MaxUint32))
 	if best.evaluated {
-		blk.reset.Seconds = ceilSeconds(max(best.reset, best.retry), 0)
+		blk.reset.Seconds = ratelimitheaders.CeilSeconds(max(best.reset, best.retry), 0)
 		ds.DurationUntilReset = &blk.reset
 	}
 	return ds
@@ -138,9 +139,15 @@ func hitView(r *ruleset.DescriptorRule, j int, v *engine.Verdict) view {
 // blockView reports a rule that denies every call: nothing remains until
 // the end of its window.
 func blockView(r *ruleset.DescriptorRule, now time.Time) view {
-	p := r.Limit.Period
-	left := p - time.Duration(now.UnixNano()%int64(p))
+	left := windowLeft(r, now)
 	return view{rule: r, denied: !r.Shadow, remaining: 0, reset: left, retry: left, evaluated: true}
+}
+
+// windowLeft is what is left at now of the current window of rule r, whose
+// windows are aligned to the Unix epoch.
+func windowLeft(r *ruleset.DescriptorRule, now time.Time) time.Duration {
+	p := r.Limit.Period
+	return p - time.Duration(now.UnixNano()%int64(p))
 }
 
 // currentLimit expresses a rule's limit in Envoy's units, in blk: the
