@@ -2,16 +2,13 @@ package envoyrls
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"strings"
 	"time"
 
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/peer"
 
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -78,7 +75,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		if n == nil {
 			continue
 		}
-		var hash [hashLen]byte
+		var hash descriptor.Hash
 		hashed := false
 		for _, r := range n.Rules {
 			if replaced(sc.drop, r) {
@@ -100,7 +97,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 					hash, sc.buf = entriesHash(req.Descriptors[i].Entries, sc.buf)
 					hashed = true
 				}
-				sc.hits = append(sc.hits, engine.Hit{Rule: r.Engine, Key: counterKey(r.Prefix, &hash), Cost: cost})
+				sc.hits = append(sc.hits, engine.Hit{Rule: r.Engine, Key: hash.Key(r.Prefix), Cost: cost})
 				sc.owner = append(sc.owner, int32(i))
 				sc.hrule = append(sc.hrule, r)
 			}
@@ -148,33 +145,16 @@ func replaced(drop []*ruleset.DescriptorRule, r *ruleset.DescriptorRule) bool {
 	return false
 }
 
-// hashLen is the length of an entries hash: 128 bits in hex.
-const hashLen = 32
-
-// entriesHash returns the hex SHA-256/128 of the entries, each key and
-// value length-prefixed so that no two descriptors share an encoding.
-func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) ([hashLen]byte, []byte) {
+// entriesHash returns the hash of a descriptor's entries, each entry's
+// key and value a field of the hash input (see package descriptor), and
+// buf, the input's buffer, for reuse.
+func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) (descriptor.Hash, []byte) {
 	buf = buf[:0]
 	for _, e := range es {
-		buf = binary.BigEndian.AppendUint32(buf, uint32(len(e.Key)))
-		buf = append(buf, e.Key...)
-		buf = binary.BigEndian.AppendUint32(buf, uint32(len(e.Value)))
-		buf = append(buf, e.Value...)
+		buf = descriptor.AppendField(buf, e.Key)
+		buf = descriptor.AppendField(buf, e.Value)
 	}
-	sum := sha256.Sum256(buf)
-	var hx [hashLen]byte
-	hex.Encode(hx[:], sum[:hashLen/2])
-	return hx, buf
-}
-
-// counterKey returns prefix followed by hash, in one allocation: the
-// key is the one string a hit keeps after the call.
-func counterKey(prefix string, hash *[hashLen]byte) string {
-	var b strings.Builder
-	b.Grow(len(prefix) + hashLen)
-	b.WriteString(prefix)
-	b.Write(hash[:])
-	return b.String()
+	return descriptor.Sum(buf), buf
 }
 
 // publish queues a deny event for each denying hit, shadow ones included.

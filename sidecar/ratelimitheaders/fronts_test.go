@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
@@ -340,5 +341,34 @@ func TestFrontsAgree(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Both fronts key their counters with package descriptor's hash: the key a
+// front charges is the rule's prefix and the hash of its input, built with
+// descriptor.AppendField. The inputs differ in shape (an HTTP rule's key
+// parts, a descriptor rule's entries) because a rule belongs to one front
+// only; see package descriptor.
+func TestFrontsKeyWithOneHash(t *testing.T) {
+	t.Parallel()
+	c := &fieldCase{name: "allowed"}
+	hf, gf := httpFront(t), grpcFront(t)
+	hf.call(t, c, 1)
+	gf.call(t, c, 1)
+
+	// The HTTP rule has one key part, the X-User header (part kind 1).
+	in := descriptor.AppendField([]byte{1}, "alice")
+	h := descriptor.Sum(in)
+	if key := h.Key("up:allowed:"); !hf.store.seen(key) {
+		t.Errorf("the HTTP front did not charge %s", key)
+	}
+	// The descriptor rule's entries: (case, allowed), (user, alice).
+	in = nil
+	for _, s := range []string{"case", "allowed", "user", "alice"} {
+		in = descriptor.AppendField(in, s)
+	}
+	h = descriptor.Sum(in)
+	if key := h.Key("up:allowed:"); !gf.store.seen(key) {
+		t.Errorf("the Envoy front did not charge %s", key)
 	}
 }
