@@ -162,21 +162,16 @@ func (s *Server) publish(ctx context.Context, sc *scratch, v *engine.Verdict) {
 	if s.o.Events == nil {
 		return
 	}
-	var client string
-	for j, res := range v.Results {
-		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
+	var addr string
+	for j := range v.Results {
+		if !events.Denied(&v.Results[j]) {
 			continue
 		}
-		if client == "" {
+		if addr == "" {
 			if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-				client = p.Addr.String()
+				addr = p.Addr.String()
 			}
 		}
-		h := sc.hits[j]
-		s.o.Events.Publish(events.Event{
-			Time: time.Now(), Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
-			Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
-			RetryAfter: res.RetryAfter, Method: "ShouldRateLimit", Client: client,
-		})
+		s.o.Events.Publish(events.Deny(time.Now(), &sc.hits[j], &v.Results[j], "ShouldRateLimit", "", addr))
 	}
 }

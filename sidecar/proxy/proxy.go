@@ -258,17 +258,10 @@ func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
 	if p.o.Events == nil {
 		return
 	}
-	for i, res := range v.Results {
-		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
-			continue
+	for i := range v.Results {
+		if events.Denied(&v.Results[i]) {
+			p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
 		}
-		h := st.hits[i]
-		client, _, _ := net.SplitHostPort(r.RemoteAddr)
-		p.o.Events.Publish(events.Event{
-			Time: time.Now(), Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
-			Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
-			RetryAfter: res.RetryAfter, Method: r.Method, Path: r.URL.Path, Client: client,
-		})
 	}
 }
 

@@ -3,6 +3,7 @@ package ratelimitheaders_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -341,6 +342,53 @@ func TestFrontsAgree(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Both fronts build deny events with one constructor: the same fields for
+// the same denial, apart from what the call was.
+func TestFrontsDenyEventsAgree(t *testing.T) {
+	t.Parallel()
+	type event struct {
+		Msg, Policy, Rule, Key, Source, Method, Path, Client string
+		Shadow                                               bool
+		Limit, Cost, RetryAfter                              int64
+	}
+	c := &fieldCase{name: "cost-denied"}
+	got := map[string]event{}
+	for _, f := range []*front{httpFront(t), grpcFront(t)} {
+		f.call(t, c, 2)
+		if status, _ := f.call(t, c, 3); status == 200 {
+			t.Fatalf("%s: the call of cost 3 was admitted", f.name)
+		}
+		f.stop()
+		lines := strings.Split(strings.TrimSpace(f.log.String()), "\n")
+		if len(lines) != 1 {
+			t.Fatalf("%s: %d deny events, want 1: %s", f.name, len(lines), f.log)
+		}
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(lines[0]), &raw); err != nil {
+			t.Fatalf("%s: %v: %s", f.name, err, lines[0])
+		}
+		e := event{Msg: raw["msg"].(string), Policy: raw["policy"].(string), Rule: raw["rule"].(string), Key: raw["key"].(string),
+			Source: raw["source"].(string), Method: raw["method"].(string), Path: raw["path"].(string), Client: raw["client"].(string),
+			Shadow: raw["shadow"].(bool), Limit: int64(raw["limit"].(float64)), Cost: int64(raw["cost"].(float64)),
+			RetryAfter: int64(raw["retryAfter"].(float64))}
+		got[f.name] = e
+	}
+	h, g := got["http"], got["grpc"]
+	for _, e := range []event{h, g} {
+		if e.Msg != "rate limit deny" || e.Policy != "p" || e.Rule != "cost-denied" || e.Source != "store" ||
+			e.Shadow || e.Limit != 4 || e.Cost != 3 || e.RetryAfter != int64(30*time.Second) ||
+			!strings.HasPrefix(e.Key, "up:cost-denied:") || e.Client != "127.0.0.1" {
+			t.Errorf("deny event %+v", e)
+		}
+	}
+	if h.Method != "GET" || h.Path != "/cost-denied" {
+		t.Errorf("http deny event names %s %q, want GET /cost-denied", h.Method, h.Path)
+	}
+	if g.Method != "ShouldRateLimit" || g.Path != "" {
+		t.Errorf("grpc deny event names %s %q, want ShouldRateLimit and no path", g.Method, g.Path)
 	}
 }
 
