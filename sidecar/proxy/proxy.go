@@ -37,6 +37,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -367,22 +368,56 @@ var (
 	problemHeaders     = [2]string{"Content-Length", "Retry-After"}
 )
 
-// appendJSONString appends s as a JSON string. Control characters and
-// non-ASCII bytes are escaped, so the output is valid JSON whatever s holds.
+// appendJSONString appends s as a JSON string. Valid UTF-8 is written as it
+// is, so a detail in any script reads as written; '"', '\\' and control
+// characters are escaped, and so are U+2028 and U+2029, which JavaScript
+// does not take raw in a string. Each byte of invalid UTF-8 becomes
+// U+FFFD, as encoding/json writes it. The output is valid JSON and valid
+// UTF-8 whatever s holds.
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
+	start := 0 // s[start:i] is pending, to be copied as it is
+	for i := 0; i < len(s); {
 		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c >= 0x7f:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
 		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
 	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 
