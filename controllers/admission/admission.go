@@ -45,6 +45,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -124,7 +125,7 @@ func validateLimits(p *v1alpha1.RateLimitPolicy) field.ErrorList {
 			l.Algorithm = string(v1alpha1.AlgorithmTokenBucket)
 		}
 		if _, err := l.Limiter(); err != nil {
-			for _, e := range unjoin(err) {
+			for _, e := range message.Unjoin(err) {
 				errs = append(errs, limitError(path, r.Limit, e.Error()))
 			}
 		}
@@ -239,11 +240,4 @@ func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
 		return a.CreationTimestamp.Before(&b.CreationTimestamp)
 	}
 	return a.Name < b.Name
-}
-
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }

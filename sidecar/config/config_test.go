@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
@@ -150,7 +151,7 @@ policies:
 		"policies[1].rules",
 	}
 	got := map[string]bool{}
-	for _, e := range unjoin(err) {
+	for _, e := range message.Unjoin(err) {
 		var fe *FieldError
 		if !errors.As(e, &fe) {
 			t.Errorf("error %q is not a *FieldError", e)

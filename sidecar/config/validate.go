@@ -13,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
@@ -290,7 +291,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	}
 	lim, err := r.Limit.Limiter()
 	if err != nil {
-		for _, e := range unjoin(err) {
+		for _, e := range message.Unjoin(err) {
 			msg := e.Error()
 			field, rest, ok := strings.Cut(msg, ": ")
 			if ok && !strings.ContainsAny(field, " ") {
@@ -362,7 +363,7 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		fallthrough
 	default:
 		if _, err := l.Limiter(); err != nil {
-			for _, e := range unjoin(err) {
+			for _, e := range message.Unjoin(err) {
 				msg := e.Error()
 				field, rest, ok := strings.Cut(msg, ": ")
 				if ok && !strings.ContainsAny(field, " ") {
@@ -429,19 +430,12 @@ func (l Limit) Limiter() (limiter.Limit, error) {
 	}
 	out := limiter.Limit{Algorithm: alg, Requests: l.Requests, Period: l.Per.Duration, Burst: l.Burst}
 	if err := out.Validate(); err != nil {
-		errs = append(errs, unjoin(err)...)
+		errs = append(errs, message.Unjoin(err)...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return limiter.Limit{}, err
 	}
 	return out, nil
-}
-
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }
 
 func validName(s string) bool {
