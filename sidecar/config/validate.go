@@ -56,6 +56,17 @@ func (l *errList) add(path, format string, args ...any) {
 	*l = append(*l, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
+// addLimit adds the problems Limit.Check found in the limit at path.
+func (l *errList) addLimit(path string, problems []*FieldError) {
+	for _, p := range problems {
+		if p.Path != "" {
+			l.add(path+"."+p.Path, "%s", p.Msg)
+		} else {
+			l.add(path, "%s", p.Msg)
+		}
+	}
+}
+
 // Validate reports every problem with c at once. Each error in the result is
 // a *FieldError (see errors.As and the Unwrap() []error of errors.Join).
 func (c *Config) Validate() error {
@@ -289,18 +300,8 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	default:
 		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject, r.OnMissingKey)
 	}
-	lim, err := r.Limit.Limiter()
-	if err != nil {
-		for _, e := range message.Unjoin(err) {
-			msg := e.Error()
-			field, rest, ok := strings.Cut(msg, ": ")
-			if ok && !strings.ContainsAny(field, " ") {
-				errs.add(path+".limit."+field, "%s", rest)
-			} else {
-				errs.add(path+".limit", "%s", msg)
-			}
-		}
-	}
+	lim, problems := r.Limit.Check()
+	errs.addLimit(path+".limit", problems)
 	c := r.Cost
 	if c.FromHeader != "" && !validToken(c.FromHeader) {
 		errs.add(path+".cost.fromHeader", "not a valid header name: %q", c.FromHeader)
@@ -311,7 +312,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if c.Max < 0 {
 		errs.add(path+".cost.max", "must not be negative, got %d", c.Max)
 	}
-	if err == nil {
+	if len(problems) == 0 {
 		capacity := lim.Capacity()
 		if c.Default > capacity {
 			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d, so every request would be denied", c.Default, capacity)
@@ -362,17 +363,8 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		l.Requests = 1
 		fallthrough
 	default:
-		if _, err := l.Limiter(); err != nil {
-			for _, e := range message.Unjoin(err) {
-				msg := e.Error()
-				field, rest, ok := strings.Cut(msg, ": ")
-				if ok && !strings.ContainsAny(field, " ") {
-					errs.add(path+".limit."+field, "%s", rest)
-				} else {
-					errs.add(path+".limit", "%s", msg)
-				}
-			}
-		}
+		_, problems := l.Check()
+		errs.addLimit(path+".limit", problems)
 	}
 	switch r.FailureMode {
 	case "", FailureOpen, FailureClosed:
@@ -436,6 +428,28 @@ func (l Limit) Limiter() (limiter.Limit, error) {
 		return limiter.Limit{}, err
 	}
 	return out, nil
+}
+
+// Check is Limiter with each problem as a *FieldError whose Path is the
+// field of the limit at fault ("requests", "per", "burst" or "algorithm"),
+// or empty when the problem is the limit as a whole. It is the one limit
+// check: the sidecar validates its config with it, and the
+// RateLimitPolicy API (api/v1alpha1) its rules' limits.
+func (l Limit) Check() (limiter.Limit, []*FieldError) {
+	lim, err := l.Limiter()
+	if err == nil {
+		return lim, nil
+	}
+	var out []*FieldError
+	for _, e := range message.Unjoin(err) {
+		msg := e.Error()
+		if field, rest, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(field, " ") {
+			out = append(out, &FieldError{Path: field, Msg: rest})
+		} else {
+			out = append(out, &FieldError{Msg: msg})
+		}
+	}
+	return limiter.Limit{}, out
 }
 
 func validName(s string) bool {
