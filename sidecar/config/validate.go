@@ -324,16 +324,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if c.Max > 0 && c.Default > c.Max {
 		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
 	}
-	switch r.FailureMode {
-	case "", FailureOpen, FailureClosed:
-	default:
-		errs.add(path+".failureMode", "must be %s or %s, got %q", FailureOpen, FailureClosed, r.FailureMode)
-	}
-	switch r.Mode {
-	case "", ModeEnforce, ModeShadow:
-	default:
-		errs.add(path+".mode", "must be %s or %s, got %q", ModeEnforce, ModeShadow, r.Mode)
-	}
+	r.validateModes(path, errs)
 }
 
 // validateDescriptorRule checks a rule with match.descriptors.
@@ -366,6 +357,11 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		_, problems := l.Check()
 		errs.addLimit(path+".limit", problems)
 	}
+	r.validateModes(path, errs)
+}
+
+// validateModes checks the failureMode and mode that every rule has.
+func (r *Rule) validateModes(path string, errs *errList) {
 	switch r.FailureMode {
 	case "", FailureOpen, FailureClosed:
 	default:
