@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
 // DefaultCounterStoreName is the CounterStore a policy without a storeRef
@@ -277,13 +279,13 @@ const (
 )
 
 // MaxSlidingLogRequests bounds Requests for SlidingLog, which stores one
-// entry per admitted request in each key's log.
-const MaxSlidingLogRequests = 10_000
+// entry per admitted request in each key's log. It is the limiter's bound.
+const MaxSlidingLogRequests = limiter.MaxLogRequests
 
 // Limit is Requests per Per, shaped by Algorithm.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.algorithm in ['TokenBucket', 'GCRA']",message="burst is only valid with the TokenBucket and GCRA algorithms; the window algorithms count requests per period",fieldPath=".burst"
-// +kubebuilder:validation:XValidation:rule="self.algorithm != 'SlidingLog' || self.requests <= 10000",message="SlidingLog keeps one entry per admitted request, so requests must be at most 10000; use SlidingWindow for larger limits",fieldPath=".requests"
+// +kubebuilder:validation:XValidation:rule="self.algorithm != 'SlidingLog' || self.requests <= 100000",message="SlidingLog keeps one entry per admitted request, so requests must be at most 100000; use SlidingWindow for larger limits",fieldPath=".requests"
 type Limit struct {
 	// Requests is the number of requests admitted per period. It sets the
 	// rate for TokenBucket and GCRA and the count per window for the
@@ -372,7 +374,7 @@ type TrustedProxies struct {
 	// X-Forwarded-For.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=16
+	// +kubebuilder:validation:Maximum=32
 	Hops int32 `json:"hops,omitempty"`
 }
 

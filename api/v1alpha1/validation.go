@@ -9,7 +9,27 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// The bounds of a RateLimitPolicy. Those the sidecar has too come from its
+// packages, so that the API accepts what a sidecar loads; the CRD's markers
+// must hold them as literals, and TestCRDMarkersHoldTheBounds fails when a
+// marker and its constant disagree.
+const (
+	// maxRules bounds spec.rules.
+	maxRules = 64
+	// maxKeyParts bounds a rule's key.
+	maxKeyParts = config.MaxKeyParts
+	// maxHeaderMatches bounds a rule's match.headers.
+	maxHeaderMatches = 16
+	// maxPathLength bounds match.path.value, as the sidecar bounds a
+	// regular expression.
+	maxPathLength = config.MaxRegexLength
+	// maxTrustedCIDRs bounds trustedProxies.cidrs.
+	maxTrustedCIDRs = 64
+	// maxHops bounds trustedProxies.hops.
+	maxHops = config.MaxHops
 )
 
 // literalPath is what an Exact or Prefix path value may hold. It mirrors the
@@ -45,8 +65,8 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	switch n := len(p.Spec.Rules); {
 	case n == 0:
 		errs = append(errs, field.Required(rules, "at least one rule is required"))
-	case n > 64:
-		errs = append(errs, field.TooMany(rules, n, 64))
+	case n > maxRules:
+		errs = append(errs, field.TooMany(rules, n, maxRules))
 	}
 	seen := make(map[string]bool, len(p.Spec.Rules))
 	usesJWT := false
@@ -90,8 +110,8 @@ func validateRule(r *Rule, path *field.Path) field.ErrorList {
 	switch n := len(r.Key); {
 	case n == 0:
 		errs = append(errs, field.Required(keyPath, "at least one key part is required"))
-	case n > 8:
-		errs = append(errs, field.TooMany(keyPath, n, 8))
+	case n > maxKeyParts:
+		errs = append(errs, field.TooMany(keyPath, n, maxKeyParts))
 	}
 	for i, k := range r.Key {
 		errs = append(errs, validateKeyPart(k, keyPath.Index(i))...)
@@ -132,8 +152,8 @@ func validateMatch(m *RuleMatch, path *field.Path) field.ErrorList {
 		switch {
 		case pm.Value == "":
 			errs = append(errs, field.Required(valuePath, "a path or pattern is required"))
-		case len(pm.Value) > 1024:
-			errs = append(errs, field.TooLong(valuePath, pm.Value, 1024))
+		case len(pm.Value) > maxPathLength:
+			errs = append(errs, field.TooLong(valuePath, pm.Value, maxPathLength))
 		}
 		switch pm.Type {
 		case PathMatchRegularExpression:
@@ -160,8 +180,8 @@ func validateMatch(m *RuleMatch, path *field.Path) field.ErrorList {
 		seen[meth] = true
 		errs = append(errs, enumValue(path.Child("methods").Index(i), string(meth), methods...)...)
 	}
-	if n := len(m.Headers); n > 16 {
-		errs = append(errs, field.TooMany(path.Child("headers"), n, 16))
+	if n := len(m.Headers); n > maxHeaderMatches {
+		errs = append(errs, field.TooMany(path.Child("headers"), n, maxHeaderMatches))
 	}
 	for i, h := range m.Headers {
 		if !headerName.MatchString(h.Name) {
@@ -190,35 +210,29 @@ func validateKeyPart(k KeyPart, path *field.Path) field.ErrorList {
 	return errs
 }
 
+// algorithms are the Algorithm values, for NotSupported errors.
+var algorithms = []Algorithm{AlgorithmTokenBucket, AlgorithmGCRA, AlgorithmSlidingWindow, AlgorithmFixedWindow, AlgorithmSlidingLog}
+
+// validateLimit runs the sidecar's own limit check (config.Limit.Check,
+// which is limiter.Limit.Validate) on l, so that the API accepts exactly
+// the limits a sidecar loads: bounds, SlidingLog's size, whole
+// microseconds, and buckets that refill in time.
 func validateLimit(l Limit, path *field.Path) field.ErrorList {
+	_, problems := config.Limit{Requests: l.Requests, Per: l.Per, Burst: l.Burst, Algorithm: string(l.Algorithm)}.Check()
 	var errs field.ErrorList
-	alg := l.Algorithm
-	if alg == "" {
-		alg = AlgorithmTokenBucket
-	}
-	if _, err := limiter.ParseAlgorithm(string(alg)); err != nil {
-		errs = append(errs, field.NotSupported(path.Child("algorithm"), l.Algorithm, []Algorithm{
-			AlgorithmTokenBucket, AlgorithmGCRA, AlgorithmSlidingWindow, AlgorithmFixedWindow, AlgorithmSlidingLog}))
-	}
-	if l.Requests < 1 || l.Requests > limiter.MaxRequests {
-		errs = append(errs, field.Invalid(path.Child("requests"), l.Requests,
-			fmt.Sprintf("must be between 1 and %d", limiter.MaxRequests)))
-	}
-	if alg == AlgorithmSlidingLog && l.Requests > MaxSlidingLogRequests {
-		errs = append(errs, field.Invalid(path.Child("requests"), l.Requests,
-			"SlidingLog keeps one entry per admitted request, so requests must be at most 10000; use SlidingWindow for larger limits"))
-	}
-	if per := l.Per.Duration; per < limiter.MinPeriod || per > limiter.MaxPeriod {
-		errs = append(errs, field.Invalid(path.Child("per"), per.String(),
-			fmt.Sprintf("must be between %v and 366d (%v)", limiter.MinPeriod, limiter.MaxPeriod)))
-	}
-	if l.Burst < 0 || l.Burst > limiter.MaxRequests {
-		errs = append(errs, field.Invalid(path.Child("burst"), l.Burst,
-			fmt.Sprintf("must be between 0 and %d", limiter.MaxRequests)))
-	}
-	if l.Burst != 0 && alg != AlgorithmTokenBucket && alg != AlgorithmGCRA {
-		errs = append(errs, field.Invalid(path.Child("burst"), l.Burst,
-			"burst is only valid with the TokenBucket and GCRA algorithms; the window algorithms count requests per period"))
+	for _, p := range problems {
+		switch p.Path {
+		case "algorithm":
+			errs = append(errs, field.NotSupported(path.Child("algorithm"), l.Algorithm, algorithms))
+		case "requests":
+			errs = append(errs, field.Invalid(path.Child("requests"), l.Requests, p.Msg))
+		case "per":
+			errs = append(errs, field.Invalid(path.Child("per"), l.Per.Duration.String(), p.Msg))
+		case "burst":
+			errs = append(errs, field.Invalid(path.Child("burst"), l.Burst, p.Msg))
+		default:
+			errs = append(errs, field.Invalid(path, field.OmitValueType{}, p.Msg))
+		}
 	}
 	return errs
 }
@@ -257,8 +271,8 @@ func validateTrustedProxies(tp *TrustedProxies, path *field.Path) field.ErrorLis
 	if len(tp.CIDRs) == 0 && tp.Hops == 0 {
 		errs = append(errs, field.Required(path, "set cidrs, hops, or both"))
 	}
-	if n := len(tp.CIDRs); n > 64 {
-		errs = append(errs, field.TooMany(path.Child("cidrs"), n, 64))
+	if n := len(tp.CIDRs); n > maxTrustedCIDRs {
+		errs = append(errs, field.TooMany(path.Child("cidrs"), n, maxTrustedCIDRs))
 	}
 	seen := map[CIDR]bool{}
 	for i, c := range tp.CIDRs {
@@ -272,8 +286,8 @@ func validateTrustedProxies(tp *TrustedProxies, path *field.Path) field.ErrorLis
 			errs = append(errs, field.Invalid(p, c, "must be a CIDR with no host bits set, such as 10.0.0.0/8 or fd00::/8"))
 		}
 	}
-	if tp.Hops < 0 || tp.Hops > 16 {
-		errs = append(errs, field.Invalid(path.Child("hops"), tp.Hops, "must be between 0 and 16"))
+	if tp.Hops < 0 || tp.Hops > maxHops {
+		errs = append(errs, field.Invalid(path.Child("hops"), tp.Hops, fmt.Sprintf("must be between 0 and %d", maxHops)))
 	}
 	return errs
 }

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -90,17 +91,23 @@ func TestValidateSemanticsRejects(t *testing.T) {
 		{"negative burst", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Burst = -1 },
 			"spec.rules[0].limit.burst", "between 0 and"},
 		{"period too short", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Per.Duration = 500 * time.Millisecond },
-			"spec.rules[0].limit.per", "between 1s and 366d"},
+			"spec.rules[0].limit.per", "must be between 1s and 8784h0m0s"},
 		{"period too long", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Per.Duration = 367 * 24 * time.Hour },
-			"spec.rules[0].limit.per", "between 1s and 366d"},
+			"spec.rules[0].limit.per", "must be between 1s and 8784h0m0s"},
+		{"period not whole microseconds", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit.Per.Duration = time.Second + time.Nanosecond
+		}, "spec.rules[0].limit.per", "whole number of microseconds"},
 		{"burst with a window algorithm", func(p *RateLimitPolicy) { p.Spec.Rules[1].Limit.Burst = 5 },
-			"spec.rules[1].limit.burst", "only valid with the TokenBucket and GCRA"},
+			"spec.rules[1].limit.burst", "only TokenBucket and GCRA take a burst"},
+		{"a bucket that takes too long to refill", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = Limit{Requests: 1, Per: metav1.Duration{Duration: 8784 * time.Hour}, Burst: 1000}
+		}, "spec.rules[0].limit.burst", "takes longer than"},
 		{"unknown algorithm", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Algorithm = "LeakyBucket" },
 			"spec.rules[0].limit.algorithm", "Unsupported value"},
 		{"huge sliding log", func(p *RateLimitPolicy) {
 			p.Spec.Rules[1].Limit.Algorithm = AlgorithmSlidingLog
-			p.Spec.Rules[1].Limit.Requests = 20000
-		}, "spec.rules[1].limit.requests", "SlidingLog"},
+			p.Spec.Rules[1].Limit.Requests = 100_001
+		}, "spec.rules[1].limit.requests", "SlidingLog keeps one entry per admitted request, so it takes at most 100000"},
 		{"cost default above capacity", func(p *RateLimitPolicy) { p.Spec.Rules[0].Cost.Default = 51 },
 			"spec.rules[0].cost.default", "capacity"},
 		{"cost max above capacity", func(p *RateLimitPolicy) { p.Spec.Rules[0].Cost.Max = 51 },
@@ -127,8 +134,27 @@ func TestValidateSemanticsRejects(t *testing.T) {
 			"spec.trustedProxies.cidrs[0]", "CIDR"},
 		{"empty trusted proxies", func(p *RateLimitPolicy) { p.Spec.TrustedProxies = &TrustedProxies{} },
 			"spec.trustedProxies", "set cidrs, hops, or both"},
-		{"too many hops", func(p *RateLimitPolicy) { p.Spec.TrustedProxies.Hops = 17 },
-			"spec.trustedProxies.hops", "between 0 and 16"},
+		{"too many hops", func(p *RateLimitPolicy) { p.Spec.TrustedProxies.Hops = 33 },
+			"spec.trustedProxies.hops", "between 0 and 32"},
+		{"too many rules", func(p *RateLimitPolicy) {
+			for i := len(p.Spec.Rules); i <= 64; i++ {
+				r := p.Spec.Rules[1]
+				r.Name = fmt.Sprintf("r%d", i)
+				p.Spec.Rules = append(p.Spec.Rules, r)
+			}
+		}, "spec.rules", "must have at most 64 items"},
+		{"too many key parts", func(p *RateLimitPolicy) {
+			for len(p.Spec.Rules[1].Key) <= 8 {
+				p.Spec.Rules[1].Key = append(p.Spec.Rules[1].Key, KeyPart{Query: "q"})
+			}
+		}, "spec.rules[1].key", "must have at most 8 items"},
+		{"too many header matches", func(p *RateLimitPolicy) {
+			for len(p.Spec.Rules[0].Match.Headers) <= 16 {
+				p.Spec.Rules[0].Match.Headers = append(p.Spec.Rules[0].Match.Headers, HeaderMatch{Name: "X-H"})
+			}
+		}, "spec.rules[0].match.headers", "must have at most 16 items"},
+		{"path too long", func(p *RateLimitPolicy) { p.Spec.Rules[0].Match.Path.Value = "/" + strings.Repeat("a", 1024) },
+			"spec.rules[0].match.path.value", "may not be more than 1024 bytes"},
 		{"jwt claim without jwt", func(p *RateLimitPolicy) { p.Spec.JWT = nil },
 			"spec.jwt", "jwt must be set"},
 		{"jwt with two key sources", func(p *RateLimitPolicy) {
@@ -176,6 +202,19 @@ func TestValidateSemanticsReportsAll(t *testing.T) {
 		if !found {
 			t.Errorf("no error on %s in %v", f, errs.ToAggregate())
 		}
+	}
+}
+
+// The largest values the bounds allow pass: the API takes every limit and
+// trusted-proxies setting that a sidecar loads.
+func TestValidateSemanticsAcceptsTheBounds(t *testing.T) {
+	t.Parallel()
+	p := validPolicy()
+	p.Spec.TrustedProxies.Hops = 32
+	p.Spec.Rules[1].Limit = Limit{Requests: 100_000, Per: metav1.Duration{Duration: 8784 * time.Hour}, Algorithm: AlgorithmSlidingLog}
+	p.Spec.Rules[0].Limit = Limit{Requests: 1_000_000_000, Per: metav1.Duration{Duration: time.Second}, Burst: 1_000_000_000, Algorithm: AlgorithmGCRA}
+	if errs := p.ValidateSemantics(); len(errs) != 0 {
+		t.Errorf("ValidateSemantics() = %v, want no errors", errs.ToAggregate())
 	}
 }
 

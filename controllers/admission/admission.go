@@ -6,11 +6,11 @@
 //  1. RateLimitPolicy.ValidateSemantics, the API package's pure validation
 //     (regular expressions compile, label selectors are valid, a jwt
 //     section with exactly one key source is set when a rule keys on a
-//     jwtClaim, the CEL rules repeated for objects built in Go, ...);
-//  2. the sidecar's conversion of each rule's limit
-//     (config.Limit.Limiter, which runs limiter.Limit.Validate: whole
-//     microseconds, refill times and scales the algorithms can represent);
-//  3. the policy compiler itself, on the policy alone with a stand-in
+//     jwtClaim, the CEL rules repeated for objects built in Go, and each
+//     rule's limit through the sidecar's own check, config.Limit.Check,
+//     which runs limiter.Limit.Validate: whole microseconds, refill times
+//     and scales the algorithms can represent);
+//  2. the policy compiler itself, on the policy alone with a stand-in
 //     store, so that a policy the webhook admits is one the compiler
 //     compiles and the sidecars load.
 //
@@ -31,7 +31,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,7 +44,6 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
-	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // Path is where the webhook server serves the validator. It is the path
@@ -108,39 +106,7 @@ func Validate(p *v1alpha1.RateLimitPolicy) field.ErrorList {
 	if errs := p.ValidateSemantics(); len(errs) > 0 {
 		return errs
 	}
-	if errs := validateLimits(p); len(errs) > 0 {
-		return errs
-	}
 	return compile(p)
-}
-
-// validateLimits converts each rule's limit as the sidecar does.
-func validateLimits(p *v1alpha1.RateLimitPolicy) field.ErrorList {
-	var errs field.ErrorList
-	for i, r := range p.Spec.Rules {
-		path := field.NewPath("spec", "rules").Index(i).Child("limit")
-		l := config.Limit{Requests: r.Limit.Requests, Per: r.Limit.Per, Burst: r.Limit.Burst, Algorithm: string(r.Limit.Algorithm)}
-		if l.Algorithm == "" {
-			l.Algorithm = string(v1alpha1.AlgorithmTokenBucket)
-		}
-		if _, err := l.Limiter(); err != nil {
-			for _, e := range unjoin(err) {
-				errs = append(errs, limitError(path, r.Limit, e.Error()))
-			}
-		}
-	}
-	return errs
-}
-
-// limitError turns one limiter error, "<field>: <reason>", into a field
-// error under path.
-func limitError(path *field.Path, l v1alpha1.Limit, msg string) *field.Error {
-	name, reason, ok := strings.Cut(msg, ": ")
-	values := map[string]any{"requests": l.Requests, "per": l.Per.Duration.String(), "burst": l.Burst, "algorithm": l.Algorithm}
-	if v, known := values[name]; ok && known {
-		return field.Invalid(path.Child(name), v, reason)
-	}
-	return field.Invalid(path, field.OmitValueType{}, msg)
 }
 
 // standInStore is a Ready CounterStore for compiling one policy alone; its
@@ -239,11 +205,4 @@ func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
 		return a.CreationTimestamp.Before(&b.CreationTimestamp)
 	}
 	return a.Name < b.Name
-}
-
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }

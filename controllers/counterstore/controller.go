@@ -78,6 +78,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/internal/message"
 )
 
 const (
@@ -534,13 +535,13 @@ func (r *Reconciler) recordPass(ctx context.Context, cs *v1alpha1.CounterStore, 
 		}
 		lg.Info("formation pass", "step", p.Step, "actions", descs, "movedSlots", res.Outcome.MovedSlots, "movedKeys", res.Outcome.MovedKeys)
 		note := fmt.Sprintf("%s: %s", p.Step, strings.Join(descs, "; "))
-		r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "Formation", string(p.Step), "%s", truncate(note, maxEventNote))
+		r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "Formation", string(p.Step), "%s", message.Truncate(note, maxEventNote))
 	} else if len(p.Waiting) > 0 {
 		lg.V(1).Info("formation waits", "step", p.Step, "waiting", p.Waiting)
 	}
 	if err != nil {
 		lg.Error(err, "formation pass failed", "step", p.Step)
-		r.Recorder.Eventf(cs, nil, corev1.EventTypeWarning, "FormationFailed", string(p.Step), "%s", truncate(err.Error(), maxEventNote))
+		r.Recorder.Eventf(cs, nil, corev1.EventTypeWarning, "FormationFailed", string(p.Step), "%s", message.Truncate(err.Error(), maxEventNote))
 	}
 }
 
@@ -585,7 +586,7 @@ func conditions(obs *observation, specErr error) (ready, degraded metav1.Conditi
 		ready.Reason, ready.Message = ReasonApplyError, errString(specErr)
 		return ready, degraded
 	case obs.failReason != "":
-		ready.Reason, ready.Message = obs.failReason, truncate(obs.failMessage, maxConditionMessage)
+		ready.Reason, ready.Message = obs.failReason, message.Truncate(obs.failMessage, maxConditionMessage)
 		return ready, degraded
 	}
 	h := obs.health
@@ -624,7 +625,7 @@ func conditions(obs *observation, specErr error) (ready, degraded metav1.Conditi
 		if len(notes) > 0 {
 			ready.Message += "; " + strings.Join(notes, "; ")
 		}
-		ready.Message = truncate(ready.Message, maxConditionMessage)
+		ready.Message = message.Truncate(ready.Message, maxConditionMessage)
 		return ready, degraded
 	}
 
@@ -651,7 +652,7 @@ func conditions(obs *observation, specErr error) (ready, degraded metav1.Conditi
 	if len(notes) > 0 {
 		degraded.Message += "; " + strings.Join(notes, "; ")
 	}
-	degraded.Message = truncate(degraded.Message, maxConditionMessage)
+	degraded.Message = message.Truncate(degraded.Message, maxConditionMessage)
 	return ready, degraded
 }
 
@@ -659,17 +660,5 @@ func errString(err error) string {
 	if err == nil {
 		return "unknown error"
 	}
-	return truncate(err.Error(), maxConditionMessage)
-}
-
-// truncate shortens s to at most n bytes on a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut] + "..."
+	return message.Truncate(err.Error(), maxConditionMessage)
 }

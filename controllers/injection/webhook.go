@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/internal/message"
 )
 
 // Path is where the webhook server serves the injector.
@@ -97,7 +98,7 @@ func (in *Injector) Handle(ctx context.Context, req admission.Request) admission
 	out, res, err := Inject(&pod, mounts, in.Options)
 	if err != nil {
 		var msgs []string
-		for _, e := range unjoin(err) {
+		for _, e := range message.Unjoin(err) {
 			msgs = append(msgs, e.Error())
 		}
 		log.V(1).Info("rejecting a pod that asks for an impossible sidecar", "reason", strings.Join(msgs, "; "))
@@ -141,11 +142,4 @@ func (in *Injector) mounts(ctx context.Context, ns string, podLabels map[string]
 		}
 	}
 	return out, nil
-}
-
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }

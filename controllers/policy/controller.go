@@ -66,6 +66,7 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -335,7 +336,7 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 			Type:               typ,
 			Status:             status,
 			Reason:             reason,
-			Message:            truncate(msg, maxConditionMessage),
+			Message:            message.Truncate(msg, maxConditionMessage),
 			ObservedGeneration: p.Generation,
 		})
 	}
@@ -397,24 +398,9 @@ func (r *Reconciler) recordTransitions(p *v1alpha1.RateLimitPolicy, next v1alpha
 			action = "ResolveRefs"
 		}
 		r.Recorder.Eventf(p, nil, corev1.EventTypeWarning, now.Reason, action, "%s",
-			truncate(fmt.Sprintf("Generation %d: %s", p.Generation, now.Message), maxEventNote))
+			message.Truncate(fmt.Sprintf("Generation %d: %s", p.Generation, now.Message), maxEventNote))
 	}
 }
-
-// truncate shortens s to at most n bytes without splitting a rune.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const ellipsis = "..."
-	cut := n - len(ellipsis)
-	for cut > 0 && !utf8RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + ellipsis
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // requestFor is the reconcile key of namespace ns.
 func requestFor(ns string) reconcile.Request {

@@ -92,13 +92,13 @@ var badInputs = []badInput{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m, algorithm: LeakyBucket}`,
 		want: []string{"spec.rules[0].limit.algorithm", "Unsupported value", "LeakyBucket"}},
-	{name: "SlidingLog above 10000 requests", doc: `
+	{name: "SlidingLog above 100000 requests", doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{clientIP: {}}]
-    limit: {requests: 20000, per: 1h, algorithm: SlidingLog}`,
-		want: []string{"spec.rules[0].limit.requests", "SlidingLog keeps one entry per admitted request"}},
+    limit: {requests: 100001, per: 1h, algorithm: SlidingLog}`,
+		want: []string{"spec.rules[0].limit.requests", "SlidingLog keeps one entry per admitted request, so requests must be at most 100000"}},
 	{name: "cost.max above capacity", doc: `
   podSelector: {}
   rules:
@@ -224,9 +224,9 @@ var badInputs = []badInput{
 		want: []string{"spec.trustedProxies", "set cidrs, hops, or both"}},
 	{name: "too many hops", doc: `
   podSelector: {}
-  trustedProxies: {hops: 17}
+  trustedProxies: {hops: 33}
   rules:` + okRule,
-		want: []string{"spec.trustedProxies.hops", "should be less than or equal to 16"}},
+		want: []string{"spec.trustedProxies.hops", "should be less than or equal to 32"}},
 	{name: "a jwtClaim key without jwt", doc: `
   podSelector: {}
   rules:

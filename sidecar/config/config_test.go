@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
@@ -150,7 +153,7 @@ policies:
 		"policies[1].rules",
 	}
 	got := map[string]bool{}
-	for _, e := range unjoin(err) {
+	for _, e := range message.Unjoin(err) {
 		var fe *FieldError
 		if !errors.As(e, &fe) {
 			t.Errorf("error %q is not a *FieldError", e)
@@ -198,4 +201,38 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Check names the field of the limit at fault, as the sidecar's and the
+// API's validation report it.
+func TestLimitCheck(t *testing.T) {
+	t.Parallel()
+	lim, problems := Limit{Requests: 10, Per: metav1.Duration{Duration: time.Minute}, Burst: 5, Algorithm: "GCRA"}.Check()
+	if len(problems) != 0 || lim.Algorithm != limiter.GCRA || lim.Requests != 10 || lim.Burst != 5 || lim.Period != time.Minute {
+		t.Errorf("a valid limit: %+v, %v", lim, problems)
+	}
+	for _, tc := range []struct {
+		l     Limit
+		paths []string
+	}{
+		{Limit{Requests: 0, Per: metav1.Duration{Duration: time.Minute}}, []string{"requests"}},
+		{Limit{Requests: 1, Per: metav1.Duration{Duration: time.Millisecond}}, []string{"per"}},
+		{Limit{Requests: 1, Per: metav1.Duration{Duration: time.Minute}, Algorithm: "Leaky"}, []string{"algorithm"}},
+		{Limit{Requests: 1, Per: metav1.Duration{Duration: time.Minute}, Burst: 3, Algorithm: "FixedWindow"}, []string{"burst"}},
+		{Limit{Requests: 0, Per: metav1.Duration{}, Burst: -1}, []string{"requests", "per", "burst"}},
+		{Limit{Requests: 100_001, Per: metav1.Duration{Duration: time.Hour}, Algorithm: "SlidingLog"}, []string{"requests"}},
+		{Limit{Requests: 1, Per: metav1.Duration{Duration: 8784 * time.Hour}, Burst: 1000}, []string{"burst"}},
+	} {
+		_, problems := tc.l.Check()
+		var paths []string
+		for _, p := range problems {
+			paths = append(paths, p.Path)
+			if p.Msg == "" || strings.HasPrefix(p.Msg, p.Path+":") {
+				t.Errorf("%+v: problem %+v: the message must be the reason alone", tc.l, p)
+			}
+		}
+		if strings.Join(paths, ",") != strings.Join(tc.paths, ",") {
+			t.Errorf("%+v: problems on %v, want %v", tc.l, paths, tc.paths)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
@@ -53,6 +54,17 @@ type errList []error
 
 func (l *errList) add(path, format string, args ...any) {
 	*l = append(*l, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// addLimit adds the problems Limit.Check found in the limit at path.
+func (l *errList) addLimit(path string, problems []*FieldError) {
+	for _, p := range problems {
+		if p.Path != "" {
+			l.add(path+"."+p.Path, "%s", p.Msg)
+		} else {
+			l.add(path, "%s", p.Msg)
+		}
+	}
 }
 
 // Validate reports every problem with c at once. Each error in the result is
@@ -288,18 +300,8 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	default:
 		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject, r.OnMissingKey)
 	}
-	lim, err := r.Limit.Limiter()
-	if err != nil {
-		for _, e := range unjoin(err) {
-			msg := e.Error()
-			field, rest, ok := strings.Cut(msg, ": ")
-			if ok && !strings.ContainsAny(field, " ") {
-				errs.add(path+".limit."+field, "%s", rest)
-			} else {
-				errs.add(path+".limit", "%s", msg)
-			}
-		}
-	}
+	lim, problems := r.Limit.Check()
+	errs.addLimit(path+".limit", problems)
 	c := r.Cost
 	if c.FromHeader != "" && !validToken(c.FromHeader) {
 		errs.add(path+".cost.fromHeader", "not a valid header name: %q", c.FromHeader)
@@ -310,7 +312,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if c.Max < 0 {
 		errs.add(path+".cost.max", "must not be negative, got %d", c.Max)
 	}
-	if err == nil {
+	if len(problems) == 0 {
 		capacity := lim.Capacity()
 		if c.Default > capacity {
 			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d, so every request would be denied", c.Default, capacity)
@@ -322,16 +324,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if c.Max > 0 && c.Default > c.Max {
 		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
 	}
-	switch r.FailureMode {
-	case "", FailureOpen, FailureClosed:
-	default:
-		errs.add(path+".failureMode", "must be %s or %s, got %q", FailureOpen, FailureClosed, r.FailureMode)
-	}
-	switch r.Mode {
-	case "", ModeEnforce, ModeShadow:
-	default:
-		errs.add(path+".mode", "must be %s or %s, got %q", ModeEnforce, ModeShadow, r.Mode)
-	}
+	r.validateModes(path, errs)
 }
 
 // validateDescriptorRule checks a rule with match.descriptors.
@@ -361,18 +354,14 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		l.Requests = 1
 		fallthrough
 	default:
-		if _, err := l.Limiter(); err != nil {
-			for _, e := range unjoin(err) {
-				msg := e.Error()
-				field, rest, ok := strings.Cut(msg, ": ")
-				if ok && !strings.ContainsAny(field, " ") {
-					errs.add(path+".limit."+field, "%s", rest)
-				} else {
-					errs.add(path+".limit", "%s", msg)
-				}
-			}
-		}
+		_, problems := l.Check()
+		errs.addLimit(path+".limit", problems)
 	}
+	r.validateModes(path, errs)
+}
+
+// validateModes checks the failureMode and mode that every rule has.
+func (r *Rule) validateModes(path string, errs *errList) {
 	switch r.FailureMode {
 	case "", FailureOpen, FailureClosed:
 	default:
@@ -429,7 +418,7 @@ func (l Limit) Limiter() (limiter.Limit, error) {
 	}
 	out := limiter.Limit{Algorithm: alg, Requests: l.Requests, Period: l.Per.Duration, Burst: l.Burst}
 	if err := out.Validate(); err != nil {
-		errs = append(errs, unjoin(err)...)
+		errs = append(errs, message.Unjoin(err)...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return limiter.Limit{}, err
@@ -437,11 +426,26 @@ func (l Limit) Limiter() (limiter.Limit, error) {
 	return out, nil
 }
 
-func unjoin(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
+// Check is Limiter with each problem as a *FieldError whose Path is the
+// field of the limit at fault ("requests", "per", "burst" or "algorithm"),
+// or empty when the problem is the limit as a whole. It is the one limit
+// check: the sidecar validates its config with it, and the
+// RateLimitPolicy API (api/v1alpha1) its rules' limits.
+func (l Limit) Check() (limiter.Limit, []*FieldError) {
+	lim, err := l.Limiter()
+	if err == nil {
+		return lim, nil
 	}
-	return []error{err}
+	var out []*FieldError
+	for _, e := range message.Unjoin(err) {
+		msg := e.Error()
+		if field, rest, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(field, " ") {
+			out = append(out, &FieldError{Path: field, Msg: rest})
+		} else {
+			out = append(out, &FieldError{Msg: msg})
+		}
+	}
+	return limiter.Limit{}, out
 }
 
 func validName(s string) bool {

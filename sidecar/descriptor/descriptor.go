@@ -1,7 +1,8 @@
 // Package descriptor turns a request into the counter key of a rule: it
 // reads the rule's key parts (header, query parameter, client IP, JWT
 // claim, path, method) and hashes their values into a key of the form
-// "<policy-uid>:<rule>:<hash>".
+// "<policy-uid>:<rule>:<hash>". Its hash (key.go) is the one the Envoy
+// rate-limit front keys descriptor entries with too.
 //
 // Client-supplied strings are hashed, never embedded, so a key has a fixed
 // length and cannot carry Redis hash-tag braces. The hash is SHA-256,
@@ -11,9 +12,6 @@
 package descriptor
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -196,7 +194,8 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 	buf := r.buf[:0]
 	for _, p := range e.parts {
 		start := len(buf)
-		buf = append(buf, byte(p.kind), 0, 0, 0, 0)
+		var field int
+		buf, field = beginField(append(buf, byte(p.kind)))
 		found := true
 		switch p.kind {
 		case kindHeader:
@@ -239,16 +238,13 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 				return "", false, &MissingError{Part: p.String()}
 			}
 			// Shared: every request missing this part shares one value.
-			buf = append(buf[:start], kindMissing, 0, 0, 0, 0)
+			buf, field = beginField(append(buf[:start], kindMissing))
 		}
-		// Length-prefix each part so that parts cannot run into each other.
-		binary.BigEndian.PutUint32(buf[start+1:], uint32(len(buf)-start-5))
+		buf = endField(buf, field)
 	}
 	r.buf = buf
-	sum := sha256.Sum256(buf)
-	var hx [32]byte
-	hex.Encode(hx[:], sum[:16])
-	return e.prefix + string(hx[:]), true, nil
+	h := Sum(buf)
+	return h.Key(e.prefix), true, nil
 }
 
 // String names the part for error messages.

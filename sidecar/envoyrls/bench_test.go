@@ -33,12 +33,12 @@ descriptors:
 func benchServer(b *testing.B) *envoyrls.Server {
 	b.Helper()
 	st, _ := memstore.New()
-	return benchServerOn(b, st, "memory", nil, false)
+	return benchServerOn(b, st, "memory", nil, false, false)
 }
 
 // benchServerOn is a Server on the given store, set up as the sidecar sets
-// it up for that store.
-func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(string) string, parallel bool) *envoyrls.Server {
+// it up for that store; headers turns on its ResponseHeaders.
+func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(string) string, parallel, headers bool) *envoyrls.Server {
 	b.Helper()
 	c, _, err := rlsimport.Load([]byte(benchPolicy), rlsimport.Options{})
 	if err != nil {
@@ -55,7 +55,7 @@ func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(str
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := envoyrls.New(envoyrls.Options{Registerer: reg})
+	s, err := envoyrls.New(envoyrls.Options{Registerer: reg, ResponseHeaders: headers})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,6 +100,26 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	}
 }
 
+// BenchmarkShouldRateLimitHeaders is BenchmarkShouldRateLimit's hot keys
+// with ResponseHeaders on (--grpc-response-headers): the cost of the
+// rate-limit fields in response_headers_to_add.
+func BenchmarkShouldRateLimitHeaders(b *testing.B) {
+	for _, tc := range benchCases[:2] {
+		b.Run(tc.name, func(b *testing.B) {
+			st, _ := memstore.New()
+			s := benchServerOn(b, st, "memory", nil, false, true)
+			r := tc.req(0)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.ShouldRateLimit(ctx, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkShouldRateLimitRedis is BenchmarkShouldRateLimit on a real
 // 3-master Redis Cluster on loopback, one call at a time: it includes the
 // store client's work and the round trip, so its allocations (not its
@@ -113,7 +133,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = st.Close() })
-			s := benchServerOn(b, st, "redis", st.ShardOf, true)
+			s := benchServerOn(b, st, "redis", st.ShardOf, true, false)
 			ctx := context.Background()
 			// Load the slot map and the scripts before measuring.
 			if _, err := s.ShouldRateLimit(ctx, req("bench", d("user=warm"))); err != nil {

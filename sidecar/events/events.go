@@ -6,9 +6,12 @@ package events
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
 )
 
 // Event is one denied (or, in shadow mode, would-be denied) request. It
@@ -19,13 +22,38 @@ type Event struct {
 	Rule       string
 	Key        string
 	Shadow     bool
-	Source     string // "store", "local" or "fallback"
+	Source     string // "store", "local" or "fallback" (engine.Source)
 	Limit      int64
 	Cost       int64
 	RetryAfter time.Duration
 	Method     string
 	Path       string
-	Client     string
+	Client     string // the peer's address, without its port
+}
+
+// Denied reports whether res is a denial that makes an event: the store,
+// the local deny cache or the fail-open fallback refused the hit, in
+// shadow mode too. A hit that was not evaluated, or whose fail-closed rule
+// could not reach its store, is not one: nothing was over its limit.
+func Denied(res *engine.Result) bool {
+	return !res.Allowed && res.Source != engine.NotEvaluated && res.Source != engine.FromNowhere
+}
+
+// Deny returns the event of hit h, which res denied, at time at. method
+// and path say what was asked, as the front saw it: the HTTP method and
+// path, or "ShouldRateLimit" and no path. peer is the connection's peer
+// address, host:port; the event's Client is its host. It is the one
+// constructor of deny events, for both fronts.
+func Deny(at time.Time, h *engine.Hit, res *engine.Result, method, path, peer string) Event {
+	client := peer
+	if host, _, err := net.SplitHostPort(peer); err == nil {
+		client = host
+	}
+	return Event{
+		Time: at, Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
+		Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
+		RetryAfter: res.RetryAfter, Method: method, Path: path, Client: client,
+	}
 }
 
 // Queue is a bounded asynchronous event queue. Publish is safe for

@@ -12,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
 type lockedBuffer struct {
@@ -82,5 +85,45 @@ func TestQueueDropsWhenFullAndNeverBlocks(t *testing.T) {
 	}
 	if rec["msg"] != "rate limit deny" || rec["policy"] != "p" || rec["key"] != "uid:r:abc" {
 		t.Errorf("event record %v", rec)
+	}
+}
+
+func TestDenied(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		res  engine.Result
+		want bool
+	}{
+		{engine.Result{Source: engine.NotEvaluated}, false},
+		{engine.Result{Source: engine.FromStore, Decision: limiter.Decision{Allowed: true}}, false},
+		{engine.Result{Source: engine.FromStore}, true},
+		{engine.Result{Source: engine.FromDenyCache}, true},
+		{engine.Result{Source: engine.FromFallback}, true},
+		{engine.Result{Source: engine.FromFallback, Decision: limiter.Decision{Allowed: true}}, false},
+		{engine.Result{Source: engine.FromNowhere}, false},
+	} {
+		if got := Denied(&tc.res); got != tc.want {
+			t.Errorf("Denied(source %v, allowed %v) = %v, want %v", tc.res.Source, tc.res.Allowed, got, tc.want)
+		}
+	}
+}
+
+func TestDeny(t *testing.T) {
+	t.Parallel()
+	at := time.Unix(1_700_000_000, 0)
+	h := &engine.Hit{Rule: &engine.Rule{Policy: "shop", Name: "per-user", Shadow: true}, Key: "uid:per-user:abc", Cost: 3}
+	res := &engine.Result{Decision: limiter.Decision{Limit: 10, RetryAfter: 1500 * time.Millisecond}, Source: engine.FromDenyCache}
+	for _, tc := range []struct{ peer, client string }{
+		{"192.0.2.1:5555", "192.0.2.1"},
+		{"[2001:db8::1]:443", "2001:db8::1"},
+		{"@", "@"}, // not host:port: kept as it is
+		{"", ""},
+	} {
+		got := Deny(at, h, res, "POST", "/cart", tc.peer)
+		want := Event{Time: at, Policy: "shop", Rule: "per-user", Key: "uid:per-user:abc", Shadow: true, Source: "local",
+			Limit: 10, Cost: 3, RetryAfter: 1500 * time.Millisecond, Method: "POST", Path: "/cart", Client: tc.client}
+		if got != want {
+			t.Errorf("Deny(peer %q) = %+v, want %+v", tc.peer, got, want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -68,7 +69,7 @@ func desired(s state, namespace string, grace time.Duration) (condition, bool) {
 	default:
 		c = condition{corev1.ConditionTrue, config.ReasonLoaded, s.inForce}
 	}
-	c.Message = truncate(c.Message, maxMessage)
+	c.Message = message.Truncate(c.Message, maxMessage)
 	return c, true
 }
 
@@ -77,17 +78,4 @@ func orUnknown(rev string) string {
 		return "(unknown)"
 	}
 	return rev
-}
-
-// truncate shortens s to at most n bytes without splitting a rune.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const ellipsis = "..."
-	cut := n - len(ellipsis)
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut] + ellipsis
 }

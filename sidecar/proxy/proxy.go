@@ -12,19 +12,17 @@
 // # Response fields
 //
 // Every response to a request that an enforced rule matched carries the
-// fields of the binding rule (see package engine): X-RateLimit-Limit (the
-// key's capacity), X-RateLimit-Remaining and X-RateLimit-Reset (seconds
-// until the key is back to full, rounded up), plus the RateLimit-Policy and
-// RateLimit fields of draft-ietf-httpapi-ratelimit-headers-09 in their
-// structured-field form:
+// fields of the binding rule (see package engine), as package
+// ratelimitheaders computes them for both of the sidecar's fronts:
+// X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset, and the
+// RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-09:
 //
 //	RateLimit-Policy: "checkout.per-user";q=100;w=60
 //	RateLimit: "checkout.per-user";r=42;t=18
 //
-// where the item names the rule as "<policy>.<rule>", q and w are the
-// rule's requests and period in seconds, r the remaining quota and t the
-// seconds until reset. A deny adds Retry-After (whole seconds, rounded up,
-// at least 1) and an RFC 9457 application/problem+json body.
+// A deny adds Retry-After (whole seconds, rounded up, at least 1) and an
+// RFC 9457 application/problem+json body.
 package proxy
 
 import (
@@ -39,6 +37,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -47,6 +46,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
@@ -180,7 +180,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	set := p.rules.Load()
 	if set == nil {
 		p.unavailable.Inc()
-		problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", time.Second)
+		NotReady(w)
 		return
 	}
 	st := p.pool.Get().(*state)
@@ -219,25 +219,33 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	v := &st.v
 	p.o.Engine.Decide(r.Context(), st.hits, v)
-	if v.Binding >= 0 {
-		writeFields(w.Header(), &set.Rules[st.rule[v.Binding]], v.Results[v.Binding], v.Outcome != engine.Allow)
-	}
 	p.publish(r, st, v)
-	switch v.Outcome {
-	case engine.Allow:
+	if v.Outcome == engine.Allow {
+		if v.Binding >= 0 {
+			b := binding(&set.Rules[st.rule[v.Binding]], v)
+			setFields(w.Header(), &b)
+		}
 		p.proxied.Inc()
 		p.rp.ServeHTTP(w, r)
-	case engine.Deny:
-		p.denied.Inc()
-		rule := set.Rules[st.rule[v.Binding]].Engine
-		problem(w, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
-			"rate limit of policy "+rule.Policy+", rule "+rule.Name+" exceeded", v.RetryAfter)
-	default:
-		p.unavailable.Inc()
-		rule := set.Rules[st.rule[v.Binding]].Engine
-		problem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
-			"the counter store for policy "+rule.Policy+", rule "+rule.Name+" is unreachable and the rule fails closed", v.RetryAfter)
+		return
 	}
+	rule := &set.Rules[st.rule[v.Binding]]
+	b := binding(rule, v)
+	if v.Outcome == engine.Deny {
+		p.denied.Inc()
+		refuse(w, &b, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
+			"rate limit of policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" exceeded")
+		return
+	}
+	p.unavailable.Inc()
+	refuse(w, &b, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
+		"the counter store for policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" is unreachable and the rule fails closed")
+}
+
+// binding is what the response fields report: the verdict's binding hit,
+// of rule.
+func binding(rule *ruleset.Rule, v *engine.Verdict) ratelimitheaders.Binding {
+	return ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
 }
 
 func (p *Proxy) release(st *state) {
@@ -251,83 +259,91 @@ func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
 	if p.o.Events == nil {
 		return
 	}
-	for i, res := range v.Results {
-		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
-			continue
+	for i := range v.Results {
+		if events.Denied(&v.Results[i]) {
+			p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
 		}
-		h := st.hits[i]
-		client, _, _ := net.SplitHostPort(r.RemoteAddr)
-		p.o.Events.Publish(events.Event{
-			Time: time.Now(), Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
-			Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
-			RetryAfter: res.RetryAfter, Method: r.Method, Path: r.URL.Path, Client: client,
-		})
 	}
 }
 
-// writeFields sets the rate-limit response fields of the binding rule.
-func writeFields(h http.Header, rule *ruleset.Rule, res engine.Result, denied bool) {
-	reset := res.ResetAfter
-	if res.RetryAfter > reset {
-		reset = res.RetryAfter
+// fieldNames are the response fields' names in http.Header's canonical
+// form, then Content-Length: the headers of a refusal, in the order their
+// values are built.
+var fieldNames = func() (n [ratelimitheaders.NumFields + 1]string) {
+	for i, name := range ratelimitheaders.Names {
+		n[i] = http.CanonicalHeaderKey(name)
 	}
-	resetSec := ceilSeconds(reset, 0)
-	remaining := res.Remaining
-	if denied {
-		remaining = 0
-	}
-	lim := rule.Engine.Limit
-	// Every value is a slice of one string built in one buffer, and the
-	// five header slices share one backing array: two allocations per
-	// response instead of ten. Names are restricted to [A-Za-z0-9._-], so
-	// quoting them needs no escapes.
-	var buf [160]byte
-	b := buf[:0]
-	var ends [5]int
-	b = strconv.AppendInt(b, res.Limit, 10)
-	ends[0] = len(b)
-	b = strconv.AppendInt(b, remaining, 10)
-	ends[1] = len(b)
-	b = strconv.AppendInt(b, resetSec, 10)
-	ends[2] = len(b)
-	b = strconv.AppendQuote(b, rule.PolicyName)
-	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, lim.Requests, 10)
-	b = append(b, ";w="...)
-	b = strconv.AppendInt(b, int64(lim.Period/time.Second), 10)
-	ends[3] = len(b)
-	b = strconv.AppendQuote(b, rule.PolicyName)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, resetSec, 10)
-	ends[4] = len(b)
-	all := string(b)
-	vals := make([]string, 5)
+	n[ratelimitheaders.NumFields] = "Content-Length"
+	return n
+}()
+
+// setFields sets the response fields of b on h.
+func setFields(h http.Header, b *ratelimitheaders.Binding) {
+	var buf [192]byte
+	out, ends, n := ratelimitheaders.Append(buf[:0], b)
+	setValues(h, string(out), ends[:n], fieldNames[:n])
+}
+
+// setValues sets header names[i] to the piece of all that ends at
+// ends[i]. Every value is a slice of one string and the slices share one
+// backing array: two allocations for all the headers instead of two each.
+// Each slice's capacity is its length, so an append to one copies it.
+func setValues(h http.Header, all string, ends []int, names []string) {
+	vals := make([]string, len(ends))
 	begin := 0
 	for i, end := range ends {
 		vals[i] = all[begin:end]
+		h[names[i]] = vals[i : i+1 : i+1]
 		begin = end
 	}
-	h["X-Ratelimit-Limit"] = vals[0:1:1]
-	h["X-Ratelimit-Remaining"] = vals[1:2:2]
-	h["X-Ratelimit-Reset"] = vals[2:3:3]
-	h["Ratelimit-Policy"] = vals[3:4:4]
-	h["Ratelimit"] = vals[4:5:5]
 }
 
-// ceilSeconds rounds d up to whole seconds, at least floor.
-func ceilSeconds(d time.Duration, floor int64) int64 {
-	s := int64((d + time.Second - 1) / time.Second)
-	return max(s, floor)
-}
-
-// problem writes an RFC 9457 problem+json answer. retry > 0 adds a
-// Retry-After of at least one second.
-func problem(w http.ResponseWriter, status int, typ, title, detail string, retry time.Duration) {
+// refuse answers a request that binding b refused: its response fields,
+// and a problem+json body whose retryAfter is the Retry-After field.
+func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, typ, title, detail string) {
+	body := problemBody(status, typ, title, detail, b.RetrySeconds())
+	// The fields and Content-Length share one string and one backing
+	// array.
+	var buf [224]byte
+	out, fe, n := ratelimitheaders.Append(buf[:0], b)
+	out = strconv.AppendInt(out, int64(len(body)), 10)
+	var ends [ratelimitheaders.NumFields + 1]int
+	copy(ends[:], fe[:n])
+	ends[n] = len(out)
+	var names [ratelimitheaders.NumFields + 1]string
+	copy(names[:], fieldNames[:n])
+	names[n] = "Content-Length"
 	h := w.Header()
+	setValues(h, string(out), ends[:n+1], names[:n+1])
 	h["Content-Type"] = problemContentType
 	h["Cache-Control"] = noStore
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// problem writes an RFC 9457 problem+json answer that no rule's fields
+// go with. retry > 0 adds a Retry-After of that many seconds.
+func problem(w http.ResponseWriter, status int, typ, title, detail string, retry int64) {
+	body := problemBody(status, typ, title, detail, retry)
+	var buf [40]byte
+	out := strconv.AppendInt(buf[:0], int64(len(body)), 10)
+	ends := [2]int{len(out)}
+	n := 1
+	if retry > 0 {
+		out = strconv.AppendInt(out, retry, 10)
+		ends[1], n = len(out), 2
+	}
+	h := w.Header()
+	setValues(h, string(out), ends[:n], problemHeaders[:n])
+	h["Content-Type"] = problemContentType
+	h["Cache-Control"] = noStore
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// problemBody returns an RFC 9457 problem+json body; retry > 0 adds
+// retryAfter, in seconds.
+func problemBody(status int, typ, title, detail string, retry int64) []byte {
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":`...)
 	b = strconv.AppendQuote(b, typ)
@@ -337,29 +353,11 @@ func problem(w http.ResponseWriter, status int, typ, title, detail string, retry
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
 	b = appendJSONString(b, detail)
-	var secs int64
 	if retry > 0 {
-		secs = ceilSeconds(retry, 1)
 		b = append(b, `,"retryAfter":`...)
-		b = strconv.AppendInt(b, secs, 10)
+		b = strconv.AppendInt(b, retry, 10)
 	}
-	b = append(b, "}\n"...)
-	// Content-Length and Retry-After share one string and one backing
-	// array.
-	var nb [40]byte
-	n := strconv.AppendInt(nb[:0], int64(len(b)), 10)
-	cl := len(n)
-	if retry > 0 {
-		n = strconv.AppendInt(n, secs, 10)
-	}
-	all := string(n)
-	vals := []string{all[:cl], all[cl:]}
-	h["Content-Length"] = vals[0:1:1]
-	if retry > 0 {
-		h["Retry-After"] = vals[1:2:2]
-	}
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	return append(b, "}\n"...)
 }
 
 // The constant header values of a problem answer, shared by all: their
@@ -367,24 +365,59 @@ func problem(w http.ResponseWriter, status int, typ, title, detail string, retry
 var (
 	problemContentType = []string{"application/problem+json"}
 	noStore            = []string{"no-store"}
+	problemHeaders     = [2]string{"Content-Length", "Retry-After"}
 )
 
-// appendJSONString appends s as a JSON string. Control characters and
-// non-ASCII bytes are escaped, so the output is valid JSON whatever s holds.
+// appendJSONString appends s as a JSON string. Valid UTF-8 is written as it
+// is, so a detail in any script reads as written; '"', '\\' and control
+// characters are escaped, and so are U+2028 and U+2029, which JavaScript
+// does not take raw in a string. Each byte of invalid UTF-8 becomes
+// U+FFFD, as encoding/json writes it. The output is valid JSON and valid
+// UTF-8 whatever s holds.
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
+	start := 0 // s[start:i] is pending, to be copied as it is
+	for i := 0; i < len(s); {
 		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c >= 0x7f:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
 		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
 	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 
@@ -402,5 +435,5 @@ func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 // NotReady answers a request that arrives before any config is loaded:
 // 503 with Retry-After, as a fail-closed sidecar should.
 func NotReady(w http.ResponseWriter) {
-	problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", time.Second)
+	problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", 1)
 }

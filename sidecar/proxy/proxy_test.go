@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
@@ -33,6 +35,12 @@ policies:
     key: [{header: X-Key}]
     onMissingKey: Reject
     limit: {requests: 1, per: 1h}
+  - name: cost
+    match: {path: {type: Prefix, value: /cost}}
+    key: [{header: X-Key}]
+    onMissingKey: Shared
+    cost: {fromHeader: X-Cost}
+    limit: {requests: 10, per: 1h}
 `
 
 func newProxy(tb testing.TB, upstream string) *Proxy {
@@ -114,13 +122,81 @@ func TestNoConfigIs503(t *testing.T) {
 	}
 }
 
+// appendJSONString writes any string as JSON that encoding/json reads back
+// as encoding/json would have written it: valid UTF-8 as it is, each byte
+// of invalid UTF-8 as U+FFFD. Non-ASCII text is written raw, not as
+// escapes of its bytes.
 func TestAppendJSONString(t *testing.T) {
 	t.Parallel()
-	for _, s := range []string{"", "plain", `q"b\`, "\x00\x1f\x7f", "ü€"} {
-		var got string
-		if err := json.Unmarshal(appendJSONString(nil, s), &got); err != nil {
-			t.Errorf("%q: %v", s, err)
+	for _, tc := range []struct {
+		in   string
+		want string // the encoding, "" when only its decoding is checked
+	}{
+		{"", `""`},
+		{"plain", `"plain"`},
+		{`q"b\`, `"q\"b\\"`},
+		{"tab\tnl\ncr\r", `"tab\tnl\ncr\r"`},
+		{"\x00\x1f\x7f", `"\u0000\u001f` + "\x7f" + `"`},
+		{"ü€😀", `"ü€😀"`},
+		{"Grüße, 世界: rule ü exceeded", `"Grüße, 世界: rule ü exceeded"`},
+		{"line\u2028para\u2029", `"line\u2028para\u2029"`},
+		{"bad \xff byte", `"bad \ufffd byte"`},
+		{"cut \xe2\x82", `"cut \ufffd\ufffd"`},
+		{"\xed\xa0\x80 surrogate", ""},
+		{"overlong \xc0\xaf", ""},
+		{"\x80\xbf\xfe\xff", ""},
+		{"mixed ü\xffé\x00\"", ""},
+	} {
+		out := appendJSONString([]byte("x"), tc.in)
+		if out[0] != 'x' {
+			t.Fatalf("%q: the prefix was overwritten: %q", tc.in, out)
 		}
+		out = out[1:]
+		if tc.want != "" && string(out) != tc.want {
+			t.Errorf("appendJSONString(%q) = %s, want %s", tc.in, out, tc.want)
+		}
+		if !utf8.Valid(out) {
+			t.Errorf("appendJSONString(%q) = %q: not valid UTF-8", tc.in, out)
+		}
+		var got string
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Errorf("appendJSONString(%q) = %s: %v", tc.in, out, err)
+			continue
+		}
+		ref, err := json.Marshal(tc.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want string
+		if err := json.Unmarshal(ref, &want); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("appendJSONString(%q) decodes to %q, want %q", tc.in, got, want)
+		}
+		if utf8.ValidString(tc.in) && got != tc.in {
+			t.Errorf("appendJSONString(%q) decodes to %q, want the input", tc.in, got)
+		}
+	}
+}
+
+// A client's non-ASCII value reaches the problem body's detail intact.
+func TestProblemDetailKeepsNonASCII(t *testing.T) {
+	t.Parallel()
+	p := newProxy(t, "http://127.0.0.1:1")
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/cost", nil)
+	req.Header.Set("X-Cost", "zwölf")
+	p.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest {
+		t.Fatalf("status %d, want 400", rec.Code)
+	}
+	var body struct{ Detail string }
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", rec.Body, err)
+	}
+	if !strings.Contains(body.Detail, `"zwölf"`) {
+		t.Errorf("detail %q does not quote the cost as sent", body.Detail)
 	}
 }
 

@@ -1,0 +1,138 @@
+package v1alpha1
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+)
+
+// The CRD's markers hold the API's bounds as literals, which controller-gen
+// copies into the schema. This test reads the generated CRD and fails when
+// a bound there and its constant (the sidecar's, where it has one)
+// disagree: change the marker, then run make manifests.
+func TestCRDMarkersHoldTheBounds(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../config/crd/bases/ratelimit.floodgate.dev_ratelimitpolicies.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(data, &crd); err != nil {
+		t.Fatal(err)
+	}
+	if len(crd.Spec.Versions) != 1 {
+		t.Fatalf("%d versions, want 1", len(crd.Spec.Versions))
+	}
+	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
+	at := func(s apiextensionsv1.JSONSchemaProps, path ...string) apiextensionsv1.JSONSchemaProps {
+		t.Helper()
+		for _, p := range path {
+			if p == "[]" {
+				if s.Items == nil || s.Items.Schema == nil {
+					t.Fatalf("no items at %s", strings.Join(path, "."))
+				}
+				s = *s.Items.Schema
+				continue
+			}
+			next, ok := s.Properties[p]
+			if !ok {
+				t.Fatalf("no property %s in %s", p, strings.Join(path, "."))
+			}
+			s = next
+		}
+		return s
+	}
+	rule := at(spec, "rules", "[]")
+	limit := at(rule, "limit")
+
+	for _, tc := range []struct {
+		name string
+		got  *int64
+		want int64
+	}{
+		{"spec.rules maxItems", at(spec, "rules").MaxItems, maxRules},
+		{"spec.rules[].name maxLength", at(rule, "name").MaxLength, config.MaxNameLength},
+		{"spec.rules[].key maxItems", at(rule, "key").MaxItems, config.MaxKeyParts},
+		{"spec.rules[].match.headers maxItems", at(rule, "match", "headers").MaxItems, maxHeaderMatches},
+		{"spec.rules[].match.path.value maxLength", at(rule, "match", "path", "value").MaxLength, config.MaxRegexLength},
+		{"spec.trustedProxies.cidrs maxItems", at(spec, "trustedProxies", "cidrs").MaxItems, maxTrustedCIDRs},
+	} {
+		if tc.got == nil || *tc.got != tc.want {
+			t.Errorf("%s = %v, want %d", tc.name, deref(tc.got), tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		got  *float64
+		want int64
+	}{
+		{"spec.rules[].limit.requests maximum", at(limit, "requests").Maximum, limiter.MaxRequests},
+		{"spec.rules[].limit.requests minimum", at(limit, "requests").Minimum, 1},
+		{"spec.rules[].limit.burst maximum", at(limit, "burst").Maximum, limiter.MaxRequests},
+		{"spec.rules[].cost.default maximum", at(rule, "cost", "default").Maximum, limiter.MaxRequests},
+		{"spec.rules[].cost.max maximum", at(rule, "cost", "max").Maximum, limiter.MaxRequests},
+		{"spec.trustedProxies.hops maximum", at(spec, "trustedProxies", "hops").Maximum, config.MaxHops},
+	} {
+		if tc.got == nil || *tc.got != float64(tc.want) {
+			t.Errorf("%s = %v, want %d", tc.name, derefF(tc.got), tc.want)
+		}
+	}
+
+	// The CEL rules: the period's range and SlidingLog's size.
+	durations := regexp.MustCompile(`duration\('([^']+)'\)`)
+	var per []time.Duration
+	for _, v := range at(limit, "per").XValidations {
+		for _, m := range durations.FindAllStringSubmatch(v.Rule, -1) {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				per = append(per, d)
+			}
+		}
+	}
+	if len(per) != 2 || per[0] != limiter.MinPeriod || per[1] != limiter.MaxPeriod {
+		t.Errorf("spec.rules[].limit.per rule bounds %v, want [%v %v]", per, limiter.MinPeriod, limiter.MaxPeriod)
+	}
+	slidingLog := regexp.MustCompile(`self\.algorithm != 'SlidingLog' \|\| self\.requests <= (\d+)`)
+	found := false
+	for _, v := range limit.XValidations {
+		m := slidingLog.FindStringSubmatch(v.Rule)
+		if m == nil {
+			continue
+		}
+		found = true
+		if got, want := m[1], strconv.Itoa(limiter.MaxLogRequests); got != want {
+			t.Errorf("SlidingLog rule bound %s, want %s", got, want)
+		}
+		if want := "at most " + strconv.Itoa(limiter.MaxLogRequests) + ";"; !strings.Contains(v.Message, want) {
+			t.Errorf("SlidingLog rule message %q does not say %q", v.Message, want)
+		}
+	}
+	if !found {
+		t.Error("no SlidingLog rule on spec.rules[].limit")
+	}
+	if got, want := int64(MaxSlidingLogRequests), int64(limiter.MaxLogRequests); got != want {
+		t.Errorf("MaxSlidingLogRequests = %d, want the limiter's %d", got, want)
+	}
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
+}
+
+func derefF(p *float64) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
+}

@@ -1,0 +1,52 @@
+package envoyrls
+
+import (
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+)
+
+// headers builds the response fields of the call's binding rule, as the
+// HTTP proxy sets them (package ratelimitheaders): the first enforced rule
+// that denies every call when one matched, else the engine's binding hit.
+func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.Time) []*corev3.HeaderValue {
+	var b ratelimitheaders.Binding
+	switch {
+	case blocked:
+		for _, bh := range sc.blocks {
+			if !bh.rule.Shadow {
+				b = blockBinding(bh.rule, now)
+				break
+			}
+		}
+	case v.Binding >= 0:
+		r := sc.hrule[v.Binding]
+		b = ratelimitheaders.Bind(r.PolicyName, r.Limit, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
+	default:
+		return nil
+	}
+	vals := ratelimitheaders.Format(&b)
+	// The values share one string, the header values one array.
+	n := vals.Len()
+	hv := make([]corev3.HeaderValue, n)
+	out := make([]*corev3.HeaderValue, n)
+	for i := range n {
+		f := ratelimitheaders.Field(i)
+		hv[i].Key, hv[i].Value = ratelimitheaders.Names[f], vals.Get(f)
+		out[i] = &hv[i]
+	}
+	return out
+}
+
+// blockBinding is the binding of a rule that denies every call: nothing
+// remains until the end of its window.
+func blockBinding(r *ruleset.DescriptorRule, now time.Time) ratelimitheaders.Binding {
+	left := windowLeft(r, now)
+	return ratelimitheaders.Bind(r.PolicyName, r.Limit,
+		limiter.Decision{Limit: r.Limit.Capacity(), ResetAfter: left, RetryAfter: left}, true)
+}
