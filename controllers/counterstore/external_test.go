@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
@@ -161,13 +160,13 @@ var _ = Describe("CounterStore validation", func() {
 	})
 })
 
-// storeMetric reads a CounterStore gauge from the manager's metrics
-// registry, as a scrape of /metrics would; role selects a
+// storeMetric reads a CounterStore gauge from the registry the controller
+// exports to, as a scrape of /metrics would; role selects a
 // floodgate_counterstore_nodes series. It returns -1 when the series is
 // absent.
 func storeMetric(family, store, role string) float64 {
 	GinkgoHelper()
-	mfs, err := metrics.Registry.Gather()
+	mfs, err := storeMetrics.Gather()
 	Expect(err).NotTo(HaveOccurred())
 	for _, mf := range mfs {
 		if mf.GetName() != family {

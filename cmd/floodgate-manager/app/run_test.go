@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 )
 
 // startEnv starts envtest with the CRDs, or fails with how to run it.
@@ -121,19 +124,39 @@ func TestRunServesProbesAndMetrics(t *testing.T) {
 
 			if !secure {
 				// The controller starts once this replica leads; its
-				// concurrency comes from --policy-concurrency.
-				want := `controller_runtime_max_concurrent_reconciles{controller="ratelimitpolicy"} 4`
+				// concurrency comes from --policy-concurrency. The
+				// CounterStore metrics are served with controller-runtime's:
+				// a store nothing answers for is not Ready.
+				scheme, err := NewScheme()
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := client.New(env.Config, client.Options{Scheme: scheme})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Create(ctx, &v1alpha1.CounterStore{
+					ObjectMeta: metav1.ObjectMeta{Name: "run-metrics"},
+					Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{v1alpha1.HostPort(freeAddr(t))}}},
+				}); err != nil {
+					t.Fatal(err)
+				}
+				wants := []string{
+					`controller_runtime_max_concurrent_reconciles{controller="ratelimitpolicy"} 4`,
+					`floodgate_counterstore_ready{store="run-metrics"} 0`,
+				}
 				for {
 					code, body := get(ctx, t, httpc, "http://"+o.MetricsAddr+"/metrics")
 					if code != http.StatusOK {
 						t.Fatalf("/metrics = %d, want 200", code)
 					}
-					if strings.Contains(body, want) {
+					missing := slices.DeleteFunc(slices.Clone(wants), func(w string) bool { return strings.Contains(body, w) })
+					if len(missing) == 0 {
 						return
 					}
 					select {
 					case <-ctx.Done():
-						t.Fatalf("/metrics never reported %s", want)
+						t.Fatalf("/metrics never reported %q", missing)
 					case <-time.After(100 * time.Millisecond):
 					}
 				}
