@@ -2,7 +2,8 @@
 # sync-chart-crds.sh copies what controller-gen generates into the Helm chart:
 #   config/crd/bases/*.yaml -> charts/floodgate/crds/       (CRDs, installed by helm)
 #   config/rbac/role.yaml   -> charts/floodgate/files/manager-role.yaml
-#                              (the manager's ClusterRole rules)
+#                              (the rules of the manager's ClusterRoles and
+#                              of the metrics reader role)
 # Run it after `make manifests`. With --check it changes nothing and exits 1
 # when the chart's copies differ from the generated files, naming them.
 # test/helmchart fails on the same drift.

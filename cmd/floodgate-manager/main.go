@@ -1,6 +1,7 @@
-// Command floodgate-manager runs floodgate's Kubernetes controllers (and,
-// as they are added, its webhooks): it compiles RateLimitPolicies into the
-// per-namespace ConfigMaps that the sidecars watch.
+// Command floodgate-manager runs floodgate's Kubernetes controllers and
+// webhooks: it compiles RateLimitPolicies into the per-namespace ConfigMaps
+// that the sidecars watch, runs and heals CounterStores, injects the
+// sidecar into opted-in pods, and validates policies at admission.
 //
 // Run it with -h for the flags. The wiring lives in package app; this file
 // only hands it the command line and the signal-bound context.

@@ -63,7 +63,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,13 +78,14 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/internal/message"
+	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 )
 
 const (
 	// ControllerName names the controller in logs, metrics and Events.
 	ControllerName = "counterstore"
-	// FieldOwner is the server-side apply field manager of every object
-	// the controller writes.
+	// FieldOwner is the field manager of every object the controller
+	// applies and of the store statuses it updates.
 	FieldOwner = "floodgate-manager"
 
 	// maxEndpoints is the API's limit on status.endpoints: seeds, not the
@@ -126,7 +126,7 @@ const (
 )
 
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
-// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores/status,verbs=update
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;patch
@@ -149,6 +149,8 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	// Options tune the controller; zero fields take their defaults.
 	Options Options
+	// Metrics export each store's status.
+	Metrics *Metrics
 }
 
 // observation is what reconcileSpec learned, for reconcileStatus.
@@ -174,14 +176,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	var cs v1alpha1.CounterStore
 	if err := r.Client.Get(ctx, req.NamespacedName, &cs); err != nil {
 		if apierrors.IsNotFound(err) {
-			forgetStore(req.Name)
+			r.Metrics.forget(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !cs.DeletionTimestamp.IsZero() {
 		// The children carry owner references: the garbage collector
 		// removes them. Nothing outside the API server needs cleaning.
-		forgetStore(cs.Name)
+		r.Metrics.forget(cs.Name)
 		return ctrl.Result{}, nil
 	}
 	o := r.Options.withDefaults()
@@ -545,10 +547,24 @@ func (r *Reconciler) recordPass(ctx context.Context, cs *v1alpha1.CounterStore, 
 	}
 }
 
-// reconcileStatus writes the conditions and the observed cluster into the
-// status, skipping the write when nothing changed.
+// reconcileStatus writes the status that desiredStatus computes, skipping
+// the write when nothing changed, and exports it as metrics.
 func (r *Reconciler) reconcileStatus(ctx context.Context, cs *v1alpha1.CounterStore, obs *observation, specErr error) error {
-	next := cs.Status.DeepCopy()
+	next := cs.DeepCopy()
+	next.Status = desiredStatus(cs, obs, specErr)
+	r.Metrics.record(cs.Name, &next.Status)
+	if err := statusupdate.Write(ctx, r.Client, cs, next, FieldOwner); err != nil {
+		return fmt.Errorf("update the status of CounterStore %s: %w", cs.Name, err)
+	}
+	return nil
+}
+
+// desiredStatus is the status of cs given what reconcileSpec observed and
+// the error it met, if any. Conditions keep their lastTransitionTime while
+// their status does not change; the observed cluster is kept when this
+// reconcile could not observe it.
+func desiredStatus(cs *v1alpha1.CounterStore, obs *observation, specErr error) v1alpha1.CounterStoreStatus {
+	next := *cs.Status.DeepCopy()
 	next.ObservedGeneration = cs.Generation
 	ready, degraded := conditions(obs, specErr)
 	ready.ObservedGeneration, degraded.ObservedGeneration = cs.Generation, cs.Generation
@@ -563,16 +579,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, cs *v1alpha1.CounterSt
 		}
 		next.AuthSecretName = obs.authSecret
 	}
-	recordStatus(cs.Name, next, ready.Status == metav1.ConditionTrue, degraded.Status == metav1.ConditionTrue)
-	if equality.Semantic.DeepEqual(&cs.Status, next) {
-		return nil
-	}
-	patch := client.MergeFrom(cs.DeepCopy())
-	cs.Status = *next
-	if err := r.Client.Status().Patch(ctx, cs, patch); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("update the status of CounterStore %s: %w", cs.Name, err)
-	}
-	return nil
+	return next
 }
 
 // conditions computes Ready and Degraded from an observation; specErr, if

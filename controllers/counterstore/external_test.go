@@ -11,12 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
-	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 var _ = Describe("An external CounterStore", func() {
@@ -24,11 +23,12 @@ var _ = Describe("An external CounterStore", func() {
 		// An existing 3-master cluster, formed here by the formation
 		// package (tested on its own); the controller must only observe it.
 		const password = "external-secret-123"
-		var nodes []*nodetest.Node
+		rc := redistest.StartCluster(GinkgoT(), redistest.Options{
+			Masters: 3, Unformed: true, Password: password, NodeTimeout: time.Second, PartialCoverage: true,
+		})
+		nodes := rc.Nodes()
 		spec := formation.Spec{Shards: 3}
-		for i := range 3 {
-			n := nodetest.StartNode(GinkgoT(), nodetest.Options{Password: password, NodeTimeout: time.Second})
-			nodes = append(nodes, n)
+		for i, n := range nodes {
 			spec.Members = append(spec.Members, formation.Member{Name: "ext-" + string(rune('a'+i)), Addr: n.Addr()})
 		}
 		sess := formation.NewSession(formation.Dialer{Password: password})
@@ -88,7 +88,7 @@ var _ = Describe("An external CounterStore", func() {
 
 		// A master dies: with no replica its slots are lost, and Ready
 		// says so.
-		nodes[2].Kill()
+		Expect(rc.Kill(nodes[2])).To(Succeed())
 		Eventually(func(g Gomega) {
 			cs := getStore(ctx, name)
 			c := meta.FindStatusCondition(cs.Status.Conditions, v1alpha1.ConditionReady)
@@ -160,13 +160,13 @@ var _ = Describe("CounterStore validation", func() {
 	})
 })
 
-// storeMetric reads a CounterStore gauge from the manager's metrics
-// registry, as a scrape of /metrics would; role selects a
+// storeMetric reads a CounterStore gauge from the registry the controller
+// exports to, as a scrape of /metrics would; role selects a
 // floodgate_counterstore_nodes series. It returns -1 when the series is
 // absent.
 func storeMetric(family, store, role string) float64 {
 	GinkgoHelper()
-	mfs, err := metrics.Registry.Gather()
+	mfs, err := storeMetrics.Gather()
 	Expect(err).NotTo(HaveOccurred())
 	for _, mf := range mfs {
 		if mf.GetName() != family {

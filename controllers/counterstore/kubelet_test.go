@@ -3,7 +3,6 @@ package counterstore_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
-	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 // kubelet plays, for one managed store, the parts of Kubernetes that
@@ -39,12 +38,14 @@ type kubelet struct {
 
 	mu    sync.Mutex
 	pods  map[string]*container
-	hosts []*nodetest.Host
+	hosts []*redistest.Host
 }
 
+// container is a Pod's container: the start script's redis-server on the
+// Pod's IP.
 type container struct {
-	host *nodetest.Host
-	proc *nodetest.Process
+	host *redistest.Host
+	proc *redistest.Server
 	data string
 }
 
@@ -124,11 +125,11 @@ func (k *kubelet) start(ctx context.Context, name string, newHost bool) {
 		k.pods[name] = c
 	}
 	k.mu.Unlock()
-	if c.proc != nil && c.proc.Alive() {
+	if c.proc != nil && c.proc.Running() {
 		Fail(fmt.Sprintf("container of %s is still running", name))
 	}
 	if c.host == nil || newHost {
-		h, err := nodetest.NewHost(counterstore.RedisPort)
+		h, err := redistest.NewHost(counterstore.RedisPort)
 		Expect(err).NotTo(HaveOccurred())
 		k.mu.Lock()
 		k.hosts = append(k.hosts, h)
@@ -148,9 +149,10 @@ func (k *kubelet) start(ctx context.Context, name string, newHost bool) {
 	Expect(ctr.Command[2]).To(Equal(counterstore.StartScript("/etc/redis", "/data")),
 		"the Pod runs the start script; the test runs the same one with its own mount paths")
 	env := k.env(ctr, c.host.IP, password)
-	addr := net.JoinHostPort(c.host.IP, strconv.Itoa(counterstore.RedisPort))
-	proc, err := nodetest.StartProcess(addr, password, filepath.Join(k.dir, name), "sh",
-		[]string{"-c", counterstore.StartScript(confDir, c.data)}, env)
+	proc, err := redistest.NewServer(redistest.ServerOptions{
+		Host: c.host.IP, Port: counterstore.RedisPort, Password: password,
+		Command: []string{"sh", "-c", counterstore.StartScript(confDir, c.data)}, Env: env,
+	})
 	Expect(err).NotTo(HaveOccurred())
 	k.mu.Lock()
 	c.proc = proc
@@ -251,7 +253,7 @@ func (k *kubelet) shutdown() {
 	defer k.mu.Unlock()
 	for _, c := range k.pods {
 		if c.proc != nil {
-			c.proc.Kill()
+			c.proc.Close()
 		}
 	}
 	for _, h := range k.hosts {
@@ -263,7 +265,7 @@ func (k *kubelet) stop(name string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if c := k.pods[name]; c != nil && c.proc != nil {
-		c.proc.Kill()
+		c.proc.Close()
 	}
 }
 
@@ -271,8 +273,8 @@ func (k *kubelet) stop(name string) {
 func (k *kubelet) addr(name string) string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if c := k.pods[name]; c != nil && c.proc != nil && c.proc.Alive() {
-		return c.proc.Addr
+	if c := k.pods[name]; c != nil && c.proc != nil && c.proc.Running() {
+		return c.proc.Addr()
 	}
 	return ""
 }
@@ -282,7 +284,7 @@ func (k *kubelet) podAt(addr string) string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for name, c := range k.pods {
-		if c.proc != nil && c.proc.Alive() && c.proc.Addr == addr {
+		if c.proc != nil && c.proc.Running() && c.proc.Addr() == addr {
 			return name
 		}
 	}
@@ -295,7 +297,7 @@ func (k *kubelet) clients() []*redis.Client {
 	defer k.mu.Unlock()
 	var out []*redis.Client
 	for _, c := range k.pods {
-		if c.proc != nil && c.proc.Alive() {
+		if c.proc != nil && c.proc.Running() {
 			out = append(out, c.proc.Client())
 		}
 	}

@@ -26,8 +26,8 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
-	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 // The store the specs below build, heal and grow. It is named "default", so
@@ -125,7 +125,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			Expect(cl.Set(ctx, key, val, 0).Err()).To(Succeed())
 			keys[key] = val
 		}
-		Expect(nodetest.WaitReplicated(ctx, k.clients(), 10*time.Second)).To(Succeed())
+		Expect(redistest.WaitReplicated(ctx, k.clients(), 10*time.Second)).To(Succeed())
 	}
 	checkKeys := func(ctx context.Context) {
 		GinkgoHelper()

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +20,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
-	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 func testStore() *v1alpha1.CounterStore {
@@ -313,10 +311,10 @@ func TestConditions(t *testing.T) {
 // new node after a restart.
 func TestStartScript(t *testing.T) {
 	t.Parallel()
-	if _, err := nodetest.FindServer(); err != nil {
+	if _, err := redistest.FindServer(); err != nil {
 		t.Fatal(err)
 	}
-	host := nodetest.ClaimHost(t, RedisPort)
+	host := redistest.ClaimHost(t, RedisPort)
 	dir := t.TempDir()
 	confDir, dataDir := filepath.Join(dir, "config"), filepath.Join(dir, "data")
 	for _, d := range []string{confDir, dataDir} {
@@ -329,15 +327,13 @@ func TestStartScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	const password = "start-script-password-1"
-	addr := net.JoinHostPort(host.IP, strconv.Itoa(RedisPort))
 	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password}
 	start := func() string {
 		t.Helper()
-		p, err := nodetest.StartProcess(addr, password, dir, "sh", []string{"-c", StartScript(confDir, dataDir)}, env)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Kill)
+		p := redistest.StartServer(t, redistest.ServerOptions{
+			Host: host.IP, Port: RedisPort, Password: password,
+			Command: []string{"sh", "-c", StartScript(confDir, dataDir)}, Env: env,
+		})
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		got, err := p.Client().ConfigGet(ctx, "cluster-announce-ip").Result()

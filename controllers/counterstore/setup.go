@@ -85,13 +85,14 @@ func (o Options) Validate() error {
 }
 
 // Setup builds a Reconciler from mgr and registers it: the one call the
-// manager's composition root needs.
-func Setup(ctx context.Context, mgr ctrl.Manager, o Options, opts controller.Options) error {
+// manager's composition root needs. m exports the stores' status.
+func Setup(ctx context.Context, mgr ctrl.Manager, m *Metrics, o Options, opts controller.Options) error {
 	r := &Reconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("floodgate-manager"),
 		Options:   o,
+		Metrics:   m,
 	}
 	return r.SetupWithManager(ctx, mgr, opts)
 }
@@ -111,6 +112,9 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts 
 	}
 	if r.Recorder == nil {
 		errs = append(errs, errors.New("counterstore reconciler: Recorder is nil"))
+	}
+	if r.Metrics == nil {
+		errs = append(errs, errors.New("counterstore reconciler: Metrics is nil"))
 	}
 	if err := r.Options.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("counterstore reconciler options: %w", err))

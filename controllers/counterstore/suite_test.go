@@ -9,6 +9,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,9 +30,12 @@ var (
 	testEnv *envtest.Environment
 	// k8sClient talks to the API server directly, so tests see what is
 	// stored.
-	k8sClient   client.Client
-	stopManager context.CancelFunc
-	managerDone = make(chan error, 1)
+	k8sClient client.Client
+	// storeMetrics is the suite's own registry of the CounterStore
+	// metrics, which the controller exports.
+	storeMetrics = prometheus.NewRegistry()
+	stopManager  context.CancelFunc
+	managerDone  = make(chan error, 1)
 )
 
 func TestCounterStoreController(t *testing.T) {
@@ -76,7 +80,7 @@ var _ = BeforeSuite(func() {
 	Expect(pr.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	// Production defaults, except a shorter dial timeout: a killed node on
 	// loopback refuses at once anyway.
-	Expect(counterstore.Setup(ctx, mgr, counterstore.Options{DialTimeout: time.Second},
+	Expect(counterstore.Setup(ctx, mgr, counterstore.NewMetrics(storeMetrics), counterstore.Options{DialTimeout: time.Second},
 		controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

@@ -64,6 +64,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/internal/message"
@@ -71,8 +72,8 @@ import (
 )
 
 const (
-	// FieldOwner is the server-side apply field manager of the ConfigMaps
-	// this controller writes.
+	// FieldOwner is the field manager of the ConfigMaps this controller
+	// applies and of the policy statuses it updates.
 	FieldOwner = "floodgate-manager"
 	// ControllerName names the controller in logs, metrics and Events.
 	ControllerName = "ratelimitpolicy"
@@ -280,7 +281,8 @@ func upToDate(existing *corev1.ConfigMap, out compiler.Output, owners []metav1.O
 	})
 }
 
-// reconcileStatus writes each live policy's status where it changed.
+// reconcileStatus writes each live policy's status that desiredStatus
+// computes, skipping those that did not change.
 func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.RateLimitPolicy, pods []corev1.Pod, out compiler.Output, specErr error) error {
 	results := make(map[string]*compiler.PolicyResult, len(out.Policies))
 	for i := range out.Policies {
@@ -300,11 +302,8 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 		r.recordTransitions(p, status)
 		updated := p.DeepCopy()
 		updated.Status = status
-		if err := r.Client.Status().Update(ctx, updated); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			errs = append(errs, fmt.Errorf("update status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
+		if err := statusupdate.Write(ctx, r.Client, p, updated, FieldOwner); err != nil {
+			errs = append(errs, fmt.Errorf("update the status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -62,10 +62,12 @@ func yamlFiles(t *testing.T, dir string) map[string]bool {
 	return out
 }
 
-// TestClusterRoleMatchesGenerated checks that the manager's ClusterRole in
-// the rendered chart grants exactly the rules controller-gen generated from
-// the +kubebuilder:rbac markers into config/rbac/role.yaml, and that it is
-// bound to the ServiceAccount the manager Deployment runs as.
+// TestClusterRoleMatchesGenerated checks that the ClusterRoles in the
+// rendered chart grant exactly the rules controller-gen generated from the
+// +kubebuilder:rbac markers into config/rbac/role.yaml: the manager's, and
+// the metrics ones (the reviews behind --metrics-secure, and the scrapers'
+// reader role), and that the manager's is bound to the ServiceAccount the
+// manager Deployment runs as.
 func TestClusterRoleMatchesGenerated(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile(filepath.Join(helmtest.RepoRoot(t), "config", "rbac", "role.yaml"))
@@ -76,7 +78,14 @@ func TestClusterRoleMatchesGenerated(t *testing.T) {
 	if err != nil {
 		t.Fatalf("config/rbac/role.yaml: %v", err)
 	}
-	var wantCluster, wantNamespaced []rbacv1.PolicyRule
+	// The chart's name of each generated ClusterRole.
+	chartName := map[string]string{
+		"floodgate-manager":              "floodgate-manager",
+		"floodgate-manager-metrics-auth": "floodgate-metrics-auth",
+		"floodgate-metrics-reader":       "floodgate-metrics-reader",
+	}
+	wantCluster := map[string][]rbacv1.PolicyRule{}
+	var wantNamespaced []rbacv1.PolicyRule
 	for _, d := range docs {
 		var r rbacv1.ClusterRole // Role has the same rules field
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(d.Object, &r); err != nil {
@@ -84,22 +93,29 @@ func TestClusterRoleMatchesGenerated(t *testing.T) {
 		}
 		switch d.GetKind() {
 		case "ClusterRole":
-			wantCluster = append(wantCluster, r.Rules...)
+			if _, ok := chartName[r.Name]; !ok {
+				t.Errorf("config/rbac/role.yaml has a ClusterRole %s that the chart does not render", r.Name)
+			}
+			wantCluster[r.Name] = append(wantCluster[r.Name], r.Rules...)
 		case "Role":
 			wantNamespaced = append(wantNamespaced, r.Rules...)
 		default:
 			t.Fatalf("config/rbac/role.yaml: unexpected kind %s", d.GetKind())
 		}
 	}
-	if len(wantCluster) == 0 {
-		t.Fatal("config/rbac/role.yaml has no ClusterRole rules")
-	}
 
 	objs := helmtest.Manifest(t)
-	var role rbacv1.ClusterRole
-	fromUnstructured(t, objs.Get(t, "ClusterRole", "floodgate-manager"), &role)
-	if !reflect.DeepEqual(role.Rules, wantCluster) {
-		t.Errorf("the chart's ClusterRole floodgate-manager rules differ from config/rbac/role.yaml (%s):\n got: %+v\nwant: %+v", syncHint, role.Rules, wantCluster)
+	for generated, name := range chartName {
+		if len(wantCluster[generated]) == 0 {
+			t.Errorf("config/rbac/role.yaml has no rules for the ClusterRole %s", generated)
+			continue
+		}
+		var role rbacv1.ClusterRole
+		fromUnstructured(t, objs.Get(t, "ClusterRole", name), &role)
+		if !reflect.DeepEqual(role.Rules, wantCluster[generated]) {
+			t.Errorf("the chart's ClusterRole %s rules differ from %s in config/rbac/role.yaml (%s):\n got: %+v\nwant: %+v",
+				name, generated, syncHint, role.Rules, wantCluster[generated])
+		}
 	}
 	if nsRole := objs.Find("Role", "floodgate-manager"); (nsRole != nil) != (len(wantNamespaced) > 0) {
 		t.Errorf("the chart renders a namespaced manager Role: %v; config/rbac/role.yaml has namespaced rules: %v", nsRole != nil, len(wantNamespaced) > 0)

@@ -95,7 +95,7 @@ func TestRulesCatchForbiddenEdges(t *testing.T) {
 			"cmd/floodgate-sidecar -> test/redistest"},
 		{m("cmd/floodgate-manager"), m("bench/harness"), "shipped binaries link no test or bench code",
 			"cmd/floodgate-manager -> bench/harness"},
-		{m("api/v1alpha1"), m("sidecar/store/redis"), "floodgate-manager links none of the sidecar's runtime",
+		{m("api/v1alpha1"), m("sidecar/store/redis"), "floodgate-manager links none of the sidecar's runtime, gRPC or JWT",
 			"cmd/floodgate-manager -> controllers/policy -> api/v1alpha1 -> sidecar/store/redis"},
 	} {
 		g := clean()

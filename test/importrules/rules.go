@@ -136,10 +136,10 @@ var Rules = []Rule{
 		Forbidden: Any(Local("test", true), Local("bench", true)),
 	},
 	{
-		Name:    "floodgate-manager links none of the sidecar's runtime",
+		Name:    "floodgate-manager links none of the sidecar's runtime, gRPC or JWT",
 		Applies: Local("cmd/floodgate-manager", true),
 		Forbidden: Any(All(Local("sidecar", true), Not(dataPlaneContract)),
-			Prefix("github.com/envoyproxy", "github.com/golang-jwt", "github.com/go-jose")),
+			Prefix("github.com/envoyproxy", "github.com/golang-jwt", "github.com/go-jose", "google.golang.org/grpc")),
 	},
 }
 

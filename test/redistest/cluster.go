@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,20 @@ type Options struct {
 	ExtraArgs []string
 	// StartTimeout bounds starting and forming the cluster. 0 means 60s.
 	StartTimeout time.Duration
+	// IPPerNode puts every node on a loopback IP of its own, from
+	// 127.1.0.0/16, all on Port, and announces that IP to the cluster
+	// (--cluster-announce-ip), as Pods have IPs of their own. Reschedule
+	// can then move a node to a new IP. By default the nodes share
+	// 127.0.0.1, each on a port of its own.
+	IPPerNode bool
+	// Port is the port of every node with IPPerNode. 0 means DefaultPort.
+	Port int
+	// Unformed starts the Masters*(1+Replicas) nodes cluster-enabled but
+	// alone, each a master without slots: the code under test forms them.
+	// They keep Redis's replication defaults, as a CounterStore's Pods
+	// do: a replica's full sync starts after repl-diskless-sync-delay
+	// (5s), where the nodes of a formed cluster sync at once.
+	Unformed bool
 }
 
 func (o *Options) setDefaults() error {
@@ -52,6 +67,9 @@ func (o *Options) setDefaults() error {
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 60 * time.Second
 	}
+	if o.IPPerNode && o.Port == 0 {
+		o.Port = DefaultPort
+	}
 	var errs []error
 	if o.Masters < 1 || o.Masters > 16 {
 		errs = append(errs, fmt.Errorf("masters: must be between 1 and 16, got %d", o.Masters))
@@ -61,6 +79,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.NodeTimeout < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("nodeTimeout: must be at least 100ms, got %v", o.NodeTimeout))
+	}
+	switch {
+	case !o.IPPerNode && o.Port != 0:
+		errs = append(errs, fmt.Errorf("port: only with ipPerNode (the nodes on 127.0.0.1 each get a port of their own), got %d", o.Port))
+	case o.IPPerNode && (o.Port < 1 || o.Port > 65535-busOffset):
+		errs = append(errs, fmt.Errorf("port: must be between 1 and %d, so that the bus port port+%d is valid, got %d", 65535-busOffset, busOffset, o.Port))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redistest: invalid options: %w", err)
@@ -72,9 +96,12 @@ func (o *Options) setDefaults() error {
 // loopback. Its methods are safe for concurrent use.
 type Cluster struct {
 	opts  Options
+	bin   string
 	dir   string
 	owned bool // dir was made by NewCluster and is removed by Close
-	nodes []*Node
+
+	mu    sync.Mutex
+	nodes []*Node // guarded by mu; only ever appended to
 
 	closeOnce sync.Once
 }
@@ -85,17 +112,17 @@ type Cluster struct {
 type Node struct {
 	c    *Cluster
 	idx  int
-	id   string
 	proc *process
 
 	mu        sync.Mutex
+	id        string
 	lastSlots []SlotRange // slots served when last killed or paused
 }
 
 // StartCluster starts and forms a cluster for tb and registers its teardown
 // with tb.Cleanup. It fails tb when redis-server is missing or the cluster
 // cannot be formed.
-func StartCluster(tb testing.TB, opts Options) *Cluster {
+func StartCluster(tb TB, opts Options) *Cluster {
 	tb.Helper()
 	c, err := newCluster(opts, tb.TempDir(), false)
 	if err != nil {
@@ -150,21 +177,14 @@ func newCluster(opts Options, dir string, owned bool) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: opts, dir: dir, owned: owned}
-	total := opts.Masters * (1 + opts.Replicas)
-	for i := range total {
-		c.nodes = append(c.nodes, &Node{c: c, idx: i, proc: &process{
-			bin:      bin,
-			dir:      filepath.Join(dir, "node"+strconv.Itoa(i)),
-			password: opts.Password,
-			cluster:  true,
-			extra:    opts.ExtraArgs,
-		}})
-	}
+	c := &Cluster{opts: opts, bin: bin, dir: dir, owned: owned}
 	deadline := time.Now().Add(opts.StartTimeout)
-	if err := c.startAll(deadline); err != nil {
+	if _, err := c.addNodes(opts.Masters*(1+opts.Replicas), deadline); err != nil {
 		c.Close()
 		return nil, err
+	}
+	if opts.Unformed {
+		return c, nil
 	}
 	if err := c.form(deadline); err != nil {
 		c.Close()
@@ -173,16 +193,66 @@ func newCluster(opts Options, dir string, owned bool) (*Cluster, error) {
 	return c, nil
 }
 
-func (c *Cluster) startAll(deadline time.Time) error {
-	errs := make([]error, len(c.nodes))
+// AddNodes starts n more nodes, cluster-enabled and alone (no other node
+// knows them), and returns them: the code under test adds them to the
+// cluster. It waits until each answers, at most StartTimeout.
+func (c *Cluster) AddNodes(n int) ([]*Node, error) {
+	return c.addNodes(n, time.Now().Add(c.opts.StartTimeout))
+}
+
+func (c *Cluster) addNodes(n int, deadline time.Time) ([]*Node, error) {
+	c.mu.Lock()
+	added := make([]*Node, n)
+	for i := range added {
+		idx := len(c.nodes)
+		added[i] = &Node{c: c, idx: idx, proc: &process{
+			bin:          c.bin,
+			dir:          filepath.Join(c.dir, "node"+strconv.Itoa(idx)),
+			password:     c.opts.Password,
+			cluster:      true,
+			extra:        c.opts.ExtraArgs,
+			ipPort:       c.opts.Port,
+			replDefaults: c.opts.Unformed,
+		}}
+		c.nodes = append(c.nodes, added[i])
+	}
+	c.mu.Unlock()
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i, n := range c.nodes {
+	for i, nd := range added {
 		wg.Go(func() {
-			errs[i] = n.proc.start(c.opts.NodeTimeout, c.opts.PartialCoverage, time.Until(deadline))
+			if errs[i] = nd.proc.start(c.opts.NodeTimeout, c.opts.PartialCoverage, time.Until(deadline)); errs[i] != nil {
+				return
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			defer cancel()
+			errs[i] = nd.readID(ctx)
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return added, nil
+}
+
+// readID asks the node for its cluster ID and remembers it.
+func (n *Node) readID(ctx context.Context) error {
+	id, err := n.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("redistest: cluster myid on %s: %w", n.Addr(), err)
+	}
+	n.mu.Lock()
+	n.id = id
+	n.mu.Unlock()
+	return nil
+}
+
+// all returns the nodes, in the order they were started.
+func (c *Cluster) all() []*Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.nodes)
 }
 
 // form joins the started nodes into a cluster the way redis-cli --cluster
@@ -192,13 +262,9 @@ func (c *Cluster) form(deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	m := c.opts.Masters
-	for i, n := range c.nodes {
+	nodes := c.all()
+	for i, n := range nodes {
 		cl := n.Client()
-		id, err := cl.ClusterMyID(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("cluster myid on %s: %w", n.Addr(), err)
-		}
-		n.id = id
 		if err := cl.Do(ctx, "cluster", "set-config-epoch", i+1).Err(); err != nil {
 			return fmt.Errorf("set-config-epoch on %s: %w", n.Addr(), err)
 		}
@@ -210,33 +276,33 @@ func (c *Cluster) form(deadline time.Time) error {
 		}
 	}
 	// Meeting every pair converges faster than waiting for gossip.
-	for i, a := range c.nodes {
-		for _, b := range c.nodes[i+1:] {
+	for i, a := range nodes {
+		for _, b := range nodes[i+1:] {
 			host, port := b.hostPort()
 			if err := a.Client().ClusterMeet(ctx, host, strconv.Itoa(port)).Err(); err != nil {
 				return fmt.Errorf("cluster meet %s -> %s: %w", a.Addr(), b.Addr(), err)
 			}
 		}
 	}
-	if err := c.waitAllKnown(ctx); err != nil {
+	if err := c.waitAllKnown(ctx, nodes); err != nil {
 		return err
 	}
-	for i := m; i < len(c.nodes); i++ {
-		master := c.nodes[i%m]
-		if err := c.nodes[i].Client().ClusterReplicate(ctx, master.id).Err(); err != nil {
-			return fmt.Errorf("cluster replicate %s -> %s: %w", c.nodes[i].Addr(), master.Addr(), err)
+	for i := m; i < len(nodes); i++ {
+		master := nodes[i%m]
+		if err := nodes[i].Client().ClusterReplicate(ctx, master.ID()).Err(); err != nil {
+			return fmt.Errorf("cluster replicate %s -> %s: %w", nodes[i].Addr(), master.Addr(), err)
 		}
 	}
 	return c.WaitClusterOK(time.Until(deadline))
 }
 
-// waitAllKnown waits until every node knows every other, out of handshake
-// and connected.
-func (c *Cluster) waitAllKnown(ctx context.Context) error {
+// waitAllKnown waits until every one of nodes knows every other, out of
+// handshake and connected.
+func (c *Cluster) waitAllKnown(ctx context.Context, nodes []*Node) error {
 	var last error
 	for {
 		last = nil
-		for _, n := range c.nodes {
+		for _, n := range nodes {
 			view, err := n.view(ctx)
 			if err != nil {
 				last = err
@@ -248,8 +314,8 @@ func (c *Cluster) waitAllKnown(ctx context.Context) error {
 					linked++
 				}
 			}
-			if linked != len(c.nodes) {
-				last = fmt.Errorf("%s links %d of %d nodes", n.Addr(), linked, len(c.nodes))
+			if linked != len(nodes) {
+				last = fmt.Errorf("%s links %d of %d nodes", n.Addr(), linked, len(nodes))
 				break
 			}
 		}
@@ -268,7 +334,7 @@ func (c *Cluster) waitAllKnown(ctx context.Context) error {
 func (c *Cluster) Close() {
 	c.closeOnce.Do(func() {
 		var wg sync.WaitGroup
-		for _, n := range c.nodes {
+		for _, n := range c.all() {
 			wg.Go(n.proc.close)
 		}
 		wg.Wait()
@@ -279,14 +345,14 @@ func (c *Cluster) Close() {
 }
 
 // Nodes returns every node, masters first in their formation order, then
-// the replicas.
-func (c *Cluster) Nodes() []*Node { return append([]*Node(nil), c.nodes...) }
+// the replicas, then the nodes of AddNodes.
+func (c *Cluster) Nodes() []*Node { return c.all() }
 
 // Addrs returns the addresses of the running nodes, the seed list for a
 // cluster client.
 func (c *Cluster) Addrs() []string {
 	var out []string
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		if alive, _ := n.proc.state(); alive {
 			out = append(out, n.Addr())
 		}
@@ -311,7 +377,7 @@ func (c *Cluster) NewClient() *redis.ClusterClient {
 // liveNodes returns the nodes that run and are not paused.
 func (c *Cluster) liveNodes() []*Node {
 	var out []*Node
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		if alive, paused := n.proc.state(); alive && !paused {
 			out = append(out, n)
 		}
@@ -320,8 +386,8 @@ func (c *Cluster) liveNodes() []*Node {
 }
 
 func (c *Cluster) byID(id string) *Node {
-	for _, n := range c.nodes {
-		if n.id == id {
+	for _, n := range c.all() {
+		if n.ID() == id {
 			return n
 		}
 	}
@@ -364,7 +430,7 @@ func (c *Cluster) ReplicasOf(ctx context.Context, master *Node) ([]*Node, error)
 	}
 	var out []*Node
 	for _, v := range view {
-		if v.MasterID == master.id {
+		if v.MasterID == master.ID() {
 			if n := c.byID(v.ID); n != nil {
 				out = append(out, n)
 			}
@@ -425,7 +491,7 @@ func (c *Cluster) recordSlots(n *Node) {
 			continue
 		}
 		for _, v := range view {
-			if v.ID == n.id && v.IsMaster() {
+			if v.ID == n.ID() && v.IsMaster() {
 				slots = v.Slots
 			}
 		}
@@ -474,7 +540,7 @@ func (c *Cluster) Resume(n *Node) error { return n.proc.signal(syscall.SIGCONT) 
 // WaitClusterOK to wait until the cluster has taken it back.
 func (c *Cluster) Restart(n *Node) error {
 	host, _ := n.hostPort()
-	return c.restart(n, host)
+	return c.restart(n, host, true)
 }
 
 // RestartAt starts a killed node again on a new loopback host (for example
@@ -485,10 +551,32 @@ func (c *Cluster) RestartAt(n *Node, host string) error {
 	if ip == nil || !ip.IsLoopback() || ip.To4() == nil {
 		return fmt.Errorf("redistest: restart %s at %q: want an IPv4 loopback address such as 127.0.0.2", n.Addr(), host)
 	}
-	return c.restart(n, host)
+	return c.restart(n, host, true)
 }
 
-func (c *Cluster) restart(n *Node, host string) error {
+// Reschedule starts a killed node again the way Kubernetes brings a Pod
+// back: with newIP on a newly claimed loopback IP (Options.IPPerNode
+// only), else on its address; with keepID with its nodes.conf, so as the
+// same cluster node, else as a new, empty node with a new ID.
+func (c *Cluster) Reschedule(n *Node, newIP, keepID bool) error {
+	host, _ := n.hostPort()
+	if newIP {
+		var err error
+		n.proc.mu.Lock()
+		if n.proc.aliveLocked() {
+			err = errors.New("still running, Kill it first")
+		} else {
+			host, err = n.proc.moveLocked()
+		}
+		n.proc.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("redistest: reschedule %s: %w", n.Addr(), err)
+		}
+	}
+	return c.restart(n, host, keepID)
+}
+
+func (c *Cluster) restart(n *Node, host string, keepID bool) error {
 	p := n.proc
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -498,8 +586,13 @@ func (c *Cluster) restart(n *Node, host string) error {
 	if host != p.host && !portsFree(host, p.port) {
 		return fmt.Errorf("redistest: restart at %s:%d: port or bus port in use", host, p.port)
 	}
+	if !keepID {
+		if err := os.Remove(filepath.Join(p.dir, "nodes.conf")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("redistest: restart %s as a new node: %w", p.addrLocked(), err)
+		}
+	}
 	if err := p.spawnLocked(host, c.opts.NodeTimeout, c.opts.PartialCoverage, 30*time.Second); err != nil {
-		return fmt.Errorf("redistest: restart %s: %w", n.id, err)
+		return fmt.Errorf("redistest: restart %s: %w", n.ID(), err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -507,7 +600,12 @@ func (c *Cluster) restart(n *Node, host string) error {
 	if err != nil {
 		return fmt.Errorf("redistest: restart %s: cluster myid: %w", p.addrLocked(), err)
 	}
-	if id != n.id {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case !keepID:
+		n.id = id
+	case id != n.id:
 		return fmt.Errorf("redistest: restart %s: came back as node %s, want %s", p.addrLocked(), id, n.id)
 	}
 	return nil
@@ -541,7 +639,7 @@ func (c *Cluster) clusterOK(ctx context.Context) error {
 	}
 	liveIDs := map[string]bool{}
 	for _, n := range live {
-		liveIDs[n.id] = true
+		liveIDs[n.ID()] = true
 	}
 	var owners string
 	for i, n := range live {
@@ -651,8 +749,13 @@ func (c *Cluster) failedOver(ctx context.Context, old *Node, slot int) (*Node, e
 	return winner, nil
 }
 
-// ID returns the node's cluster ID.
-func (n *Node) ID() string { return n.id }
+// ID returns the node's cluster ID, a new one after Reschedule without
+// keepID.
+func (n *Node) ID() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.id
+}
 
 // Addr returns the node's current host:port.
 func (n *Node) Addr() string {
@@ -704,7 +807,7 @@ func (n *Node) Dir() string { return n.proc.dir }
 
 // String returns the node's address and ID prefix.
 func (n *Node) String() string {
-	id := n.id
+	id := n.ID()
 	if len(id) > 8 {
 		id = id[:8]
 	}

@@ -13,20 +13,24 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Port selection. Nodes take a port in [portLow, portHigh) and their
-// cluster bus the port plus busOffset, so node ports and bus ports come from
-// disjoint ranges, and both stay below the kernel's usual ephemeral range
-// (32768 and up) that outgoing connections draw from.
+// Port selection. Nodes take a port in [portLow, portHigh) on loopback and
+// their cluster bus the port plus busOffset, so node ports and bus ports
+// come from disjoint ranges, and both stay below the kernel's usual
+// ephemeral range (32768 and up) that outgoing connections draw from. A
+// node on a loopback IP of its own (Options.IPPerNode) takes a fixed port
+// there instead, by default DefaultPort.
 const (
+	loopback  = "127.0.0.1"
 	portLow   = 12000
 	portHigh  = 22000
 	busOffset = 10000
+	// DefaultPort is the port of the nodes with IPPerNode, Redis's own.
+	DefaultPort = 6379
 )
 
 // startAttempts bounds how often a node start is retried on a new port
@@ -46,10 +50,11 @@ func FindServer() (string, error) {
 	return "", errors.New("redistest: redis-server not found on PATH or at /usr/bin/redis-server: run `hack/redis-cluster.sh install` (as root or with sudo) to install it")
 }
 
-// portLock is an exclusive, cross-process claim on a port number, held as
-// a flock on a file under the temp dir. The kernel drops it when the
-// process dies, so a crashed test never leaks a claim.
-type portLock struct {
+// addrLock is an exclusive, cross-process claim on an address, held as a
+// flock on a file under the temp dir. The kernel drops it when the process
+// dies, so a crashed test never leaks a claim.
+type addrLock struct {
+	host string
 	port int
 	f    *os.File
 }
@@ -62,27 +67,33 @@ func lockDir() (string, error) {
 	return dir, nil
 }
 
-// tryLockPort claims port for this process or reports false.
-func tryLockPort(port int) (*portLock, bool, error) {
+// tryLock claims host:port for this process or reports false. A claim on
+// the shared loopback address is named by its port alone, one on a
+// loopback IP of its own by the IP and the port.
+func tryLock(host string, port int) (*addrLock, bool, error) {
 	dir, err := lockDir()
 	if err != nil {
 		return nil, false, err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	name := strconv.Itoa(port)
+	if host != loopback {
+		name = host + ":" + name
+	}
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_RDWR, 0o666)
 	if err != nil {
-		return nil, false, fmt.Errorf("redistest: port lock %d: %w", port, err)
+		return nil, false, fmt.Errorf("redistest: lock %s: %w", name, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		_ = f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, false, nil
 		}
-		return nil, false, fmt.Errorf("redistest: flock port %d: %w", port, err)
+		return nil, false, fmt.Errorf("redistest: flock %s: %w", name, err)
 	}
-	return &portLock{port: port, f: f}, true, nil
+	return &addrLock{host: host, port: port, f: f}, true, nil
 }
 
-func (l *portLock) release() {
+func (l *addrLock) release() {
 	if l != nil && l.f != nil {
 		_ = l.f.Close() // closing drops the flock
 		l.f = nil
@@ -102,12 +113,34 @@ func portsFree(host string, port int) bool {
 	return true
 }
 
-// claimPort finds a port whose bus port is free too, claims it and returns
-// the claim.
-func claimPort(host string) (*portLock, error) {
+// claimPort finds a port on the shared loopback address whose bus port is
+// free too, claims it and returns the claim.
+func claimPort() (*addrLock, error) {
+	l, err := claimFree(func() (string, int) { return loopback, portLow + rand.IntN(portHigh-portLow) })
+	if err != nil {
+		return nil, fmt.Errorf("redistest: no free port pair (p, p+%d) in [%d, %d) on %s: %w", busOffset, portLow, portHigh, loopback, err)
+	}
+	return l, nil
+}
+
+// claimIP finds a loopback IP of 127.1.0.0/16 on which port and its bus
+// port are free, claims it and returns the claim.
+func claimIP(port int) (*addrLock, error) {
+	l, err := claimFree(func() (string, int) {
+		return net.IPv4(127, 1, byte(rand.IntN(256)), byte(1+rand.IntN(254))).String(), port
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redistest: no loopback IP in 127.1.0.0/16 with ports %d and %d free: %w", port, port+busOffset, err)
+	}
+	return l, nil
+}
+
+// claimFree claims the first address that next picks, of up to 500, that
+// no one else claimed and whose port and bus port are free.
+func claimFree(next func() (host string, port int)) (*addrLock, error) {
 	for range 500 {
-		port := portLow + rand.IntN(portHigh-portLow)
-		l, ok, err := tryLockPort(port)
+		host, port := next()
+		l, ok, err := tryLock(host, port)
 		if err != nil {
 			return nil, err
 		}
@@ -119,21 +152,32 @@ func claimPort(host string) (*portLock, error) {
 		}
 		l.release()
 	}
-	return nil, fmt.Errorf("redistest: no free port pair (p, p+%d) in [%d, %d) on %s after 500 tries", busOffset, portLow, portHigh, host)
+	return nil, errors.New("none free after 500 tries")
 }
 
-// process is one redis-server child. Its fields are guarded by mu.
+// process is one redis-server child, or a command that runs one (a
+// container's start script, say). Its fields are guarded by mu.
 type process struct {
 	bin      string
 	dir      string // data dir, also holds logs and nodes.conf
 	password string
 	cluster  bool
 	extra    []string // extra redis-server arguments from the options
+	// command, when set, runs instead of redis-server, with env added to
+	// the environment; it must serve Redis on the process's address.
+	command, env []string
+	// ipPort, when set, makes start claim a loopback IP of its own for
+	// this port, instead of a port on the shared loopback address.
+	ipPort int
+	// replDefaults keeps Redis's replication defaults, which the
+	// CounterStore's Pods run with, instead of the fast first sync.
+	replDefaults bool
 
 	mu     sync.Mutex
 	host   string
 	port   int
-	lock   *portLock
+	lock   *addrLock
+	held   []*addrLock // claims of addresses the process has left
 	cmd    *exec.Cmd
 	done   chan struct{} // closed when cmd has exited
 	paused bool
@@ -157,10 +201,12 @@ func (p *process) args(host string, port int, nodeTimeout time.Duration, partial
 		"--dir", p.dir,
 		"--logfile", filepath.Join(p.dir, "redis.log"),
 		"--enable-debug-command", "local",
+	}
+	if !p.replDefaults {
 		// A replica starts its first sync at once instead of after the
 		// 5s that Redis waits to serve several replicas with one
 		// snapshot: until it has synced it cannot be promoted.
-		"--repl-diskless-sync-delay", "0",
+		a = append(a, "--repl-diskless-sync-delay", "0")
 	}
 	if p.password != "" {
 		a = append(a, "--requirepass", p.password, "--masterauth", p.password)
@@ -204,13 +250,19 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 		return fmt.Errorf("redistest: redis log: %w", err)
 	}
 	cmd := exec.Command(p.bin, p.args(host, p.port, nodeTimeout, partial)...)
+	if len(p.command) > 0 {
+		cmd = exec.Command(p.command[0], p.command[1:]...)
+		cmd.Env = append(os.Environ(), p.env...)
+	}
+	cmd.Dir = p.dir
 	cmd.Stdout = out
 	cmd.Stderr = out
-	// Pdeathsig makes the kernel SIGKILL redis-server when the test
-	// process dies, however it dies, so no node outlives its test.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Pdeathsig makes the kernel SIGKILL the child when the test process
+	// dies, however it dies, so no node outlives its test. The child leads
+	// a process group, which Kill ends whole, should a command fork.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: start %s: %w", p.bin, err)
+		return fmt.Errorf("redistest: start %s: %w", cmd.Path, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -248,10 +300,10 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 			if strings.Contains(logTail, "Address already in use") {
 				return errAddrInUse
 			}
-			return fmt.Errorf("redistest: redis-server on %s exited during start: %s", p.addrLocked(), logTail)
+			return fmt.Errorf("redistest: %s on %s exited during start: %s", cmd.Path, p.addrLocked(), logTail)
 		case <-ctx.Done():
 			p.killLocked()
-			return fmt.Errorf("redistest: redis-server on %s did not answer PING within %v: %s", p.addrLocked(), wait, tail(logPath, 10))
+			return fmt.Errorf("redistest: %s on %s did not answer PING within %v: %s", cmd.Path, p.addrLocked(), wait, tail(logPath, 10)+tail(filepath.Join(p.dir, "stdout.log"), 5))
 		case <-tick.C:
 			// Dial first: go-redis logs every failed dial, and the node
 			// refuses connections until it has bound its port.
@@ -270,20 +322,20 @@ func (p *process) spawnLocked(host string, nodeTimeout time.Duration, partial bo
 	}
 }
 
-// start claims a port and starts the process, retrying on a new port when
-// another process wins the bind race.
+// start claims an address and starts the process, retrying on a new one
+// when another process wins the bind race.
 func (p *process) start(nodeTimeout time.Duration, partial bool, wait time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var last error
 	for range startAttempts {
-		l, err := claimPort("127.0.0.1")
+		l, err := p.claim()
 		if err != nil {
 			return err
 		}
 		p.lock = l
 		p.port = l.port
-		err = p.spawnLocked("127.0.0.1", nodeTimeout, partial, wait)
+		err = p.spawnLocked(l.host, nodeTimeout, partial, wait)
 		if err == nil {
 			return nil
 		}
@@ -294,7 +346,32 @@ func (p *process) start(nodeTimeout time.Duration, partial bool, wait time.Durat
 		}
 		last = err
 	}
-	return fmt.Errorf("redistest: could not bind a port after %d tries: %w", startAttempts, last)
+	return fmt.Errorf("redistest: could not bind an address after %d tries: %w", startAttempts, last)
+}
+
+// claim claims the address to start on: a loopback IP of its own with
+// ipPort, else a port on the shared loopback address.
+func (p *process) claim() (*addrLock, error) {
+	if p.ipPort != 0 {
+		return claimIP(p.ipPort)
+	}
+	return claimPort()
+}
+
+// moveLocked claims a new loopback IP for a process with ipPort. The old
+// claim is kept until close: peers may still gossip with the old address,
+// and no other test's node may answer there meanwhile.
+func (p *process) moveLocked() (string, error) {
+	if p.ipPort == 0 {
+		return "", errors.New("redistest: a node moves to a new IP only with Options.IPPerNode")
+	}
+	l, err := claimIP(p.ipPort)
+	if err != nil {
+		return "", err
+	}
+	p.held = append(p.held, p.lock)
+	p.lock = l
+	return l.host, nil
 }
 
 // killLocked sends SIGKILL and waits for the exit. Callers hold p.mu.
@@ -307,7 +384,9 @@ func (p *process) killLocked() {
 		return
 	default:
 	}
-	_ = p.cmd.Process.Kill() // a paused process dies from SIGKILL too
+	// The group this process leads; a paused process dies from SIGKILL
+	// too.
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
 }
 
@@ -355,6 +434,10 @@ func (p *process) close() {
 		p.client = nil
 	}
 	p.lock.release()
+	for _, l := range p.held {
+		l.release()
+	}
+	p.held = nil
 }
 
 // tail returns the last n lines of the file at path.
@@ -373,9 +456,9 @@ func tail(path string, n int) string {
 // FreePort returns a loopback port that is free now and that no other
 // redistest user will pick until tb's end, for a second listener of a node
 // (a TLS port, say). Its bus port (port+10000) is free too.
-func FreePort(tb testing.TB) int {
+func FreePort(tb TB) int {
 	tb.Helper()
-	l, err := claimPort("127.0.0.1")
+	l, err := claimPort()
 	if err != nil {
 		tb.Fatal(err)
 	}

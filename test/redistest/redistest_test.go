@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -57,15 +58,215 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
 
 func TestOptionsValidate(t *testing.T) {
 	t.Parallel()
-	o := Options{Masters: 17, Replicas: -1, NodeTimeout: time.Millisecond}
+	o := Options{Masters: 17, Replicas: -1, NodeTimeout: time.Millisecond, Port: 7000}
 	err := o.setDefaults()
 	if err == nil {
 		t.Fatal("setDefaults accepted bad options")
 	}
-	for _, want := range []string{"masters", "replicas", "nodeTimeout"} {
+	for _, want := range []string{"masters", "replicas", "nodeTimeout", "port: only with ipPerNode"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
+	}
+	o = Options{IPPerNode: true, Port: 60000}
+	if err := o.setDefaults(); err == nil || !strings.Contains(err.Error(), "port: must be between 1 and 55535") {
+		t.Errorf("a port whose bus port is out of range: %v, want an error naming port", err)
+	}
+	o = Options{IPPerNode: true}
+	if err := o.setDefaults(); err != nil || o.Port != DefaultPort {
+		t.Errorf("IPPerNode alone: port %d, %v; want %d and no error", o.Port, err, DefaultPort)
+	}
+
+	so := ServerOptions{Host: "127.1.0.1", Command: []string{"true"}, ExtraArgs: []string{"--x"}}
+	err = so.setDefaults()
+	if err == nil {
+		t.Fatal("setDefaults accepted bad server options")
+	}
+	for _, want := range []string{"host \"127.1.0.1\" and port 0", "extraArgs"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	so = ServerOptions{Command: []string{"true"}}
+	if err := so.setDefaults(); err == nil || !strings.Contains(err.Error(), "command: needs the host and port") {
+		t.Errorf("a command without an address: %v, want an error naming command", err)
+	}
+}
+
+// TestIPPerNode forms a cluster whose nodes have loopback IPs of their
+// own, on one port, and checks that the cluster knows them by those IPs.
+func TestIPPerNode(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, Options{Masters: 3, IPPerNode: true})
+	ctx := t.Context()
+	ips := map[string]bool{}
+	for _, n := range c.Nodes() {
+		host, port, err := net.SplitHostPort(n.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ip := net.ParseIP(host).To4(); ip == nil || ip[0] != 127 || ip[1] != 1 || port != strconv.Itoa(DefaultPort) {
+			t.Errorf("node at %s, want an IP of 127.1.0.0/16 and port %d", n.Addr(), DefaultPort)
+		}
+		ips[host] = true
+	}
+	if len(ips) != 3 {
+		t.Errorf("3 nodes on %d IPs, want 3", len(ips))
+	}
+	view, err := c.Topology(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range view {
+		if n := c.byID(v.ID); n == nil || n.Addr() != v.Addr {
+			t.Errorf("the cluster knows %s at %s, want the node's own address", v.ID, v.Addr)
+		}
+	}
+	cl := c.NewClient()
+	defer func() { _ = cl.Close() }()
+	if err := cl.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnformedAndReschedule starts nodes that no one has formed, adds one,
+// and brings nodes back as Kubernetes would: at a new IP with their
+// identity, and as new nodes at their address.
+func TestUnformedAndReschedule(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, Options{Masters: 1, Replicas: 1, Unformed: true, IPPerNode: true, PartialCoverage: true})
+	ctx := t.Context()
+	added, err := c.AddNodes(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := c.Nodes()
+	if len(added) != 1 || len(nodes) != 3 || nodes[2] != added[0] {
+		t.Fatalf("AddNodes(1) = %v, Nodes() = %v; want the new node last of 3", added, nodes)
+	}
+	ids := map[string]bool{}
+	for _, n := range nodes {
+		view, err := n.view(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(view) != 1 || view[0].ID != n.ID() || len(view[0].Slots) != 0 {
+			t.Errorf("node %v sees %+v, want itself alone, without slots", n, view)
+		}
+		ids[n.ID()] = true
+	}
+	if len(ids) != 3 {
+		t.Errorf("3 nodes with %d distinct IDs", len(ids))
+	}
+
+	n := nodes[0]
+	id, addr := n.ID(), n.Addr()
+	if err := c.Reschedule(n, true, true); err == nil {
+		t.Error("Reschedule of a running node succeeded")
+	}
+	if err := c.Kill(n); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reschedule(n, true, true); err != nil {
+		t.Fatal(err)
+	}
+	if n.Addr() == addr {
+		t.Errorf("moved node still at %s", addr)
+	}
+	if got, err := n.Client().ClusterMyID(ctx).Result(); err != nil || got != id || n.ID() != id {
+		t.Errorf("moved node's ID = %q (ID() %q), %v; want it kept, %q", got, n.ID(), err, id)
+	}
+	// The old address stays claimed: nothing else may answer there while
+	// peers may still remember it.
+	oldHost, _, _ := net.SplitHostPort(addr)
+	if _, ok, err := tryLock(oldHost, DefaultPort); ok || err != nil {
+		t.Errorf("the old address %s was released: %v", addr, err)
+	}
+
+	addr = n.Addr()
+	if err := c.Kill(n); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reschedule(n, false, false); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Client().ClusterMyID(ctx).Result()
+	if err != nil || got == id || n.ID() != got || n.Addr() != addr {
+		t.Errorf("node back as new: ID %q (ID() %q, was %q), %v, at %s (was %s); want a new ID at the same address", got, n.ID(), id, err, n.Addr(), addr)
+	}
+
+	flat := StartCluster(t, Options{Masters: 1, Unformed: true})
+	if err := flat.Kill(flat.Nodes()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := flat.Reschedule(flat.Nodes()[0], true, true); err == nil || !strings.Contains(err.Error(), "IPPerNode") {
+		t.Errorf("Reschedule to a new IP without IPPerNode: %v, want an error naming IPPerNode", err)
+	}
+}
+
+// TestServerCommand runs a start script on a claimed host, as a
+// container would run it, and checks that Kill ends everything the script
+// started.
+func TestServerCommand(t *testing.T) {
+	t.Parallel()
+	bin, err := FindServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := ClaimHost(t, DefaultPort)
+	// The script forks the server rather than exec it, so only a kill of
+	// the whole process group stops the server.
+	script := `"$REDIS" --bind "$IP" --port 6379 --requirepass "$PW" --save "" --appendonly no & wait`
+	s := StartServer(t, ServerOptions{
+		Host: h.IP, Port: DefaultPort, Password: "pw",
+		Command: []string{"sh", "-c", script},
+		Env:     []string{"REDIS=" + bin, "IP=" + h.IP, "PW=pw"},
+	})
+	if got, want := s.Addr(), net.JoinHostPort(h.IP, strconv.Itoa(DefaultPort)); got != want {
+		t.Errorf("Addr() = %s, want %s", got, want)
+	}
+	if err := s.Client().Ping(t.Context()).Err(); err != nil || !s.Running() {
+		t.Fatalf("ping: %v, running %v", err, s.Running())
+	}
+	s.Kill()
+	if s.Running() {
+		t.Error("Running() after Kill")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !portsFree(h.IP, DefaultPort) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still bound after Kill: the forked server outlived its script", s.Addr())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWaitReplicated waits for a replica to catch up, and fails when the
+// replica cannot.
+func TestWaitReplicated(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, Options{Masters: 1, Replicas: 1})
+	ctx := t.Context()
+	master, replica := c.Nodes()[0], c.Nodes()[1]
+	for i := range 100 {
+		if err := master.Client().Set(ctx, "k"+strconv.Itoa(i), i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clients := []*redis.Client{master.Client(), replica.Client()}
+	if err := WaitReplicated(ctx, clients, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := replica.Client().DBSize(ctx).Result(); err != nil || n != 100 {
+		t.Errorf("replica holds %d keys, %v; want 100 once replicated", n, err)
+	}
+	// A replica whose master is not among clients (here: gone) never
+	// counts as caught up.
+	if err := c.Kill(master); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitReplicated(ctx, []*redis.Client{replica.Client()}, 500*time.Millisecond); err == nil {
+		t.Error("WaitReplicated succeeded for a replica without its master")
 	}
 }
 

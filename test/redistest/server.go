@@ -1,17 +1,18 @@
 package redistest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// ServerOptions configures a single, non-cluster redis-server.
+// ServerOptions configures a single, non-cluster redis-server, or a
+// command that runs one.
 type ServerOptions struct {
 	// Password, when set, is required of clients.
 	Password string
@@ -19,10 +20,44 @@ type ServerOptions struct {
 	ExtraArgs []string
 	// StartTimeout bounds the start. 0 means 30s.
 	StartTimeout time.Duration
+	// Host and Port, when set, are where the server listens: a Host
+	// claimed with ClaimHost, say. By default it gets a free port on
+	// 127.0.0.1.
+	Host string
+	Port int
+	// Command, when set, runs instead of redis-server (and ExtraArgs): a
+	// container's start script, for example, which must serve Redis, with
+	// Password, at Host and Port. Env is added to its environment.
+	Command []string
+	Env     []string
 }
 
-// Server is one standalone redis-server process on loopback. Its methods
-// are safe for concurrent use.
+func (o *ServerOptions) setDefaults() error {
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	var errs []error
+	if (o.Host == "") != (o.Port == 0) {
+		errs = append(errs, fmt.Errorf("host %q and port %d: set both or neither", o.Host, o.Port))
+	}
+	if o.Port < 0 || o.Port > 65535 {
+		errs = append(errs, fmt.Errorf("port: must be between 1 and 65535, got %d", o.Port))
+	}
+	if len(o.Command) > 0 && o.Host == "" {
+		errs = append(errs, errors.New("command: needs the host and port it serves on"))
+	}
+	if len(o.Command) > 0 && len(o.ExtraArgs) > 0 {
+		errs = append(errs, errors.New("extraArgs: redis-server arguments do not apply to a command"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redistest: invalid server options: %w", err)
+	}
+	return nil
+}
+
+// Server is one standalone redis-server process on loopback, or the
+// process of ServerOptions.Command. Its methods are safe for concurrent
+// use.
 type Server struct {
 	proc      *process
 	dir       string
@@ -33,7 +68,7 @@ type Server struct {
 // StartServer starts a standalone redis-server for tb and registers its
 // teardown with tb.Cleanup. It fails tb when redis-server is missing or does
 // not start.
-func StartServer(tb testing.TB, opts ServerOptions) *Server {
+func StartServer(tb TB, opts ServerOptions) *Server {
 	tb.Helper()
 	s, err := newServer(opts, tb.TempDir(), false)
 	if err != nil {
@@ -59,20 +94,34 @@ func NewServer(opts ServerOptions) (*Server, error) {
 }
 
 func newServer(opts ServerOptions, dir string, owned bool) (*Server, error) {
-	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 30 * time.Second
-	}
-	bin, err := FindServer()
-	if err != nil {
+	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
 	s := &Server{dir: dir, owned: owned, proc: &process{
-		bin:      bin,
 		dir:      dir,
 		password: opts.Password,
 		extra:    opts.ExtraArgs,
+		command:  opts.Command,
+		env:      opts.Env,
 	}}
-	if err := s.proc.start(0, false, opts.StartTimeout); err != nil {
+	if len(opts.Command) == 0 {
+		bin, err := FindServer()
+		if err != nil {
+			return nil, err
+		}
+		s.proc.bin = bin
+	}
+	var err error
+	if opts.Host == "" {
+		err = s.proc.start(0, false, opts.StartTimeout)
+	} else {
+		s.proc.mu.Lock()
+		s.proc.port = opts.Port
+		err = s.proc.spawnLocked(opts.Host, 0, false, opts.StartTimeout)
+		s.proc.mu.Unlock()
+	}
+	if err != nil {
+		s.proc.close()
 		return nil, err
 	}
 	return s, nil
@@ -101,6 +150,12 @@ func (s *Server) Client() *redis.Client {
 	s.proc.mu.Lock()
 	defer s.proc.mu.Unlock()
 	return s.proc.client
+}
+
+// Running reports whether the server's process runs.
+func (s *Server) Running() bool {
+	alive, _ := s.proc.state()
+	return alive
 }
 
 // Kill sends SIGKILL and waits for the exit.

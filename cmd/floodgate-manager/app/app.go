@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -31,11 +32,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 )
@@ -53,12 +55,18 @@ type component struct {
 var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
 	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, o *Options) error {
-		return counterstore.Setup(ctx, mgr, counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
+		return counterstore.Setup(ctx, mgr, storeMetrics(), counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
 	}},
 	{name: "webhook certificate", setup: setupWebhookCert},
 	{name: "webhooks", setup: setupWebhooks},
 	{name: sidecaraccess.ControllerName, setup: setupSidecarAccess},
 }
+
+// storeMetrics are the CounterStore metrics, registered on
+// controller-runtime's registry, which the manager's metrics endpoint
+// serves. That registry is the process's, so they are registered once per
+// process, however many managers it builds (the tests build several).
+var storeMetrics = sync.OnceValue(func() *counterstore.Metrics { return counterstore.NewMetrics(crmetrics.Registry) })
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
@@ -153,7 +161,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		TLSOpts:       tlsOpts,
 	}
 	if o.SecureMetrics {
-		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		metrics.FilterProvider = metricsauth.Provider(metricsauth.Options{})
 	}
 
 	graceful := o.GracefulShutdown

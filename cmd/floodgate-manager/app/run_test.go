@@ -9,12 +9,22 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 )
 
 // startEnv starts envtest with the CRDs, or fails with how to run it.
@@ -57,20 +67,9 @@ func freeAddr(t *testing.T) string {
 func get(ctx context.Context, t *testing.T, c *http.Client, url string) (int, string) {
 	t.Helper()
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := c.Do(req)
+		code, body, err := fetch(ctx, t, c, url, "")
 		if err == nil {
-			body, rerr := io.ReadAll(resp.Body)
-			if cerr := resp.Body.Close(); rerr == nil {
-				rerr = cerr
-			}
-			if rerr != nil {
-				t.Fatalf("read %s: %v", url, rerr)
-			}
-			return resp.StatusCode, string(body)
+			return code, body
 		}
 		select {
 		case <-ctx.Done():
@@ -125,31 +124,153 @@ func TestRunServesProbesAndMetrics(t *testing.T) {
 
 			if !secure {
 				// The controller starts once this replica leads; its
-				// concurrency comes from --policy-concurrency.
-				want := `controller_runtime_max_concurrent_reconciles{controller="ratelimitpolicy"} 4`
+				// concurrency comes from --policy-concurrency. The
+				// CounterStore metrics are served with controller-runtime's:
+				// a store nothing answers for is not Ready.
+				scheme, err := NewScheme()
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := client.New(env.Config, client.Options{Scheme: scheme})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Create(ctx, &v1alpha1.CounterStore{
+					ObjectMeta: metav1.ObjectMeta{Name: "run-metrics"},
+					Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{v1alpha1.HostPort(freeAddr(t))}}},
+				}); err != nil {
+					t.Fatal(err)
+				}
+				wants := []string{
+					`controller_runtime_max_concurrent_reconciles{controller="ratelimitpolicy"} 4`,
+					`floodgate_counterstore_ready{store="run-metrics"} 0`,
+				}
 				for {
 					code, body := get(ctx, t, httpc, "http://"+o.MetricsAddr+"/metrics")
 					if code != http.StatusOK {
 						t.Fatalf("/metrics = %d, want 200", code)
 					}
-					if strings.Contains(body, want) {
+					missing := slices.DeleteFunc(slices.Clone(wants), func(w string) bool { return strings.Contains(body, w) })
+					if len(missing) == 0 {
 						return
 					}
 					select {
 					case <-ctx.Done():
-						t.Fatalf("/metrics never reported %s", want)
+						t.Fatalf("/metrics never reported %q", missing)
 					case <-time.After(100 * time.Millisecond):
 					}
 				}
 			}
 			// Secure metrics answer only callers the API server
-			// authenticates: an anonymous scrape is refused.
+			// authenticates and authorizes: an anonymous scrape is
+			// refused, a ServiceAccount allowed to get /metrics scrapes,
+			// one without that right is forbidden.
 			tlsc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 				TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // the certificate is self-signed
 			}}
-			if code, body := get(ctx, t, tlsc, "https://"+o.MetricsAddr+"/metrics"); code != http.StatusUnauthorized {
+			url := "https://" + o.MetricsAddr + "/metrics"
+			if code, body := get(ctx, t, tlsc, url); code != http.StatusUnauthorized {
 				t.Errorf("anonymous /metrics over HTTPS = %d %q, want 401", code, body)
+			}
+			reader, stranger := metricsAccount(ctx, t, env, true), metricsAccount(ctx, t, env, false)
+			if code, body := getWithToken(ctx, t, tlsc, url, reader); code != http.StatusOK || !strings.Contains(body, "controller_runtime_") {
+				t.Errorf("/metrics over HTTPS with a reader's token = %d, want 200 with the metrics; body:\n%.300s", code, body)
+			}
+			if code, body := getWithToken(ctx, t, tlsc, url, stranger); code != http.StatusForbidden {
+				t.Errorf("/metrics over HTTPS with the token of a user without the right = %d %q, want 403", code, body)
 			}
 		})
 	}
+}
+
+// metricsAccount creates a ServiceAccount, bound when reader to a
+// ClusterRole that allows get on the non-resource URL /metrics, and
+// returns a token for it from the TokenRequest API.
+func metricsAccount(ctx context.Context, t *testing.T, env *envtest.Environment, reader bool) string {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", GenerateName: "scraper-"}}
+	if err := c.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	if reader {
+		role := &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: sa.Name},
+			Rules:      []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}},
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: sa.Name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}},
+		}
+		for _, o := range []client.Object{role, binding} {
+			if err := c.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The manager caches a denial for 30s: scrape only once the API
+		// server's RBAC cache has the binding.
+		user := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:                  user,
+				Groups:                []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace, "system:authenticated"},
+				NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
+			}}
+			if err := c.Create(ctx, sar); err != nil {
+				return false, err
+			}
+			return sar.Status.Allowed, nil
+		})
+		if err != nil {
+			t.Fatalf("the API server never allowed %s to get /metrics: %v", user, err)
+		}
+	}
+	tr := &authenticationv1.TokenRequest{}
+	if err := c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatalf("request a token for %s: %v", sa.Name, err)
+	}
+	if tr.Status.Token == "" {
+		t.Fatalf("the TokenRequest for %s returned no token", sa.Name)
+	}
+	return tr.Status.Token
+}
+
+// getWithToken gets url with a bearer token and returns the answer's code
+// and body.
+func getWithToken(ctx context.Context, t *testing.T, c *http.Client, url, token string) (int, string) {
+	t.Helper()
+	code, body, err := fetch(ctx, t, c, url, token)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return code, body
+}
+
+// fetch gets url, with a bearer token unless token is empty, and returns
+// the answer's code and body, or the error of the request.
+func fetch(ctx context.Context, t *testing.T, c *http.Client, url, token string) (int, string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	body, rerr := io.ReadAll(resp.Body)
+	if cerr := resp.Body.Close(); rerr == nil {
+		rerr = cerr
+	}
+	if rerr != nil {
+		t.Fatalf("read %s: %v", url, rerr)
+	}
+	return resp.StatusCode, string(body), nil
 }

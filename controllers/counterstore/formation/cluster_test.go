@@ -11,15 +11,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
-	"github.com/floodgate-dev/floodgate/controllers/counterstore/internal/nodetest"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 const password = "formation-test-secret"
 
-// testCluster is a set of unformed nodes and the spec that forms them.
+// testCluster is a set of unformed nodes, each on a loopback IP of its own
+// as Pods are, and the spec that forms them.
 type testCluster struct {
 	t     *testing.T
-	nodes []*nodetest.Node
+	rc    *redistest.Cluster
+	nodes []*redistest.Node
 	spec  formation.Spec
 	sess  *formation.Session
 }
@@ -29,32 +31,56 @@ func newTestCluster(t *testing.T, shards, replicas int) *testCluster {
 	c := &testCluster{t: t, spec: formation.Spec{Shards: shards, ReplicasPerShard: replicas}}
 	c.sess = formation.NewSession(formation.Dialer{Password: password})
 	t.Cleanup(func() { _ = c.sess.Close() })
-	c.grow(shards * (1 + replicas))
+	c.rc = redistest.StartCluster(t, redistest.Options{
+		Masters: shards, Replicas: replicas, Unformed: true, IPPerNode: true,
+		Password: password, NodeTimeout: time.Second, PartialCoverage: true,
+	})
+	c.add(c.rc.Nodes())
 	return c
 }
 
 // grow starts n more nodes and appends them as members.
 func (c *testCluster) grow(n int) {
 	c.t.Helper()
-	start := len(c.nodes)
-	added := make([]*nodetest.Node, n)
-	done := make(chan struct{}, n)
-	for i := range n {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			added[i] = nodetest.StartNode(c.t, nodetest.Options{Password: password, NodeTimeout: time.Second})
-		}()
+	added, err := c.rc.AddNodes(n)
+	if err != nil {
+		c.t.Fatal(err)
 	}
-	for range n {
-		<-done
-	}
-	for i, nd := range added {
-		if nd == nil {
-			c.t.FailNow()
-		}
+	c.add(added)
+}
+
+func (c *testCluster) add(nodes []*redistest.Node) {
+	for _, nd := range nodes {
+		c.spec.Members = append(c.spec.Members, formation.Member{Name: "node-" + strconv.Itoa(len(c.nodes)), Addr: nd.Addr()})
 		c.nodes = append(c.nodes, nd)
-		c.spec.Members = append(c.spec.Members, formation.Member{Name: "node-" + strconv.Itoa(start+i), Addr: nd.Addr()})
 	}
+}
+
+// kill kills node i.
+func (c *testCluster) kill(i int) {
+	c.t.Helper()
+	if err := c.rc.Kill(c.nodes[i]); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// reschedule brings killed node i back as its Pod would come back: on a
+// new IP or not, with its cluster identity or as a new node.
+func (c *testCluster) reschedule(i int, newIP, keepID bool) {
+	c.t.Helper()
+	if err := c.rc.Reschedule(c.nodes[i], newIP, keepID); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// myID asks node i for its cluster ID.
+func (c *testCluster) myID(i int) string {
+	c.t.Helper()
+	id, err := c.nodes[i].Client().ClusterMyID(c.t.Context()).Result()
+	if err != nil {
+		c.t.Fatalf("cluster myid on %s: %v", c.nodes[i].Addr(), err)
+	}
+	return id
 }
 
 // refresh copies the nodes' current addresses into the spec, as the store
@@ -108,7 +134,7 @@ func (c *testCluster) converge(timeout time.Duration) formation.Result {
 func (c *testCluster) clusterClient() *redis.ClusterClient {
 	var addrs []string
 	for _, n := range c.nodes {
-		if n.Alive() {
+		if n.Running() {
 			addrs = append(addrs, n.Addr())
 		}
 	}
@@ -163,7 +189,7 @@ func (c *testCluster) checkShape() {
 	masters := map[string]int{} // id -> slots
 	replicas := map[string]int{}
 	for _, n := range c.nodes {
-		if !n.Alive() {
+		if !n.Running() {
 			continue
 		}
 		info, err := n.Client().ClusterInfo(ctx).Result()
@@ -206,7 +232,7 @@ func (c *testCluster) checkShape() {
 func (c *testCluster) masterIndex() int {
 	c.t.Helper()
 	for i, n := range c.nodes {
-		if !n.Alive() {
+		if !n.Running() {
 			continue
 		}
 		raw, err := n.Client().ClusterNodes(c.t.Context()).Result()
@@ -287,10 +313,8 @@ func TestMasterReplacedBeforeFailover(t *testing.T) {
 	// on the same address: peers mark the old ID noaddr and Redis never
 	// fails it over on its own. The formation forces the failover.
 	m := c.masterIndex()
-	c.nodes[m].Kill()
-	if err := c.nodes[m].Restart(false, false); err != nil {
-		t.Fatal(err)
-	}
+	c.kill(m)
+	c.reschedule(m, false, false)
 	start := time.Now()
 	c.converge(40 * time.Second)
 	t.Logf("healed in %v", time.Since(start).Round(time.Millisecond))
@@ -305,7 +329,7 @@ func TestMasterKilledThenReplaced(t *testing.T) {
 	kv := c.writeKeys("killed", 500)
 	waitReplicated(t, c)
 	m := c.masterIndex()
-	c.nodes[m].Kill()
+	c.kill(m)
 
 	// While the node is down, Redis fails over; the pass waits for it and
 	// never touches the shard itself.
@@ -331,9 +355,7 @@ func TestMasterKilledThenReplaced(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := c.nodes[m].Restart(false, false); err != nil {
-		t.Fatal(err)
-	}
+	c.reschedule(m, false, false)
 	c.converge(30 * time.Second)
 	c.checkShape()
 	c.checkKeys(kv)
@@ -343,19 +365,16 @@ func TestRestartAtNewAddressKeepsIdentity(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 3, 1)
 	c.converge(30 * time.Second)
-	ctx := t.Context()
 	for _, i := range []int{c.masterIndex(), 5} {
-		id, err := c.nodes[i].ID(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.nodes[i].Kill()
-		if err := c.nodes[i].Restart(true, true); err != nil {
-			t.Fatal(err)
+		id, addr := c.myID(i), c.nodes[i].Addr()
+		c.kill(i)
+		c.reschedule(i, true, true)
+		if c.nodes[i].Addr() == addr {
+			t.Fatalf("node %d came back at its old address %s", i, addr)
 		}
 		c.refresh()
 		res := c.converge(30 * time.Second)
-		if got, _ := c.nodes[i].ID(ctx); got != id {
+		if got := c.myID(i); got != id {
 			t.Fatalf("node came back as %s, want %s", got, id)
 		}
 		for _, n := range res.Snapshot.Nodes {
@@ -381,10 +400,8 @@ func TestLostShardWithoutReplica(t *testing.T) {
 	view, _ := formation.ParseClusterNodes(raw)
 	self, _ := view.Self()
 	lostSlots := formation.SlotSetOf(self.Slots...)
-	c.nodes[m].Kill()
-	if err := c.nodes[m].Restart(true, false); err != nil {
-		t.Fatal(err)
-	}
+	c.kill(m)
+	c.reschedule(m, true, false)
 	c.refresh()
 	c.converge(30 * time.Second)
 	c.checkShape()
@@ -447,8 +464,8 @@ func TestScaleDownDrainsLeavingNodes(t *testing.T) {
 	}
 	c.checkKeys(kv)
 	// Remove the leaving nodes, as the StatefulSet does when scaled down.
-	c.nodes[6].Kill()
-	c.nodes[7].Kill()
+	c.kill(6)
+	c.kill(7)
 	c.nodes = c.nodes[:6]
 	c.spec.Members = c.spec.Members[:6]
 	res := c.converge(60 * time.Second)
@@ -480,7 +497,7 @@ func TestFinishesInterruptedMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var src, dst *nodetest.Node
+	var src, dst *redistest.Node
 	var srcID, dstID string
 	for _, n := range c.nodes {
 		raw, _ := n.Client().ClusterNodes(ctx).Result()
@@ -569,11 +586,11 @@ func waitReplicated(t *testing.T, c *testCluster) {
 	t.Helper()
 	var clients []*redis.Client
 	for _, n := range c.nodes {
-		if n.Alive() {
+		if n.Running() {
 			clients = append(clients, n.Client())
 		}
 	}
-	if err := nodetest.WaitReplicated(t.Context(), clients, 10*time.Second); err != nil {
+	if err := redistest.WaitReplicated(t.Context(), clients, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -57,7 +57,7 @@ func exportedFamilies(t *testing.T) map[string]family {
 	t.Helper()
 	rec := &recorder{}
 	metrics.NewMetrics(rec)
-	rec.collectors = append(rec.collectors, counterstore.Collectors()...)
+	counterstore.NewMetrics(rec)
 	descRE := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
 	out := map[string]family{}
 	for _, c := range rec.collectors {
