@@ -139,7 +139,7 @@ func BenchmarkDecideRedis(b *testing.B) {
 	c := redistest.StartCluster(b, redistest.Options{Masters: 3})
 	for _, tc := range benchCases {
 		b.Run(tc.name, func(b *testing.B) {
-			st, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Password: c.Password()})
+			st, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Password: c.Password(), BatchWindow: redisstore.DefaultBatchWindow})
 			if err != nil {
 				b.Fatal(err)
 			}

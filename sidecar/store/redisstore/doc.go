@@ -58,12 +58,11 @@
 // or a retryable error on its first command (LOADING, TRYAGAIN,
 // CLUSTERDOWN, ...), and a ClusterClient resends commands and pipelines
 // after timeouts and EOF up to MaxRedirects times. So the scripts do not
-// go through the ClusterClient at all: it only keeps the slot map (MasterForKey,
-// ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly, RouteRandomly
-// or RouteByLatency). Without batching the store sends to each master
-// through its own go-redis node client with MaxRetries -1, DialerRetries 1
-// and context deadlines; with batching, through its own pipelined
-// connection (below), which never writes a command twice.
+// go through go-redis at all: a ClusterClient only keeps the slot map
+// (MasterForKey, ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly,
+// RouteRandomly or RouteByLatency), and the store sends to each master
+// through its own pipelined connection (below), which speaks RESP itself
+// and never writes a command twice.
 //
 // Errors: limiter.ErrUnavailable for anything that leaves the count
 // unknown (the shard is unreachable, timed out, its breaker is open, the
@@ -89,20 +88,21 @@
 //
 // # Micro-batching
 //
-// With Options.BatchWindow above 0, each master gets one pipelined
-// connection that speaks RESP itself: callers queue their decisions; a
-// writer goroutine sends what has queued in one write, and a reader
-// goroutine reads the answers, which come in command order, and hands
-// each to its caller. A connection with no write out sends a decision at
-// once (after one scheduler yield, so that callers already runnable join
-// it): batching adds no latency at low load. Under load, decisions gather
-// while the connection's write is out and leave as soon as it is answered
-// (group commit), or when Options.MaxBatch have queued, or when
-// BatchWindow has passed since the writer started waiting, whichever comes
-// first. The window is a Go timer; it only matters when Redis answers
-// slower than the window (and an idle scheduler fires it up to about a
-// millisecond late). The NOSCRIPT, MOVED and ASK answers are handled per
-// decision as above.
+// Each master gets one pipelined connection: callers queue their
+// decisions; a writer goroutine sends what has queued in one write, and a
+// reader goroutine reads the answers, which come in command order, and
+// hands each to its caller. A connection with no write out sends a
+// decision at once (after one scheduler yield, so that callers already
+// runnable join it): batching adds no latency at low load. Under load,
+// decisions gather while the connection's write is out and leave as soon
+// as it is answered (group commit), or when Options.MaxBatch have queued,
+// or when Options.BatchWindow has passed since the writer started waiting,
+// whichever comes first. The window is a Go timer; it only matters when
+// Redis answers slower than the window (and an idle scheduler fires it up
+// to about a millisecond late). With BatchWindow 0 the writer neither
+// yields nor waits: it writes whatever has queued as soon as it can, so
+// only the decisions that queued during its last write share the next. The
+// NOSCRIPT, MOVED and ASK answers are handled per decision as above.
 //
 // The connection enforces the call deadlines itself, so the hot path
 // creates no context or timer per decision: a decision not answered by its
@@ -111,7 +111,6 @@
 // write error closes the connection and fails every decision on it,
 // written ones as "may have run". None is ever written again.
 //
-// BatchWindow 0 (NoBatching) sends every decision as its own EVALSHA,
-// unpipelined, over a go-redis connection pool (Options.PoolSize): the
-// baseline batching is measured against.
+// bench/cmd/floodgate-storebench measures the store against an unbatched
+// baseline: one EVALSHA per decision over a go-redis connection pool.
 package redisstore

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // outcome classifies a command's result.
@@ -42,19 +40,13 @@ func classify(err error) outcome {
 	if err == nil {
 		return outOK
 	}
-	var msg string
 	var perr replyError
-	var rerr redis.Error
-	switch {
-	case errors.As(err, &perr):
-		msg = string(perr)
-	case errors.As(err, &rerr) && !isTransportError(err):
-		msg = rerr.Error()
-	default:
+	if !errors.As(err, &perr) {
 		// Timeouts, refused or dropped connections, a closed client, a
 		// cancelled context, an unparsable reply: no answer.
 		return outUnavailable
 	}
+	msg := string(perr)
 	code, _, _ := strings.Cut(msg, " ")
 	switch code {
 	case "NOSCRIPT":
@@ -78,12 +70,6 @@ func classify(err error) outcome {
 		}
 	}
 	return outScript
-}
-
-// isTransportError reports errors that go-redis marks as redis.Error but
-// that come from the connection rather than from the server.
-func isTransportError(err error) bool {
-	return errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // redirect parses a MOVED or ASK error into its target address.

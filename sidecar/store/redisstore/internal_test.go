@@ -188,13 +188,12 @@ func TestOptionsValidate(t *testing.T) {
 		BreakerFailures: -1,
 		BreakerCooldown: -1,
 		DialTimeout:     -1,
-		PoolSize:        -1,
 	}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("Validate accepted bad options")
 	}
-	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout", "poolSize"} {
+	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
@@ -206,7 +205,7 @@ func TestOptionsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Timeout != DefaultTimeout || d.BatchWindow != NoBatching || d.MaxBatch != DefaultMaxBatch ||
+	if d.Timeout != DefaultTimeout || d.BatchWindow != 0 || d.MaxBatch != DefaultMaxBatch ||
 		d.BreakerFailures != DefaultBreakerFailures || d.BreakerCooldown != DefaultBreakerCooldown {
 		t.Errorf("defaults = %+v", d)
 	}

@@ -175,10 +175,11 @@ func (c *pconn) failLocked(err error) {
 	}
 }
 
-// writeLoop sends what has queued, one write per batch. After a wake-up it
-// yields once, so that the callers the scheduler has ready queue theirs
-// first; then, while maxInflight writes are unanswered and the batch is not
-// full, it waits for an answer, at most the batch window (group commit).
+// writeLoop sends what has queued, one write per batch. With a batch
+// window, after a wake-up it yields once, so that the callers the
+// scheduler has ready queue theirs first; then, while maxInflight writes
+// are unanswered and the batch is not full, it waits for an answer, at
+// most the window (group commit). Without one it writes at once.
 func (c *pconn) writeLoop() {
 	opts := c.sh.s.opts
 	window, maxBatch := opts.BatchWindow, opts.MaxBatch
@@ -192,9 +193,11 @@ func (c *pconn) writeLoop() {
 			return
 		}
 		for {
-			runtime.Gosched()
+			if window > 0 {
+				runtime.Gosched()
+			}
 			c.mu.Lock()
-			if len(c.queue) < maxBatch && c.inflight >= maxInflight && c.err == nil {
+			if window > 0 && len(c.queue) < maxBatch && c.inflight >= maxInflight && c.err == nil {
 				c.mu.Unlock()
 				if !c.await(timer, window, maxBatch) {
 					return
@@ -359,13 +362,8 @@ func (c *pconn) readLoop() {
 			continue // failed at its deadline; the answer comes too late
 		}
 		if e.asking {
-			// The script's own answer follows and decides.
-			switch {
-			case err != nil:
-				e.o.redirErr = fmt.Errorf("ASKING: %w", err)
-			case res != "OK":
-				e.o.redirErr = fmt.Errorf("ASKING answered %q", res)
-			}
+			// The script's own answer follows and decides: when ASKING
+			// failed, it is a redirect again, which is not followed.
 			continue
 		}
 		c.sh.complete(e.o, vals, res, err)

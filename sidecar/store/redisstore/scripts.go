@@ -27,17 +27,15 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script and its SHA1, the EVALSHA handle. The any
-// fields are the same strings boxed once, for command arguments.
+// script is a Lua script and its SHA1, the EVALSHA handle.
 type script struct {
 	name, src, sha string
-	srcArg, shaArg any
 }
 
 func newScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
-	return &script{name: name, src: src, sha: sha, srcArg: src, shaArg: sha}
+	return &script{name: name, src: src, sha: sha}
 }
 
 // scripts are indexed by limiter.Algorithm.
@@ -60,14 +58,13 @@ func Script(alg limiter.Algorithm) (src, sha string, ok bool) {
 }
 
 // limitArgs is a limit's validated parameters, its script, and the
-// constant part of its ARGV, formatted once: as decimal strings, boxed for
-// go-redis, and as RESP for the pipelined connections, which also get the
-// command's head (EVALSHA or EVAL, the script, the key count) ready.
+// constant part of its ARGV, formatted once: as decimal strings, and as
+// RESP for the pipelined connections, which also get the command's head
+// (EVALSHA or EVAL, the script, the key count) ready.
 type limitArgs struct {
 	p        *limiter.Params
 	sc       *script
 	tail     []string
-	tailArgs []any
 	shaHead  []byte // *<n>, EVALSHA, sha, 1
 	evalHead []byte // *<n>, EVAL, source, 1
 	tailRESP []byte
@@ -83,10 +80,9 @@ func newLimitArgs(p *limiter.Params) *limitArgs {
 	default: // FixedWindow, SlidingLog
 		tail = []int64{p.Capacity, p.PeriodMicros}
 	}
-	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail)), tailArgs: make([]any, len(tail))}
+	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail))}
 	for i, v := range tail {
 		la.tail[i] = strconv.FormatInt(v, 10)
-		la.tailArgs[i] = la.tail[i]
 		la.tailRESP = appendBulk(la.tailRESP, la.tail[i])
 	}
 	// EVALSHA sha numkeys key now n, then the tail.

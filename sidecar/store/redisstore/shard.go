@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
@@ -31,12 +29,6 @@ type op struct {
 	useEval bool
 	asking  bool
 	hops    int
-
-	self [1]*op // o itself, to send it alone without allocating
-
-	// Where a MOVED or ASK answer pointed (go-redis path).
-	redirAddr string
-	redirErr  error
 
 	// Set once, before done is signalled: the script's answer in vals, or
 	// another reply in res, or err.
@@ -65,19 +57,6 @@ func (o *op) finish(vals [4]int64, res any, err error, addr string) {
 
 func (o *op) fail(err error, addr string) { o.finish([4]int64{}, nil, err, addr) }
 
-// args returns o's whole command for go-redis: EVALSHA (or EVAL) script 1
-// key now n, then the limit's constants.
-func (o *op) args(useSha bool) []any {
-	a := make([]any, 0, 6+len(o.la.tailArgs))
-	if useSha {
-		a = append(a, "evalsha", o.la.sc.shaArg)
-	} else {
-		a = append(a, "eval", o.la.sc.srcArg)
-	}
-	a = append(a, "1", o.key, o.now, o.n)
-	return append(a, o.la.tailArgs...)
-}
-
 // decision turns o's answer into a Decision.
 func (o *op) decision(p *limiter.Params) (limiter.Decision, error) {
 	var d limiter.Decision
@@ -93,17 +72,14 @@ func (o *op) decision(p *limiter.Params) (limiter.Decision, error) {
 	return d, nil
 }
 
-// shard is one master: its breaker, and its connections: a go-redis
-// client for unpipelined calls (batching off), or one pipelined
-// connection (batching on).
+// shard is one master: its breaker and its pipelined connection.
 type shard struct {
-	s      *Store
-	addr   string
-	client *redis.Client // batching off
-	br     *breaker
+	s    *Store
+	addr string
+	br   *breaker
 
-	// Batching on: the live pipelined connection, if any, and the dial in
-	// flight, if any.
+	// The live pipelined connection, if any, and the dial in flight, if
+	// any.
 	conn    atomic.Pointer[pconn]
 	dialMu  sync.Mutex
 	dialing *dialCall
@@ -126,19 +102,12 @@ func newShard(s *Store, addr string) *shard {
 			s.reloadTopology()
 		}
 	})
-	if s.opts.BatchWindow == NoBatching {
-		sh.client = redis.NewClient(s.nodeOptions(addr))
-	} else {
-		_, _ = sh.startDial() // ready for the first call
-	}
+	_, _ = sh.startDial() // ready for the first call
 	return sh
 }
 
-// close closes the shard's connections.
+// close closes the shard's connection.
 func (sh *shard) close() error {
-	if sh.client != nil {
-		return sh.client.Close()
-	}
 	sh.dialMu.Lock()
 	sh.closed = true
 	sh.dialMu.Unlock()
@@ -148,8 +117,8 @@ func (sh *shard) close() error {
 	return nil
 }
 
-// do sends o to the shard, pipelined or not, and waits for its answer or
-// ctx's end, whichever comes first.
+// do sends o to the shard and waits for its answer or ctx's end, whichever
+// comes first.
 func (sh *shard) do(ctx context.Context, o *op) error {
 	ok, probe := sh.br.allow()
 	if !ok {
@@ -157,12 +126,7 @@ func (sh *shard) do(ctx context.Context, o *op) error {
 		return unavailable(sh.addr, errors.New("circuit breaker open; failing fast"))
 	}
 	o.probe = probe
-	if sh.client != nil {
-		o.self[0] = o
-		sh.send(o.self[:], deadlineOf(ctx), 0)
-	} else {
-		sh.submit(o)
-	}
+	sh.submit(o)
 	select {
 	case <-o.done:
 		return o.err
@@ -330,189 +294,5 @@ func (sh *shard) complete(o *op, vals [4]int64, res any, err error) {
 		// data is wrong.
 		sh.br.success(o.probe)
 		o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, sh.addr, err), sh.addr)
-	}
-}
-
-// deadlineOf returns ctx's deadline; every op's context has one.
-func deadlineOf(ctx context.Context) time.Time {
-	d, ok := ctx.Deadline()
-	if !ok {
-		return time.Now().Add(DefaultTimeout)
-	}
-	return d
-}
-
-// send runs ops on this shard through go-redis (batching off): EVALSHA for
-// all of them in one round trip (a plain command for a single op), then
-// EVAL once for those the node had no script for, then a bounded number of
-// hops for those the node redirected. Only answers that prove the script
-// did not run (NOSCRIPT, MOVED, ASK) lead to a resend; an op whose outcome
-// is unknown is never sent again. Every op is finished when send returns.
-func (sh *shard) send(ops []*op, deadline time.Time, hops int) {
-	live := ops
-	for i, o := range ops {
-		if o.ctx.Err() != nil {
-			live = dropGone(sh, ops, i)
-			break
-		}
-	}
-	if len(live) == 0 {
-		return
-	}
-	// One op goes under its caller's context. Several serve several
-	// callers: one giving up must not cut the others off.
-	ctx := live[0].ctx
-	if len(live) > 1 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(context.Background(), deadline)
-		defer cancel()
-	}
-
-	var redirected []*op
-	pending := live
-	for _, useSha := range [...]bool{true, false} {
-		cmds := sh.exec(ctx, pending, useSha, false)
-		var noScript []*op
-		for i, o := range pending {
-			err := cmds[i].Err()
-			switch out := classify(err); out {
-			case outNoScript:
-				if useSha {
-					noScript = append(noScript, o)
-					continue
-				}
-				sh.settle(o, cmds[i], err, out)
-			case outMoved, outAsk:
-				sh.br.success(o.probe) // the node answered
-				o.probe = false
-				o.redirAddr, _ = redirect(err)
-				o.asking = out == outAsk
-				o.redirErr = err
-				redirected = append(redirected, o)
-			default:
-				sh.settle(o, cmds[i], err, out)
-			}
-		}
-		if len(noScript) == 0 {
-			break
-		}
-		pending = noScript
-	}
-	if len(redirected) > 0 {
-		sh.redirect(redirected, deadline, hops)
-	}
-}
-
-// dropGone finishes the ops, from the first-th on, whose callers have
-// gone before they were sent, and returns the others.
-func dropGone(sh *shard, ops []*op, first int) []*op {
-	live := make([]*op, first, len(ops))
-	copy(live, ops[:first])
-	for _, o := range ops[first:] {
-		if err := o.ctx.Err(); err != nil {
-			sh.br.release(o.probe)
-			o.fail(unavailable(sh.addr, fmt.Errorf("not sent: %w", err)), sh.addr)
-			continue
-		}
-		live = append(live, o)
-	}
-	return live
-}
-
-// settle finishes o with its go-redis command's final outcome and records
-// it with the breaker.
-func (sh *shard) settle(o *op, cmd *redis.Cmd, err error, out outcome) {
-	switch out {
-	case outOK:
-		sh.br.success(o.probe)
-		o.finish([4]int64{}, cmd.Val(), nil, sh.addr)
-	case outUnavailable:
-		sh.br.failure(o.probe, 1)
-		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %w", o.la.sc.name, err)), sh.addr)
-	case outMoved, outAsk:
-		// A second redirect: the slot is moving. Nothing ran.
-		sh.br.success(o.probe)
-		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: slot in migration: %w", o.la.sc.name, err)), sh.addr)
-	default:
-		// The node answered with an error: it is up, the script or the
-		// data is wrong (or a redirect came where none may).
-		sh.br.success(o.probe)
-		o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, sh.addr, err), sh.addr)
-	}
-}
-
-// exec runs one command per op on the node, in one round trip. useSha
-// picks EVALSHA or EVAL; asking prefixes each with ASKING. A single op
-// without ASKING goes as a plain command, not a pipeline.
-func (sh *shard) exec(ctx context.Context, ops []*op, useSha, asking bool) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(ops))
-	for i, o := range ops {
-		cmds[i] = redis.NewCmd(ctx, o.args(useSha)...)
-	}
-	if len(ops) == 1 && !asking {
-		_ = sh.client.Process(ctx, cmds[0]) // the error is on the command
-		return cmds
-	}
-	pipe := sh.client.Pipeline()
-	for _, c := range cmds {
-		if asking {
-			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
-		}
-		_ = pipe.Process(ctx, c)
-	}
-	_, _ = pipe.Exec(ctx) // the errors are on the commands
-	return cmds
-}
-
-// redirect sends ops that a node answered MOVED or ASK for to the node the
-// answer names (go-redis path). None of them has run.
-func (sh *shard) redirect(ops []*op, deadline time.Time, hops int) {
-	sh.s.reloadTopology()
-	type target struct {
-		addr   string
-		asking bool
-	}
-	groups := map[target][]*op{}
-	for _, o := range ops {
-		if hops >= maxRedirects || o.redirAddr == "" || sh.s.opts.Single {
-			o.fail(unavailable(sh.addr, fmt.Errorf("%s script: redirect not followed after %d hops: %w", o.la.sc.name, hops, o.redirErr)), sh.addr)
-			continue
-		}
-		k := target{o.redirAddr, o.asking}
-		groups[k] = append(groups[k], o)
-	}
-	for k, group := range groups {
-		t := sh.s.shard(k.addr)
-		admitted := make([]*op, 0, len(group))
-		for _, o := range group {
-			ok, probe := t.br.allow()
-			if !ok {
-				o.fail(unavailable(t.addr, errors.New("circuit breaker open; failing fast")), t.addr)
-				continue
-			}
-			o.probe = probe
-			admitted = append(admitted, o)
-		}
-		if len(admitted) == 0 {
-			continue
-		}
-		if k.asking {
-			t.sendAsking(admitted, deadline)
-		} else {
-			t.send(admitted, deadline, hops+1)
-		}
-	}
-}
-
-// sendAsking runs ops on a node that is importing their slot: ASKING then
-// EVAL, so that a node without the script cached needs no second trip.
-// Another redirect here is not followed.
-func (sh *shard) sendAsking(ops []*op, deadline time.Time) {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	cmds := sh.exec(ctx, ops, false, true)
-	for i, o := range ops {
-		err := cmds[i].Err()
-		sh.settle(o, cmds[i], err, classify(err))
 	}
 }

@@ -108,34 +108,6 @@ func cloneTLS(c *tls.Config) *tls.Config {
 	return c.Clone()
 }
 
-// nodeOptions are the options of a node client: no retries of any kind,
-// deadlines from the call's context, RESP2.
-func (s *Store) nodeOptions(addr string) *redis.Options {
-	o := s.opts
-	return &redis.Options{
-		Addr:                addr,
-		CredentialsProvider: o.Credentials,
-		TLSConfig:           cloneTLS(o.TLS),
-		Protocol:            2,
-		// -1: never resend a command. A script that timed out may have
-		// run; sending it again could charge twice.
-		MaxRetries:              -1,
-		DialTimeout:             o.DialTimeout,
-		DialerRetries:           1,
-		ReadTimeout:             o.Timeout,
-		WriteTimeout:            o.Timeout,
-		ContextTimeoutEnabled:   true,
-		PoolSize:                o.PoolSize,
-		MinIdleConns:            1, // dialled in the background, ready for the first call
-		PipelineReadBufferSize:  32 << 10,
-		PipelineWriteBufferSize: 32 << 10,
-		DisableIdentity:         true,
-		MaintNotificationsConfig: &maintnotifications.Config{
-			Mode: maintnotifications.ModeDisabled,
-		},
-	}
-}
-
 // Close closes every connection. Decisions after Close fail with
 // limiter.ErrUnavailable.
 func (s *Store) Close() error {
@@ -176,7 +148,7 @@ func (s *Store) Shards() []ShardState {
 	return out
 }
 
-// PipelineStats counts the pipelined writes of a store with batching on.
+// PipelineStats counts the pipelined writes of a store.
 type PipelineStats struct {
 	// Writes is how many pipelined writes went out.
 	Writes int64
@@ -185,8 +157,7 @@ type PipelineStats struct {
 	Decisions int64
 }
 
-// PipelineStats returns the pipelined writes so far, over every shard. It
-// is all zero with batching off.
+// PipelineStats returns the pipelined writes so far, over every shard.
 func (s *Store) PipelineStats() PipelineStats {
 	var st PipelineStats
 	for _, sh := range *s.shards.Load() {
@@ -362,14 +333,8 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if s.opts.BatchWindow == NoBatching {
-		// go-redis takes the deadline from the context.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	// With batching, the pipelined connection finishes every op by its
-	// deadline (see pconn), so the hot path needs no timer of its own.
+	// The pipelined connection finishes every op by its deadline (see
+	// pconn), so the hot path needs no timer of its own.
 	key := counterKey(req.Key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {

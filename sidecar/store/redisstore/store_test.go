@@ -28,18 +28,15 @@ func uniqueKey(t testing.TB) string {
 
 // TestEightClientsExactCounts has eight stores, like eight sidecars, spend
 // one key at once with mixed costs: what they were granted plus what
-// remains is exactly the capacity, for every algorithm, batched or not, on
-// Redis's own clock.
+// remains is exactly the capacity, for every algorithm, with a batch window
+// or without, on Redis's own clock.
 func TestEightClientsExactCounts(t *testing.T) {
 	t.Parallel()
-	for _, batching := range []bool{true, false} {
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
 		for _, alg := range allAlgorithms {
-			t.Run(fmt.Sprintf("%v/batching=%v", alg, batching), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/window=%v", alg, window), func(t *testing.T) {
 				t.Parallel()
-				opts := redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}
-				if !batching {
-					opts.BatchWindow = redisstore.NoBatching
-				}
+				opts := redisstore.Options{BatchWindow: window, Timeout: suiteTimeout}
 				const clients, perClient, capacity = 8, 60, 200
 				stores := make([]*redisstore.Store, clients)
 				for i := range stores {
@@ -185,7 +182,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 	ctx := t.Context()
 	stores := []*redisstore.Store{
 		newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}),
-		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: redisstore.NoBatching}),
+		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: 0}),
 	}
 	stop := make(chan struct{})
 	var calls, failures atomic.Int64
@@ -436,12 +433,12 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// TestPipelineStats: with batching, every decision leaves in a counted
-// pipelined write; without, none does.
+// TestPipelineStats: every decision leaves in a counted pipelined write,
+// with a batch window or without.
 func TestPipelineStats(t *testing.T) {
 	t.Parallel()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Period: time.Hour}
-	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, redisstore.NoBatching} {
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
 		s := newStore(t, cluster, redisstore.Options{BatchWindow: window, Timeout: suiteTimeout})
 		const takes = 64
 		var wg sync.WaitGroup
@@ -454,16 +451,10 @@ func TestPipelineStats(t *testing.T) {
 		}
 		wg.Wait()
 		st := s.PipelineStats()
-		if window == redisstore.NoBatching {
-			if st != (redisstore.PipelineStats{}) {
-				t.Errorf("no batching: %+v, want no pipelined writes", st)
-			}
-			continue
-		}
 		if st.Decisions < takes || st.Writes < 1 || st.Writes > st.Decisions {
-			t.Errorf("batched: %+v after %d decisions", st, takes)
+			t.Errorf("window %v: %+v after %d decisions", window, st, takes)
 		}
-		t.Logf("batched: %d decisions in %d writes", st.Decisions, st.Writes)
+		t.Logf("window %v: %d decisions in %d writes", window, st.Decisions, st.Writes)
 	}
 }
 
@@ -472,7 +463,7 @@ func TestPipelineStats(t *testing.T) {
 // as a string keeps failing once its connections are gone.
 func TestRotatedPasswordWithoutRestart(t *testing.T) {
 	t.Parallel()
-	for _, window := range []time.Duration{redisstore.NoBatching, redisstore.DefaultBatchWindow} {
+	for _, window := range []time.Duration{0, redisstore.DefaultBatchWindow} {
 		t.Run(fmt.Sprintf("window=%v", window), func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
