@@ -1,11 +1,14 @@
 package redisstore
 
 import (
+	"bufio"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
 func TestKeyTag(t *testing.T) {
@@ -87,28 +90,6 @@ func TestParseReply(t *testing.T) {
 		}
 	}
 }
-
-func TestRedirect(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		msg, addr string
-		ok        bool
-	}{
-		{"MOVED 3999 127.0.0.1:6381", "127.0.0.1:6381", true},
-		{"ASK 3999 10.0.0.2:7000", "10.0.0.2:7000", true},
-		{"MOVED x 127.0.0.1:6381", "", false},
-		{"ERR MOVED 1 a:1", "", false},
-	} {
-		addr, ok := redirect(errString(tc.msg))
-		if addr != tc.addr || ok != tc.ok {
-			t.Errorf("redirect(%q) = %q, %v; want %q, %v", tc.msg, addr, ok, tc.addr, tc.ok)
-		}
-	}
-}
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
 
 // fakeClock is a settable clock for the breaker's cooldown.
 type fakeClock struct{ t time.Time }
@@ -228,4 +209,44 @@ func TestScriptsEmbedded(t *testing.T) {
 	if _, _, ok := Script(0); ok {
 		t.Error("Script(0) ok")
 	}
+}
+
+// TestAppendCommand writes EVALSHA, and EVAL after NOSCRIPT, as commands
+// that a RESP reader reads back as the intended arguments.
+func TestAppendCommand(t *testing.T) {
+	t.Parallel()
+	p, err := limiter.NewParams(limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la := newLimitArgs(p)
+	o := &op{la: la, key: "fg:{k}:gcra:2", now: "", n: 3}
+	b := o.AppendCommand(nil)
+	o.useEval, o.now = true, "1700000000000000"
+	b = o.AppendCommand(b)
+	r := bufio.NewReader(strings.NewReader(string(b)))
+	want := [][]any{
+		append([]any{"EVALSHA", la.sc.sha, "1", "fg:{k}:gcra:2", "", "3"}, toAny(la.tail)...),
+		append([]any{"EVAL", la.sc.src, "1", "fg:{k}:gcra:2", "1700000000000000", "3"}, toAny(la.tail)...),
+	}
+	for i, w := range want {
+		v, err := resp.ReadValue(r)
+		if err != nil {
+			t.Fatalf("command %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(v, w) {
+			t.Errorf("command %d = %q, want %q", i, v, w)
+		}
+	}
+	if r.Buffered() != 0 {
+		t.Errorf("%d bytes left over", r.Buffered())
+	}
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

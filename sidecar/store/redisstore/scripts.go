@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
 // The Lua scripts, one per algorithm. Each one's header lists its KEYS,
@@ -83,33 +84,13 @@ func newLimitArgs(p *limiter.Params) *limitArgs {
 	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail))}
 	for i, v := range tail {
 		la.tail[i] = strconv.FormatInt(v, 10)
-		la.tailRESP = appendBulk(la.tailRESP, la.tail[i])
+		la.tailRESP = resp.AppendBulk(la.tailRESP, la.tail[i])
 	}
 	// EVALSHA sha numkeys key now n, then the tail.
 	argc := 6 + len(tail)
-	la.shaHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVALSHA"), la.sc.sha), "1")
-	la.evalHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVAL"), la.sc.src), "1")
+	la.shaHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVALSHA"), la.sc.sha), "1")
+	la.evalHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVAL"), la.sc.src), "1")
 	return la
-}
-
-// askingCmd is ASKING in RESP.
-var askingCmd = appendBulk(arrayHeader(1), "ASKING")
-
-// appendCommand appends o's command in RESP: ASKING first when it follows
-// an ASK redirect, then EVALSHA, or EVAL after a NOSCRIPT answer.
-func (o *op) appendCommand(b []byte) []byte {
-	if o.asking {
-		b = append(b, askingCmd...)
-	}
-	if o.useEval {
-		b = append(b, o.la.evalHead...)
-	} else {
-		b = append(b, o.la.shaHead...)
-	}
-	b = appendBulk(b, o.key)
-	b = appendBulk(b, o.now)
-	b = appendBulkInt(b, o.n)
-	return append(b, o.la.tailRESP...)
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at
@@ -131,7 +112,7 @@ func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
 func parseReply(res any, p *limiter.Params) (limiter.Decision, error) {
 	arr, ok := res.([]any)
 	if !ok {
-		if re, isErr := res.(replyError); isErr {
+		if re, isErr := res.(resp.Error); isErr {
 			return limiter.Decision{}, fmt.Errorf("reply is an error, %q, want an array of 4 integers", string(re))
 		}
 		return limiter.Decision{}, fmt.Errorf("reply is %T (%v), want an array of 4 integers", res, res)

@@ -8,71 +8,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/pipe"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
-// op is one decision on its way to a shard. An op is reused (opPool) only
-// when its caller got its answer, after which nothing refers to it but,
-// possibly, timed-out entries of a pipelined connection, which never look
-// at it again.
-type op struct {
-	ctx      context.Context
-	deadline time.Time // the call's: the op is finished by then
-	la       *limitArgs
-	key      string
-	now      string // µs, or "" for Redis TIME
-	n        int64
-	probe    bool // the half-open probe of the breaker it was admitted by
+var _ pipe.Handler = (*shard)(nil)
 
-	// On a pipelined connection: EVALSHA until a NOSCRIPT answer, then
-	// EVAL; asking sends ASKING first; hops counts redirects followed.
-	useEval bool
-	asking  bool
-	hops    int
-
-	// Set once, before done is signalled: the script's answer in vals, or
-	// another reply in res, or err.
-	vals [4]int64
-	res  any
-	err  error
-	addr string        // the shard that answered, for error messages
-	done chan struct{} // capacity 1: finish sends once
-}
-
-var opPool = sync.Pool{New: func() any { return &op{done: make(chan struct{}, 1)} }}
-
-func getOp() *op { return opPool.Get().(*op) }
-
-// putOp recycles o, whose caller has received its answer.
-func putOp(o *op) {
-	done := o.done
-	*o = op{done: done}
-	opPool.Put(o)
-}
-
-func (o *op) finish(vals [4]int64, res any, err error, addr string) {
-	o.vals, o.res, o.err, o.addr = vals, res, err, addr
-	o.done <- struct{}{}
-}
-
-func (o *op) fail(err error, addr string) { o.finish([4]int64{}, nil, err, addr) }
-
-// decision turns o's answer into a Decision.
-func (o *op) decision(p *limiter.Params) (limiter.Decision, error) {
-	var d limiter.Decision
-	var err error
-	if o.res != nil {
-		d, err = parseReply(o.res, p)
-	} else {
-		d, err = checkReply(o.vals, p)
-	}
-	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, o.addr, err)
-	}
-	return d, nil
-}
-
-// shard is one master: its breaker and its pipelined connection.
+// shard is one master: its breaker and its pipelined connection. It is the
+// connection's pipe.Handler: it decides what each answer is worth.
 type shard struct {
 	s    *Store
 	addr string
@@ -80,18 +23,18 @@ type shard struct {
 
 	// The live pipelined connection, if any, and the dial in flight, if
 	// any.
-	conn    atomic.Pointer[pconn]
+	conn    atomic.Pointer[pipe.Conn]
 	dialMu  sync.Mutex
 	dialing *dialCall
 	closed  bool // under dialMu
 
-	writes, ops atomic.Int64 // pipelined writes, and the ops they carried
+	stats pipe.Stats
 }
 
 // dialCall is one connection attempt that callers wait for.
 type dialCall struct {
 	done chan struct{}
-	c    *pconn
+	c    *pipe.Conn
 	err  error
 }
 
@@ -112,7 +55,7 @@ func (sh *shard) close() error {
 	sh.closed = true
 	sh.dialMu.Unlock()
 	if c := sh.conn.Load(); c != nil {
-		c.fail(errors.New("store closed"))
+		c.Close(errors.New("store closed"))
 	}
 	return nil
 }
@@ -150,7 +93,7 @@ func (sh *shard) submit(o *op) {
 				return
 			}
 		}
-		if c.enqueue(o) {
+		if c.Enqueue(o) {
 			return
 		}
 		// The connection failed between the load and the enqueue; o was
@@ -163,7 +106,7 @@ func (sh *shard) submit(o *op) {
 // run (NOSCRIPT, MOVED, ASK). It never blocks: it runs on a connection's
 // reader.
 func (sh *shard) resubmit(o *op) {
-	if c := sh.conn.Load(); c != nil && c.enqueue(o) {
+	if c := sh.conn.Load(); c != nil && c.Enqueue(o) {
 		return
 	}
 	go sh.submit(o)
@@ -171,7 +114,7 @@ func (sh *shard) resubmit(o *op) {
 
 // connect returns the live connection, or waits for a dial (starting one
 // if none is in flight) until ctx ends or the deadline passes.
-func (sh *shard) connect(ctx context.Context, deadline time.Time) (*pconn, error) {
+func (sh *shard) connect(ctx context.Context, deadline time.Time) (*pipe.Conn, error) {
 	d, err := sh.startDial()
 	if err != nil {
 		return nil, err
@@ -216,10 +159,16 @@ func (sh *shard) startDial() (*dialCall, error) {
 	d := &dialCall{done: make(chan struct{})}
 	sh.dialing = d
 	go func() {
-		c, err := dialPipe(sh)
+		o := sh.s.opts
+		c, err := pipe.Dial(pipe.Config{
+			Addr: sh.addr, TLS: o.TLS, Credentials: o.Credentials,
+			DialTimeout: o.DialTimeout, WriteTimeout: o.Timeout,
+			BatchWindow: o.BatchWindow, MaxBatch: o.MaxBatch,
+			Handler: sh, Stats: &sh.stats,
+		})
 		sh.dialMu.Lock()
 		if err == nil && sh.closed {
-			c.fail(errors.New("store closed"))
+			c.Close(errors.New("store closed"))
 			err = errors.New("store is closed")
 		}
 		if err == nil {
@@ -233,66 +182,90 @@ func (sh *shard) startDial() (*dialCall, error) {
 	return d, nil
 }
 
-// dropConn forgets c, a failed connection, so that the next call dials.
-func (sh *shard) dropConn(c *pconn) { sh.conn.CompareAndSwap(c, nil) }
+// Closed implements pipe.Handler: it forgets c, a failed connection, so
+// that the next call dials.
+func (sh *shard) Closed(c *pipe.Conn) { sh.conn.CompareAndSwap(c, nil) }
 
-// complete handles the answer to o on a pipelined connection: NOSCRIPT is
-// sent again as EVAL, MOVED and ASK to the node named (a bounded number of
-// hops), and anything else is o's outcome. It runs on the connection's
-// reader and never blocks.
-func (sh *shard) complete(o *op, vals [4]int64, res any, err error) {
-	out := classify(err)
-	switch out {
-	case outNoScript:
-		if !o.useEval {
-			// The script did not run: send it once more with its source,
-			// which also caches it again.
-			o.useEval = true
-			sh.resubmit(o)
-			return
-		}
-	case outMoved, outAsk:
-		sh.br.success(o.probe) // the node answered
-		o.probe = false
-		addr, _ := redirect(err)
-		if o.asking || o.hops >= maxRedirects || addr == "" || sh.s.opts.Single {
-			// A second redirect, or too many: the slot is moving.
-			// Nothing ran.
-			msg := "slot in migration"
-			if !o.asking {
-				msg = fmt.Sprintf("redirect not followed after %d hops", o.hops)
-			}
-			o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %s: %w", o.la.sc.name, msg, err)), sh.addr)
-			return
-		}
-		sh.s.reloadTopology()
-		o.hops++
-		t := sh.s.shard(addr)
-		ok, probe := t.br.allow()
-		if !ok {
-			o.fail(unavailable(t.addr, errors.New("circuit breaker open; failing fast")), t.addr)
-			return
-		}
-		o.probe = probe
-		if out == outAsk {
-			// ASKING then EVAL, so that a node without the script
-			// cached needs no second trip.
-			o.asking, o.useEval = true, true
-		}
-		t.resubmit(o)
-		return
+// Failed implements pipe.Handler: a call that got no answer leaves the
+// count unknown. One the node never saw tells the breaker nothing.
+func (sh *shard) Failed(c pipe.Call, f pipe.Failure, err error) {
+	o := c.(*op)
+	if f == pipe.Unsent {
+		sh.br.release(o.probe)
+	} else {
+		sh.br.failure(o.probe, 1)
 	}
-	switch out {
-	case outOK:
+	if f == pipe.Unanswered {
+		err = fmt.Errorf("%s script: %w", o.la.sc.name, err)
+	}
+	o.fail(unavailable(sh.addr, err), sh.addr)
+}
+
+// Answered implements pipe.Handler: NOSCRIPT is sent again as EVAL, MOVED
+// and ASK to the node named (a bounded number of hops), and anything else
+// is the op's outcome. It runs on the connection's reader and never
+// blocks.
+func (sh *shard) Answered(c pipe.Call, vals [4]int64, res any, err error) {
+	o := c.(*op)
+	switch out := resp.Classify(err); out {
+	case resp.Done:
 		sh.br.success(o.probe)
 		o.finish(vals, res, nil, sh.addr)
-	case outUnavailable:
+	case resp.NoScript:
+		if o.useEval {
+			sh.failScript(o, err) // EVAL carries its script: NOSCRIPT makes no sense
+			return
+		}
+		// The script did not run: send it once more with its source,
+		// which also caches it again. The breaker learns from that answer.
+		o.useEval = true
+		sh.resubmit(o)
+	case resp.Moved, resp.Ask:
+		sh.br.success(o.probe) // the node answered
+		o.probe = false
+		sh.redirect(o, out == resp.Ask, err)
+	case resp.Unavailable:
 		sh.br.failure(o.probe, 1)
 		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %w", o.la.sc.name, err)), sh.addr)
 	default:
-		// The node answered with an error: it is up, the script or the
-		// data is wrong.
-		sh.br.success(o.probe)
-		o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, sh.addr, err), sh.addr)
+		sh.failScript(o, err)
 	}
+}
+
+// failScript fails o with an error the node answered: it is up, the
+// script or the data is wrong.
+func (sh *shard) failScript(o *op, err error) {
+	sh.br.success(o.probe)
+	o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, sh.addr, err), sh.addr)
+}
+
+// redirect sends o, which the shard answered with MOVED or ASK (the
+// script did not run), to the node the answer names, unless it has
+// followed a redirect too many or cannot follow this one: then the slot is
+// moving, and o fails as unavailable.
+func (sh *shard) redirect(o *op, ask bool, err error) {
+	addr, ok := resp.Redirect(err, sh.addr)
+	if o.asking || o.hops >= maxRedirects || !ok || sh.s.opts.Single {
+		msg := "slot in migration"
+		if !o.asking {
+			msg = fmt.Sprintf("redirect not followed after %d hops", o.hops)
+		}
+		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %s: %w", o.la.sc.name, msg, err)), sh.addr)
+		return
+	}
+	sh.s.reloadTopology()
+	o.hops++
+	t := sh.s.shard(addr)
+	okt, probe := t.br.allow()
+	if !okt {
+		o.fail(unavailable(t.addr, errors.New("circuit breaker open; failing fast")), t.addr)
+		return
+	}
+	o.probe = probe
+	if ask {
+		// ASKING then EVAL, so that a node without the script cached
+		// needs no second trip.
+		o.asking, o.useEval = true, true
+	}
+	t.resubmit(o)
 }

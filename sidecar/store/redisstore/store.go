@@ -161,8 +161,8 @@ type PipelineStats struct {
 func (s *Store) PipelineStats() PipelineStats {
 	var st PipelineStats
 	for _, sh := range *s.shards.Load() {
-		st.Writes += sh.writes.Load()
-		st.Decisions += sh.ops.Load()
+		st.Writes += sh.stats.Writes.Load()
+		st.Decisions += sh.stats.Calls.Load()
 	}
 	return st
 }
@@ -334,7 +334,7 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 		deadline = d
 	}
 	// The pipelined connection finishes every op by its deadline (see
-	// pconn), so the hot path needs no timer of its own.
+	// package pipe), so the hot path needs no timer of its own.
 	key := counterKey(req.Key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {

@@ -330,7 +330,20 @@ func TestTTL(t *testing.T) {
 // across both.
 func TestMovedAndAsk(t *testing.T) {
 	t.Parallel()
-	c := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	testMovedAndAsk(t, redistest.StartCluster(t, redistest.Options{Masters: 3}))
+}
+
+// TestMovedAndAskIPv6 is TestMovedAndAsk on a cluster whose nodes announce
+// themselves on ::1: its redirects read "ASK 3999 ::1:7001", without
+// brackets, and the store must still find the node.
+func TestMovedAndAskIPv6(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, redistest.Options{Masters: 3,
+		ExtraArgs: []string{"--bind", "127.0.0.1", "::1", "--cluster-announce-ip", "::1"}})
+	testMovedAndAsk(t, c)
+}
+
+func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	ctx := t.Context()
 	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
 	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
@@ -395,6 +408,27 @@ func TestMovedAndAsk(t *testing.T) {
 		t.Logf("the mover's slot map was already reloaded: no MOVED (%d before, %d after)", movedBefore, got)
 	}
 	take(asker, 5)
+	// The redirects went to the destination under the address the slot
+	// map gives it ([::1]:port on the IPv6 cluster), not to a shard of
+	// another spelling.
+	cc := c.NewClient()
+	defer func() { _ = cc.Close() }()
+	owner, err := cc.MasterForKey(ctx, redisstore.CounterKey(key, limiter.TokenBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := owner.Options().Addr
+	for _, s := range []*redisstore.Store{asker, mover} {
+		var addrs []string
+		found := false
+		for _, sh := range s.Shards() {
+			addrs = append(addrs, sh.Addr)
+			found = found || sh.Addr == want
+		}
+		if !found {
+			t.Errorf("shards %v, want %s among them", addrs, want)
+		}
+	}
 }
 
 // errorStat returns the count of error replies with the given prefix that
