@@ -169,12 +169,13 @@ func TestOptionsValidate(t *testing.T) {
 		BreakerFailures: -1,
 		BreakerCooldown: -1,
 		DialTimeout:     -1,
+		ClientName:      "has a space",
 	}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("Validate accepted bad options")
 	}
-	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout"} {
+	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout", "clientName"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
@@ -192,6 +193,14 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if d, _ := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: DefaultBatchWindow}).withDefaults(); d.BatchWindow != DefaultBatchWindow {
 		t.Errorf("BatchWindow %v became %v", DefaultBatchWindow, d.BatchWindow)
+	}
+	for _, name := range []string{"tab\there", "naïve", strings.Repeat("n", 257)} {
+		if err := (Options{Addrs: []string{"127.0.0.1:1"}, ClientName: name}).Validate(); err == nil || !strings.Contains(err.Error(), "clientName") {
+			t.Errorf("client name %q: %v, want a clientName error", name, err)
+		}
+	}
+	if d.ClientName != DefaultClientName() || !strings.HasPrefix(d.ClientName, "floodgate-sidecar") {
+		t.Errorf("default client name %q, want DefaultClientName() = %q", d.ClientName, DefaultClientName())
 	}
 	if err := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: -time.Microsecond}).Validate(); err == nil || !strings.Contains(err.Error(), "batchWindow") {
 		t.Errorf("negative batch window: %v, want a batchWindow error", err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -82,7 +84,36 @@ type Options struct {
 	// DialTimeout bounds background connection attempts. 0 means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
+	// ClientName names every connection of the store (CLIENT SETNAME), so
+	// that CLIENT LIST on a node tells whose connections they are. Empty
+	// means DefaultClientName(). Redis takes printable ASCII without
+	// spaces. A node that refuses to set the name (an ACL user without
+	// CLIENT SETNAME) is used all the same.
+	ClientName string
 }
+
+// DefaultClientName returns "floodgate-sidecar:" and the host name, which
+// in Kubernetes is the pod's name, with any byte Redis does not take in a
+// name replaced by '-'.
+func DefaultClientName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "floodgate-sidecar"
+	}
+	b := []byte("floodgate-sidecar:" + host)
+	for i, c := range b {
+		if !nameByte(c) {
+			b[i] = '-'
+		}
+	}
+	return string(b[:min(len(b), maxClientName)])
+}
+
+// maxClientName bounds Options.ClientName.
+const maxClientName = 256
+
+// nameByte reports whether Redis takes c in a client name.
+func nameByte(c byte) bool { return c > ' ' && c <= '~' }
 
 // withDefaults returns o with defaults filled in, or every problem with it.
 func (o Options) withDefaults() (Options, error) {
@@ -100,6 +131,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DialTimeout == 0 {
 		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.ClientName == "" {
+		o.ClientName = DefaultClientName()
 	}
 	if o.Credentials == nil {
 		user, pw := o.Username, o.Password
@@ -141,6 +175,9 @@ func (o Options) Validate() error {
 	}
 	if o.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dialTimeout: must not be negative, got %v", o.DialTimeout))
+	}
+	if len(o.ClientName) > maxClientName || strings.IndexFunc(o.ClientName, func(r rune) bool { return r > 0x7f || !nameByte(byte(r)) }) >= 0 {
+		errs = append(errs, fmt.Errorf("clientName: must be at most %d bytes of printable ASCII without spaces, got %q", maxClientName, o.ClientName))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redisstore: invalid options: %w", err)

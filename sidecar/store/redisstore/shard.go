@@ -161,7 +161,7 @@ func (sh *shard) startDial() (*dialCall, error) {
 	go func() {
 		o := sh.s.opts
 		c, err := pipe.Dial(pipe.Config{
-			Addr: sh.addr, TLS: o.TLS, Credentials: o.Credentials,
+			Addr: sh.addr, TLS: o.TLS, Credentials: o.Credentials, ClientName: o.ClientName,
 			DialTimeout: o.DialTimeout, WriteTimeout: o.Timeout,
 			BatchWindow: o.BatchWindow, MaxBatch: o.MaxBatch,
 			Handler: sh, Stats: &sh.stats,

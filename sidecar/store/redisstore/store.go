@@ -80,17 +80,24 @@ func New(opts Options) (*Store, error) {
 			TLSConfig:           cloneTLS(o.TLS),
 			Protocol:            2,
 			// The cluster client only loads the slot map (CLUSTER
-			// SLOTS); the scripts go through the store's own node
-			// clients. Still, nothing in it may retry.
-			MaxRedirects:               -1,
-			MaxRetries:                 -1,
-			DialTimeout:                o.DialTimeout,
-			DialerRetries:              1,
-			ReadTimeout:                time.Second,
-			WriteTimeout:               time.Second,
-			ContextTimeoutEnabled:      true,
-			PoolSize:                   2,
-			DisableIdentity:            true,
+			// SLOTS); the scripts go through the store's own pipelined
+			// connections. Still, nothing in it may retry.
+			MaxRedirects:          -1,
+			MaxRetries:            -1,
+			DialTimeout:           o.DialTimeout,
+			DialerRetries:         1,
+			ReadTimeout:           time.Second,
+			WriteTimeout:          time.Second,
+			ContextTimeoutEnabled: true,
+			PoolSize:              2,
+			DisableIdentity:       true,
+			// The name is a courtesy to whoever reads CLIENT LIST: a
+			// node that refuses it (ACLs) still serves the slot map,
+			// where go-redis's own ClientName would fail the connection.
+			OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+				_ = cn.ClientSetName(ctx, o.ClientName).Err()
+				return nil
+			},
 			ClusterStateReloadInterval: 5 * time.Second,
 			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})

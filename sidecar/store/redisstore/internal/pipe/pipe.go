@@ -11,8 +11,9 @@
 // written and not yet answered, likewise, and those it has not written as
 // not sent.
 //
-// The package knows the Redis handshake (AUTH) and ASKING, and nothing of
-// what the calls mean: the Handler decides what an answer is worth.
+// The package knows the Redis handshake (AUTH, CLIENT SETNAME) and ASKING,
+// and nothing of what the calls mean: the Handler decides what an answer
+// is worth.
 package pipe
 
 import (
@@ -105,6 +106,9 @@ type Config struct {
 	// Credentials returns the AUTH user and password; no AUTH when the
 	// password is empty. Called once per connection.
 	Credentials func() (username, password string)
+	// ClientName, when set, names the connection (CLIENT SETNAME). A node
+	// that answers the name with an error is used all the same.
+	ClientName string
 	// DialTimeout bounds connecting and the handshake.
 	DialTimeout time.Duration
 	// WriteTimeout bounds each write.
@@ -195,44 +199,69 @@ func Dial(cfg Config) (*Conn, error) {
 	return c, nil
 }
 
-// handshake authenticates on nc, within ctx's deadline.
+// handshake authenticates on nc and names the connection, in one round
+// trip, within ctx's deadline.
 func handshake(ctx context.Context, nc net.Conn, cfg Config) error {
 	var user, password string
 	if cfg.Credentials != nil {
 		user, password = cfg.Credentials()
 	}
-	if password == "" {
+	var b []byte
+	switch {
+	case password == "":
+	case user != "":
+		b = append(b, resp.Command("AUTH", user, password)...)
+	default:
+		b = append(b, resp.Command("AUTH", password)...)
+	}
+	auth := len(b) > 0
+	if cfg.ClientName != "" {
+		b = append(b, resp.Command("CLIENT", "SETNAME", cfg.ClientName)...)
+	}
+	if len(b) == 0 {
 		return nil
 	}
 	dl, _ := ctx.Deadline()
 	_ = nc.SetDeadline(dl)
-	var b []byte
-	if user != "" {
-		b = resp.Command("AUTH", user, password)
-	} else {
-		b = resp.Command("AUTH", password)
-	}
 	if _, err := nc.Write(b); err != nil {
-		return fmt.Errorf("auth: %w", err)
+		return fmt.Errorf("handshake: %w", err)
 	}
 	// A reader of its own: the connection's reader starts after the
 	// handshake, which must leave nothing buffered here.
 	r := bufio.NewReader(nc)
-	v, err := resp.ReadValue(r)
-	if err == nil {
-		if re, ok := v.(resp.Error); ok {
-			err = re
-		} else if v != "OK" {
-			err = fmt.Errorf("%w: AUTH answered %v", resp.ErrProtocol, v)
+	if auth {
+		if err := expectOK(r, "AUTH", false); err != nil {
+			return fmt.Errorf("auth: %w", err)
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("auth: %w", err)
+	if cfg.ClientName != "" {
+		if err := expectOK(r, "CLIENT SETNAME", true); err != nil {
+			return fmt.Errorf("client setname: %w", err)
+		}
 	}
 	if r.Buffered() > 0 {
-		return fmt.Errorf("%w: data after the AUTH reply", resp.ErrProtocol)
+		return fmt.Errorf("%w: data after the handshake replies", resp.ErrProtocol)
 	}
 	_ = nc.SetDeadline(time.Time{})
+	return nil
+}
+
+// expectOK reads a reply that must be OK, or an error reply when
+// errorOK.
+func expectOK(r *bufio.Reader, cmd string, errorOK bool) error {
+	v, err := resp.ReadValue(r)
+	if err != nil {
+		return err
+	}
+	if re, ok := v.(resp.Error); ok {
+		if errorOK {
+			return nil
+		}
+		return re
+	}
+	if v != "OK" {
+		return fmt.Errorf("%w: %s answered %v", resp.ErrProtocol, cmd, v)
+	}
 	return nil
 }
 
