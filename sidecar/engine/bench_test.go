@@ -149,7 +149,7 @@ func BenchmarkDecideRedis(b *testing.B) {
 				b.Fatal(err)
 			}
 			m := metrics.NewMetrics(prometheus.NewRegistry())
-			e, err := New(Options{Store: st, StoreName: "redis", ShardOf: st.ShardOf, Fallback: fb, Metrics: m, Parallel: true})
+			e, err := New(Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -208,9 +208,6 @@ type Options struct {
 	Store limiter.Store
 	// StoreName labels store metrics ("memory", "redis").
 	StoreName string
-	// ShardOf, when set, names the store shard of a key for the store
-	// metrics; otherwise they are labelled shard="all".
-	ShardOf func(key string) string
 	// Fallback holds the local fallback buckets. Required.
 	Fallback limiter.Store
 	// Metrics receives the engine's metrics. Required.
@@ -234,7 +231,7 @@ type Engine struct {
 	downShards int
 	fallbackMu sync.Mutex
 	nextExpiry atomic.Int64  // Unix nanoseconds of the next expireShards
-	all        *shardMetrics // store metrics without a ShardOf
+	all        *shardMetrics // store metrics of an unsharded store
 	// shardObs maps a shard to its store metrics. It is copied on write:
 	// the shards are few (the store's masters) and read on every store
 	// call, where a plain map read costs less than a sync.Map's.
@@ -566,9 +563,12 @@ func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Tim
 // maintains the deny cache.
 func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 	r := h.Rule
-	sm := e.shard(h.Key)
-	d, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Limit, Cost: c.cost})
+	d, shard, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Limit, Cost: c.cost})
 	answered := e.o.Now()
+	sm := e.all
+	if shard != "" {
+		sm = e.shardMetrics(shard)
+	}
 	// The store latency counts from the decision's start, which is at most
 	// a deny-cache lookup earlier than the call.
 	sm.obs.Observe(answered.Sub(now).Seconds())
@@ -600,7 +600,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		c.res = Result{Decision: limiter.Decision{Limit: r.Limit.Capacity(), RetryAfter: UnavailableRetryAfter}, Source: FromNowhere}
 		return
 	}
-	d, ferr := e.o.Fallback.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Fallback, Cost: c.cost})
+	d, _, ferr := e.o.Fallback.Take(ctx, limiter.Request{Key: h.Key, Limit: r.Fallback, Cost: c.cost})
 	if ferr != nil {
 		// The local store failing is a bug; admit rather than block on it.
 		c.res = Result{Decision: limiter.Decision{Allowed: true, Limit: r.Limit.Capacity()}, Source: FromFallback}
@@ -614,13 +614,6 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 			r.m.FallbackDenied.Inc()
 		}
 	}
-}
-
-func (e *Engine) shard(key string) *shardMetrics {
-	if e.o.ShardOf == nil {
-		return e.all
-	}
-	return e.shardMetrics(e.o.ShardOf(key))
 }
 
 // remember updates the deny cache with a store decision.

@@ -721,7 +721,7 @@ func closedLoop(ctx context.Context, s store, keys []string, l limiter.Limit, ca
 			mine := make([]time.Duration, 0, 1<<14)
 			for time.Now().Before(stop) && ctx.Err() == nil {
 				t0 := time.Now()
-				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				_, _, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
 				if err != nil {
 					errs.Add(1)
 					continue
@@ -758,7 +758,7 @@ func openLoop(ctx context.Context, s store, keys []string, l limiter.Limit, rate
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			for a := range queue {
 				t0 := time.Now()
-				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				_, _, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
 				t1 := time.Now()
 				if err != nil {
 					errs.Add(1)

@@ -15,7 +15,7 @@ import (
 // store is what a measured phase drives: the Redis store, or the unbatched
 // baseline.
 type store interface {
-	Take(ctx context.Context, req limiter.Request) (limiter.Decision, error)
+	limiter.Store
 	PipelineStats() redisstore.PipelineStats
 	Close() error
 }
@@ -73,8 +73,14 @@ func newUnbatched(addrs []string, l limiter.Limit, pool int, timeout time.Durati
 	return &unbatched{cc: cc, script: redis.NewScript(src), p: p, tail: tail, timeout: timeout}, nil
 }
 
-// Take runs the script once for req, which must carry the baseline's limit.
-func (u *unbatched) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+// Take runs the script once for req, which must carry the baseline's
+// limit. It does not report shards: the shard is always "".
+func (u *unbatched) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
+	d, err := u.take(ctx, req)
+	return d, "", err
+}
+
+func (u *unbatched) take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
 	if req.Limit != u.p.Limit {
 		return limiter.Decision{}, fmt.Errorf("unbatched baseline serves %v, got %v", u.p.Limit, req.Limit)
 	}

@@ -67,7 +67,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 				t.Parallel()
 				s, key := newStore(t), keyPrefix(t)+"k"
 				RunTable(t, tb, func(at time.Time, n int64, l limiter.Limit) (limiter.Decision, error) {
-					return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+					return take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
 				})
 			})
 		}
@@ -83,7 +83,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 					l := RandomLimit(rng, alg)
 					key := fmt.Sprintf("%s%d", prefix, i)
 					CompareTrace(t, l, rng, 1000, func(now, n int64) (limiter.Decision, error) {
-						return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: time.UnixMicro(now)})
+						return take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: n, Now: time.UnixMicro(now)})
 					})
 				}
 			})
@@ -106,7 +106,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 		for i := range 50 {
 			key := fmt.Sprintf("%s%d", prefix, i)
 			for j := range 3 {
-				d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+				d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
 				if err != nil {
 					t.Fatalf("Take(%s): %v", key, err)
 				}
@@ -127,13 +127,13 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 			{Key: key, Limit: good, Cost: 1, Now: time.Unix(-5, 0)},
 		}
 		for i, req := range bad {
-			if _, err := s.Take(t.Context(), req); err == nil || errors.Is(err, limiter.ErrUnavailable) {
+			if _, err := take(t.Context(), s, req); err == nil || errors.Is(err, limiter.ErrUnavailable) {
 				t.Errorf("request %d (%+v): err = %v, want a validation error", i, req, err)
 			}
 		}
 		// None of them spent anything.
 		for j := range 3 {
-			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: good, Cost: 1, Now: time.Unix(1_700_000_000, 0)})
+			d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: good, Cost: 1, Now: time.Unix(1_700_000_000, 0)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,7 +149,7 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 		s, key := newStore(t), keyPrefix(t)+"k"
 		l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
 		for j := range 4 {
-			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1})
+			d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func testRace(t *testing.T, s limiter.Store, key string, alg limiter.Algorithm) 
 	for range 1000 {
 		wg.Go(func() {
 			<-start
-			d, err := s.Take(context.Background(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+			d, err := take(context.Background(), s, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
 			switch {
 			case err != nil:
 				errs.Add(1)
@@ -248,4 +248,10 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 			t.Fatalf("%v step %d: deny with RetryAfter %v", l, i, got.RetryAfter)
 		}
 	}
+}
+
+// take is s.Take without the shard.
+func take(ctx context.Context, s limiter.Store, req limiter.Request) (limiter.Decision, error) {
+	d, _, err := s.Take(ctx, req)
+	return d, err
 }

@@ -85,7 +85,7 @@ func keyedStore(b *testing.B, l limiter.Limit) *keyed {
 		}
 		now := keyedBase
 		for _, k := range keys {
-			if _, err := s.Take(context.Background(), limiter.Request{Key: k, Limit: l, Cost: 1, Now: now}); err != nil {
+			if _, _, err := s.Take(context.Background(), limiter.Request{Key: k, Limit: l, Cost: 1, Now: now}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -113,7 +113,7 @@ func BenchmarkTake(b *testing.B) {
 		for b.Loop() {
 			now = now.Add(10 * time.Millisecond)
 			req.Now = now
-			if _, err := s.Take(ctx, req); err != nil {
+			if _, _, err := s.Take(ctx, req); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -140,7 +140,7 @@ func BenchmarkTake(b *testing.B) {
 				}
 				now = now.Add(time.Microsecond)
 				req.Now = now
-				if _, err := ks.store.Take(ctx, req); err != nil {
+				if _, _, err := ks.store.Take(ctx, req); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -171,7 +171,7 @@ func BenchmarkTakeZipf(b *testing.B) {
 		}
 		now = now.Add(time.Microsecond)
 		req.Now = now
-		if _, err := ks.store.Take(ctx, req); err != nil {
+		if _, _, err := ks.store.Take(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -193,7 +193,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 			for pb.Next() {
 				now = now.Add(10 * time.Millisecond)
 				req.Now = now
-				if _, err := s.Take(ctx, req); err != nil {
+				if _, _, err := s.Take(ctx, req); err != nil {
 					b.Error(err)
 					return
 				}
@@ -216,7 +216,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 				}
 				now = now.Add(time.Microsecond)
 				req.Now = now
-				if _, err := ks.store.Take(ctx, req); err != nil {
+				if _, _, err := ks.store.Take(ctx, req); err != nil {
 					b.Error(err)
 					return
 				}

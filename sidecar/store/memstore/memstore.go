@@ -185,11 +185,12 @@ func (s *Store) nowMicros(req *limiter.Request) int64 {
 // Take applies req to its key and returns the decision. It never blocks on
 // I/O and never returns ErrUnavailable; errors are for bad input only (an
 // invalid limit, a negative cost, a time outside the representable range).
-// ctx is not used.
-func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, error) {
+// The store is one shard to its callers: the shard is always "". ctx is
+// not used.
+func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	lp, err := s.limits.get(req.Limit)
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("memstore take: %w", err)
+		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
 	now := s.nowMicros(&req)
 	h := hashKey(req.Key)
@@ -198,15 +199,16 @@ func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, 
 	d, err := sh.take(h, lp, now, req.Cost)
 	sh.mu.Unlock()
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("memstore take: %w", err)
+		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
-	return d, nil
+	return d, "", nil
 }
 
 // Peek returns the decision a cost-0 request on key would get now under l:
 // what remains and when the key is full again. It changes nothing.
 func (s *Store) Peek(ctx context.Context, key string, l limiter.Limit) (limiter.Decision, error) {
-	return s.Take(ctx, limiter.Request{Key: key, Limit: l})
+	d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l})
+	return d, err
 }
 
 // Delete forgets key's state, so its next request finds it full. It

@@ -70,7 +70,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 func take(t *testing.T, s *memstore.Store, key string, l limiter.Limit, cost int64) limiter.Decision {
 	t.Helper()
-	d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
+	d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
 	if err != nil {
 		t.Fatalf("Take(%s, %d): %v", key, cost, err)
 	}
@@ -159,7 +159,7 @@ func TestMaxKeysEvictsIdlest(t *testing.T) {
 	short := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Period: time.Second}
 	long := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Period: time.Hour}
 	req := func(key string, l limiter.Limit, n int64, at time.Time) limiter.Decision {
-		d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +197,7 @@ func TestSlidingLogSwitchAndRelease(t *testing.T) {
 	logL := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 3, Period: time.Second}
 	tb := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 3, Period: time.Second}
 	do := func(l limiter.Limit, n int64, at time.Time) limiter.Decision {
-		d, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: l, Cost: n, Now: at})
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: l, Cost: n, Now: at})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +241,7 @@ func TestConcurrentManyKeys(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			for range 400 {
 				k := rng.IntN(keys)
-				d, err := s.Take(context.Background(), limiter.Request{Key: "k" + strconv.Itoa(k), Limit: l, Cost: 1, Now: now})
+				d, _, err := s.Take(context.Background(), limiter.Request{Key: "k" + strconv.Itoa(k), Limit: l, Cost: 1, Now: now})
 				if err != nil {
 					t.Error(err)
 					return
@@ -305,7 +305,7 @@ func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys, requests int) float6
 		buf = strconv.AppendInt(append(buf[:0], "policy-uid:rule:"...), int64(i), 10)
 		for r := range requests {
 			at := now.Add(time.Duration(r) * time.Millisecond)
-			if _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1, Now: at}); err != nil {
+			if _, _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1, Now: at}); err != nil {
 				tb.Fatal(err)
 			}
 		}
@@ -328,7 +328,7 @@ func ExampleStore_Take() {
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Second}
 	now := time.Unix(1_700_000_000, 0)
 	for range 3 {
-		d, _ := s.Take(context.Background(), limiter.Request{Key: "user:42", Limit: l, Cost: 1, Now: now})
+		d, _, _ := s.Take(context.Background(), limiter.Request{Key: "user:42", Limit: l, Cost: 1, Now: now})
 		fmt.Println(d)
 	}
 	// Output:
@@ -346,12 +346,12 @@ func TestExistingKeyAllocatesNothing(t *testing.T) {
 		now := time.Unix(1_700_000_000, 0)
 		req := limiter.Request{Key: "fg:{uid:rule:0123456789abcdef}:" + alg.String(), Limit: l, Cost: 1, Now: now}
 		ctx := context.Background()
-		if _, err := s.Take(ctx, req); err != nil {
+		if _, _, err := s.Take(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		allocs := testing.AllocsPerRun(500, func() {
 			req.Now = req.Now.Add(time.Millisecond)
-			if _, err := s.Take(ctx, req); err != nil {
+			if _, _, err := s.Take(ctx, req); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -43,7 +43,7 @@ func TestClientName(t *testing.T) {
 	name := fmt.Sprintf("floodgate-sidecar:test-%d", time.Now().UnixNano())
 	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, ClientName: name})
 	key := uniqueKey(t)
-	if _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1}); err != nil {
+	if _, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	owner, err := cluster.MasterForKey(t.Context(), redisstore.CounterKey(key, limiter.TokenBucket))
@@ -80,7 +80,7 @@ func TestClientNameDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close() }()
-	if _, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1}); err != nil {
+	if _, _, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	want := redisstore.DefaultClientName()
@@ -112,7 +112,7 @@ func TestClientNameRefused(t *testing.T) {
 	}
 	defer func() { _ = s.Close() }()
 	for j := range 3 {
-		d, err := s.Take(ctx, limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute}, Cost: 1})
+		d, _, err := s.Take(ctx, limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute}, Cost: 1})
 		if err != nil {
 			t.Fatalf("take as a user that may not set its name: %v", err)
 		}

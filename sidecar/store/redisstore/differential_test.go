@@ -85,7 +85,7 @@ func TestGCRAPast2To53(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: st.n, Now: at})
+		got, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: st.n, Now: at})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,7 +183,7 @@ func TestDifferentialExtremes(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					got, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+					got, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
 					if err != nil {
 						t.Fatalf("seed %d step %d: Take(%v, %d, %v): %v", seed, i, now, n, l, err)
 					}

@@ -116,7 +116,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	// Cache the script on the server first: a NOSCRIPT reply dropped by
 	// the proxy would prove nothing, the script not having run.
-	if _, err := direct.Take(t.Context(), limiter.Request{Key: uniqueKey(t), Limit: l, Cost: 1, Now: now}); err != nil {
+	if _, _, err := direct.Take(t.Context(), limiter.Request{Key: uniqueKey(t), Limit: l, Cost: 1, Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
@@ -126,7 +126,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 		}
 		key := uniqueKey(t)
 		before := proxy.dropped.Load()
-		_, err = s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 3, Now: now})
+		_, _, err = s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 3, Now: now})
 		_ = s.Close()
 		if !errors.Is(err, limiter.ErrUnavailable) {
 			t.Fatalf("window %v: take through a dropped connection: %v, want ErrUnavailable", window, err)
@@ -134,7 +134,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 		if got := proxy.dropped.Load() - before; got != 1 {
 			t.Fatalf("window %v: %d replies dropped, want 1: the script was sent %d times", window, got, got)
 		}
-		d, err := direct.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0, Now: now})
+		d, _, err := direct.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0, Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}

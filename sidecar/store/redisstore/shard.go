@@ -61,21 +61,22 @@ func (sh *shard) close() error {
 }
 
 // do sends o to the shard and waits for its answer or ctx's end, whichever
-// comes first.
-func (sh *shard) do(ctx context.Context, o *op) error {
+// comes first. It returns the address of the shard that answered or
+// failed: this one, or the one a redirect led to.
+func (sh *shard) do(ctx context.Context, o *op) (string, error) {
 	ok, probe := sh.br.allow()
 	if !ok {
 		sh.s.reloadTopology() // a failover may have moved the slots
-		return unavailable(sh.addr, errors.New("circuit breaker open; failing fast"))
+		return sh.addr, unavailable(sh.addr, errors.New("circuit breaker open; failing fast"))
 	}
 	o.probe = probe
 	sh.submit(o)
 	select {
 	case <-o.done:
-		return o.err
+		return o.addr, o.err
 	case <-ctx.Done():
 		// The script may still run: the count is unknown.
-		return unavailable(sh.addr, fmt.Errorf("no answer within the call deadline: %w", ctx.Err()))
+		return sh.addr, unavailable(sh.addr, fmt.Errorf("no answer within the call deadline: %w", ctx.Err()))
 	}
 }
 

@@ -174,23 +174,6 @@ func (s *Store) PipelineStats() PipelineStats {
 	return st
 }
 
-// ShardOf returns the address of the master that holds the counter with
-// the given Request.Key, for metrics labels, or "unknown" when the slot map
-// is not loaded yet. It does no I/O.
-func (s *Store) ShardOf(key string) string {
-	if s.opts.Single {
-		return s.opts.Addrs[0]
-	}
-	if !s.loaded.Load() {
-		return "unknown"
-	}
-	c, err := s.cc.MasterForKey(context.Background(), counterKey(key, limiter.TokenBucket)) // the map is loaded: no I/O
-	if err != nil {
-		return "unknown"
-	}
-	return c.Options().Addr
-}
-
 // shard returns the shard for a node address, creating it on first use.
 func (s *Store) shard(addr string) *shard {
 	if sh, ok := (*s.shards.Load())[addr]; ok {
@@ -311,15 +294,22 @@ func (s *Store) limitArgs(l limiter.Limit) (*limitArgs, error) {
 	return la, nil
 }
 
-// Take applies req with one script run on the master of req.Key's slot.
-// It returns within Options.Timeout. An error wrapping
-// limiter.ErrUnavailable means the shard could not answer, or answered in
-// a way that leaves the count unknown (a timeout after the script was
-// sent); any other error is a bad request or a script failure.
-func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+// UnknownShard is the shard Take reports when it fails before it knows
+// the master of the key's slot: the slot map cannot be loaded, the input
+// is bad, or the store is closed.
+const UnknownShard = "unknown"
+
+// Take applies req with one script run on the master of req.Key's slot,
+// and reports the address of the master that answered (after a MOVED or
+// ASK, the one redirected to), or that failed to. It returns within
+// Options.Timeout. An error wrapping limiter.ErrUnavailable means the
+// shard could not answer, or answered in a way that leaves the count
+// unknown (a timeout after the script was sent); any other error is a bad
+// request or a script failure.
+func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	la, err := s.limitArgs(req.Limit)
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
+		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
 	haveNow := !req.Now.IsZero()
@@ -327,13 +317,13 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 		nowUs = limiter.Micros(req.Now)
 	}
 	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
+		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
 	if req.Key == "" {
-		return limiter.Decision{}, errors.New("redisstore: empty key")
+		return limiter.Decision{}, UnknownShard, errors.New("redisstore: empty key")
 	}
 	if s.closed.Load() {
-		return limiter.Decision{}, unavailable("store", errors.New("store is closed"))
+		return limiter.Decision{}, UnknownShard, unavailable("store", errors.New("store is closed"))
 	}
 
 	deadline := time.Now().Add(s.opts.Timeout)
@@ -345,19 +335,20 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	key := counterKey(req.Key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {
-		return limiter.Decision{}, err
+		return limiter.Decision{}, UnknownShard, err
 	}
 	o := getOp()
 	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, key, req.Cost
 	if haveNow {
 		o.now = strconv.FormatInt(nowUs, 10)
 	}
-	if err := sh.do(ctx, o); err != nil {
-		return limiter.Decision{}, err // o may still be in flight: not reused
+	addr, err := sh.do(ctx, o)
+	if err != nil {
+		return limiter.Decision{}, addr, err // o may still be in flight: not reused
 	}
 	d, err := o.decision(la.p)
 	putOp(o)
-	return d, err
+	return d, addr, err
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.

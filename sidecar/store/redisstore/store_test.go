@@ -58,7 +58,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 					wg.Go(func() {
 						for i := range perClient {
 							cost := int64(1 + (c+i)%3)
-							d, err := stores[c].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
+							d, _, err := stores[c].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
 							if err != nil {
 								errs <- err
 								return
@@ -74,7 +74,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 				for err := range errs {
 					t.Fatalf("take: %v", err)
 				}
-				peek, err := stores[0].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
+				peek, _, err := stores[0].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -117,7 +117,7 @@ func TestKeyInjection(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	for i, in := range inputs {
 		for j := range 4 {
-			d, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1, Now: now})
+			d, _, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1, Now: now})
 			if err != nil {
 				t.Fatalf("input %d: %v", i, err)
 			}
@@ -201,7 +201,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 				}
 				key := fmt.Sprintf("%s:%d:%d", uniqueKey(t), w, i%50)
 				calls.Add(1)
-				if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1}); err != nil {
+				if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1}); err != nil {
 					failures.Add(1)
 					firstErr.CompareAndSwap(nil, err)
 				}
@@ -243,7 +243,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 	if err := cl.HSet(ctx, redisKey, "L", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
 	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("take on a hash key: %v, want a WRONGTYPE script error", err)
 	}
@@ -251,7 +251,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 		if err := cl.Set(ctx, redisstore.CounterKey(key, alg), "garbage", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
-		_, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
+		_, _, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
 		if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "corrupt "+alg.String()+" state") {
 			t.Fatalf("%v: take on corrupt state: %v, want a corrupt-state script error", alg, err)
 		}
@@ -268,7 +268,7 @@ func TestAuthFailureIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close() }()
-	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with a wrong password: %v, want ErrUnavailable", err)
 	}
@@ -284,9 +284,40 @@ func TestClosedStore(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take after Close: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestTakeReportsShard: Take names the master that holds the key, as the
+// slot map has it, and UnknownShard when it fails before it knows one.
+func TestTakeReportsShard(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	l := limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 5, Period: time.Minute}
+	seen := map[string]bool{}
+	for i := range 30 {
+		key := fmt.Sprintf("%s:%d", uniqueKey(t), i)
+		_, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := cluster.MasterForKey(ctx, redisstore.CounterKey(key, l.Algorithm))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if shard != owner.Addr() {
+			t.Errorf("key %d: shard %q, want its master %s", i, shard, owner.Addr())
+		}
+		seen[shard] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("30 keys reported %d shards (%v), want the 3 masters", len(seen), seen)
+	}
+	if _, shard, err := s.Take(ctx, limiter.Request{Key: "k", Limit: l, Cost: -1}); err == nil || shard != redisstore.UnknownShard {
+		t.Errorf("bad input: shard %q, err %v; want %q and an error", shard, err, redisstore.UnknownShard)
 	}
 }
 
@@ -303,13 +334,13 @@ func TestTTL(t *testing.T) {
 		redisKey := redisstore.CounterKey(key, alg)
 		l := limiter.Limit{Algorithm: alg, Requests: 2, Period: 10 * time.Minute}
 		now := time.Unix(1_700_000_000, 0)
-		if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0, Now: now}); err != nil {
+		if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0, Now: now}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := cl.Exists(ctx, redisKey).Result(); err != nil || n != 0 {
 			t.Fatalf("%v: a peek created %s (%d, %v)", alg, redisKey, n, err)
 		}
-		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,15 +397,16 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 			break
 		}
 	}
-	take := func(s *redisstore.Store, wantRemaining int64) {
+	take := func(s *redisstore.Store, wantRemaining int64) string {
 		t.Helper()
-		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !d.Allowed || d.Remaining != wantRemaining {
 			t.Fatalf("take: %v, want allowed with %d remaining", d, wantRemaining)
 		}
+		return shard
 	}
 	take(asker, 9)
 	take(mover, 8) // both stores have the slot map now
@@ -393,7 +425,7 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	}
 	must(t, src.Client().Do(ctx, args...).Err())
 	asksBefore := errorStat(t, src, "ASK")
-	take(asker, 7)
+	asked := take(asker, 7)
 	if got := errorStat(t, src, "ASK"); got <= asksBefore {
 		t.Errorf("the source answered no ASK (%d before, %d after)", asksBefore, got)
 	}
@@ -403,7 +435,7 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 		must(t, m.Client().Do(ctx, "cluster", "setslot", slot, "node", dst.ID()).Err())
 	}
 	movedBefore := errorStat(t, src, "MOVED")
-	take(mover, 6)
+	moved := take(mover, 6)
 	if got := errorStat(t, src, "MOVED"); got <= movedBefore {
 		t.Logf("the mover's slot map was already reloaded: no MOVED (%d before, %d after)", movedBefore, got)
 	}
@@ -418,6 +450,10 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 		t.Fatal(err)
 	}
 	want := owner.Options().Addr
+	// Take reports the shard that answered: the destination.
+	if asked != want || moved != want {
+		t.Errorf("shards reported after ASK %q, after MOVED %q; want the destination %s", asked, moved, want)
+	}
 	for _, s := range []*redisstore.Store{asker, mover} {
 		var addrs []string
 		found := false
@@ -478,7 +514,7 @@ func TestPipelineStats(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range takes {
 			wg.Go(func() {
-				if _, err := s.Take(t.Context(), limiter.Request{Key: fmt.Sprintf("%s:%d", uniqueKey(t), i), Limit: l, Cost: 1}); err != nil {
+				if _, _, err := s.Take(t.Context(), limiter.Request{Key: fmt.Sprintf("%s:%d", uniqueKey(t), i), Limit: l, Cost: 1}); err != nil {
 					t.Error(err)
 				}
 			})
@@ -518,7 +554,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 			defer func() { _ = fixed.Close() }()
 			req := limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 1000, Period: time.Minute}, Cost: 1}
 			for _, st := range []*redisstore.Store{s, fixed} {
-				if _, err := st.Take(ctx, req); err != nil {
+				if _, _, err := st.Take(ctx, req); err != nil {
 					t.Fatalf("take with the password in force: %v", err)
 				}
 			}
@@ -535,7 +571,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 			var lastErr error
 			ok := false
 			for range 100 {
-				if _, lastErr = s.Take(ctx, req); lastErr == nil {
+				if _, _, lastErr = s.Take(ctx, req); lastErr == nil {
 					ok = true
 					break
 				}
@@ -545,7 +581,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 				t.Fatalf("the store with Credentials never authenticated with the rotated password: %v", lastErr)
 			}
 			for range 5 {
-				if _, err := fixed.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
+				if _, _, err := fixed.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
 					t.Fatalf("the store with the old password as a string: %v, want ErrUnavailable", err)
 				}
 			}
