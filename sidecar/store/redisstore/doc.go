@@ -40,8 +40,9 @@
 // # Call discipline
 //
 // Every call has a deadline (Options.Timeout, 50ms by default, or the
-// caller's own if earlier) and returns by it, whatever Redis does. The store never sends a script twice unless
-// the first answer proves it did not run:
+// caller's own if earlier) and returns by it, whatever Redis does. The
+// store never sends a script twice unless the first answer proves it did
+// not run:
 //
 //   - NOSCRIPT: the node lost its script cache (a restart, SCRIPT FLUSH, a
 //     new master); the op is sent once more as EVAL with the source, which
@@ -61,8 +62,22 @@
 // go through go-redis at all: a ClusterClient only keeps the slot map
 // (MasterForKey, ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly,
 // RouteRandomly or RouteByLatency), and the store sends to each master
-// through its own pipelined connection (below), which speaks RESP itself
-// and never writes a command twice.
+// through its own pipelined connection (below, and package internal/pipe),
+// which speaks RESP itself (internal/resp) and never writes a command
+// twice. resp.Classify is the one place that reads an error reply's code
+// (NOSCRIPT, MOVED, ASK, TRYAGAIN and the other codes of a node that
+// cannot serve now), and resp.Redirect the one that reads a redirect's
+// target, IPv6 ones included.
+//
+// Take reports the shard that answered, or failed: the address of a
+// master, after any redirect, or UnknownShard when the call fails before
+// the slot map names one. The engine keeps its store metrics and its
+// fallback state per shard by it.
+//
+// Every connection, the pipelined ones and the slot map's, is named
+// Options.ClientName (CLIENT SETNAME, floodgate-sidecar:<host name> by
+// default), so that CLIENT LIST on a node tells whose it is. A node that
+// refuses the name is used all the same.
 //
 // Errors: limiter.ErrUnavailable for anything that leaves the count
 // unknown (the shard is unreachable, timed out, its breaker is open, the
@@ -113,4 +128,30 @@
 //
 // bench/cmd/floodgate-storebench measures the store against an unbatched
 // baseline: one EVALSHA per decision over a go-redis connection pool.
+//
+// # What the client does not do
+//
+// The store is a client for one job, and leaves out what that job does
+// not need:
+//
+//   - RESP2 only: no HELLO, no RESP3, no client-side caching, no pub/sub,
+//     no MULTI. The scripts run with EVALSHA and EVAL, so a server where
+//     scripting is disabled, renamed or denied by ACL cannot serve it;
+//     Redis Functions (FCALL) are not used.
+//   - A Redis Cluster, or one standalone server at a fixed address
+//     (Options.Single). No Sentinel, no failover of a standalone server,
+//     no SELECT (database 0, the only one a cluster has).
+//   - Masters only: every call goes to the master of the key's slot; no
+//     reads from replicas (the scripts write), no WAIT.
+//   - TCP, with or without TLS (Options.TLS, used as given); no Unix
+//     domain sockets.
+//   - AUTH with a user name and password from Options.Credentials, asked
+//     again for each new connection; no other authentication.
+//   - Redirects to an IP address, IPv4 or IPv6, or a host name; an
+//     endpoint Redis reports as unknown ("?") is not followed, and at most
+//     two redirects are followed per decision.
+//   - No resend of a script whose outcome is unknown (a timeout, a lost
+//     connection), and no retry of TRYAGAIN, CLUSTERDOWN, LOADING or the
+//     other answers of a node that cannot serve now: the decision fails as
+//     unavailable and its rule falls back to its failure mode.
 package redisstore
