@@ -620,7 +620,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
 	hold, cost := d.RetryAfter, c.cost
 	if d.Allowed {
-		hold, cost = exhaustedFor(h.Rule.params, d), 1
+		hold, cost = h.Rule.params.EmptyFor(d), 1
 	}
 	switch {
 	case c.entry != nil:
@@ -630,28 +630,6 @@ func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
 	case hold > 0:
 		e.deny.put(h.Key, now, hold, cost, d.Limit)
 	}
-}
-
-// exhaustedFor returns how long a key that an allowed decision left with
-// nothing remaining cannot admit even a request of cost 1, or 0 when that
-// is not known exactly. The bounds follow ALGORITHMS.md: for the buckets,
-// ResetAfter minus the ticks that refill all but one token, rounded up, is
-// a lower bound on the time to one token, below it by less than a tick;
-// the hold adds that tick, so it ends at or just after the instant.
-func exhaustedFor(p *limiter.Params, d limiter.Decision) time.Duration {
-	if !d.Allowed || d.Remaining > 0 || d.ResetAfter <= 0 {
-		return 0
-	}
-	switch p.Limit.Algorithm {
-	case limiter.TokenBucket, limiter.GCRA:
-		// The bound is below the true instant by less than one tick; one
-		// tick more makes the probe never early.
-		slackTicks := (p.CapacityUnits-p.TokenUnits+p.TickUnits-1)/p.TickUnits - 1
-		return max(0, d.ResetAfter-time.Duration(slackTicks*p.TickMicros)*time.Microsecond)
-	case limiter.FixedWindow:
-		return d.ResetAfter
-	}
-	return 0
 }
 
 // count records the decisions of the evaluated calls in metrics.

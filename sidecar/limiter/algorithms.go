@@ -96,6 +96,35 @@ func (p *Params) Take(s *State, sp *Params, nowUs, n int64) (d Decision, write b
 	return d, write, nil
 }
 
+// EmptyFor returns how long the key that d, an allowed decision under p,
+// left with nothing remaining cannot admit even a request of cost 1: the
+// wait until it next admits anything, from the instant of d. It returns 0
+// when d left room, was a deny, or cannot tell: the window algorithms
+// other than FixedWindow keep state that d does not describe.
+//
+// The wait is never short, so a caller that holds the key locally for it
+// never asks too early. For FixedWindow it is exact: the end of the
+// window. For TokenBucket and GCRA it is late by at most one tick
+// (TickMicros): ResetAfter is when the bucket is full again; less the
+// ticks that refill all but one token, rounded up, it is at most one tick
+// before the first token, and one tick more puts it at or just after that
+// instant (ResetAfter as ALGORITHMS.md computes it).
+func (p *Params) EmptyFor(d Decision) time.Duration {
+	if !d.Allowed || d.Remaining > 0 || d.ResetAfter <= 0 {
+		return 0
+	}
+	switch p.Limit.Algorithm {
+	case TokenBucket, GCRA:
+		// Whole ticks that refill CapacityUnits less one token, less
+		// the one tick added back.
+		slackTicks := ceilDiv(p.CapacityUnits-p.TokenUnits, p.TickUnits) - 1
+		return max(0, d.ResetAfter-micros(slackTicks*p.TickMicros))
+	case FixedWindow:
+		return d.ResetAfter
+	}
+	return 0
+}
+
 // sameScale reports whether a state written under sp reads the same under p.
 func (p *Params) sameScale(sp *Params) bool {
 	return sp == nil || sp == p ||
