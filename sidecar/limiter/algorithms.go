@@ -6,24 +6,6 @@ import (
 	"time"
 )
 
-// State is the fixed-size state of one key for TokenBucket, GCRA,
-// FixedWindow and SlidingWindow, in the layout of ALGORITHMS.md:
-//
-//	TokenBucket    A = L (level, units)        B = T (last tick)
-//	GCRA           A = A (TAT, whole ticks)    B = F (TAT fraction, units)
-//	FixedWindow    A = W (window start, µs)    B = N (count)
-//	SlidingWindow  A = W (window start, µs)    B = cur             C = prev
-//
-// The zero State is absent, which every algorithm reads as a full key. A
-// State is written with the Params of the limit in force; a store keeps
-// those Params (or their identity) beside it so that a later limit edit can
-// convert it.
-type State struct {
-	A, B, C int64
-	// Set is false for an absent state.
-	Set bool
-}
-
 // Errors for bad requests. They are returned wrapped with the offending value.
 var (
 	// ErrNegativeCost is returned for a cost below zero.
@@ -145,7 +127,7 @@ func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decis
 func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	t := div(now, q)
-	l, last := s.A, s.B
+	l, last := s.Level(), s.LastTick()
 	switch {
 	case !s.Set:
 		l, last = cu, t
@@ -177,14 +159,14 @@ func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool
 	if l != cu {
 		reset = (last+ceilDivBy(cu-l, u))*q - now
 	}
-	s.A, s.B = l, last
+	s.setTokenBucket(l, last)
 	return p.decision(allowed, l/k, reset, retry), write
 }
 
 func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	t := div(now, q)
-	a, f := s.A, s.B
+	a, f := s.TAT(), s.TATFraction()
 	switch {
 	case !s.Set:
 		a, f = t, 0
@@ -224,14 +206,14 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	if debt != 0 {
 		reset = (b+ceilDivBy(debt, u))*q - now
 	}
-	s.A, s.B = a, f
+	s.setGCRA(a, f)
 	return p.decision(allowed, max(0, cu-debt)/k, reset, retry), write
 }
 
 func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	per, c := p.PeriodMicros, p.Capacity
 	ws := now - now%per
-	w, cnt := s.A, s.B
+	w, cnt := s.WindowStart(), s.Count()
 	if !s.Set || ws > w {
 		w, cnt = ws, 0
 	}
@@ -252,14 +234,14 @@ func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	if cnt != 0 {
 		reset = w + per - now
 	}
-	s.A, s.B = w, cnt
+	s.setWindow(w, cnt, 0)
 	return p.decision(allowed, max(0, c-cnt), reset, retry), write
 }
 
 func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	per, c, q, pw := p.PeriodMicros, p.Capacity, p.TickMicros, p.WindowTicks
 	ws := now - now%per
-	w, cur, prev := s.A, s.B, s.C
+	w, cur, prev := s.WindowStart(), s.Count(), s.PrevCount()
 	if !s.Set {
 		w, cur, prev = ws, 0, 0
 	} else if d := ws - w; d >= 2*per {
@@ -305,7 +287,7 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	case prev > 0:
 		reset = w + per - now
 	}
-	s.A, s.B, s.C = w, cur, prev
+	s.setWindow(w, cur, prev)
 	return p.decision(allowed, max(0, c*pw-x)/pw, reset, retry), write
 }
 
