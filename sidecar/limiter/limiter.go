@@ -154,9 +154,6 @@ type Request struct {
 	Limit Limit
 	// Cost is what the request spends. 0 is a peek.
 	Cost int64
-	// Now, when non-zero, overrides the store's own clock. Only tests set
-	// it; the Redis store otherwise reads Redis TIME.
-	Now time.Time
 }
 
 // ErrUnavailable marks a store error after which the caller cannot know the
@@ -165,8 +162,10 @@ type Request struct {
 // %w so that errors.Is finds it.
 var ErrUnavailable = errors.New("counter store unavailable")
 
-// Store decides requests against keyed limiter state. Implementations are
-// safe for concurrent use.
+// Store decides requests against keyed limiter state, at the instant its
+// own clock gives (the in-memory store's clock, Redis TIME); tests inject
+// a clock through the store's options. Implementations are safe for
+// concurrent use.
 type Store interface {
 	// Take applies req atomically and returns the decision, and the shard
 	// of the store that holds req.Key: the name its metrics and health

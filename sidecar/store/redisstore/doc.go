@@ -10,8 +10,8 @@
 // rounding, so the Redis store and the in-memory store return the same
 // Decision for the same state, instant and cost. The limit's derived
 // integers (limiter.Params) travel as ARGV, so the scripts never compute a
-// gcd or pick a tick. The clock is Redis TIME; Request.Now, when set (tests
-// only), is passed as ARGV instead.
+// gcd or pick a tick. The clock is Redis TIME; Options.Now, when set (tests
+// only), is read for each decision and passed as ARGV instead.
 //
 // A counter's state is one key, fg:{<tag>}:<alg>:2 with <alg> one of tb,
 // gcra, fw, sw (a string of 2 to 7 little-endian doubles, struct.pack'd)

@@ -214,7 +214,8 @@ func breakerOf(s *redisstore.Store, addr string) redisstore.BreakerState {
 func TestPausedNode(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{Masters: 3, NodeTimeout: 20 * time.Second, PartialCoverage: true})
 	const timeout = 100 * time.Millisecond
-	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond})
+	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond,
+		Now: at(time.Unix(1_700_000_000, 0))})
 	ctx := t.Context()
 	masters, err := c.Masters(ctx)
 	if err != nil {
@@ -224,10 +225,9 @@ func TestPausedNode(t *testing.T) {
 	victimKey := keyOn(t, c, victim, "paused")
 	otherKey := keyOn(t, c, masters[0], "other")
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 100, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	take := func(key string, cost int64) (limiter.Decision, sample) {
 		start := time.Now()
-		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: cost, Now: now})
+		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: cost})
 		return d, sample{time.Since(start), shard, err}
 	}
 	for _, k := range []string{victimKey, otherKey} {

@@ -84,6 +84,11 @@ type Options struct {
 	// DialTimeout bounds background connection attempts. 0 means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
+	// Now, when set, is the scripts' clock in place of Redis TIME: each
+	// decision passes its reading as ARGV. It is for tests, which need
+	// fixed instants; in production leave it nil, so that every sidecar
+	// decides on the one clock of the shard that holds the key.
+	Now func() time.Time
 	// ClientName names every connection of the store (CLIENT SETNAME), so
 	// that CLIENT LIST on a node tells whose connections they are. Empty
 	// means DefaultClientName(). Redis takes printable ASCII without

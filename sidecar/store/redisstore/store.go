@@ -312,9 +312,9 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
-	haveNow := !req.Now.IsZero()
+	haveNow := s.opts.Now != nil
 	if haveNow {
-		nowUs = limiter.Micros(req.Now)
+		nowUs = limiter.Micros(s.opts.Now())
 	}
 	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
 		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)

@@ -95,7 +95,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 // bytes can neither pick its slot nor grow the Redis key.
 func TestKeyInjection(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: at(time.Unix(1_700_000_000, 0))})
 	ctx := t.Context()
 	prefix := uniqueKey(t)
 	victim := "victim-tag"
@@ -114,10 +114,9 @@ func TestKeyInjection(t *testing.T) {
 		prefix + ": spaced out",
 	}
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	for i, in := range inputs {
 		for j := range 4 {
-			d, _, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1, Now: now})
+			d, _, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1})
 			if err != nil {
 				t.Fatalf("input %d: %v", i, err)
 			}
@@ -326,21 +325,20 @@ func TestTakeReportsShard(t *testing.T) {
 func TestTTL(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: at(time.Unix(1_700_000_000, 0))})
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
 	for _, alg := range allAlgorithms {
 		key := uniqueKey(t) + alg.String()
 		redisKey := redisstore.CounterKey(key, alg)
 		l := limiter.Limit{Algorithm: alg, Requests: 2, Period: 10 * time.Minute}
-		now := time.Unix(1_700_000_000, 0)
-		if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0, Now: now}); err != nil {
+		if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := cl.Exists(ctx, redisKey).Result(); err != nil || n != 0 {
 			t.Fatalf("%v: a peek created %s (%d, %v)", alg, redisKey, n, err)
 		}
-		d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,10 +374,10 @@ func TestMovedAndAskIPv6(t *testing.T) {
 
 func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	ctx := t.Context()
-	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
-	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
+	now := at(time.Unix(1_700_000_000, 0))
+	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second, Now: now})
+	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second, Now: now})
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	key := uniqueKey(t)
 	slot := redisstore.KeySlot(key)
 	src, err := c.MasterForSlot(ctx, slot)
@@ -399,7 +397,7 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	}
 	take := func(s *redisstore.Store, wantRemaining int64) string {
 		t.Helper()
-		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
