@@ -186,7 +186,7 @@ func TestEmptyForNeverEarly(t *testing.T) {
 			var st limiter.State
 			now := int64(1_700_000_000_000_000) + rng.Int64N(l.Period.Microseconds())
 			for range 300 {
-				now += rng.Int64N(l.Period.Microseconds()/int64(l.Requests) + 1)
+				now += rng.Int64N(l.Period.Microseconds()/l.Requests + 1)
 				n := 1 + rng.Int64N(l.Capacity())
 				d, _, err := p.Take(&st, p, now, n)
 				if err != nil {

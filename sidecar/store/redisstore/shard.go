@@ -49,15 +49,14 @@ func newShard(s *Store, addr string) *shard {
 	return sh
 }
 
-// close closes the shard's connection.
-func (sh *shard) close() error {
+// close closes the shard's connection, failing the decisions on it.
+func (sh *shard) close() {
 	sh.dialMu.Lock()
 	sh.closed = true
 	sh.dialMu.Unlock()
 	if c := sh.conn.Load(); c != nil {
 		c.Close(errors.New("store closed"))
 	}
-	return nil
 }
 
 // do sends o to the shard and waits for its answer or ctx's end, whichever

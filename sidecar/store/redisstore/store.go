@@ -123,18 +123,15 @@ func (s *Store) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var errs []error
 	for _, sh := range *s.shards.Load() {
-		if err := sh.close(); err != nil {
-			errs = append(errs, fmt.Errorf("close %s: %w", sh.addr, err))
-		}
+		sh.close()
 	}
 	if s.cc != nil {
 		if err := s.cc.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close cluster client: %w", err))
+			return fmt.Errorf("redisstore: close the slot map's client: %w", err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // ShardState is one shard's address and breaker state.
