@@ -28,10 +28,11 @@ var (
 // unbatched is the baseline the store's batching is measured against: every
 // decision is one EVALSHA of the store's own script (EVAL after NOSCRIPT),
 // unpipelined, through a go-redis ClusterClient with a pool of connections
-// per node, and the reply is checked as the store checks it. It has none of
-// the store's circuit breakers or its rule never to resend a script whose
-// outcome is unknown: it only measures, it does not decide anything real.
-// It serves one limit, the phase's.
+// per node, and the reply is checked as the store checks it
+// (redisstore.ParseReply). It has none of the store's circuit breakers or
+// its rule never to resend a script whose outcome is unknown: it only
+// measures, it does not decide anything real. It serves one limit, the
+// phase's.
 type unbatched struct {
 	cc      *redis.ClusterClient
 	script  *redis.Script
@@ -93,34 +94,7 @@ func (u *unbatched) take(ctx context.Context, req limiter.Request) (limiter.Deci
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("%v script: %w", u.p.Limit.Algorithm, err)
 	}
-	return decision(res, u.p)
-}
-
-// decision checks a script's reply, {allowed, remaining, reset_us,
-// retry_us}, and turns it into a Decision.
-func decision(res any, p *limiter.Params) (limiter.Decision, error) {
-	arr, ok := res.([]any)
-	if !ok || len(arr) != 4 {
-		return limiter.Decision{}, fmt.Errorf("reply %v, want an array of 4 integers", res)
-	}
-	var v [4]int64
-	for i, e := range arr {
-		n, ok := e.(int64)
-		if !ok {
-			return limiter.Decision{}, fmt.Errorf("reply element %d is %T (%v), want an integer", i, e, e)
-		}
-		v[i] = n
-	}
-	if v[0] != 0 && v[0] != 1 || v[1] < 0 || v[1] > p.Capacity || v[2] < 0 || v[3] < 0 {
-		return limiter.Decision{}, fmt.Errorf("reply %v out of range", v)
-	}
-	return limiter.Decision{
-		Allowed:    v[0] == 1,
-		Limit:      p.Capacity,
-		Remaining:  v[1],
-		ResetAfter: time.Duration(v[2]) * time.Microsecond,
-		RetryAfter: time.Duration(v[3]) * time.Microsecond,
-	}, nil
+	return redisstore.ParseReply(res, u.p)
 }
 
 // PipelineStats is zero: the baseline pipelines nothing.

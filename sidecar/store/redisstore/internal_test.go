@@ -60,13 +60,13 @@ func TestParseReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := parseReply([]any{int64(1), int64(9), int64(100000), int64(0)}, p)
+	d, err := ParseReply([]any{int64(1), int64(9), int64(100000), int64(0)}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := limiter.Decision{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 100 * time.Millisecond}
 	if d != want {
-		t.Errorf("parseReply = %v, want %v", d, want)
+		t.Errorf("ParseReply = %v, want %v", d, want)
 	}
 	bad := []struct {
 		name string
@@ -85,8 +85,8 @@ func TestParseReply(t *testing.T) {
 		{"deny without retry", []any{int64(0), int64(0), int64(5), int64(0)}, "on a deny"},
 	}
 	for _, tc := range bad {
-		if _, err := parseReply(tc.res, p); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: parseReply error = %v, want one containing %q", tc.name, err, tc.want)
+		if _, err := ParseReply(tc.res, p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ParseReply error = %v, want one containing %q", tc.name, err, tc.want)
 		}
 	}
 }

@@ -87,7 +87,7 @@ func (o *op) decision(p *limiter.Params) (limiter.Decision, error) {
 	var d limiter.Decision
 	var err error
 	if o.res != nil {
-		d, err = parseReply(o.res, p)
+		d, err = ParseReply(o.res, p)
 	} else {
 		d, err = checkReply(o.vals, p)
 	}

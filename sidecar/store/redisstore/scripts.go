@@ -14,7 +14,7 @@ import (
 
 // The Lua scripts, one per algorithm. Each one's header lists its KEYS,
 // ARGV and reply; all share one calling convention (see limitArgs) and one
-// reply shape (see parseReply).
+// reply shape (see ParseReply).
 var (
 	//go:embed lua/tokenbucket.lua
 	tokenBucketLua string
@@ -107,9 +107,11 @@ func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
 	return append([]string{now, strconv.FormatInt(n, 10)}, la.tail...)
 }
 
-// parseReply checks a script's reply, {allowed, remaining, reset_us,
-// retry_us}, and turns it into a Decision.
-func parseReply(res any, p *limiter.Params) (limiter.Decision, error) {
+// ParseReply checks a script's reply, {allowed, remaining, reset_us,
+// retry_us}, as a RESP2 client gives it ([]any of int64), and turns it into
+// a Decision under p, for tools that run the scripts outside the store.
+// Every element is type-checked and every value bounded.
+func ParseReply(res any, p *limiter.Params) (limiter.Decision, error) {
 	arr, ok := res.([]any)
 	if !ok {
 		if re, isErr := res.(resp.Error); isErr {
