@@ -139,7 +139,7 @@ func BenchmarkDecideRedis(b *testing.B) {
 	c := redistest.StartCluster(b, redistest.Options{Masters: 3})
 	for _, tc := range benchCases {
 		b.Run(tc.name, func(b *testing.B) {
-			st, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Password: c.Password()})
+			st, err := redisstore.New(redisstore.Options{Addrs: c.Addrs(), Password: c.Password(), BatchWindow: redisstore.DefaultBatchWindow})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -149,7 +149,7 @@ func BenchmarkDecideRedis(b *testing.B) {
 				b.Fatal(err)
 			}
 			m := metrics.NewMetrics(prometheus.NewRegistry())
-			e, err := New(Options{Store: st, StoreName: "redis", ShardOf: st.ShardOf, Fallback: fb, Metrics: m, Parallel: true})
+			e, err := New(Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -165,11 +165,19 @@ func BenchmarkDecideRedis(b *testing.B) {
 			hits := []Hit{{Rule: r, Cost: 1}}
 			var v Verdict
 			ctx := context.Background()
-			// Load the slot map and the scripts before measuring.
-			hits[0].Key = run + "warm"
-			e.Decide(ctx, hits, &v)
-			if v.Results[0].Source != FromStore {
-				b.Fatalf("warm-up decision from %v, want the store", v.Results[0].Source)
+			// Load the slot map and the scripts before measuring. On a
+			// loaded machine the first calls can miss the 50ms deadline
+			// while the connections are dialled: try again, on fresh keys.
+			for try := 0; ; try++ {
+				hits[0].Key = fmt.Sprintf("%swarm-%d", run, try)
+				e.Decide(ctx, hits, &v)
+				if v.Results[0].Source == FromStore {
+					break
+				}
+				if try == 100 {
+					b.Fatalf("warm-up decisions from %v, want the store", v.Results[0].Source)
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 			b.ReportAllocs()
 			i := 0

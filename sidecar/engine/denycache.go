@@ -125,7 +125,7 @@ const MaxDenyBackoff = time.Second
 // When several replicas flood one key, each refilled token goes to the
 // replica whose probe arrives first, and every other probe costs a store
 // call for nothing. A replica that wins keeps probing at the exact refill
-// instants (exhaustedFor). A replica that loses skips to the middle of a
+// instants (limiter.Params.EmptyFor). A replica that loses skips to the middle of a
 // later refill interval, (2^(streak-1) - 1/2) intervals after the next
 // refill: its probes fall where the winner has already taken the token, so
 // it rarely races the winner again, and the doubling brings it down to

@@ -45,13 +45,25 @@ type keyedStore struct {
 	failPrefix atomic.Pointer[string]
 	// gate, when non-nil, is waited on by every Take.
 	gate chan struct{}
+	// shardOf, when set, names the shard Take reports for a key, with
+	// its answers and its errors alike.
+	shardOf func(key string) string
 }
 
 func newKeyedStore(c *clock) *keyedStore {
 	return &keyedStore{clock: c, m: map[string]*limiter.Limiter{}}
 }
 
-func (s *keyedStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+func (s *keyedStore) Take(_ context.Context, req limiter.Request) (limiter.Decision, string, error) {
+	shard := ""
+	if s.shardOf != nil {
+		shard = s.shardOf(req.Key)
+	}
+	d, err := s.take(req)
+	return d, shard, err
+}
+
+func (s *keyedStore) take(req limiter.Request) (limiter.Decision, error) {
 	s.calls.Add(1)
 	if s.gate != nil {
 		<-s.gate
@@ -211,7 +223,7 @@ func TestTightestWinsAndDenyingRuleTakesNothing(t *testing.T) {
 			t.Fatalf("third request: %v binding %d, want deny by the tight rule", v.Outcome, v.Binding)
 		}
 		// The wide rule was not charged for the denied request.
-		d, err := f.store.Take(context.Background(), limiter.Request{Key: "w", Limit: wide.Limit, Cost: 0})
+		d, _, err := f.store.Take(context.Background(), limiter.Request{Key: "w", Limit: wide.Limit, Cost: 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,12 +283,7 @@ func TestFallbackActiveWhileAnyShardIsDown(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, false)
 	// Two shards, named by the key's first letter; shard b is down.
-	var err error
-	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Now: f.clock.Now,
-		ShardOf: func(key string) string { return key[:1] }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f.store.shardOf = func(key string) string { return key[:1] }
 	r := f.rule(t, "open", perMinute(limiter.TokenBucket, 1000), 1, false, false)
 	down := "b"
 	f.store.failPrefix.Store(&down)
@@ -313,6 +320,15 @@ func TestFallbackActiveWhileAnyShardIsDown(t *testing.T) {
 	if f.e.FallbackActive() || value(f.m.FallbackActive) != 0 {
 		t.Errorf("fallback still active (gauge %v) after every shard answered", value(f.m.FallbackActive))
 	}
+	// The store calls are counted under the shard the store reported.
+	for _, c := range []struct {
+		shard, result string
+		want          float64
+	}{{"a", "ok", 6}, {"b", "ok", 1}, {"b", "unavailable", 5}, {"all", "ok", 0}} {
+		if got := value(f.m.StoreOpsTotal.WithLabelValues("test", c.shard, c.result)); got != c.want {
+			t.Errorf("store_operations_total{shard=%q,result=%q} = %v, want %v", c.shard, c.result, got, c.want)
+		}
+	}
 }
 
 func TestFallbackEndsWhenADownShardGetsNoMoreCalls(t *testing.T) {
@@ -321,16 +337,11 @@ func TestFallbackEndsWhenADownShardGetsNoMoreCalls(t *testing.T) {
 	// Keys move from shard b to shard c, as when a replica at another
 	// address is promoted in place of a failed master.
 	var moved atomic.Bool
-	var err error
-	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Now: f.clock.Now,
-		ShardOf: func(key string) string {
-			if moved.Load() {
-				return "c"
-			}
-			return "b"
-		}})
-	if err != nil {
-		t.Fatal(err)
+	f.store.shardOf = func(string) string {
+		if moved.Load() {
+			return "c"
+		}
+		return "b"
 	}
 	r := f.rule(t, "open", perMinute(limiter.TokenBucket, 1000), 1, false, false)
 	f.store.fail.Store(true)
@@ -371,7 +382,7 @@ func TestFailClosedIsUnavailable(t *testing.T) {
 	}
 	f.store.fail.Store(false)
 	f.fallback.fail.Store(false)
-	d, err := f.fallback.Take(context.Background(), limiter.Request{Key: "a", Limit: open.Fallback})
+	d, _, err := f.fallback.Take(context.Background(), limiter.Request{Key: "a", Limit: open.Fallback})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,12 +33,12 @@ descriptors:
 func benchServer(b *testing.B) *envoyrls.Server {
 	b.Helper()
 	st, _ := memstore.New()
-	return benchServerOn(b, st, "memory", nil, false, false)
+	return benchServerOn(b, st, "memory", false, false)
 }
 
 // benchServerOn is a Server on the given store, set up as the sidecar sets
 // it up for that store; headers turns on its ResponseHeaders.
-func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(string) string, parallel, headers bool) *envoyrls.Server {
+func benchServerOn(b *testing.B, st limiter.Store, name string, parallel, headers bool) *envoyrls.Server {
 	b.Helper()
 	c, _, err := rlsimport.Load([]byte(benchPolicy), rlsimport.Options{})
 	if err != nil {
@@ -51,7 +51,7 @@ func benchServerOn(b *testing.B, st limiter.Store, name string, shardOf func(str
 		b.Fatal(err)
 	}
 	fb, _ := memstore.New()
-	eng, err := engine.New(engine.Options{Store: st, StoreName: name, ShardOf: shardOf, Fallback: fb, Metrics: m, Parallel: parallel})
+	eng, err := engine.New(engine.Options{Store: st, StoreName: name, Fallback: fb, Metrics: m, Parallel: parallel})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func BenchmarkShouldRateLimitHeaders(b *testing.B) {
 	for _, tc := range benchCases[:2] {
 		b.Run(tc.name, func(b *testing.B) {
 			st, _ := memstore.New()
-			s := benchServerOn(b, st, "memory", nil, false, true)
+			s := benchServerOn(b, st, "memory", false, true)
 			r := tc.req(0)
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -133,7 +133,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = st.Close() })
-			s := benchServerOn(b, st, "redis", st.ShardOf, true, false)
+			s := benchServerOn(b, st, "redis", true, false)
 			ctx := context.Background()
 			// Load the slot map and the scripts before measuring.
 			if _, err := s.ShouldRateLimit(ctx, req("bench", d("user=warm"))); err != nil {

@@ -6,24 +6,6 @@ import (
 	"time"
 )
 
-// State is the fixed-size state of one key for TokenBucket, GCRA,
-// FixedWindow and SlidingWindow, in the layout of ALGORITHMS.md:
-//
-//	TokenBucket    A = L (level, units)        B = T (last tick)
-//	GCRA           A = A (TAT, whole ticks)    B = F (TAT fraction, units)
-//	FixedWindow    A = W (window start, µs)    B = N (count)
-//	SlidingWindow  A = W (window start, µs)    B = cur             C = prev
-//
-// The zero State is absent, which every algorithm reads as a full key. A
-// State is written with the Params of the limit in force; a store keeps
-// those Params (or their identity) beside it so that a later limit edit can
-// convert it.
-type State struct {
-	A, B, C int64
-	// Set is false for an absent state.
-	Set bool
-}
-
 // Errors for bad requests. They are returned wrapped with the offending value.
 var (
 	// ErrNegativeCost is returned for a cost below zero.
@@ -96,6 +78,35 @@ func (p *Params) Take(s *State, sp *Params, nowUs, n int64) (d Decision, write b
 	return d, write, nil
 }
 
+// EmptyFor returns how long the key that d, an allowed decision under p,
+// left with nothing remaining cannot admit even a request of cost 1: the
+// wait until it next admits anything, from the instant of d. It returns 0
+// when d left room, was a deny, or cannot tell: the window algorithms
+// other than FixedWindow keep state that d does not describe.
+//
+// The wait is never short, so a caller that holds the key locally for it
+// never asks too early. For FixedWindow it is exact: the end of the
+// window. For TokenBucket and GCRA it is late by at most one tick
+// (TickMicros): ResetAfter is when the bucket is full again; less the
+// ticks that refill all but one token, rounded up, it is at most one tick
+// before the first token, and one tick more puts it at or just after that
+// instant (ResetAfter as ALGORITHMS.md computes it).
+func (p *Params) EmptyFor(d Decision) time.Duration {
+	if !d.Allowed || d.Remaining > 0 || d.ResetAfter <= 0 {
+		return 0
+	}
+	switch p.Limit.Algorithm {
+	case TokenBucket, GCRA:
+		// Whole ticks that refill CapacityUnits less one token, less
+		// the one tick added back.
+		slackTicks := ceilDiv(p.CapacityUnits-p.TokenUnits, p.TickUnits) - 1
+		return max(0, d.ResetAfter-micros(slackTicks*p.TickMicros))
+	case FixedWindow:
+		return d.ResetAfter
+	}
+	return 0
+}
+
 // sameScale reports whether a state written under sp reads the same under p.
 func (p *Params) sameScale(sp *Params) bool {
 	return sp == nil || sp == p ||
@@ -116,7 +127,7 @@ func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decis
 func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	t := div(now, q)
-	l, last := s.A, s.B
+	l, last := s.Level(), s.LastTick()
 	switch {
 	case !s.Set:
 		l, last = cu, t
@@ -148,14 +159,14 @@ func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool
 	if l != cu {
 		reset = (last+ceilDivBy(cu-l, u))*q - now
 	}
-	s.A, s.B = l, last
+	s.setTokenBucket(l, last)
 	return p.decision(allowed, l/k, reset, retry), write
 }
 
 func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	t := div(now, q)
-	a, f := s.A, s.B
+	a, f := s.TAT(), s.TATFraction()
 	switch {
 	case !s.Set:
 		a, f = t, 0
@@ -195,14 +206,14 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	if debt != 0 {
 		reset = (b+ceilDivBy(debt, u))*q - now
 	}
-	s.A, s.B = a, f
+	s.setGCRA(a, f)
 	return p.decision(allowed, max(0, cu-debt)/k, reset, retry), write
 }
 
 func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	per, c := p.PeriodMicros, p.Capacity
 	ws := now - now%per
-	w, cnt := s.A, s.B
+	w, cnt := s.WindowStart(), s.Count()
 	if !s.Set || ws > w {
 		w, cnt = ws, 0
 	}
@@ -223,14 +234,14 @@ func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	if cnt != 0 {
 		reset = w + per - now
 	}
-	s.A, s.B = w, cnt
+	s.setWindow(w, cnt, 0)
 	return p.decision(allowed, max(0, c-cnt), reset, retry), write
 }
 
 func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	per, c, q, pw := p.PeriodMicros, p.Capacity, p.TickMicros, p.WindowTicks
 	ws := now - now%per
-	w, cur, prev := s.A, s.B, s.C
+	w, cur, prev := s.WindowStart(), s.Count(), s.PrevCount()
 	if !s.Set {
 		w, cur, prev = ws, 0, 0
 	} else if d := ws - w; d >= 2*per {
@@ -276,7 +287,7 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	case prev > 0:
 		reset = w + per - now
 	}
-	s.A, s.B, s.C = w, cur, prev
+	s.setWindow(w, cur, prev)
 	return p.decision(allowed, max(0, c*pw-x)/pw, reset, retry), write
 }
 

@@ -154,9 +154,6 @@ type Request struct {
 	Limit Limit
 	// Cost is what the request spends. 0 is a peek.
 	Cost int64
-	// Now, when non-zero, overrides the store's own clock. Only tests set
-	// it; the Redis store otherwise reads Redis TIME.
-	Now time.Time
 }
 
 // ErrUnavailable marks a store error after which the caller cannot know the
@@ -165,12 +162,19 @@ type Request struct {
 // %w so that errors.Is finds it.
 var ErrUnavailable = errors.New("counter store unavailable")
 
-// Store decides requests against keyed limiter state. Implementations are
-// safe for concurrent use.
+// Store decides requests against keyed limiter state, at the instant its
+// own clock gives (the in-memory store's clock, Redis TIME); tests inject
+// a clock through the store's options. Implementations are safe for
+// concurrent use.
 type Store interface {
-	// Take applies req atomically and returns the decision. An error
-	// wrapping ErrUnavailable means the state could not be reached.
-	Take(ctx context.Context, req Request) (Decision, error)
+	// Take applies req atomically and returns the decision, and the shard
+	// of the store that holds req.Key: the name its metrics and health
+	// are kept under, such as a Redis master's address. The shard is ""
+	// for a store that is not sharded, or when a call fails before the
+	// key's shard is known; it comes with errors too, so that a failing
+	// shard can be told from a healthy one. An error wrapping
+	// ErrUnavailable means the state could not be reached.
+	Take(ctx context.Context, req Request) (d Decision, shard string, err error)
 }
 
 // String formats d compactly, for logs and test failures.

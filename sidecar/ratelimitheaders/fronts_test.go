@@ -138,12 +138,12 @@ type store struct {
 	keys map[string]bool
 }
 
-func (s *store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+func (s *store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	s.mu.Lock()
 	s.keys[req.Key] = true
 	s.mu.Unlock()
 	if strings.HasPrefix(req.Key, "down:") {
-		return limiter.Decision{}, fmt.Errorf("dial 127.0.0.1:1: %w", limiter.ErrUnavailable)
+		return limiter.Decision{}, "", fmt.Errorf("dial 127.0.0.1:1: %w", limiter.ErrUnavailable)
 	}
 	return s.mem.Take(ctx, req)
 }

@@ -141,7 +141,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.RedisTLSSkipVer, "redis-tls-insecure-skip-verify", false, "do not verify Redis certificates (testing only)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call; 0 keeps the store's default ("+redisstore.DefaultTimeout.String()+")")
 	fs.DurationVar(&c.RedisBatchWindow, "redis-batch-window", redisstore.DefaultBatchWindow,
-		"longest a Redis decision waits to share a pipelined write with others bound for the same shard (only while the shard has writes in flight); 0 disables batching; at most "+redisstore.MaxBatchWindow.String())
+		"longest a Redis decision waits to share a pipelined write with others bound for the same shard (only while the shard has writes in flight); 0 means no window: decisions never wait for others; at most "+redisstore.MaxBatchWindow.String())
 	fs.IntVar(&c.RedisMaxBatch, "redis-max-batch", redisstore.DefaultMaxBatch, "most decisions in one pipelined write to a shard")
 	fs.IntVar(&c.RedisBreakerFailures, "redis-breaker-failures", redisstore.DefaultBreakerFailures,
 		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode)")
@@ -313,7 +313,7 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		bad("redis-timeout", "must not be negative")
 	}
 	if c.RedisBatchWindow < 0 || c.RedisBatchWindow > redisstore.MaxBatchWindow {
-		bad("redis-batch-window", "must be between 0 (no batching) and %v, got %v", redisstore.MaxBatchWindow, c.RedisBatchWindow)
+		bad("redis-batch-window", "must be between 0 (no window) and %v, got %v", redisstore.MaxBatchWindow, c.RedisBatchWindow)
 	}
 	if c.RedisMaxBatch < 1 {
 		bad("redis-max-batch", "must be at least 1, got %d", c.RedisMaxBatch)

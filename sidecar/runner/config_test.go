@@ -44,7 +44,7 @@ func TestFlagsEnvAndDefaults(t *testing.T) {
 		t.Errorf("redis tuning defaults %v %d %d %v, want the store's defaults", c.RedisBatchWindow, c.RedisMaxBatch, c.RedisBreakerFailures, c.RedisBreakerCooldown)
 	}
 	if c, err := parse(t, nil, map[string]string{"FLOODGATE_REDIS_BATCH_WINDOW": "0s"}); err != nil || c.RedisBatchWindow != 0 || c.Validate() != nil && strings.Contains(c.Validate().Error(), "batch") {
-		t.Errorf("FLOODGATE_REDIS_BATCH_WINDOW=0s: %v, window %v; 0 must be accepted (it disables batching)", err, c.RedisBatchWindow)
+		t.Errorf("FLOODGATE_REDIS_BATCH_WINDOW=0s: %v, window %v; 0 must be accepted (no window)", err, c.RedisBatchWindow)
 	}
 	if !c.IsSet("upstream") || c.IsSet("admin-listen") {
 		t.Errorf("IsSet does not track env-given flags")

@@ -330,7 +330,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 		return fmt.Errorf("fallback store: %w", err)
 	}
 	eng, err := engine.New(engine.Options{
-		Store: st.store, StoreName: sel.Type, ShardOf: st.shardOf, Fallback: fallback,
+		Store: st.store, StoreName: sel.Type, Fallback: fallback,
 		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote,
 	})
 	if err != nil {

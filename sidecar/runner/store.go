@@ -55,10 +55,9 @@ func (c *Config) flagTLS() *config.TLS {
 
 // storeHandle is an open counter store.
 type storeHandle struct {
-	store   limiter.Store
-	shardOf func(key string) string
-	remote  bool
-	close   func() error
+	store  limiter.Store
+	remote bool
+	close  func() error
 }
 
 // openStore is the one place a counter store is built.

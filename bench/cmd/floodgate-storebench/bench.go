@@ -58,9 +58,9 @@ type Config struct {
 	LoadCPU  int
 	Window   time.Duration
 	Timeout  time.Duration
-	// PoolSize is the store's connection pool per node without batching;
-	// 0 means one per caller, so that the unbatched baseline is never
-	// short of connections (go-redis's default, 10 per GOMAXPROCS, would
+	// PoolSize is the unbatched baseline's connection pool per node; 0
+	// means one per caller, so that the baseline is never short of
+	// connections (go-redis's default, 10 per GOMAXPROCS, would
 	// cap it at 10 calls in flight per node once pinned to one CPU).
 	PoolSize int
 	JSON     bool
@@ -87,7 +87,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.IntVar(&c.LoadCPU, "load-cpu", 1, "CPU for this process and redis-benchmark")
 	fs.DurationVar(&c.Window, "window", redisstore.DefaultBatchWindow, "batch window of the batched phase")
 	fs.DurationVar(&c.Timeout, "timeout", time.Second, "per-call deadline of the store (generous: the harness measures, it does not shed)")
-	fs.IntVar(&c.PoolSize, "pool-size", 0, "connections per node of the unbatched store (default: one per caller)")
+	fs.IntVar(&c.PoolSize, "pool-size", 0, "connections per node of the unbatched baseline (default: one per caller)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched closed-loop phase to this file")
 }
@@ -200,7 +200,8 @@ type Report struct {
 	// rounds.
 	Median Medians `json:"median"`
 	// BatchedOverUnbatched is the median over the rounds of the batched
-	// store's rate over the unbatched store's, same round, same cluster.
+	// store's rate over the unbatched baseline's, same round, same
+	// cluster.
 	BatchedOverUnbatched float64 `json:"batchedOverUnbatched"`
 	// BatchedOverCeiling is the batched store's median rate over
 	// redis-benchmark's median unpipelined EVALSHA ceiling.
@@ -261,9 +262,9 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 			ew.printf("%s: %s\n", p.Name, p.Note)
 		}
 	}
-	ew.printf("\nmedians over the rounds, decisions/s: redis-benchmark -P 1 %.0f, pipelined %.0f; store unbatched %.0f, batched %.0f\n",
+	ew.printf("\nmedians over the rounds, decisions/s: redis-benchmark -P 1 %.0f, pipelined %.0f; unbatched baseline %.0f, store batched %.0f\n",
 		r.Median.CeilingUnpipelined, r.Median.CeilingPipelined, r.Median.Unbatched, r.Median.Batched)
-	ew.printf("batched / unbatched store (median of the rounds' ratios): %.2fx\n", r.BatchedOverUnbatched)
+	ew.printf("batched store / unbatched baseline (median of the rounds' ratios): %.2fx\n", r.BatchedOverUnbatched)
 	ew.printf("batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
 	ew.printf("foreign CPU: the machine's CPU time taken by other processes during a phase (redis-benchmark's own included);\n" +
 		"where it is high, rates and latencies measure the machine's contention, and CPU per decision is the figure to compare\n")
@@ -358,15 +359,18 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if pool == 0 {
 		pool = cfg.Callers
 	}
-	newStore := func(window time.Duration) (*redisstore.Store, error) {
-		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window, PoolSize: pool})
-	}
 	modes := []struct {
 		name   string
-		window time.Duration
+		window time.Duration // 0: the unbatched baseline
 	}{
-		{"store, one EVALSHA per decision", redisstore.NoBatching},
+		{"go-redis, one EVALSHA per decision", 0},
 		{fmt.Sprintf("store, batched (window %v)", cfg.Window), cfg.Window},
+	}
+	newStore := func(window time.Duration) (store, error) {
+		if window == 0 {
+			return newUnbatched(addrs, l, pool, cfg.Timeout)
+		}
+		return redisstore.New(redisstore.Options{Addrs: addrs, Timeout: cfg.Timeout, BatchWindow: window})
 	}
 
 	// Rounds interleave every closed-loop measurement, so that a machine
@@ -705,7 +709,7 @@ func perDecision(cpu time.Duration, n int64, pids []int) time.Duration {
 }
 
 // closedLoop has callers decide back to back on random keys for d.
-func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, callers int, d time.Duration) Phase {
+func closedLoop(ctx context.Context, s store, keys []string, l limiter.Limit, callers int, d time.Duration) Phase {
 	var errs atomic.Int64
 	lat := make([][]time.Duration, callers)
 	stop := time.Now().Add(d)
@@ -717,7 +721,7 @@ func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limit
 			mine := make([]time.Duration, 0, 1<<14)
 			for time.Now().Before(stop) && ctx.Err() == nil {
 				t0 := time.Now()
-				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				_, _, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
 				if err != nil {
 					errs.Add(1)
 					continue
@@ -741,7 +745,7 @@ func closedLoop(ctx context.Context, s *redisstore.Store, keys []string, l limit
 // latency and its time from scheduled arrival to answer. Arrivals are
 // released at their scheduled instants (harness.Pacer), at most arrivalTick
 // late.
-func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter.Limit, rate float64, d time.Duration, workers int) Phase {
+func openLoop(ctx context.Context, s store, keys []string, l limiter.Limit, rate float64, d time.Duration, workers int) Phase {
 	type arrival struct{ at time.Time }
 	queue := make(chan arrival, 1<<16)
 	var errs, dropped atomic.Int64
@@ -754,7 +758,7 @@ func openLoop(ctx context.Context, s *redisstore.Store, keys []string, l limiter
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			for a := range queue {
 				t0 := time.Now()
-				_, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
+				_, _, err := s.Take(ctx, limiter.Request{Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1})
 				t1 := time.Now()
 				if err != nil {
 					errs.Add(1)

@@ -4,8 +4,9 @@
 //
 //   - the EVALSHA ceiling of the same Lua script, from redis-benchmark,
 //     unpipelined and pipelined;
-//   - decisions per second through the store with concurrent callers, one
-//     unpipelined EVALSHA per decision (batching off) and micro-batched;
+//   - decisions per second with concurrent callers through the store,
+//     micro-batched, and through the unbatched baseline: one unpipelined
+//     EVALSHA per decision over a go-redis connection pool (unbatched.go);
 //   - the store's latency percentiles under an open-loop load at half the
 //     batched maximum.
 //

@@ -1,8 +1,11 @@
 // Package limitertest is the conformance suite for limiter.Store
-// implementations. Run it from a store's tests:
+// implementations. Run it from a store's tests, giving the store the clock
+// the suite passes (nil: the store's own):
 //
 //	func TestConformance(t *testing.T) {
-//		limitertest.Run(t, func(t *testing.T) limiter.Store { return newStore(t) })
+//		limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store {
+//			return newStore(t, now)
+//		})
 //	}
 //
 // The same step tables also run against the pure algorithms in package
@@ -48,6 +51,37 @@ func RunTable(t *testing.T, tb Table, allow AllowFunc) {
 	}
 }
 
+// Clock is a settable clock: give its Now to a store, and Set it before
+// each request. It is safe for concurrent use.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a Clock that reads t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the instant last set.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Set moves the clock to t, forwards or back.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+// Add moves the clock by d.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 var runSeq atomic.Int64
 
 // keyPrefix returns a key prefix unique to this process, subtest and run.
@@ -56,18 +90,22 @@ func keyPrefix(t *testing.T) string {
 	return fmt.Sprintf("lt:%d:%d:%s:", time.Now().UnixNano(), runSeq.Add(1), name)
 }
 
-// Run runs the conformance suite against the stores newStore returns. It
-// may call newStore once per subtest; stores are not required to be empty,
+// Run runs the conformance suite against the stores newStore returns:
+// stores whose clock is now, or their own clock when now is nil. It may
+// call newStore once per subtest; stores are not required to be empty,
 // since every subtest uses keys of its own.
-func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
+func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) limiter.Store) {
+	base := time.Unix(1_700_000_000, 0)
 	t.Run("Tables", func(t *testing.T) {
 		t.Parallel()
 		for _, tb := range Tables() {
 			t.Run(tb.Name, func(t *testing.T) {
 				t.Parallel()
-				s, key := newStore(t), keyPrefix(t)+"k"
+				clk := NewClock(tb.Base)
+				s, key := newStore(t, clk.Now), keyPrefix(t)+"k"
 				RunTable(t, tb, func(at time.Time, n int64, l limiter.Limit) (limiter.Decision, error) {
-					return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+					clk.Set(at)
+					return take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: n})
 				})
 			})
 		}
@@ -77,13 +115,15 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 		for _, alg := range algorithms {
 			t.Run(alg.String(), func(t *testing.T) {
 				t.Parallel()
-				s, prefix := newStore(t), keyPrefix(t)
+				clk := NewClock(base)
+				s, prefix := newStore(t, clk.Now), keyPrefix(t)
 				rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(alg)))
 				for i := range 4 {
 					l := RandomLimit(rng, alg)
 					key := fmt.Sprintf("%s%d", prefix, i)
 					CompareTrace(t, l, rng, 1000, func(now, n int64) (limiter.Decision, error) {
-						return s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: time.UnixMicro(now)})
+						clk.Set(time.UnixMicro(now))
+						return take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: n})
 					})
 				}
 			})
@@ -94,19 +134,18 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 		for _, alg := range algorithms {
 			t.Run(alg.String(), func(t *testing.T) {
 				t.Parallel()
-				testRace(t, newStore(t), keyPrefix(t)+"k", alg)
+				testRace(t, newStore(t, NewClock(base.Add(123*time.Microsecond)).Now), keyPrefix(t)+"k", alg)
 			})
 		}
 	})
 	t.Run("KeysIndependent", func(t *testing.T) {
 		t.Parallel()
-		s, prefix := newStore(t), keyPrefix(t)
+		s, prefix := newStore(t, NewClock(base).Now), keyPrefix(t)
 		l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Minute}
-		now := time.Unix(1_700_000_000, 0)
 		for i := range 50 {
 			key := fmt.Sprintf("%s%d", prefix, i)
 			for j := range 3 {
-				d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+				d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: 1})
 				if err != nil {
 					t.Fatalf("Take(%s): %v", key, err)
 				}
@@ -118,22 +157,28 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 	})
 	t.Run("BadInput", func(t *testing.T) {
 		t.Parallel()
-		s, key := newStore(t), keyPrefix(t)+"k"
+		clk := NewClock(base)
+		s, key := newStore(t, clk.Now), keyPrefix(t)+"k"
 		good := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Minute}
-		bad := []limiter.Request{
-			{Key: key, Limit: good, Cost: -1, Now: time.Unix(1_700_000_000, 0)},
-			{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 0, Period: time.Minute}, Cost: 1},
-			{Key: key, Limit: limiter.Limit{Requests: 5, Period: time.Minute}, Cost: 1},
-			{Key: key, Limit: good, Cost: 1, Now: time.Unix(-5, 0)},
+		bad := []struct {
+			req limiter.Request
+			at  time.Time
+		}{
+			{limiter.Request{Key: key, Limit: good, Cost: -1}, base},
+			{limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 0, Period: time.Minute}, Cost: 1}, base},
+			{limiter.Request{Key: key, Limit: limiter.Limit{Requests: 5, Period: time.Minute}, Cost: 1}, base},
+			{limiter.Request{Key: key, Limit: good, Cost: 1}, time.Unix(-5, 0)}, // before the epoch
 		}
-		for i, req := range bad {
-			if _, err := s.Take(t.Context(), req); err == nil || errors.Is(err, limiter.ErrUnavailable) {
-				t.Errorf("request %d (%+v): err = %v, want a validation error", i, req, err)
+		for i, b := range bad {
+			clk.Set(b.at)
+			if _, err := take(t.Context(), s, b.req); err == nil || errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("request %d (%+v at %v): err = %v, want a validation error", i, b.req, b.at, err)
 			}
 		}
 		// None of them spent anything.
+		clk.Set(base)
 		for j := range 3 {
-			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: good, Cost: 1, Now: time.Unix(1_700_000_000, 0)})
+			d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: good, Cost: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -144,12 +189,12 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 	})
 	t.Run("ClockDefault", func(t *testing.T) {
 		t.Parallel()
-		// Without Request.Now the store uses its own clock (Redis TIME):
+		// Without a clock the store uses its own (Redis TIME, time.Now):
 		// a full bucket admits exactly its capacity at once.
-		s, key := newStore(t), keyPrefix(t)+"k"
+		s, key := newStore(t, nil), keyPrefix(t)+"k"
 		l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
 		for j := range 4 {
-			d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1})
+			d, err := take(t.Context(), s, limiter.Request{Key: key, Limit: l, Cost: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -162,18 +207,17 @@ func Run(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 
 var algorithms = []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog}
 
-// testRace has 1000 goroutines take 1 at the same instant from a key of
-// capacity 10: exactly 10 must win.
+// testRace has 1000 goroutines take 1 at the same instant, the one s's
+// clock reads, from a key of capacity 10: exactly 10 must win.
 func testRace(t *testing.T, s limiter.Store, key string, alg limiter.Algorithm) {
 	l := limiter.Limit{Algorithm: alg, Requests: 10, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 123_000)
 	var wins, errs atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for range 1000 {
 		wg.Go(func() {
 			<-start
-			d, err := s.Take(context.Background(), limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+			d, err := take(context.Background(), s, limiter.Request{Key: key, Limit: l, Cost: 1})
 			switch {
 			case err != nil:
 				errs.Add(1)
@@ -248,4 +292,10 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 			t.Fatalf("%v step %d: deny with RetryAfter %v", l, i, got.RetryAfter)
 		}
 	}
+}
+
+// take is s.Take without the shard.
+func take(ctx context.Context, s limiter.Store, req limiter.Request) (limiter.Decision, error) {
+	d, _, err := s.Take(ctx, req)
+	return d, err
 }

@@ -18,8 +18,9 @@ import (
 
 // The benchmarks compare a keyed decision with golang.org/x/time/rate's
 // AllowN on a single Limiter, in the same run, so the ratio can be read
-// directly. Time is passed in, as AllowN takes it, so neither side pays for
-// reading the clock.
+// directly. The store's clock is one the benchmark moves itself, and
+// AllowN takes its time as a parameter, so neither side pays for reading
+// the system clock.
 //
 // The serial benchmarks also report cpu-ns/op, the process CPU time per
 // operation: on a machine shared with other work, wall-clock ns/op counts
@@ -49,11 +50,35 @@ var keyedLimit = limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, P
 
 var keyedBase = time.Unix(1_700_000_000, 0)
 
+// serialClock is a store clock for one goroutine, which moves it before
+// each decision: a read is a load and a conversion.
+type serialClock struct{ us int64 }
+
+func (c *serialClock) Now() time.Time { return time.UnixMicro(c.us) }
+
+// sharedClock is a store clock for several goroutines. Reads are atomic
+// loads; the goroutines move it in steps of many decisions, so that they
+// rarely write the same cache line.
+type sharedClock struct{ us atomic.Int64 }
+
+func newSharedClock(t time.Time) *sharedClock {
+	c := &sharedClock{}
+	c.us.Store(t.UnixMicro())
+	return c
+}
+
+func (c *sharedClock) Now() time.Time { return time.UnixMicro(c.us.Load()) }
+
+// clockStep is how many decisions a goroutine makes between two moves of
+// a sharedClock.
+const clockStep = 64
+
 // keyed is a store holding manyKeys keys and the keys in a random order,
 // laid out in memory in that order, so that the slot a decision touches is
 // random but reading the next key is not.
 type keyed struct {
 	store *memstore.Store
+	clock *sharedClock
 	keys  []string
 }
 
@@ -74,7 +99,8 @@ func keyedStore(b *testing.B, l limiter.Limit) *keyed {
 	}
 	keyedMu.Unlock()
 	once.Do(func() {
-		s, err := memstore.New(memstore.WithMaxKeys(manyKeys))
+		clk := newSharedClock(keyedBase)
+		s, err := memstore.New(memstore.WithMaxKeys(manyKeys), memstore.WithClock(clk.Now))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -83,14 +109,13 @@ func keyedStore(b *testing.B, l limiter.Limit) *keyed {
 		for i, k := range order {
 			keys[i] = "fg:policy:rule:" + strconv.Itoa(k)
 		}
-		now := keyedBase
 		for _, k := range keys {
-			if _, err := s.Take(context.Background(), limiter.Request{Key: k, Limit: l, Cost: 1, Now: now}); err != nil {
+			if _, _, err := s.Take(context.Background(), limiter.Request{Key: k, Limit: l, Cost: 1}); err != nil {
 				b.Fatal(err)
 			}
 		}
 		keyedMu.Lock()
-		keyedSets[l.Algorithm] = &keyed{store: s, keys: keys}
+		keyedSets[l.Algorithm] = &keyed{store: s, clock: clk, keys: keys}
 		keyedMu.Unlock()
 	})
 	keyedMu.Lock()
@@ -101,19 +126,18 @@ func keyedStore(b *testing.B, l limiter.Limit) *keyed {
 // BenchmarkTake is a decision on an existing key.
 func BenchmarkTake(b *testing.B) {
 	b.Run("1key", func(b *testing.B) {
-		s, err := memstore.New()
+		clk := &serialClock{us: keyedBase.UnixMicro()}
+		s, err := memstore.New(memstore.WithClock(clk.Now))
 		if err != nil {
 			b.Fatal(err)
 		}
-		now := time.Unix(1_700_000_000, 0)
 		req := limiter.Request{Key: "fg:policy:rule:42", Limit: benchLimit, Cost: 1}
 		ctx := context.Background()
 		b.ReportAllocs()
 		start := cpuTime()
 		for b.Loop() {
-			now = now.Add(10 * time.Millisecond)
-			req.Now = now
-			if _, err := s.Take(ctx, req); err != nil {
+			clk.us += 10_000 // 10ms: a token
+			if _, _, err := s.Take(ctx, req); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -127,7 +151,6 @@ func BenchmarkTake(b *testing.B) {
 				l.Burst = 0
 			}
 			ks := keyedStore(b, l)
-			now := keyedBase
 			ctx := context.Background()
 			req := limiter.Request{Limit: l, Cost: 1}
 			i := 0
@@ -138,9 +161,8 @@ func BenchmarkTake(b *testing.B) {
 				if i++; i == manyKeys {
 					i = 0
 				}
-				now = now.Add(time.Microsecond)
-				req.Now = now
-				if _, err := ks.store.Take(ctx, req); err != nil {
+				ks.clock.us.Add(1)
+				if _, _, err := ks.store.Take(ctx, req); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -158,7 +180,6 @@ func BenchmarkTakeZipf(b *testing.B) {
 	for i := range seq {
 		seq[i] = uint32(z.Uint64())
 	}
-	now := keyedBase
 	ctx := context.Background()
 	req := limiter.Request{Limit: keyedLimit, Cost: 1}
 	i := 0
@@ -169,9 +190,8 @@ func BenchmarkTakeZipf(b *testing.B) {
 		if i++; i == len(seq) {
 			i = 0
 		}
-		now = now.Add(time.Microsecond)
-		req.Now = now
-		if _, err := ks.store.Take(ctx, req); err != nil {
+		ks.clock.us.Add(1)
+		if _, _, err := ks.store.Take(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -181,19 +201,20 @@ func BenchmarkTakeZipf(b *testing.B) {
 // BenchmarkTakeParallel is BenchmarkTake from GOMAXPROCS goroutines.
 func BenchmarkTakeParallel(b *testing.B) {
 	b.Run("1key", func(b *testing.B) {
-		s, err := memstore.New()
+		clk := newSharedClock(keyedBase)
+		s, err := memstore.New(memstore.WithClock(clk.Now))
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
-			now := time.Unix(1_700_000_000, 0)
 			req := limiter.Request{Key: "fg:policy:rule:42", Limit: benchLimit, Cost: 1}
 			ctx := context.Background()
-			for pb.Next() {
-				now = now.Add(10 * time.Millisecond)
-				req.Now = now
-				if _, err := s.Take(ctx, req); err != nil {
+			for i := 0; pb.Next(); i++ {
+				if i%clockStep == 0 {
+					clk.us.Add(clockStep * 10_000) // 10ms a decision: a token each
+				}
+				if _, _, err := s.Take(ctx, req); err != nil {
 					b.Error(err)
 					return
 				}
@@ -206,17 +227,17 @@ func BenchmarkTakeParallel(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			i := int(worker.Add(1)) * 7919 % manyKeys
-			now := keyedBase
 			ctx := context.Background()
 			req := limiter.Request{Limit: keyedLimit, Cost: 1}
-			for pb.Next() {
+			for n := 0; pb.Next(); n++ {
 				req.Key = ks.keys[i]
 				if i++; i == manyKeys {
 					i = 0
 				}
-				now = now.Add(time.Microsecond)
-				req.Now = now
-				if _, err := ks.store.Take(ctx, req); err != nil {
+				if n%clockStep == 0 {
+					ks.clock.us.Add(clockStep) // 1µs a decision
+				}
+				if _, _, err := ks.store.Take(ctx, req); err != nil {
 					b.Error(err)
 					return
 				}

@@ -32,9 +32,8 @@
 //
 // # Time
 //
-// Decisions use Request.Now when set, and the store's clock otherwise. So
-// do expiry and eviction, so a store must see one timeline: either real
-// time or a test's fixed instants, not a mix on the same keys.
+// Decisions, expiry and eviction read the store's clock: time.Now, or the
+// clock given with WithClock, which tests use to control time.
 //
 // # Concurrency
 //
@@ -105,8 +104,8 @@ func WithShards(n int) Option {
 	}
 }
 
-// WithClock sets the clock used when a Request has no Now. The default is
-// time.Now.
+// WithClock sets the store's clock. The default is time.Now. It must be
+// safe for concurrent use.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) error {
 		if now == nil {
@@ -175,38 +174,33 @@ func (s *Store) shardOf(h uint64) *shard {
 	return &s.shards[(h>>(64-s.shardBits))&uint64(len(s.shards)-1)]
 }
 
-func (s *Store) nowMicros(req *limiter.Request) int64 {
-	if !req.Now.IsZero() {
-		return req.Now.UnixMicro()
-	}
-	return s.clock().UnixMicro()
-}
-
 // Take applies req to its key and returns the decision. It never blocks on
 // I/O and never returns ErrUnavailable; errors are for bad input only (an
 // invalid limit, a negative cost, a time outside the representable range).
-// ctx is not used.
-func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, error) {
+// The store is one shard to its callers: the shard is always "". ctx is
+// not used.
+func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	lp, err := s.limits.get(req.Limit)
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("memstore take: %w", err)
+		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
-	now := s.nowMicros(&req)
+	now := s.clock().UnixMicro()
 	h := hashKey(req.Key)
 	sh := s.shardOf(h)
 	sh.mu.Lock()
 	d, err := sh.take(h, lp, now, req.Cost)
 	sh.mu.Unlock()
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("memstore take: %w", err)
+		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
-	return d, nil
+	return d, "", nil
 }
 
 // Peek returns the decision a cost-0 request on key would get now under l:
 // what remains and when the key is full again. It changes nothing.
 func (s *Store) Peek(ctx context.Context, key string, l limiter.Limit) (limiter.Decision, error) {
-	return s.Take(ctx, limiter.Request{Key: key, Limit: l})
+	d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l})
+	return d, err
 }
 
 // Delete forgets key's state, so its next request finds it full. It

@@ -24,16 +24,26 @@ func newStore(t testing.TB, opts ...memstore.Option) *memstore.Store {
 	return s
 }
 
+// clocked returns the options plus WithClock(now), unless now is nil.
+func clocked(now func() time.Time, opts ...memstore.Option) []memstore.Option {
+	if now == nil {
+		return opts
+	}
+	return append(opts, memstore.WithClock(now))
+}
+
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	limitertest.Run(t, func(t *testing.T) limiter.Store { return newStore(t) })
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store { return newStore(t, clocked(now)...) })
 }
 
 // TestConformanceTinyShards runs the suite with one shard and a table that
 // must grow, probe and shift on every subtest.
 func TestConformanceTinyShards(t *testing.T) {
 	t.Parallel()
-	limitertest.Run(t, func(t *testing.T) limiter.Store { return newStore(t, memstore.WithShards(1)) })
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store {
+		return newStore(t, clocked(now, memstore.WithShards(1))...)
+	})
 }
 
 func TestOptionsValidated(t *testing.T) {
@@ -51,38 +61,21 @@ func TestOptionsValidated(t *testing.T) {
 	}
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 func take(t *testing.T, s *memstore.Store, key string, l limiter.Limit, cost int64) limiter.Decision {
 	t.Helper()
-	d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
+	d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
 	if err != nil {
 		t.Fatalf("Take(%s, %d): %v", key, cost, err)
 	}
 	return d
 }
 
-// TestClockAndExpiry: without Request.Now the store's clock decides; a
-// key's state expires once it is back to full plus the TTL margin, as the
-// Redis TTL would, and Sweep and new keys reclaim it.
+// TestClockAndExpiry: the store's clock decides; a key's state expires once
+// it is back to full plus the TTL margin, as the Redis TTL would, and Sweep
+// and new keys reclaim it.
 func TestClockAndExpiry(t *testing.T) {
 	t.Parallel()
-	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clk := limitertest.NewClock(time.Unix(1_700_000_000, 0))
 	s := newStore(t, memstore.WithClock(clk.Now), memstore.WithShards(1))
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Second}
 	take(t, s, "a", l, 2)
@@ -93,11 +86,11 @@ func TestClockAndExpiry(t *testing.T) {
 		t.Fatalf("Len = %d, want 1", got)
 	}
 	// Full after 1s; the state lives StateTTL(1s) = 2s.
-	clk.Advance(2*time.Second - time.Microsecond)
+	clk.Add(2*time.Second - time.Microsecond)
 	if got := s.Sweep(time.Time{}); got != 0 {
 		t.Fatalf("Sweep before expiry removed %d", got)
 	}
-	clk.Advance(time.Microsecond)
+	clk.Add(time.Microsecond)
 	if got := s.Sweep(time.Time{}); got != 1 {
 		t.Fatalf("Sweep at expiry removed %d, want 1", got)
 	}
@@ -108,7 +101,7 @@ func TestClockAndExpiry(t *testing.T) {
 	for i := range 100 {
 		take(t, s, strconv.Itoa(i), l, 1)
 	}
-	clk.Advance(time.Hour)
+	clk.Add(time.Hour)
 	for i := range 100 {
 		take(t, s, "new"+strconv.Itoa(i), l, 1)
 	}
@@ -155,11 +148,13 @@ func TestMaxKeysEvictsIdlest(t *testing.T) {
 	t.Parallel()
 	const maxKeys = 1000
 	now := time.Unix(1_700_000_000, 0)
-	s := newStore(t, memstore.WithMaxKeys(maxKeys), memstore.WithShards(4))
+	clk := limitertest.NewClock(now)
+	s := newStore(t, memstore.WithMaxKeys(maxKeys), memstore.WithShards(4), memstore.WithClock(clk.Now))
 	short := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Period: time.Second}
 	long := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Period: time.Hour}
 	req := func(key string, l limiter.Limit, n int64, at time.Time) limiter.Decision {
-		d, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+		clk.Set(at)
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,12 +187,14 @@ func TestMaxKeysEvictsIdlest(t *testing.T) {
 // key expires or is deleted, and a key can switch algorithms.
 func TestSlidingLogSwitchAndRelease(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, memstore.WithShards(1))
 	now := time.Unix(1_700_000_000, 0)
+	clk := limitertest.NewClock(now)
+	s := newStore(t, memstore.WithShards(1), memstore.WithClock(clk.Now))
 	logL := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 3, Period: time.Second}
 	tb := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 3, Period: time.Second}
 	do := func(l limiter.Limit, n int64, at time.Time) limiter.Decision {
-		d, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: l, Cost: n, Now: at})
+		clk.Set(at)
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: "k", Limit: l, Cost: n})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,9 +226,8 @@ func TestSlidingLogSwitchAndRelease(t *testing.T) {
 // must admit exactly its capacity.
 func TestConcurrentManyKeys(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, memstore.WithShards(4))
+	s := newStore(t, memstore.WithShards(4), memstore.WithClock(limitertest.NewClock(time.Unix(1_700_000_000, 0)).Now))
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	const keys, workers = 200, 16
 	wins := make([]int64, keys)
 	var mu sync.Mutex
@@ -241,7 +237,7 @@ func TestConcurrentManyKeys(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			for range 400 {
 				k := rng.IntN(keys)
-				d, err := s.Take(context.Background(), limiter.Request{Key: "k" + strconv.Itoa(k), Limit: l, Cost: 1, Now: now})
+				d, _, err := s.Take(context.Background(), limiter.Request{Key: "k" + strconv.Itoa(k), Limit: l, Cost: 1})
 				if err != nil {
 					t.Error(err)
 					return
@@ -293,10 +289,11 @@ func TestHeapPerKey(t *testing.T) {
 func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys, requests int) float64 {
 	l := limiter.Limit{Algorithm: alg, Requests: 100, Period: time.Minute}
 	now := time.Unix(1_700_000_000, 0)
+	var at time.Time
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	s, err := memstore.New(memstore.WithMaxKeys(keys))
+	s, err := memstore.New(memstore.WithMaxKeys(keys), memstore.WithClock(func() time.Time { return at }))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -304,8 +301,8 @@ func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys, requests int) float6
 	for i := range keys {
 		buf = strconv.AppendInt(append(buf[:0], "policy-uid:rule:"...), int64(i), 10)
 		for r := range requests {
-			at := now.Add(time.Duration(r) * time.Millisecond)
-			if _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1, Now: at}); err != nil {
+			at = now.Add(time.Duration(r) * time.Millisecond)
+			if _, _, err := s.Take(context.Background(), limiter.Request{Key: string(buf), Limit: l, Cost: 1}); err != nil {
 				tb.Fatal(err)
 			}
 		}
@@ -321,14 +318,16 @@ func heapPerKey(tb testing.TB, alg limiter.Algorithm, keys, requests int) float6
 }
 
 func ExampleStore_Take() {
-	s, err := memstore.New(memstore.WithMaxKeys(100_000))
+	// A clock that stands still, so that the output is the same on every
+	// run; leave WithClock out for time.Now.
+	now := time.Unix(1_700_000_000, 0)
+	s, err := memstore.New(memstore.WithMaxKeys(100_000), memstore.WithClock(func() time.Time { return now }))
 	if err != nil {
 		panic(err)
 	}
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 2, Period: time.Second}
-	now := time.Unix(1_700_000_000, 0)
 	for range 3 {
-		d, _ := s.Take(context.Background(), limiter.Request{Key: "user:42", Limit: l, Cost: 1, Now: now})
+		d, _, _ := s.Take(context.Background(), limiter.Request{Key: "user:42", Limit: l, Cost: 1})
 		fmt.Println(d)
 	}
 	// Output:
@@ -341,17 +340,17 @@ func ExampleStore_Take() {
 // no heap allocation, for every fixed-size algorithm.
 func TestExistingKeyAllocatesNothing(t *testing.T) {
 	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
-		s := newStore(t)
-		l := limiter.Limit{Algorithm: alg, Requests: 1000, Period: time.Hour}
 		now := time.Unix(1_700_000_000, 0)
-		req := limiter.Request{Key: "fg:{uid:rule:0123456789abcdef}:" + alg.String(), Limit: l, Cost: 1, Now: now}
+		s := newStore(t, memstore.WithClock(func() time.Time { return now }))
+		l := limiter.Limit{Algorithm: alg, Requests: 1000, Period: time.Hour}
+		req := limiter.Request{Key: "fg:{uid:rule:0123456789abcdef}:" + alg.String(), Limit: l, Cost: 1}
 		ctx := context.Background()
-		if _, err := s.Take(ctx, req); err != nil {
+		if _, _, err := s.Take(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		allocs := testing.AllocsPerRun(500, func() {
-			req.Now = req.Now.Add(time.Millisecond)
-			if _, err := s.Take(ctx, req); err != nil {
+			now = now.Add(time.Millisecond)
+			if _, _, err := s.Take(ctx, req); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -62,7 +63,8 @@ func bigTickLimit(alg limiter.Algorithm) limiter.Limit {
 // exactly.
 func TestGCRAPast2To53(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	clk := limitertest.NewClock(time.Unix(0, 0))
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: clk.Now})
 	l := bigTickLimit(limiter.GCRA)
 	p, err := limiter.NewParams(l)
 	if err != nil {
@@ -85,7 +87,8 @@ func TestGCRAPast2To53(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: st.n, Now: at})
+		clk.Set(at)
+		got, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: st.n})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,10 +132,11 @@ func TestGCRAPast2To53(t *testing.T) {
 // requires the same Decision at every step.
 func TestDifferentialExtremes(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
 	for _, alg := range allAlgorithms {
 		t.Run(alg.String(), func(t *testing.T) {
 			t.Parallel()
+			clk := limitertest.NewClock(time.Unix(0, 0))
+			s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: clk.Now})
 			seed := uint64(time.Now().UnixNano())
 			rng := rand.New(rand.NewPCG(seed, uint64(alg)))
 			limits := extremeLimits(alg)
@@ -183,7 +187,8 @@ func TestDifferentialExtremes(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					got, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n, Now: at})
+					clk.Set(at)
+					got, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n})
 					if err != nil {
 						t.Fatalf("seed %d step %d: Take(%v, %d, %v): %v", seed, i, now, n, l, err)
 					}

@@ -10,8 +10,8 @@
 // rounding, so the Redis store and the in-memory store return the same
 // Decision for the same state, instant and cost. The limit's derived
 // integers (limiter.Params) travel as ARGV, so the scripts never compute a
-// gcd or pick a tick. The clock is Redis TIME; Request.Now, when set (tests
-// only), is passed as ARGV instead.
+// gcd or pick a tick. The clock is Redis TIME; Options.Now, when set (tests
+// only), is read for each decision and passed as ARGV instead.
 //
 // A counter's state is one key, fg:{<tag>}:<alg>:2 with <alg> one of tb,
 // gcra, fw, sw (a string of 2 to 7 little-endian doubles, struct.pack'd)
@@ -40,8 +40,9 @@
 // # Call discipline
 //
 // Every call has a deadline (Options.Timeout, 50ms by default, or the
-// caller's own if earlier) and returns by it, whatever Redis does. The store never sends a script twice unless
-// the first answer proves it did not run:
+// caller's own if earlier) and returns by it, whatever Redis does. The
+// store never sends a script twice unless the first answer proves it did
+// not run:
 //
 //   - NOSCRIPT: the node lost its script cache (a restart, SCRIPT FLUSH, a
 //     new master); the op is sent once more as EVAL with the source, which
@@ -58,12 +59,25 @@
 // or a retryable error on its first command (LOADING, TRYAGAIN,
 // CLUSTERDOWN, ...), and a ClusterClient resends commands and pipelines
 // after timeouts and EOF up to MaxRedirects times. So the scripts do not
-// go through the ClusterClient at all: it only keeps the slot map (MasterForKey,
-// ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly, RouteRandomly
-// or RouteByLatency). Without batching the store sends to each master
-// through its own go-redis node client with MaxRetries -1, DialerRetries 1
-// and context deadlines; with batching, through its own pipelined
-// connection (below), which never writes a command twice.
+// go through go-redis at all: a ClusterClient only keeps the slot map
+// (MasterForKey, ReloadState; MaxRedirects and MaxRetries -1, no ReadOnly,
+// RouteRandomly or RouteByLatency), and the store sends to each master
+// through its own pipelined connection (below, and package internal/pipe),
+// which speaks RESP itself (internal/resp) and never writes a command
+// twice. resp.Classify is the one place that reads an error reply's code
+// (NOSCRIPT, MOVED, ASK, TRYAGAIN and the other codes of a node that
+// cannot serve now), and resp.Redirect the one that reads a redirect's
+// target, IPv6 ones included.
+//
+// Take reports the shard that answered, or failed: the address of a
+// master, after any redirect, or UnknownShard when the call fails before
+// the slot map names one. The engine keeps its store metrics and its
+// fallback state per shard by it.
+//
+// Every connection, the pipelined ones and the slot map's, is named
+// Options.ClientName (CLIENT SETNAME, floodgate-sidecar:<host name> by
+// default), so that CLIENT LIST on a node tells whose it is. A node that
+// refuses the name is used all the same.
 //
 // Errors: limiter.ErrUnavailable for anything that leaves the count
 // unknown (the shard is unreachable, timed out, its breaker is open, the
@@ -89,20 +103,21 @@
 //
 // # Micro-batching
 //
-// With Options.BatchWindow above 0, each master gets one pipelined
-// connection that speaks RESP itself: callers queue their decisions; a
-// writer goroutine sends what has queued in one write, and a reader
-// goroutine reads the answers, which come in command order, and hands
-// each to its caller. A connection with no write out sends a decision at
-// once (after one scheduler yield, so that callers already runnable join
-// it): batching adds no latency at low load. Under load, decisions gather
-// while the connection's write is out and leave as soon as it is answered
-// (group commit), or when Options.MaxBatch have queued, or when
-// BatchWindow has passed since the writer started waiting, whichever comes
-// first. The window is a Go timer; it only matters when Redis answers
-// slower than the window (and an idle scheduler fires it up to about a
-// millisecond late). The NOSCRIPT, MOVED and ASK answers are handled per
-// decision as above.
+// Each master gets one pipelined connection: callers queue their
+// decisions; a writer goroutine sends what has queued in one write, and a
+// reader goroutine reads the answers, which come in command order, and
+// hands each to its caller. A connection with no write out sends a
+// decision at once (after one scheduler yield, so that callers already
+// runnable join it): batching adds no latency at low load. Under load,
+// decisions gather while the connection's write is out and leave as soon
+// as it is answered (group commit), or when Options.MaxBatch have queued,
+// or when Options.BatchWindow has passed since the writer started waiting,
+// whichever comes first. The window is a Go timer; it only matters when
+// Redis answers slower than the window (and an idle scheduler fires it up
+// to about a millisecond late). With BatchWindow 0 the writer neither
+// yields nor waits: it writes whatever has queued as soon as it can, so
+// only the decisions that queued during its last write share the next. The
+// NOSCRIPT, MOVED and ASK answers are handled per decision as above.
 //
 // The connection enforces the call deadlines itself, so the hot path
 // creates no context or timer per decision: a decision not answered by its
@@ -111,7 +126,32 @@
 // write error closes the connection and fails every decision on it,
 // written ones as "may have run". None is ever written again.
 //
-// BatchWindow 0 (NoBatching) sends every decision as its own EVALSHA,
-// unpipelined, over a go-redis connection pool (Options.PoolSize): the
-// baseline batching is measured against.
+// bench/cmd/floodgate-storebench measures the store against an unbatched
+// baseline: one EVALSHA per decision over a go-redis connection pool.
+//
+// # What the client does not do
+//
+// The store is a client for one job, and leaves out what that job does
+// not need:
+//
+//   - RESP2 only: no HELLO, no RESP3, no client-side caching, no pub/sub,
+//     no MULTI. The scripts run with EVALSHA and EVAL, so a server where
+//     scripting is disabled, renamed or denied by ACL cannot serve it;
+//     Redis Functions (FCALL) are not used.
+//   - A Redis Cluster, or one standalone server at a fixed address
+//     (Options.Single). No Sentinel, no failover of a standalone server,
+//     no SELECT (database 0, the only one a cluster has).
+//   - Masters only: every call goes to the master of the key's slot; no
+//     reads from replicas (the scripts write), no WAIT.
+//   - TCP, with or without TLS (Options.TLS, used as given); no Unix
+//     domain sockets.
+//   - AUTH with a user name and password from Options.Credentials, asked
+//     again for each new connection; no other authentication.
+//   - Redirects to an IP address, IPv4 or IPv6, or a host name; an
+//     endpoint Redis reports as unknown ("?") is not followed, and at most
+//     two redirects are followed per decision.
+//   - No resend of a script whose outcome is unknown (a timeout, a lost
+//     connection), and no retry of TRYAGAIN, CLUSTERDOWN, LOADING or the
+//     other answers of a node that cannot serve now: the decision fails as
+//     unavailable and its rule falls back to its failure mode.
 package redisstore

@@ -100,49 +100,46 @@ func (p *replyDropper) pipe(c net.Conn) {
 
 // TestDroppedConnectionIsNeverRetried: a connection that drops after the
 // script ran, before its reply arrived, fails the decision with
-// ErrUnavailable, and the script is not sent again. go-redis would resend
-// on EOF with retries on, charging the key twice or more.
+// ErrUnavailable, and the script is not sent again, with a batch window or
+// without. go-redis would resend on EOF with retries on, charging the key
+// twice or more.
 func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	proxy := newReplyDropper(t, srv.Addr())
-	direct, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Timeout: 2 * time.Second})
+	now := time.Unix(1_700_000_000, 0)
+	direct, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Timeout: 2 * time.Second, Now: at(now)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = direct.Close() }()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	// Cache the script on the server first: a NOSCRIPT reply dropped by
 	// the proxy would prove nothing, the script not having run.
-	if _, err := direct.Take(t.Context(), limiter.Request{Key: uniqueKey(t), Limit: l, Cost: 1, Now: now}); err != nil {
+	if _, _, err := direct.Take(t.Context(), limiter.Request{Key: uniqueKey(t), Limit: l, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
-	for _, batching := range []bool{true, false} {
-		opts := redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{proxy.addr()}, Single: true, Timeout: 2 * time.Second}
-		if !batching {
-			opts.BatchWindow = redisstore.NoBatching
-		}
-		s, err := redisstore.New(opts)
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
+		s, err := redisstore.New(redisstore.Options{BatchWindow: window, Addrs: []string{proxy.addr()}, Single: true, Timeout: 2 * time.Second, Now: at(now)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		key := uniqueKey(t)
 		before := proxy.dropped.Load()
-		_, err = s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 3, Now: now})
+		_, _, err = s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 3})
 		_ = s.Close()
 		if !errors.Is(err, limiter.ErrUnavailable) {
-			t.Fatalf("batching=%v: take through a dropped connection: %v, want ErrUnavailable", batching, err)
+			t.Fatalf("window %v: take through a dropped connection: %v, want ErrUnavailable", window, err)
 		}
 		if got := proxy.dropped.Load() - before; got != 1 {
-			t.Fatalf("batching=%v: %d replies dropped, want 1: the script was sent %d times", batching, got, got)
+			t.Fatalf("window %v: %d replies dropped, want 1: the script was sent %d times", window, got, got)
 		}
-		d, err := direct.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0, Now: now})
+		d, _, err := direct.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got, want := d.Remaining, int64(7); got != want {
-			t.Errorf("batching=%v: remaining %d after one dropped take of 3, want %d: charged once, exactly", batching, got, want)
+			t.Errorf("window %v: remaining %d after one dropped take of 3, want %d: charged once, exactly", window, got, want)
 		}
 	}
 }

@@ -30,10 +30,11 @@ func keyOn(t *testing.T, c *redistest.Cluster, m *redistest.Node, tag string) st
 	return ""
 }
 
-// sample is one timed decision.
+// sample is one timed decision, and the shard it reported.
 type sample struct {
-	took time.Duration
-	err  error
+	took  time.Duration
+	shard string
+	err   error
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {
@@ -90,8 +91,8 @@ func TestKilledMaster(t *testing.T) {
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1_000_000, Period: time.Hour}
 	take := func(key string) sample {
 		start := time.Now()
-		_, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
-		return sample{time.Since(start), err}
+		_, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
+		return sample{time.Since(start), shard, err}
 	}
 	for _, k := range append([]string{victimKey}, otherKeys...) {
 		warmUp(t, func() error { return take(k).err })
@@ -133,6 +134,11 @@ func TestKilledMaster(t *testing.T) {
 		if !errors.Is(r.err, limiter.ErrUnavailable) {
 			t.Fatalf("decision on the killed shard: %v, want ErrUnavailable", r.err)
 		}
+		// Failures are reported under the shard that failed, unless the
+		// slot map could not be read at all.
+		if r.shard != victim.Addr() && r.shard != redisstore.UnknownShard {
+			t.Errorf("failed decision on the killed shard reported shard %q, want %s", r.shard, victim.Addr())
+		}
 		if r.took > timeout+slack {
 			t.Errorf("decision on the killed shard took %v, more than the %v deadline", r.took, timeout)
 		}
@@ -145,6 +151,9 @@ func TestKilledMaster(t *testing.T) {
 	for _, r := range live {
 		if r.err != nil {
 			t.Fatalf("decision on a live shard while another is dead: %v", r.err)
+		}
+		if r.shard != masters[1].Addr() && r.shard != masters[2].Addr() {
+			t.Errorf("decision on a live shard reported shard %q, want %s or %s", r.shard, masters[1].Addr(), masters[2].Addr())
 		}
 		liveTook = append(liveTook, r.took)
 	}
@@ -168,8 +177,9 @@ func TestKilledMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	failedOver := time.Now()
+	var r sample
 	for {
-		r := take(victimKey)
+		r = take(victimKey)
 		if r.err == nil {
 			break
 		}
@@ -179,8 +189,8 @@ func TestKilledMaster(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("recovered %v after the failover to %v", time.Since(failedOver).Round(time.Millisecond), promoted)
-	if got := s.ShardOf(victimKey); got != promoted.Addr() {
-		t.Errorf("ShardOf(victim key) = %s, want the promoted replica %s", got, promoted.Addr())
+	if r.shard != promoted.Addr() {
+		t.Errorf("decision on the victim's key after the failover reported shard %s, want the promoted replica %s", r.shard, promoted.Addr())
 	}
 }
 
@@ -204,7 +214,8 @@ func breakerOf(s *redisstore.Store, addr string) redisstore.BreakerState {
 func TestPausedNode(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{Masters: 3, NodeTimeout: 20 * time.Second, PartialCoverage: true})
 	const timeout = 100 * time.Millisecond
-	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond})
+	s := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: timeout, BreakerFailures: 20, BreakerCooldown: 300 * time.Millisecond,
+		Now: at(time.Unix(1_700_000_000, 0))})
 	ctx := t.Context()
 	masters, err := c.Masters(ctx)
 	if err != nil {
@@ -214,11 +225,10 @@ func TestPausedNode(t *testing.T) {
 	victimKey := keyOn(t, c, victim, "paused")
 	otherKey := keyOn(t, c, masters[0], "other")
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 100, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	take := func(key string, cost int64) (limiter.Decision, sample) {
 		start := time.Now()
-		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: cost, Now: now})
-		return d, sample{time.Since(start), err}
+		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: cost})
+		return d, sample{time.Since(start), shard, err}
 	}
 	for _, k := range []string{victimKey, otherKey} {
 		warmUp(t, func() error { _, r := take(k, 0); return r.err })

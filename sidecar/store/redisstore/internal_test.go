@@ -1,11 +1,14 @@
 package redisstore
 
 import (
+	"bufio"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
 func TestKeyTag(t *testing.T) {
@@ -57,13 +60,13 @@ func TestParseReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := parseReply([]any{int64(1), int64(9), int64(100000), int64(0)}, p)
+	d, err := ParseReply([]any{int64(1), int64(9), int64(100000), int64(0)}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := limiter.Decision{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 100 * time.Millisecond}
 	if d != want {
-		t.Errorf("parseReply = %v, want %v", d, want)
+		t.Errorf("ParseReply = %v, want %v", d, want)
 	}
 	bad := []struct {
 		name string
@@ -82,33 +85,11 @@ func TestParseReply(t *testing.T) {
 		{"deny without retry", []any{int64(0), int64(0), int64(5), int64(0)}, "on a deny"},
 	}
 	for _, tc := range bad {
-		if _, err := parseReply(tc.res, p); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: parseReply error = %v, want one containing %q", tc.name, err, tc.want)
+		if _, err := ParseReply(tc.res, p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ParseReply error = %v, want one containing %q", tc.name, err, tc.want)
 		}
 	}
 }
-
-func TestRedirect(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		msg, addr string
-		ok        bool
-	}{
-		{"MOVED 3999 127.0.0.1:6381", "127.0.0.1:6381", true},
-		{"ASK 3999 10.0.0.2:7000", "10.0.0.2:7000", true},
-		{"MOVED x 127.0.0.1:6381", "", false},
-		{"ERR MOVED 1 a:1", "", false},
-	} {
-		addr, ok := redirect(errString(tc.msg))
-		if addr != tc.addr || ok != tc.ok {
-			t.Errorf("redirect(%q) = %q, %v; want %q, %v", tc.msg, addr, ok, tc.addr, tc.ok)
-		}
-	}
-}
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
 
 // fakeClock is a settable clock for the breaker's cooldown.
 type fakeClock struct{ t time.Time }
@@ -188,13 +169,13 @@ func TestOptionsValidate(t *testing.T) {
 		BreakerFailures: -1,
 		BreakerCooldown: -1,
 		DialTimeout:     -1,
-		PoolSize:        -1,
+		ClientName:      "has a space",
 	}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("Validate accepted bad options")
 	}
-	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout", "poolSize"} {
+	for _, want := range []string{"single mode", "addrs[1]", "timeout", "batchWindow", "maxBatch", "breakerFailures", "breakerCooldown", "dialTimeout", "clientName"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
@@ -206,12 +187,20 @@ func TestOptionsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Timeout != DefaultTimeout || d.BatchWindow != NoBatching || d.MaxBatch != DefaultMaxBatch ||
+	if d.Timeout != DefaultTimeout || d.BatchWindow != 0 || d.MaxBatch != DefaultMaxBatch ||
 		d.BreakerFailures != DefaultBreakerFailures || d.BreakerCooldown != DefaultBreakerCooldown {
 		t.Errorf("defaults = %+v", d)
 	}
 	if d, _ := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: DefaultBatchWindow}).withDefaults(); d.BatchWindow != DefaultBatchWindow {
 		t.Errorf("BatchWindow %v became %v", DefaultBatchWindow, d.BatchWindow)
+	}
+	for _, name := range []string{"tab\there", "naïve", strings.Repeat("n", 257)} {
+		if err := (Options{Addrs: []string{"127.0.0.1:1"}, ClientName: name}).Validate(); err == nil || !strings.Contains(err.Error(), "clientName") {
+			t.Errorf("client name %q: %v, want a clientName error", name, err)
+		}
+	}
+	if d.ClientName != DefaultClientName() || !strings.HasPrefix(d.ClientName, "floodgate-sidecar") {
+		t.Errorf("default client name %q, want DefaultClientName() = %q", d.ClientName, DefaultClientName())
 	}
 	if err := (Options{Addrs: []string{"127.0.0.1:1"}, BatchWindow: -time.Microsecond}).Validate(); err == nil || !strings.Contains(err.Error(), "batchWindow") {
 		t.Errorf("negative batch window: %v, want a batchWindow error", err)
@@ -229,4 +218,44 @@ func TestScriptsEmbedded(t *testing.T) {
 	if _, _, ok := Script(0); ok {
 		t.Error("Script(0) ok")
 	}
+}
+
+// TestAppendCommand writes EVALSHA, and EVAL after NOSCRIPT, as commands
+// that a RESP reader reads back as the intended arguments.
+func TestAppendCommand(t *testing.T) {
+	t.Parallel()
+	p, err := limiter.NewParams(limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la := newLimitArgs(p)
+	o := &op{la: la, key: "fg:{k}:gcra:2", now: "", n: 3}
+	b := o.AppendCommand(nil)
+	o.useEval, o.now = true, "1700000000000000"
+	b = o.AppendCommand(b)
+	r := bufio.NewReader(strings.NewReader(string(b)))
+	want := [][]any{
+		append([]any{"EVALSHA", la.sc.sha, "1", "fg:{k}:gcra:2", "", "3"}, toAny(la.tail)...),
+		append([]any{"EVAL", la.sc.src, "1", "fg:{k}:gcra:2", "1700000000000000", "3"}, toAny(la.tail)...),
+	}
+	for i, w := range want {
+		v, err := resp.ReadValue(r)
+		if err != nil {
+			t.Fatalf("command %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(v, w) {
+			t.Errorf("command %d = %q, want %q", i, v, w)
+		}
+	}
+	if r.Buffered() != 0 {
+		t.Errorf("%d bytes left over", r.Buffered())
+	}
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

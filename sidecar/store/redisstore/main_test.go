@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	redistest.Main(m, redistest.Options{Masters: 3, Replicas: 1}, func(c *redistest.Cluster) { cluster = c })
 }
 
+// at returns a clock that reads t, for Options.Now.
+func at(t time.Time) func() time.Time { return func() time.Time { return t } }
+
 // newStore returns a store on c, closed at the end of the test.
 func newStore(t testing.TB, c *redistest.Cluster, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
@@ -44,23 +47,25 @@ const suiteTimeout = 5 * time.Second
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	limitertest.Run(t, func(t *testing.T) limiter.Store {
-		return newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store {
+		return newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: now})
 	})
 }
 
-func TestConformanceNoBatching(t *testing.T) {
+// TestConformanceNoWindow runs the suite with no batch window, where the
+// writer never waits for an answer before it writes.
+func TestConformanceNoWindow(t *testing.T) {
 	t.Parallel()
-	limitertest.Run(t, func(t *testing.T) limiter.Store {
-		return newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: redisstore.NoBatching})
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store {
+		return newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: 0, Now: now})
 	})
 }
 
 func TestConformanceSingleNode(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "pw"})
-	limitertest.Run(t, func(t *testing.T) limiter.Store {
-		s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Password: "pw", Timeout: suiteTimeout})
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Store {
+		s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Password: "pw", Timeout: suiteTimeout, Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -16,8 +18,8 @@ const (
 	// DefaultBatchWindow is the batch window to use unless there is a
 	// reason not to: how long a decision may wait for others bound to the
 	// same shard while the shard's pipelines are out. Options does not
-	// apply it by itself (0 turns batching off); whoever builds Options,
-	// such as the sidecar's flags, passes it.
+	// apply it by itself (0 means no window); whoever builds Options, such
+	// as the sidecar's flags, passes it.
 	DefaultBatchWindow = 100 * time.Microsecond
 	// MaxBatchWindow bounds BatchWindow: batching trades a little latency
 	// for throughput, never a lot.
@@ -35,12 +37,8 @@ const (
 	DefaultDialTimeout = time.Second
 )
 
-// NoBatching, as Options.BatchWindow (it is the zero value), sends every
-// decision as its own EVALSHA, unpipelined, through a connection pool.
-const NoBatching time.Duration = 0
-
 // Options configure a Store. The zero value of every field but Addrs and
-// BatchWindow picks the default; a zero BatchWindow turns batching off.
+// BatchWindow picks the default; a zero BatchWindow means no window.
 type Options struct {
 	// Addrs are the seed addresses, host:port. In cluster mode (the
 	// default) any reachable node will do; the store learns the rest. In
@@ -66,13 +64,13 @@ type Options struct {
 	// whatever Redis does (plus at most one batch window when it leads a
 	// batch). 0 means DefaultTimeout.
 	Timeout time.Duration
-	// BatchWindow turns batching on when positive: decisions bound for the
-	// same shard then share one pipelined connection and leave together,
-	// and a decision waits at most BatchWindow for others, only while
-	// the shard already has pipelines out (see the package documentation).
-	// 0 (NoBatching) turns batching off: every decision is one unpipelined
-	// EVALSHA. DefaultBatchWindow is the usual value. At most
-	// MaxBatchWindow.
+	// BatchWindow is the most a decision waits for others bound to the
+	// same shard, and only while the shard already has a pipelined write
+	// out (see the package documentation). 0 means no window: a decision
+	// is written as soon as the shard's writer gets to it, without
+	// waiting for earlier writes to be answered (decisions that queued
+	// while it was writing still leave together). DefaultBatchWindow is
+	// the usual value. At most MaxBatchWindow.
 	BatchWindow time.Duration
 	// MaxBatch is the most decisions per pipelined write; a batch that
 	// fills up goes out before its window ends. 0 means DefaultMaxBatch.
@@ -86,11 +84,41 @@ type Options struct {
 	// DialTimeout bounds background connection attempts. 0 means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
-	// PoolSize is the connection pool size per node without batching. 0
-	// means go-redis's default (10 per GOMAXPROCS). With batching, each
-	// node gets one pipelined connection.
-	PoolSize int
+	// Now, when set, is the scripts' clock in place of Redis TIME: each
+	// decision passes its reading as ARGV. It is for tests, which need
+	// fixed instants; in production leave it nil, so that every sidecar
+	// decides on the one clock of the shard that holds the key.
+	Now func() time.Time
+	// ClientName names every connection of the store (CLIENT SETNAME), so
+	// that CLIENT LIST on a node tells whose connections they are. Empty
+	// means DefaultClientName(). Redis takes printable ASCII without
+	// spaces. A node that refuses to set the name (an ACL user without
+	// CLIENT SETNAME) is used all the same.
+	ClientName string
 }
+
+// DefaultClientName returns "floodgate-sidecar:" and the host name, which
+// in Kubernetes is the pod's name, with any byte Redis does not take in a
+// name replaced by '-'.
+func DefaultClientName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "floodgate-sidecar"
+	}
+	b := []byte("floodgate-sidecar:" + host)
+	for i, c := range b {
+		if !nameByte(c) {
+			b[i] = '-'
+		}
+	}
+	return string(b[:min(len(b), maxClientName)])
+}
+
+// maxClientName bounds Options.ClientName.
+const maxClientName = 256
+
+// nameByte reports whether Redis takes c in a client name.
+func nameByte(c byte) bool { return c > ' ' && c <= '~' }
 
 // withDefaults returns o with defaults filled in, or every problem with it.
 func (o Options) withDefaults() (Options, error) {
@@ -108,6 +136,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DialTimeout == 0 {
 		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.ClientName == "" {
+		o.ClientName = DefaultClientName()
 	}
 	if o.Credentials == nil {
 		user, pw := o.Username, o.Password
@@ -136,7 +167,7 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("timeout: must not be negative, got %v", o.Timeout))
 	}
 	if o.BatchWindow < 0 || o.BatchWindow > MaxBatchWindow {
-		errs = append(errs, fmt.Errorf("batchWindow: must be between 0 (no batching) and %v, got %v", MaxBatchWindow, o.BatchWindow))
+		errs = append(errs, fmt.Errorf("batchWindow: must be between 0 (no window) and %v, got %v", MaxBatchWindow, o.BatchWindow))
 	}
 	if o.MaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("maxBatch: must not be negative, got %d", o.MaxBatch))
@@ -150,8 +181,8 @@ func (o Options) Validate() error {
 	if o.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dialTimeout: must not be negative, got %v", o.DialTimeout))
 	}
-	if o.PoolSize < 0 {
-		errs = append(errs, fmt.Errorf("poolSize: must not be negative, got %d", o.PoolSize))
+	if len(o.ClientName) > maxClientName || strings.IndexFunc(o.ClientName, func(r rune) bool { return r > 0x7f || !nameByte(byte(r)) }) >= 0 {
+		errs = append(errs, fmt.Errorf("clientName: must be at most %d bytes of printable ASCII without spaces, got %q", maxClientName, o.ClientName))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redisstore: invalid options: %w", err)

@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
 // The Lua scripts, one per algorithm. Each one's header lists its KEYS,
 // ARGV and reply; all share one calling convention (see limitArgs) and one
-// reply shape (see parseReply).
+// reply shape (see ParseReply).
 var (
 	//go:embed lua/tokenbucket.lua
 	tokenBucketLua string
@@ -27,17 +28,15 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script and its SHA1, the EVALSHA handle. The any
-// fields are the same strings boxed once, for command arguments.
+// script is a Lua script and its SHA1, the EVALSHA handle.
 type script struct {
 	name, src, sha string
-	srcArg, shaArg any
 }
 
 func newScript(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
-	return &script{name: name, src: src, sha: sha, srcArg: src, shaArg: sha}
+	return &script{name: name, src: src, sha: sha}
 }
 
 // scripts are indexed by limiter.Algorithm.
@@ -60,14 +59,13 @@ func Script(alg limiter.Algorithm) (src, sha string, ok bool) {
 }
 
 // limitArgs is a limit's validated parameters, its script, and the
-// constant part of its ARGV, formatted once: as decimal strings, boxed for
-// go-redis, and as RESP for the pipelined connections, which also get the
-// command's head (EVALSHA or EVAL, the script, the key count) ready.
+// constant part of its ARGV, formatted once: as decimal strings, and as
+// RESP for the pipelined connections, which also get the command's head
+// (EVALSHA or EVAL, the script, the key count) ready.
 type limitArgs struct {
 	p        *limiter.Params
 	sc       *script
 	tail     []string
-	tailArgs []any
 	shaHead  []byte // *<n>, EVALSHA, sha, 1
 	evalHead []byte // *<n>, EVAL, source, 1
 	tailRESP []byte
@@ -83,37 +81,16 @@ func newLimitArgs(p *limiter.Params) *limitArgs {
 	default: // FixedWindow, SlidingLog
 		tail = []int64{p.Capacity, p.PeriodMicros}
 	}
-	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail)), tailArgs: make([]any, len(tail))}
+	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail))}
 	for i, v := range tail {
 		la.tail[i] = strconv.FormatInt(v, 10)
-		la.tailArgs[i] = la.tail[i]
-		la.tailRESP = appendBulk(la.tailRESP, la.tail[i])
+		la.tailRESP = resp.AppendBulk(la.tailRESP, la.tail[i])
 	}
 	// EVALSHA sha numkeys key now n, then the tail.
 	argc := 6 + len(tail)
-	la.shaHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVALSHA"), la.sc.sha), "1")
-	la.evalHead = appendBulk(appendBulk(appendBulk(arrayHeader(argc), "EVAL"), la.sc.src), "1")
+	la.shaHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVALSHA"), la.sc.sha), "1")
+	la.evalHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVAL"), la.sc.src), "1")
 	return la
-}
-
-// askingCmd is ASKING in RESP.
-var askingCmd = appendBulk(arrayHeader(1), "ASKING")
-
-// appendCommand appends o's command in RESP: ASKING first when it follows
-// an ASK redirect, then EVALSHA, or EVAL after a NOSCRIPT answer.
-func (o *op) appendCommand(b []byte) []byte {
-	if o.asking {
-		b = append(b, askingCmd...)
-	}
-	if o.useEval {
-		b = append(b, o.la.evalHead...)
-	} else {
-		b = append(b, o.la.shaHead...)
-	}
-	b = appendBulk(b, o.key)
-	b = appendBulk(b, o.now)
-	b = appendBulkInt(b, o.n)
-	return append(b, o.la.tailRESP...)
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at
@@ -130,12 +107,14 @@ func ScriptArgs(p *limiter.Params, nowUs, n int64) []string {
 	return append([]string{now, strconv.FormatInt(n, 10)}, la.tail...)
 }
 
-// parseReply checks a script's reply, {allowed, remaining, reset_us,
-// retry_us}, and turns it into a Decision.
-func parseReply(res any, p *limiter.Params) (limiter.Decision, error) {
+// ParseReply checks a script's reply, {allowed, remaining, reset_us,
+// retry_us}, as a RESP2 client gives it ([]any of int64), and turns it into
+// a Decision under p, for tools that run the scripts outside the store.
+// Every element is type-checked and every value bounded.
+func ParseReply(res any, p *limiter.Params) (limiter.Decision, error) {
 	arr, ok := res.([]any)
 	if !ok {
-		if re, isErr := res.(replyError); isErr {
+		if re, isErr := res.(resp.Error); isErr {
 			return limiter.Decision{}, fmt.Errorf("reply is an error, %q, want an array of 4 integers", string(re))
 		}
 		return limiter.Decision{}, fmt.Errorf("reply is %T (%v), want an array of 4 integers", res, res)

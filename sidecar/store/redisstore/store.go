@@ -80,17 +80,24 @@ func New(opts Options) (*Store, error) {
 			TLSConfig:           cloneTLS(o.TLS),
 			Protocol:            2,
 			// The cluster client only loads the slot map (CLUSTER
-			// SLOTS); the scripts go through the store's own node
-			// clients. Still, nothing in it may retry.
-			MaxRedirects:               -1,
-			MaxRetries:                 -1,
-			DialTimeout:                o.DialTimeout,
-			DialerRetries:              1,
-			ReadTimeout:                time.Second,
-			WriteTimeout:               time.Second,
-			ContextTimeoutEnabled:      true,
-			PoolSize:                   2,
-			DisableIdentity:            true,
+			// SLOTS); the scripts go through the store's own pipelined
+			// connections. Still, nothing in it may retry.
+			MaxRedirects:          -1,
+			MaxRetries:            -1,
+			DialTimeout:           o.DialTimeout,
+			DialerRetries:         1,
+			ReadTimeout:           time.Second,
+			WriteTimeout:          time.Second,
+			ContextTimeoutEnabled: true,
+			PoolSize:              2,
+			DisableIdentity:       true,
+			// The name is a courtesy to whoever reads CLIENT LIST: a
+			// node that refuses it (ACLs) still serves the slot map,
+			// where go-redis's own ClientName would fail the connection.
+			OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+				_ = cn.ClientSetName(ctx, o.ClientName).Err()
+				return nil
+			},
 			ClusterStateReloadInterval: 5 * time.Second,
 			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
@@ -108,34 +115,6 @@ func cloneTLS(c *tls.Config) *tls.Config {
 	return c.Clone()
 }
 
-// nodeOptions are the options of a node client: no retries of any kind,
-// deadlines from the call's context, RESP2.
-func (s *Store) nodeOptions(addr string) *redis.Options {
-	o := s.opts
-	return &redis.Options{
-		Addr:                addr,
-		CredentialsProvider: o.Credentials,
-		TLSConfig:           cloneTLS(o.TLS),
-		Protocol:            2,
-		// -1: never resend a command. A script that timed out may have
-		// run; sending it again could charge twice.
-		MaxRetries:              -1,
-		DialTimeout:             o.DialTimeout,
-		DialerRetries:           1,
-		ReadTimeout:             o.Timeout,
-		WriteTimeout:            o.Timeout,
-		ContextTimeoutEnabled:   true,
-		PoolSize:                o.PoolSize,
-		MinIdleConns:            1, // dialled in the background, ready for the first call
-		PipelineReadBufferSize:  32 << 10,
-		PipelineWriteBufferSize: 32 << 10,
-		DisableIdentity:         true,
-		MaintNotificationsConfig: &maintnotifications.Config{
-			Mode: maintnotifications.ModeDisabled,
-		},
-	}
-}
-
 // Close closes every connection. Decisions after Close fail with
 // limiter.ErrUnavailable.
 func (s *Store) Close() error {
@@ -144,18 +123,15 @@ func (s *Store) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var errs []error
 	for _, sh := range *s.shards.Load() {
-		if err := sh.close(); err != nil {
-			errs = append(errs, fmt.Errorf("close %s: %w", sh.addr, err))
-		}
+		sh.close()
 	}
 	if s.cc != nil {
 		if err := s.cc.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close cluster client: %w", err))
+			return fmt.Errorf("redisstore: close the slot map's client: %w", err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // ShardState is one shard's address and breaker state.
@@ -176,7 +152,7 @@ func (s *Store) Shards() []ShardState {
 	return out
 }
 
-// PipelineStats counts the pipelined writes of a store with batching on.
+// PipelineStats counts the pipelined writes of a store.
 type PipelineStats struct {
 	// Writes is how many pipelined writes went out.
 	Writes int64
@@ -185,32 +161,14 @@ type PipelineStats struct {
 	Decisions int64
 }
 
-// PipelineStats returns the pipelined writes so far, over every shard. It
-// is all zero with batching off.
+// PipelineStats returns the pipelined writes so far, over every shard.
 func (s *Store) PipelineStats() PipelineStats {
 	var st PipelineStats
 	for _, sh := range *s.shards.Load() {
-		st.Writes += sh.writes.Load()
-		st.Decisions += sh.ops.Load()
+		st.Writes += sh.stats.Writes.Load()
+		st.Decisions += sh.stats.Calls.Load()
 	}
 	return st
-}
-
-// ShardOf returns the address of the master that holds the counter with
-// the given Request.Key, for metrics labels, or "unknown" when the slot map
-// is not loaded yet. It does no I/O.
-func (s *Store) ShardOf(key string) string {
-	if s.opts.Single {
-		return s.opts.Addrs[0]
-	}
-	if !s.loaded.Load() {
-		return "unknown"
-	}
-	c, err := s.cc.MasterForKey(context.Background(), counterKey(key, limiter.TokenBucket)) // the map is loaded: no I/O
-	if err != nil {
-		return "unknown"
-	}
-	return c.Options().Addr
 }
 
 // shard returns the shard for a node address, creating it on first use.
@@ -333,59 +291,61 @@ func (s *Store) limitArgs(l limiter.Limit) (*limitArgs, error) {
 	return la, nil
 }
 
-// Take applies req with one script run on the master of req.Key's slot.
-// It returns within Options.Timeout. An error wrapping
-// limiter.ErrUnavailable means the shard could not answer, or answered in
-// a way that leaves the count unknown (a timeout after the script was
-// sent); any other error is a bad request or a script failure.
-func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
+// UnknownShard is the shard Take reports when it fails before it knows
+// the master of the key's slot: the slot map cannot be loaded, the input
+// is bad, or the store is closed.
+const UnknownShard = "unknown"
+
+// Take applies req with one script run on the master of req.Key's slot,
+// and reports the address of the master that answered (after a MOVED or
+// ASK, the one redirected to), or that failed to. It returns within
+// Options.Timeout. An error wrapping limiter.ErrUnavailable means the
+// shard could not answer, or answered in a way that leaves the count
+// unknown (a timeout after the script was sent); any other error is a bad
+// request or a script failure.
+func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	la, err := s.limitArgs(req.Limit)
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
+		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
-	haveNow := !req.Now.IsZero()
+	haveNow := s.opts.Now != nil
 	if haveNow {
-		nowUs = limiter.Micros(req.Now)
+		nowUs = limiter.Micros(s.opts.Now())
 	}
 	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %w", err)
+		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
 	if req.Key == "" {
-		return limiter.Decision{}, errors.New("redisstore: empty key")
+		return limiter.Decision{}, UnknownShard, errors.New("redisstore: empty key")
 	}
 	if s.closed.Load() {
-		return limiter.Decision{}, unavailable("store", errors.New("store is closed"))
+		return limiter.Decision{}, UnknownShard, unavailable("store", errors.New("store is closed"))
 	}
 
 	deadline := time.Now().Add(s.opts.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if s.opts.BatchWindow == NoBatching {
-		// go-redis takes the deadline from the context.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	// With batching, the pipelined connection finishes every op by its
-	// deadline (see pconn), so the hot path needs no timer of its own.
+	// The pipelined connection finishes every op by its deadline (see
+	// package pipe), so the hot path needs no timer of its own.
 	key := counterKey(req.Key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {
-		return limiter.Decision{}, err
+		return limiter.Decision{}, UnknownShard, err
 	}
 	o := getOp()
 	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, key, req.Cost
 	if haveNow {
 		o.now = strconv.FormatInt(nowUs, 10)
 	}
-	if err := sh.do(ctx, o); err != nil {
-		return limiter.Decision{}, err // o may still be in flight: not reused
+	addr, err := sh.do(ctx, o)
+	if err != nil {
+		return limiter.Decision{}, addr, err // o may still be in flight: not reused
 	}
 	d, err := o.decision(la.p)
 	putOp(o)
-	return d, err
+	return d, addr, err
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.

@@ -28,18 +28,15 @@ func uniqueKey(t testing.TB) string {
 
 // TestEightClientsExactCounts has eight stores, like eight sidecars, spend
 // one key at once with mixed costs: what they were granted plus what
-// remains is exactly the capacity, for every algorithm, batched or not, on
-// Redis's own clock.
+// remains is exactly the capacity, for every algorithm, with a batch window
+// or without, on Redis's own clock.
 func TestEightClientsExactCounts(t *testing.T) {
 	t.Parallel()
-	for _, batching := range []bool{true, false} {
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
 		for _, alg := range allAlgorithms {
-			t.Run(fmt.Sprintf("%v/batching=%v", alg, batching), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/window=%v", alg, window), func(t *testing.T) {
 				t.Parallel()
-				opts := redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}
-				if !batching {
-					opts.BatchWindow = redisstore.NoBatching
-				}
+				opts := redisstore.Options{BatchWindow: window, Timeout: suiteTimeout}
 				const clients, perClient, capacity = 8, 60, 200
 				stores := make([]*redisstore.Store, clients)
 				for i := range stores {
@@ -61,7 +58,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 					wg.Go(func() {
 						for i := range perClient {
 							cost := int64(1 + (c+i)%3)
-							d, err := stores[c].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
+							d, _, err := stores[c].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: cost})
 							if err != nil {
 								errs <- err
 								return
@@ -77,7 +74,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 				for err := range errs {
 					t.Fatalf("take: %v", err)
 				}
-				peek, err := stores[0].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
+				peek, _, err := stores[0].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 0})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -98,7 +95,7 @@ func TestEightClientsExactCounts(t *testing.T) {
 // bytes can neither pick its slot nor grow the Redis key.
 func TestKeyInjection(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: at(time.Unix(1_700_000_000, 0))})
 	ctx := t.Context()
 	prefix := uniqueKey(t)
 	victim := "victim-tag"
@@ -117,10 +114,9 @@ func TestKeyInjection(t *testing.T) {
 		prefix + ": spaced out",
 	}
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	for i, in := range inputs {
 		for j := range 4 {
-			d, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1, Now: now})
+			d, _, err := s.Take(ctx, limiter.Request{Key: in, Limit: l, Cost: 1})
 			if err != nil {
 				t.Fatalf("input %d: %v", i, err)
 			}
@@ -185,7 +181,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 	ctx := t.Context()
 	stores := []*redisstore.Store{
 		newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout}),
-		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: redisstore.NoBatching}),
+		newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout, BatchWindow: 0}),
 	}
 	stop := make(chan struct{})
 	var calls, failures atomic.Int64
@@ -204,7 +200,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 				}
 				key := fmt.Sprintf("%s:%d:%d", uniqueKey(t), w, i%50)
 				calls.Add(1)
-				if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1}); err != nil {
+				if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1}); err != nil {
 					failures.Add(1)
 					firstErr.CompareAndSwap(nil, err)
 				}
@@ -246,7 +242,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 	if err := cl.HSet(ctx, redisKey, "L", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1})
 	if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("take on a hash key: %v, want a WRONGTYPE script error", err)
 	}
@@ -254,7 +250,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 		if err := cl.Set(ctx, redisstore.CounterKey(key, alg), "garbage", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
-		_, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
+		_, _, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
 		if err == nil || errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "corrupt "+alg.String()+" state") {
 			t.Fatalf("%v: take on corrupt state: %v, want a corrupt-state script error", alg, err)
 		}
@@ -271,7 +267,7 @@ func TestAuthFailureIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close() }()
-	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with a wrong password: %v, want ErrUnavailable", err)
 	}
@@ -287,9 +283,40 @@ func TestClosedStore(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
+	_, _, err = s.Take(t.Context(), limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 5, Period: time.Minute}, Cost: 1})
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take after Close: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestTakeReportsShard: Take names the master that holds the key, as the
+// slot map has it, and UnknownShard when it fails before it knows one.
+func TestTakeReportsShard(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	l := limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 5, Period: time.Minute}
+	seen := map[string]bool{}
+	for i := range 30 {
+		key := fmt.Sprintf("%s:%d", uniqueKey(t), i)
+		_, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := cluster.MasterForKey(ctx, redisstore.CounterKey(key, l.Algorithm))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if shard != owner.Addr() {
+			t.Errorf("key %d: shard %q, want its master %s", i, shard, owner.Addr())
+		}
+		seen[shard] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("30 keys reported %d shards (%v), want the 3 masters", len(seen), seen)
+	}
+	if _, shard, err := s.Take(ctx, limiter.Request{Key: "k", Limit: l, Cost: -1}); err == nil || shard != redisstore.UnknownShard {
+		t.Errorf("bad input: shard %q, err %v; want %q and an error", shard, err, redisstore.UnknownShard)
 	}
 }
 
@@ -298,21 +325,20 @@ func TestClosedStore(t *testing.T) {
 func TestTTL(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout})
+	s := newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: at(time.Unix(1_700_000_000, 0))})
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
 	for _, alg := range allAlgorithms {
 		key := uniqueKey(t) + alg.String()
 		redisKey := redisstore.CounterKey(key, alg)
 		l := limiter.Limit{Algorithm: alg, Requests: 2, Period: 10 * time.Minute}
-		now := time.Unix(1_700_000_000, 0)
-		if _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0, Now: now}); err != nil {
+		if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := cl.Exists(ctx, redisKey).Result(); err != nil || n != 0 {
 			t.Fatalf("%v: a peek created %s (%d, %v)", alg, redisKey, n, err)
 		}
-		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -333,12 +359,25 @@ func TestTTL(t *testing.T) {
 // across both.
 func TestMovedAndAsk(t *testing.T) {
 	t.Parallel()
-	c := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	testMovedAndAsk(t, redistest.StartCluster(t, redistest.Options{Masters: 3}))
+}
+
+// TestMovedAndAskIPv6 is TestMovedAndAsk on a cluster whose nodes announce
+// themselves on ::1: its redirects read "ASK 3999 ::1:7001", without
+// brackets, and the store must still find the node.
+func TestMovedAndAskIPv6(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, redistest.Options{Masters: 3,
+		ExtraArgs: []string{"--bind", "127.0.0.1", "::1", "--cluster-announce-ip", "::1"}})
+	testMovedAndAsk(t, c)
+}
+
+func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	ctx := t.Context()
-	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
-	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second})
+	now := at(time.Unix(1_700_000_000, 0))
+	asker := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second, Now: now})
+	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second, Now: now})
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
-	now := time.Unix(1_700_000_000, 0)
 	key := uniqueKey(t)
 	slot := redisstore.KeySlot(key)
 	src, err := c.MasterForSlot(ctx, slot)
@@ -356,15 +395,16 @@ func TestMovedAndAsk(t *testing.T) {
 			break
 		}
 	}
-	take := func(s *redisstore.Store, wantRemaining int64) {
+	take := func(s *redisstore.Store, wantRemaining int64) string {
 		t.Helper()
-		d, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1, Now: now})
+		d, shard, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !d.Allowed || d.Remaining != wantRemaining {
 			t.Fatalf("take: %v, want allowed with %d remaining", d, wantRemaining)
 		}
+		return shard
 	}
 	take(asker, 9)
 	take(mover, 8) // both stores have the slot map now
@@ -383,7 +423,7 @@ func TestMovedAndAsk(t *testing.T) {
 	}
 	must(t, src.Client().Do(ctx, args...).Err())
 	asksBefore := errorStat(t, src, "ASK")
-	take(asker, 7)
+	asked := take(asker, 7)
 	if got := errorStat(t, src, "ASK"); got <= asksBefore {
 		t.Errorf("the source answered no ASK (%d before, %d after)", asksBefore, got)
 	}
@@ -393,11 +433,36 @@ func TestMovedAndAsk(t *testing.T) {
 		must(t, m.Client().Do(ctx, "cluster", "setslot", slot, "node", dst.ID()).Err())
 	}
 	movedBefore := errorStat(t, src, "MOVED")
-	take(mover, 6)
+	moved := take(mover, 6)
 	if got := errorStat(t, src, "MOVED"); got <= movedBefore {
 		t.Logf("the mover's slot map was already reloaded: no MOVED (%d before, %d after)", movedBefore, got)
 	}
 	take(asker, 5)
+	// The redirects went to the destination under the address the slot
+	// map gives it ([::1]:port on the IPv6 cluster), not to a shard of
+	// another spelling.
+	cc := c.NewClient()
+	defer func() { _ = cc.Close() }()
+	owner, err := cc.MasterForKey(ctx, redisstore.CounterKey(key, limiter.TokenBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := owner.Options().Addr
+	// Take reports the shard that answered: the destination.
+	if asked != want || moved != want {
+		t.Errorf("shards reported after ASK %q, after MOVED %q; want the destination %s", asked, moved, want)
+	}
+	for _, s := range []*redisstore.Store{asker, mover} {
+		var addrs []string
+		found := false
+		for _, sh := range s.Shards() {
+			addrs = append(addrs, sh.Addr)
+			found = found || sh.Addr == want
+		}
+		if !found {
+			t.Errorf("shards %v, want %s among them", addrs, want)
+		}
+	}
 }
 
 // errorStat returns the count of error replies with the given prefix that
@@ -436,34 +501,28 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// TestPipelineStats: with batching, every decision leaves in a counted
-// pipelined write; without, none does.
+// TestPipelineStats: every decision leaves in a counted pipelined write,
+// with a batch window or without.
 func TestPipelineStats(t *testing.T) {
 	t.Parallel()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Period: time.Hour}
-	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, redisstore.NoBatching} {
+	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
 		s := newStore(t, cluster, redisstore.Options{BatchWindow: window, Timeout: suiteTimeout})
 		const takes = 64
 		var wg sync.WaitGroup
 		for i := range takes {
 			wg.Go(func() {
-				if _, err := s.Take(t.Context(), limiter.Request{Key: fmt.Sprintf("%s:%d", uniqueKey(t), i), Limit: l, Cost: 1}); err != nil {
+				if _, _, err := s.Take(t.Context(), limiter.Request{Key: fmt.Sprintf("%s:%d", uniqueKey(t), i), Limit: l, Cost: 1}); err != nil {
 					t.Error(err)
 				}
 			})
 		}
 		wg.Wait()
 		st := s.PipelineStats()
-		if window == redisstore.NoBatching {
-			if st != (redisstore.PipelineStats{}) {
-				t.Errorf("no batching: %+v, want no pipelined writes", st)
-			}
-			continue
-		}
 		if st.Decisions < takes || st.Writes < 1 || st.Writes > st.Decisions {
-			t.Errorf("batched: %+v after %d decisions", st, takes)
+			t.Errorf("window %v: %+v after %d decisions", window, st, takes)
 		}
-		t.Logf("batched: %d decisions in %d writes", st.Decisions, st.Writes)
+		t.Logf("window %v: %d decisions in %d writes", window, st.Decisions, st.Writes)
 	}
 }
 
@@ -472,7 +531,7 @@ func TestPipelineStats(t *testing.T) {
 // as a string keeps failing once its connections are gone.
 func TestRotatedPasswordWithoutRestart(t *testing.T) {
 	t.Parallel()
-	for _, window := range []time.Duration{redisstore.NoBatching, redisstore.DefaultBatchWindow} {
+	for _, window := range []time.Duration{0, redisstore.DefaultBatchWindow} {
 		t.Run(fmt.Sprintf("window=%v", window), func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
@@ -493,7 +552,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 			defer func() { _ = fixed.Close() }()
 			req := limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 1000, Period: time.Minute}, Cost: 1}
 			for _, st := range []*redisstore.Store{s, fixed} {
-				if _, err := st.Take(ctx, req); err != nil {
+				if _, _, err := st.Take(ctx, req); err != nil {
 					t.Fatalf("take with the password in force: %v", err)
 				}
 			}
@@ -510,7 +569,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 			var lastErr error
 			ok := false
 			for range 100 {
-				if _, lastErr = s.Take(ctx, req); lastErr == nil {
+				if _, _, lastErr = s.Take(ctx, req); lastErr == nil {
 					ok = true
 					break
 				}
@@ -520,7 +579,7 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 				t.Fatalf("the store with Credentials never authenticated with the rotated password: %v", lastErr)
 			}
 			for range 5 {
-				if _, err := fixed.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
+				if _, _, err := fixed.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
 					t.Fatalf("the store with the old password as a string: %v, want ErrUnavailable", err)
 				}
 			}

@@ -91,7 +91,7 @@ func TestTLS(t *testing.T) {
 	}
 	defer func() { _ = s.Close() }()
 	for j := range 3 {
-		d, err := s.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1})
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1})
 		if err != nil {
 			t.Fatalf("take over TLS: %v", err)
 		}
@@ -106,7 +106,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = untrusting.Close() }()
-	if _, err := untrusting.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1}); !errors.Is(err, limiter.ErrUnavailable) {
+	if _, _, err := untrusting.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1}); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with an untrusted server certificate: %v, want ErrUnavailable", err)
 	}
 }

@@ -1,0 +1,56 @@
+// Package engine is floodgate-sidecar's decision engine. It is transport
+// neutral: a front end (the HTTP proxy, sidecar/proxy, or the Envoy
+// rate-limit service, sidecar/envoyrls) matches a request to rules and
+// computes their counter keys, and the engine decides the resulting hits
+// against the counter store.
+//
+// # Semantics
+//
+// Every hit is checked and the tightest wins: if any enforced rule denies,
+// the request is denied. A rule that denies takes no tokens. Shadow rules
+// are counted and reported as if each were the only rule, but never change
+// the outcome. The headers describe one hit, the binding one: the denying
+// rule with the longest wait, or else the enforced rule with least
+// remaining.
+//
+// # Multi-rule atomicity
+//
+// The Store interface is one key per call, and keys of different rules may
+// live on different Redis shards, so a decision over several rules cannot be
+// one atomic script. With one enforced hit (the common case) the engine
+// makes exactly one Take. With several it first peeks every rule (a Take of
+// cost 0, which never writes), denies without taking anything if a peek
+// shows a rule short, and otherwise takes every rule. Between the peeks and
+// the takes other requests (from this or other replicas) may spend the same
+// counters; if one of the takes is then denied, the takes that succeeded
+// have been charged for a request that is denied. That race window is the
+// length of one store round trip, and it can only over-charge (never
+// over-admit) by at most one request's cost per rule per raced request. A
+// single-rule decision has no such window.
+//
+// # Local deny cache
+//
+// A key the store has denied is denied locally until its RetryAfter, and a
+// key that an allowed decision left empty is denied locally until the
+// earliest instant it could admit again (exact for TokenBucket, GCRA and
+// FixedWindow; the other algorithms are only cached after a deny). When the
+// entry expires it keeps gating the key: as many requests go to the store
+// at once as the store last said the key had left, and when that is none,
+// one probe goes while the others wait for its answer, so a burst of
+// concurrent requests on an exhausted key cannot all reach the store. When several replicas share a flooded key, their
+// probes race for each token and the losers are denied; a replica's
+// consecutive denials double its local hold up to MaxDenyBackoff, so a
+// losing replica probes about once a second while the winners keep spending
+// the key's full limit. A hot key flooded far beyond its limit therefore
+// costs the store about one call per admitted request plus one probe per
+// replica per second.
+//
+// # Failure modes
+//
+// When the store is unavailable (its error wraps limiter.ErrUnavailable, as
+// it does when the Redis breaker is open), a rule with FailClosed makes the
+// outcome Unavailable (the HTTP front answers 503), and any other rule is
+// decided on a local fallback bucket of limit/replicas.
+//
+// An Engine is safe for concurrent use.
+package engine
