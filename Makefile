@@ -47,7 +47,7 @@ vet: ## Run go vet.
 
 .PHONY: lint
 lint: ## Run golangci-lint (config in .golangci.yml).
-	$(GOLANGCI_LINT) run --timeout 15m $(PKGS)
+	$(GOLANGCI_LINT) run --timeout 15m --allow-parallel-runners $(PKGS)
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod/go.sum drift.
