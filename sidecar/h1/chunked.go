@@ -1,0 +1,169 @@
+package h1
+
+// Chunked finds the end of a chunked body (RFC 9112 §7.1) in the bytes
+// that pass through a proxy, without copying them: chunk sizes, chunk
+// extensions, the CRLF after each chunk's data and the trailer section are
+// checked on the way. Line endings must be CRLF: a bare LF, which some
+// servers accept and others do not, is the classic way to smuggle a
+// request past a proxy. The zero value is ready for a new body.
+type Chunked struct {
+	state  uint8
+	digits uint8
+	size   int64 // data bytes left in the current chunk
+	line   int   // bytes of the current size or trailer line
+	trail  int   // bytes of the trailer section
+	colon  bool  // the current trailer line has its colon
+}
+
+const (
+	chSize      uint8 = iota // reading chunk-size hex digits
+	chExt                    // reading a chunk extension
+	chSizeLF                 // saw CR after the size line
+	chData                   // reading chunk data
+	chDataCR                 // expecting CR after the data
+	chDataLF                 // expecting LF after the data
+	chTrailer                // at the start of a trailer line or the final CRLF
+	chTrailerIn              // inside a trailer line
+	chTrailerLF              // saw CR at the end of a trailer line
+	chFinalLF                // saw CR of the final CRLF
+	chDone
+)
+
+// Limits on the parts of a chunked body that are lines.
+const (
+	maxChunkLine = 4096
+	maxTrailers  = 64 << 10
+)
+
+// Reset prepares c for a new body.
+func (c *Chunked) Reset() { *c = Chunked{} }
+
+// Done reports whether the body has ended.
+func (c *Chunked) Done() bool { return c.state == chDone }
+
+// Scan consumes bytes of the body from p and returns how many belong to
+// it: all of p while the body goes on, fewer when it ends inside p (the
+// rest is the next message). It returns ErrChunked when the body is
+// malformed.
+func (c *Chunked) Scan(p []byte) (int, error) {
+	i := 0
+	for i < len(p) && c.state != chDone {
+		if c.state == chData {
+			n := int64(len(p) - i)
+			if n > c.size {
+				n = c.size
+			}
+			c.size -= n
+			i += int(n)
+			if c.size == 0 {
+				c.state = chDataCR
+			}
+			continue
+		}
+		b := p[i]
+		i++
+		switch c.state {
+		case chSize:
+			switch {
+			case isHex(b):
+				if c.digits == 15 {
+					return i, ErrChunked
+				}
+				c.digits++
+				c.size = c.size<<4 | int64(unhex(b))
+			case c.digits == 0:
+				return i, ErrChunked
+			case b == ';' || b == ' ' || b == '\t':
+				c.state = chExt
+			case b == '\r':
+				c.state = chSizeLF
+			default:
+				return i, ErrChunked
+			}
+			c.line++
+		case chExt:
+			c.line++
+			if c.line > maxChunkLine {
+				return i, ErrChunked
+			}
+			switch {
+			case b == '\r':
+				c.state = chSizeLF
+			case b < ' ' && b != '\t' || b == 0x7f:
+				return i, ErrChunked
+			}
+		case chSizeLF:
+			if b != '\n' {
+				return i, ErrChunked
+			}
+			c.line, c.digits = 0, 0
+			if c.size == 0 {
+				c.state = chTrailer
+			} else {
+				c.state = chData
+			}
+		case chDataCR:
+			if b != '\r' {
+				return i, ErrChunked
+			}
+			c.state = chDataLF
+		case chDataLF:
+			if b != '\n' {
+				return i, ErrChunked
+			}
+			c.state = chSize
+		case chTrailer:
+			switch {
+			case b == '\r':
+				c.state = chFinalLF
+			case b == ' ' || b == '\t' || b == ':' || !isTchar(b):
+				// obs-fold, an empty name or a bad character.
+				return i, ErrChunked
+			default:
+				c.state, c.line, c.colon = chTrailerIn, 1, false
+			}
+			c.trail++
+		case chTrailerIn:
+			c.trail++
+			if c.trail > maxTrailers {
+				return i, ErrChunked
+			}
+			switch {
+			case b == '\r':
+				if !c.colon {
+					return i, ErrChunked
+				}
+				c.state = chTrailerLF
+			case b == ':':
+				c.colon = true
+			case b < ' ' && b != '\t' || b == 0x7f:
+				return i, ErrChunked
+			}
+		case chTrailerLF:
+			if b != '\n' {
+				return i, ErrChunked
+			}
+			c.state = chTrailer
+		case chFinalLF:
+			if b != '\n' {
+				return i, ErrChunked
+			}
+			c.state = chDone
+		}
+	}
+	return i, nil
+}
+
+func isHex(b byte) bool {
+	return '0' <= b && b <= '9' || 'a' <= b && b <= 'f' || 'A' <= b && b <= 'F'
+}
+
+func unhex(b byte) byte {
+	switch {
+	case b <= '9':
+		return b - '0'
+	case b <= 'F':
+		return b - 'A' + 10
+	}
+	return b - 'a' + 10
+}
