@@ -42,10 +42,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
-	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
@@ -104,7 +102,7 @@ func New(o Options) (*Proxy, error) {
 		o.Transport = NewTransport(o.UpstreamH2C)
 	}
 	p := &Proxy{o: o}
-	p.pool.New = func() any { return new(state) }
+	p.pool.New = func() any { return new(State) }
 	up := o.Upstream
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -166,107 +164,55 @@ func (p *Proxy) SetRules(s *ruleset.Set) { p.rules.Store(s) }
 // Rules returns the rule set in force, or nil.
 func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
 
-// state is the per-request scratch space, pooled.
-type state struct {
-	idx  []int
-	hits []engine.Hit
-	rule []int // set rule index of each hit
-	v    engine.Verdict
-	dreq descriptor.Request
-}
-
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	set := p.rules.Load()
-	if set == nil {
-		p.unavailable.Inc()
-		problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", time.Second)
-		return
-	}
-	st := p.pool.Get().(*state)
+	st := p.pool.Get().(*State)
 	defer p.release(st)
-
-	path := match.CleanPath(r.URL.Path)
-	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
-	st.hits, st.rule = st.hits[:0], st.rule[:0]
-	if len(st.idx) > 0 {
-		st.dreq.Reset(r, path, set.Policies)
-		for _, i := range st.idx {
-			rule := &set.Rules[i]
-			key, ok, err := rule.Extract.Key(&st.dreq)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
-				return
-			}
-			if !ok {
-				continue
-			}
-			cost, err := rule.Cost.Of(r.Header)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
-				return
-			}
-			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
-			st.rule = append(st.rule, i)
-		}
+	d := p.Check(r, st)
+	if d.Rule != nil {
+		writeFields(w.Header(), d.Rule, d.Result, d.Outcome != Allowed)
 	}
-	if len(st.hits) == 0 {
-		p.proxied.Inc()
+	switch d.Outcome {
+	case Pass, Allowed:
 		p.rp.ServeHTTP(w, r)
-		return
-	}
-	v := &st.v
-	p.o.Engine.Decide(r.Context(), st.hits, v)
-	if v.Binding >= 0 {
-		writeFields(w.Header(), &set.Rules[st.rule[v.Binding]], v.Results[v.Binding], v.Outcome != engine.Allow)
-	}
-	p.publish(r, st, v)
-	switch v.Outcome {
-	case engine.Allow:
-		p.proxied.Inc()
-		p.rp.ServeHTTP(w, r)
-	case engine.Deny:
-		p.denied.Inc()
-		rule := set.Rules[st.rule[v.Binding]].Engine
-		problem(w, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
-			"rate limit of policy "+rule.Policy+", rule "+rule.Name+" exceeded", v.RetryAfter)
+	case NoConfig:
+		NotReady(w)
 	default:
-		p.unavailable.Inc()
-		rule := set.Rules[st.rule[v.Binding]].Engine
-		problem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
-			"the counter store for policy "+rule.Policy+", rule "+rule.Name+" is unreachable and the rule fails closed", v.RetryAfter)
+		ps := d.problem()
+		problem(w, ps.status, ps.typ, ps.title, ps.detail(), ps.retry)
 	}
 }
 
-func (p *Proxy) release(st *state) {
-	st.dreq.Reset(nil, "", 0)
-	clear(st.hits)
+func (p *Proxy) release(st *State) {
+	st.reset()
 	p.pool.Put(st)
-}
-
-// publish queues a deny event for each denying hit, shadow ones included.
-func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
-	if p.o.Events == nil {
-		return
-	}
-	for i, res := range v.Results {
-		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
-			continue
-		}
-		h := st.hits[i]
-		client, _, _ := net.SplitHostPort(r.RemoteAddr)
-		p.o.Events.Publish(events.Event{
-			Time: time.Now(), Policy: h.Rule.Policy, Rule: h.Rule.Name, Key: h.Key,
-			Shadow: h.Rule.Shadow, Source: res.Source.String(), Limit: res.Limit, Cost: h.Cost,
-			RetryAfter: res.RetryAfter, Method: r.Method, Path: r.URL.Path, Client: client,
-		})
-	}
 }
 
 // writeFields sets the rate-limit response fields of the binding rule.
 func writeFields(h http.Header, rule *ruleset.Rule, res engine.Result, denied bool) {
+	// Every value is a slice of one string built in one buffer, and the
+	// five header slices share one backing array: two allocations per
+	// response instead of ten.
+	var buf [160]byte
+	b, ends := fieldValues(buf[:0], rule, res, denied)
+	all := string(b)
+	vals := make([]string, 5)
+	begin := 0
+	for i, end := range ends {
+		vals[i] = all[begin:end]
+		begin = end
+	}
+	h["X-Ratelimit-Limit"] = vals[0:1:1]
+	h["X-Ratelimit-Remaining"] = vals[1:2:2]
+	h["X-Ratelimit-Reset"] = vals[2:3:3]
+	h["Ratelimit-Policy"] = vals[3:4:4]
+	h["Ratelimit"] = vals[4:5:5]
+}
+
+// fieldValues appends the values of the five response fields (in
+// fieldNames' order) to b, and returns where each ends. Names are
+// restricted to [A-Za-z0-9._-], so quoting them needs no escapes.
+func fieldValues(b []byte, rule *ruleset.Rule, res engine.Result, denied bool) ([]byte, [5]int) {
 	reset := res.ResetAfter
 	if res.RetryAfter > reset {
 		reset = res.RetryAfter
@@ -277,12 +223,6 @@ func writeFields(h http.Header, rule *ruleset.Rule, res engine.Result, denied bo
 		remaining = 0
 	}
 	lim := rule.Engine.Limit
-	// Every value is a slice of one string built in one buffer, and the
-	// five header slices share one backing array: two allocations per
-	// response instead of ten. Names are restricted to [A-Za-z0-9._-], so
-	// quoting them needs no escapes.
-	var buf [160]byte
-	b := buf[:0]
 	var ends [5]int
 	b = strconv.AppendInt(b, res.Limit, 10)
 	ends[0] = len(b)
@@ -302,18 +242,7 @@ func writeFields(h http.Header, rule *ruleset.Rule, res engine.Result, denied bo
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, resetSec, 10)
 	ends[4] = len(b)
-	all := string(b)
-	vals := make([]string, 5)
-	begin := 0
-	for i, end := range ends {
-		vals[i] = all[begin:end]
-		begin = end
-	}
-	h["X-Ratelimit-Limit"] = vals[0:1:1]
-	h["X-Ratelimit-Remaining"] = vals[1:2:2]
-	h["X-Ratelimit-Reset"] = vals[2:3:3]
-	h["Ratelimit-Policy"] = vals[3:4:4]
-	h["Ratelimit"] = vals[4:5:5]
+	return b, ends
 }
 
 // ceilSeconds rounds d up to whole seconds, at least floor.
@@ -328,22 +257,12 @@ func problem(w http.ResponseWriter, status int, typ, title, detail string, retry
 	h := w.Header()
 	h["Content-Type"] = problemContentType
 	h["Cache-Control"] = noStore
-	b := make([]byte, 0, 256)
-	b = append(b, `{"type":`...)
-	b = strconv.AppendQuote(b, typ)
-	b = append(b, `,"title":`...)
-	b = strconv.AppendQuote(b, title)
-	b = append(b, `,"status":`...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, `,"detail":`...)
-	b = appendJSONString(b, detail)
+	ps := problemSpec{status: status, typ: typ, title: title, d0: detail}
 	var secs int64
 	if retry > 0 {
 		secs = ceilSeconds(retry, 1)
-		b = append(b, `,"retryAfter":`...)
-		b = strconv.AppendInt(b, secs, 10)
 	}
-	b = append(b, "}\n"...)
+	b := appendProblemBody(make([]byte, 0, 256), &ps, secs)
 	// Content-Length and Retry-After share one string and one backing
 	// array.
 	var nb [40]byte
@@ -372,8 +291,14 @@ var (
 // appendJSONString appends s as a JSON string. Control characters and
 // non-ASCII bytes are escaped, so the output is valid JSON whatever s holds.
 func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	b = appendJSONEscaped(b, s)
+	return append(b, '"')
+}
+
+// appendJSONEscaped appends s escaped for a JSON string, without quotes.
+func appendJSONEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
@@ -385,7 +310,7 @@ func appendJSONString(b []byte, s string) []byte {
 			b = append(b, c)
 		}
 	}
-	return append(b, '"')
+	return b
 }
 
 // bufferPool lends ReverseProxy its copy buffers.
