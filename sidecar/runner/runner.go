@@ -116,6 +116,7 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
 		r.m.DenyEventsTotal.WithLabelValues("logged"), r.m.DenyEventsTotal.WithLabelValues("dropped"))
+	r.ev.CountUnlogged(r.m.DenyEventsTotal.WithLabelValues("unlogged"))
 	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
 	}
