@@ -139,6 +139,16 @@ type Request struct {
 	claims []jwt.MapClaims
 	jwtOK  []bool
 	buf    []byte
+	memo   [2]keyMemo
+}
+
+// keyMemo remembers a key computed with a Request: a Request kept for a
+// connection sees the same client's values request after request, and a
+// key that repeats is then neither hashed nor allocated again.
+type keyMemo struct {
+	e        *Extractor
+	material []byte
+	key      string
 }
 
 // Reset prepares r for a request under a set of npolicies policies.
@@ -245,10 +255,20 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 		binary.BigEndian.PutUint32(buf[start+1:], uint32(len(buf)-start-5))
 	}
 	r.buf = buf
+	for i := range r.memo {
+		if m := &r.memo[i]; m.e == e && string(m.material) == string(buf) {
+			return m.key, true, nil
+		}
+	}
 	sum := sha256.Sum256(buf)
 	var hx [32]byte
 	hex.Encode(hx[:], sum[:16])
-	return e.prefix + string(hx[:]), true, nil
+	key = e.prefix + string(hx[:])
+	// Replace the older memo, reusing its buffer.
+	old := r.memo[1].material
+	r.memo[1] = r.memo[0]
+	r.memo[0] = keyMemo{e: e, material: append(old[:0], buf...), key: key}
+	return key, true, nil
 }
 
 // String names the part for error messages.
