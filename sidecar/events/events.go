@@ -85,6 +85,10 @@ func NewQueue(capacity int, log *slog.Logger, logged, dropped prometheus.Counter
 		tokens: LinesPerSecond, agg: map[aggKey]aggregate{}}
 }
 
+// Logging reports whether published events are written; when not, a
+// publisher may pass an empty Event, which is only counted.
+func (q *Queue) Logging() bool { return q.enabled }
+
 // CountUnlogged sets the counter of the events not written because the
 // logger does not write info lines. Call it before the first Publish.
 func (q *Queue) CountUnlogged(c prometheus.Counter) { q.unlogged = c }

@@ -141,6 +141,11 @@ func (p *Proxy) publish(r *http.Request, st *State, v *engine.Verdict) {
 		if res.Source == engine.NotEvaluated || res.Allowed || res.Source == engine.FromNowhere {
 			continue
 		}
+		if !p.o.Events.Logging() {
+			// Counted, not built: the log would not write it.
+			p.o.Events.Publish(events.Event{})
+			continue
+		}
 		h := st.hits[i]
 		client, _, _ := net.SplitHostPort(r.RemoteAddr)
 		p.o.Events.Publish(events.Event{
