@@ -69,6 +69,7 @@ type Server struct {
 	pool   []*upConn
 
 	date     atomic.Pointer[[]byte]
+	second   atomic.Int64 // the Unix second of date: a clock read once a second
 	stopTick chan struct{}
 }
 
@@ -104,6 +105,7 @@ func (s *Server) Handoff() net.Listener { return s.handoff }
 func (s *Server) tick(now time.Time) {
 	b := now.UTC().AppendFormat(make([]byte, 0, 29), http.TimeFormat)
 	s.date.Store(&b)
+	s.second.Store(now.Unix())
 }
 
 // Serve accepts connections on ln until Shutdown or an accept error.
