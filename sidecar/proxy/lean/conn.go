@@ -835,4 +835,3 @@ func respOption(rs *h1.Response, name []byte) bool {
 	}
 	return false
 }
-
