@@ -272,7 +272,7 @@ func (r *Runner) proxyServer() *http.Server {
 	return &http.Server{
 		Handler:           http.HandlerFunc(r.serveProxy),
 		Protocols:         &ps,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
@@ -295,7 +295,7 @@ func (r *Runner) leanServer() *lean.Server {
 		Upstream:          host,
 		Proxy:             r.px.Load,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		Log:               r.log,
 	})
