@@ -577,13 +577,17 @@ func (r *Report) Write(w io.Writer) error {
 	if r.Machine.Profiling != "" {
 		fmt.Fprintf(&b, "%s\n", r.Machine.Profiling)
 	}
-	fmt.Fprintf(&b, "%-58s %12s %14s %8s %12s %14s\n", "case", "decisions/s", "CPU µs/decision", "core", "vs null", "per round")
+	width := 58
+	for _, c := range r.Cases {
+		width = max(width, len(c.Name))
+	}
+	fmt.Fprintf(&b, "%-*s %12s %14s %8s %12s %14s\n", width, "case", "decisions/s", "CPU µs/decision", "core", "vs null", "per round")
 	for _, c := range r.Cases {
 		vs, vr := "1.00 (floor)", ""
 		if c.Server != serverNull {
 			vs, vr = fmt.Sprintf("%.2f", c.OverNull), fmt.Sprintf("%.2f", c.RoundOverNull)
 		}
-		fmt.Fprintf(&b, "%-58s %12.0f %14.1f %7.0f%% %12s %14s\n", c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs, vr)
+		fmt.Fprintf(&b, "%-*s %12.0f %14.1f %7.0f%% %12s %14s\n", width, c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs, vr)
 	}
 	fmt.Fprintf(&b, "vs null: median over median; per round: median of the ratios to the null server of the same round\n")
 	for _, c := range r.Cases {
