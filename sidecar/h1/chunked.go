@@ -62,96 +62,102 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 		}
 		b := p[i]
 		i++
-		switch c.state {
-		case chSize:
-			switch {
-			case isHex(b):
-				if c.digits == 15 {
-					return i, ErrChunked
-				}
-				c.digits++
-				c.size = c.size<<4 | int64(unhex(b))
-			case c.digits == 0:
-				return i, ErrChunked
-			case b == ';' || b == ' ' || b == '\t':
-				c.state = chExt
-			case b == '\r':
-				c.state = chSizeLF
-			default:
-				return i, ErrChunked
-			}
-			c.line++
-		case chExt:
-			c.line++
-			if c.line > maxChunkLine {
-				return i, ErrChunked
-			}
-			switch {
-			case b == '\r':
-				c.state = chSizeLF
-			case b < ' ' && b != '\t' || b == 0x7f:
-				return i, ErrChunked
-			}
-		case chSizeLF:
-			if b != '\n' {
-				return i, ErrChunked
-			}
-			c.line, c.digits = 0, 0
-			if c.size == 0 {
-				c.state = chTrailer
-			} else {
-				c.state = chData
-			}
-		case chDataCR:
-			if b != '\r' {
-				return i, ErrChunked
-			}
-			c.state = chDataLF
-		case chDataLF:
-			if b != '\n' {
-				return i, ErrChunked
-			}
-			c.state = chSize
-		case chTrailer:
-			switch {
-			case b == '\r':
-				c.state = chFinalLF
-			case b == ' ' || b == '\t' || b == ':' || !isTchar(b):
-				// obs-fold, an empty name or a bad character.
-				return i, ErrChunked
-			default:
-				c.state, c.line, c.colon = chTrailerIn, 1, false
-			}
-			c.trail++
-		case chTrailerIn:
-			c.trail++
-			if c.trail > maxTrailers {
-				return i, ErrChunked
-			}
-			switch {
-			case b == '\r':
-				if !c.colon {
-					return i, ErrChunked
-				}
-				c.state = chTrailerLF
-			case b == ':':
-				c.colon = true
-			case b < ' ' && b != '\t' || b == 0x7f:
-				return i, ErrChunked
-			}
-		case chTrailerLF:
-			if b != '\n' {
-				return i, ErrChunked
-			}
-			c.state = chTrailer
-		case chFinalLF:
-			if b != '\n' {
-				return i, ErrChunked
-			}
-			c.state = chDone
+		if !c.step(b) {
+			return i, ErrChunked
 		}
 	}
 	return i, nil
+}
+
+// step consumes one byte outside chunk data; false when it is malformed.
+func (c *Chunked) step(b byte) bool {
+	switch c.state {
+	case chSize:
+		return c.sizeByte(b)
+	case chExt:
+		c.line++
+		if c.line > maxChunkLine || (b < ' ' && b != '\t' && b != '\r') || b == 0x7f {
+			return false
+		}
+		if b == '\r' {
+			c.state = chSizeLF
+		}
+	case chSizeLF:
+		if b != '\n' {
+			return false
+		}
+		c.line, c.digits = 0, 0
+		c.state = chData
+		if c.size == 0 {
+			c.state = chTrailer
+		}
+	case chDataCR:
+		c.state = chDataLF
+		return b == '\r'
+	case chDataLF:
+		c.state = chSize
+		return b == '\n'
+	case chTrailer:
+		c.trail++
+		switch {
+		case b == '\r':
+			c.state = chFinalLF
+		case !isTchar(b):
+			// obs-fold, an empty name or a bad character.
+			return false
+		default:
+			c.state, c.line, c.colon = chTrailerIn, 1, false
+		}
+	case chTrailerIn:
+		return c.trailerByte(b)
+	case chTrailerLF:
+		c.state = chTrailer
+		return b == '\n'
+	case chFinalLF:
+		c.state = chDone
+		return b == '\n'
+	}
+	return true
+}
+
+func (c *Chunked) sizeByte(b byte) bool {
+	c.line++
+	switch {
+	case isHex(b):
+		if c.digits == 15 {
+			return false
+		}
+		c.digits++
+		c.size = c.size<<4 | int64(unhex(b))
+	case c.digits == 0:
+		return false
+	case b == ';' || b == ' ' || b == '\t':
+		c.state = chExt
+	case b == '\r':
+		c.state = chSizeLF
+	default:
+		return false
+	}
+	return true
+}
+
+func (c *Chunked) trailerByte(b byte) bool {
+	c.trail++
+	if c.trail > maxTrailers {
+		return false
+	}
+	switch {
+	case b == '\r':
+		if !c.colon {
+			return false
+		}
+		c.state = chTrailerLF
+	case b == ':':
+		c.colon = true
+	case b < ' ' && b != '\t' || b == 0x7f:
+		return false
+	}
+	return true
 }
 
 func isHex(b byte) bool {

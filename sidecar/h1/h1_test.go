@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -55,7 +56,8 @@ func TestParseRequestIncompleteAndBound(t *testing.T) {
 }
 
 func statusOf(err error) int {
-	if e, ok := err.(*Error); ok {
+	var e *Error
+	if errors.As(err, &e) {
 		return e.Status
 	}
 	return 0
