@@ -447,7 +447,8 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 		if err == nil && !bodyPending {
 			err = c.readResponseHead(up, false)
 		}
-		if err == nil || !(replayable && up != nil && up.used && up.r == up.w && attempt == 0) {
+		retry := replayable && up != nil && up.used && up.r == up.w && attempt == 0
+		if err == nil || !retry {
 			break
 		}
 		_ = up.nc.Close()
@@ -715,7 +716,7 @@ func (c *conn) readResponseHead(up *upConn, _ bool) error {
 			if m > 0 {
 				continue
 			}
-			if err == io.EOF && up.w > 0 {
+			if errors.Is(err, io.EOF) && up.w > 0 {
 				return io.ErrUnexpectedEOF
 			}
 			return err
