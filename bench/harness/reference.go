@@ -134,9 +134,9 @@ func FindNginx(path string) string {
 
 // nginx is a running reference nginx.
 type nginx struct {
-	pid                  int
-	proxy, limit, quiet  string // base URLs
-	version, dir, prefix string
+	pid                 int
+	proxy, limit, quiet string // base URLs
+	version, dir        string
 }
 
 func (h *harness) startNginx(ctx context.Context) (*nginx, error) {

@@ -314,28 +314,10 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid}
 	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr}
-	if cfg.RatelimitBin != "" {
-		peerAddr, err := startPeer(cfg.RatelimitBin, dir, cluster, startEnv)
-		if err != nil {
-			return nil, err
-		}
-		for range cfg.Conns {
-			c, err := grpc.NewClient(peerAddr.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, err
-			}
-			defer func() { _ = c.Close() }()
-			conns[peerAddr.addr] = append(conns[peerAddr.addr], c)
-		}
-		if err := waitServing(ctx, conns[peerAddr.addr][0]); err != nil {
-			return nil, fmt.Errorf("envoyproxy/ratelimit on %s (logs in %s): %w", peerAddr.addr, dir, err)
-		}
-		pids[serverPeer], addrs[serverPeer] = peerAddr.pid, peerAddr.addr
-		// The same cases on the peer, in the same rounds.
-		for _, w := range workloads[1:4] {
-			w.name, w.short, w.server = serverPeer+": "+w.name, "peer-"+w.short, serverPeer
-			workloads = append(workloads, w)
-		}
+	closePeer, err := addPeer(ctx, cfg, dir, cluster, startEnv, conns, pids, addrs, &workloads)
+	defer closePeer()
+	if err != nil {
+		return nil, err
 	}
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
@@ -385,19 +367,58 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		}
 		c.RoundOverNull = roundRatio(c.Rounds, rep.Cases[0].Rounds)
 	}
-	for i := 4; i < len(rep.Cases); i++ {
-		c, fg := &rep.Cases[i], rep.Cases[i-3]
-		if fg.CPUMicrosPerDecision > 0 {
-			c.PeerOverFloodgate = c.CPUMicrosPerDecision / fg.CPUMicrosPerDecision
-		}
-		c.RoundPeerOverFloodgate = roundRatio(c.Rounds, fg.Rounds)
-	}
+	rep.peerRatios()
 	rep.Acceptance = []Requirement{
 		{Name: "CPU per decision, one hot key (allowed), over the null server", Want: "<= 1.5", Got: rep.Cases[2].OverNull, Met: rep.Cases[2].OverNull <= 1.5},
 		{Name: "CPU per decision, one hot key (over its limit), over the null server", Want: "<= 1.5", Got: rep.Cases[3].OverNull, Met: rep.Cases[3].OverNull <= 1.5},
 		{Name: "CPU per decision, cold keys, over the null server", Want: "<= 2", Got: rep.Cases[1].OverNull, Met: rep.Cases[1].OverNull <= 2},
 	}
 	return rep, nil
+}
+
+// addPeer starts envoyproxy/ratelimit when cfg names its binary, connects
+// to it and adds its cases; the returned func closes the connections.
+func addPeer(ctx context.Context, cfg Config, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error),
+	conns map[string][]*grpc.ClientConn, pids map[string]int, addrs map[string]string, workloads *[]workload) (func(), error) {
+	if cfg.RatelimitBin == "" {
+		return func() {}, nil
+	}
+	p, cs, err := startPeer(ctx, cfg.RatelimitBin, dir, cluster, start, cfg.Conns)
+	closeAll := func() {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	if err != nil {
+		return closeAll, err
+	}
+	conns[p.addr] = cs
+	pids[serverPeer], addrs[serverPeer] = p.pid, p.addr
+	*workloads = withPeer(*workloads)
+	return closeAll, nil
+}
+
+// withPeer adds floodgate's cases (the workloads after the null server's)
+// again for the peer, to run in the same rounds.
+func withPeer(ws []workload) []workload {
+	for _, w := range ws[1:4] {
+		w.name, w.short, w.server = serverPeer+": "+w.name, "peer-"+w.short, serverPeer
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// peerRatios sets, on each envoyproxy/ratelimit case (after the null
+// server and floodgate's three), its CPU per decision over floodgate's in
+// the same case.
+func (r *Report) peerRatios() {
+	for i := 4; i < len(r.Cases); i++ {
+		c, fg := &r.Cases[i], r.Cases[i-3]
+		if fg.CPUMicrosPerDecision > 0 {
+			c.PeerOverFloodgate = c.CPUMicrosPerDecision / fg.CPUMicrosPerDecision
+		}
+		c.RoundPeerOverFloodgate = roundRatio(c.Rounds, fg.Rounds)
+	}
 }
 
 // peer is a running envoyproxy/ratelimit.
@@ -408,8 +429,28 @@ type peer struct {
 
 // startPeer starts envoyproxy/ratelimit on the harness's policy (it is
 // written in that service's format) and Redis Cluster, pinned like the
-// sidecar, and returns its gRPC address.
-func startPeer(bin, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error)) (peer, error) {
+// sidecar, and returns it with conns client connections to it once it
+// serves.
+func startPeer(ctx context.Context, bin, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error), conns int) (peer, []*grpc.ClientConn, error) {
+	p, err := startPeerProcess(bin, dir, cluster, start)
+	if err != nil {
+		return p, nil, err
+	}
+	var cs []*grpc.ClientConn
+	for range conns {
+		c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return p, cs, err
+		}
+		cs = append(cs, c)
+	}
+	if err := waitServing(ctx, cs[0]); err != nil {
+		return p, cs, fmt.Errorf("envoyproxy/ratelimit on %s (logs in %s): %w", p.addr, dir, err)
+	}
+	return p, cs, nil
+}
+
+func startPeerProcess(bin, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error)) (peer, error) {
 	root := filepath.Join(dir, "peer-runtime")
 	if err := os.MkdirAll(filepath.Join(root, "ratelimit", "config"), 0o755); err != nil {
 		return peer{}, err
