@@ -445,6 +445,10 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 			err = writeHead(up.nc, c.out, body)
 		}
 		if err == nil && !bodyPending {
+			// The answer cannot be there yet: let the other connections
+			// run first, so that the read usually finds it rather than
+			// returning EAGAIN and waiting for the poller.
+			runtime.Gosched()
 			err = c.readResponseHead(up, false)
 		}
 		retry := replayable && up != nil && up.used && up.r == up.w && attempt == 0
