@@ -614,3 +614,42 @@ func TestConformanceHandoffMidConnection(t *testing.T) {
 		}
 	}
 }
+
+// An application answer with both Content-Length and chunked framing
+// reaches the client chunked only.
+func TestConformanceResponseCLAndTE(t *testing.T) {
+	t.Parallel()
+	up := rawBackend(t, func(n int, c net.Conn, br *bufio.Reader) {
+		for {
+			if _, err := readHead(br); err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+		}
+	})
+	sc := startSidecar(t, up, openPolicy, true)
+	c := dialRaw(t, sc)
+	for range 2 {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		var head []string
+		for {
+			line, err := c.br.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if line == "\r\n" {
+				break
+			}
+			head = append(head, strings.TrimSpace(line))
+		}
+		joined := strings.Join(head, "\n")
+		if !strings.Contains(joined, "Transfer-Encoding: chunked") || strings.Contains(strings.ToLower(joined), "content-length") {
+			t.Errorf("answer head:\n%s\nwant chunked framing only", joined)
+		}
+		for _, want := range []string{"3\r\n", "abc\r\n", "0\r\n", "\r\n"} {
+			if line, err := c.br.ReadString('\n'); err != nil || line != want {
+				t.Fatalf("chunked body line %q %v, want %q", line, err, want)
+			}
+		}
+	}
+}

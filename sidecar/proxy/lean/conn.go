@@ -15,6 +15,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/h1"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
 // Connection states, for Shutdown.
@@ -68,7 +69,7 @@ type conn struct {
 
 // denyKey is what a 429 answer depends on besides its rule's constants.
 type denyKey struct {
-	ruleID              uintptr
+	rule                *ruleset.Rule // held, so its address is never another rule's
 	limit, reset, retry int64
 	closing             bool
 }
@@ -362,7 +363,7 @@ func (c *conn) answer(d *proxy.Decision, n int) bool {
 	date := c.s.date.Load()
 	var out []byte
 	if d.Outcome == proxy.Denied {
-		k := denyKey{ruleID: uintptr(unsafe.Pointer(d.Rule)), limit: d.Result.Limit,
+		k := denyKey{rule: d.Rule, limit: d.Result.Limit,
 			reset: int64((max(d.Result.ResetAfter, d.Result.RetryAfter) + time.Second - 1) / time.Second),
 			retry: int64((d.RetryAfter + time.Second - 1) / time.Second), closing: closing}
 		if k != c.denyKey || date != c.denyDate || c.deny == nil {
@@ -769,6 +770,11 @@ func (c *conn) relay(up *upConn, d *proxy.Decision, head bool) bool {
 	for i := range rs.Fields {
 		f := &rs.Fields[i]
 		if h1.IsHopByHop(f.Name) || respOption(rs, f.Name) {
+			continue
+		}
+		if chunked && len(f.Name) == 14 && h1.EqualFold(f.Name, "content-length") {
+			// Chunked wins over a Content-Length, which must not reach
+			// the client beside it.
 			continue
 		}
 		b = append(b, f.Name...)
