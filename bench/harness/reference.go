@@ -114,7 +114,10 @@ type RefLatency struct {
 	SidecarAddedP99  float64 `json:"sidecarAddedP99Usec"`
 	NginxCPUMicros   float64 `json:"nginxCpuMicrosPerRequest"`
 	SidecarCPUMicros float64 `json:"sidecarCpuMicrosPerRequest"`
-	Errors           int64   `json:"errors"`
+	// FloorAddedP99 and FloorCPUMicros are the Go floor's bare proxy's.
+	FloorAddedP99  float64 `json:"floorAddedP99Usec"`
+	FloorCPUMicros float64 `json:"floorCpuMicrosPerRequest"`
+	Errors         int64   `json:"errors"`
 }
 
 // FindNginx returns the nginx binary to compare with: path when given,
@@ -296,6 +299,7 @@ func (h *harness) reference(ctx context.Context, rep *Report) error {
 	direct := Path{Client: NewClient(), Target: Target{URLs: []string{"http://" + h.backend + "/lat"}, Header: keyed("user-", 1000)}}
 	viaNginx := Path{Client: NewClient(), Target: Target{URLs: []string{ng.proxy + "/lat"}, Header: keyed("user-", 1000)}, PID: ng.pid}
 	viaSidecar := Path{Client: NewClient(), Target: Target{URLs: []string{scURLs[0] + "/lat"}, Header: keyed("user-", 1000)}, PID: scPIDs[0]}
+	viaFloor := Path{Client: NewClient(), Target: Target{URLs: []string{floors[2].url + "/lat"}, Header: keyed("user-", 1000)}, PID: floors[2].pid}
 	loads := []struct {
 		label string
 		rate  float64
@@ -307,12 +311,12 @@ func (h *harness) reference(ctx context.Context, rep *Report) error {
 		}{fmt.Sprintf("%.0f%% of the sidecar's max", 100*l), l * maxRate})
 	}
 	for _, l := range loads {
-		h.logf("[reference] latency at %s (%.0f/s): direct, nginx and sidecar in alternating 1s slices, %d rounds", l.label, l.rate, refRounds)
-		paths := []Path{direct, viaNginx, viaSidecar}
+		h.logf("[reference] latency at %s (%.0f/s): direct, nginx, sidecar and the Go floor proxy in alternating 1s slices, %d rounds", l.label, l.rate, refRounds)
+		paths := []Path{direct, viaNginx, viaSidecar, viaFloor}
 		if _, err := InterleavedN(ctx, paths, l.rate, time.Second, time.Second, h.o.Workers); err != nil {
 			return err
 		}
-		var dp50, dp99, na50, na99, sa50, sa99, ncpu, scpu []float64
+		var dp50, dp99, na50, na99, sa50, sa99, ncpu, scpu, fa99, fcpu []float64
 		var errs int64
 		for range refRounds {
 			st, err := InterleavedN(ctx, paths, l.rate, time.Second, h.o.Duration, h.o.Workers)
@@ -323,11 +327,12 @@ func (h *harness) reference(ctx context.Context, rep *Report) error {
 			na50, na99 = append(na50, st[1].P50-st[0].P50), append(na99, st[1].P99-st[0].P99)
 			sa50, sa99 = append(sa50, st[2].P50-st[0].P50), append(sa99, st[2].P99-st[0].P99)
 			ncpu, scpu = append(ncpu, st[1].CPUMicros), append(scpu, st[2].CPUMicros)
-			errs += st[0].Errors + st[1].Errors + st[2].Errors
+			fa99, fcpu = append(fa99, st[3].P99-st[0].P99), append(fcpu, st[3].CPUMicros)
+			errs += st[0].Errors + st[1].Errors + st[2].Errors + st[3].Errors
 		}
 		ref.Latency = append(ref.Latency, RefLatency{Label: l.label, Rate: l.rate, DirectP50: Median(dp50), DirectP99: Median(dp99),
 			NginxAddedP50: Median(na50), NginxAddedP99: Median(na99), SidecarAddedP50: Median(sa50), SidecarAddedP99: Median(sa99),
-			NginxCPUMicros: Median(ncpu), SidecarCPUMicros: Median(scpu), Errors: errs})
+			NginxCPUMicros: Median(ncpu), SidecarCPUMicros: Median(scpu), FloorAddedP99: Median(fa99), FloorCPUMicros: Median(fcpu), Errors: errs})
 	}
 	rep.Reference = ref
 	return nil
@@ -444,14 +449,15 @@ func (h *harness) tableReference(rep *Report) {
 		}
 	}
 	printf("  open loop, added over the direct path (µs) and CPU per request (µs)\n")
-	printf("  %-28s %9s %9s | %10s %10s %8s | %10s %10s %8s | %7s\n", "rate", "dir p50", "dir p99", "nginx +p50", "nginx +p99", "cpu", "sc +p50", "sc +p99", "cpu", "p99 x")
+	printf("  %-36s %9s %9s | %10s %10s %8s | %10s %10s %8s | %7s | %10s %8s\n", "rate", "dir p50", "dir p99", "nginx +p50", "nginx +p99", "cpu", "sc +p50", "sc +p99", "cpu", "p99 x", "floor +p99", "cpu")
 	for _, l := range ref.Latency {
 		ratio := 0.0
 		if l.NginxAddedP99 > 0 {
 			ratio = l.SidecarAddedP99 / l.NginxAddedP99
 		}
-		printf("  %-28s %9.0f %9.0f | %10.0f %10.0f %8.1f | %10.0f %10.0f %8.1f | %6.2fx\n", fmt.Sprintf("%s (%.0f/s)", l.Label, l.Rate),
-			l.DirectP50, l.DirectP99, l.NginxAddedP50, l.NginxAddedP99, l.NginxCPUMicros, l.SidecarAddedP50, l.SidecarAddedP99, l.SidecarCPUMicros, ratio)
+		printf("  %-36s %9.0f %9.0f | %10.0f %10.0f %8.1f | %10.0f %10.0f %8.1f | %6.2fx | %10.0f %8.1f\n", fmt.Sprintf("%s (%.0f/s)", l.Label, l.Rate),
+			l.DirectP50, l.DirectP99, l.NginxAddedP50, l.NginxAddedP99, l.NginxCPUMicros, l.SidecarAddedP50, l.SidecarAddedP99, l.SidecarCPUMicros, ratio,
+			l.FloorAddedP99, l.FloorCPUMicros)
 	}
 }
 
