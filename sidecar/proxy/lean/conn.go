@@ -39,6 +39,7 @@ type conn struct {
 	s      *Server
 	nc     net.Conn
 	remote string
+	peer   string // remote's host, as X-Forwarded-For gets it
 	state  atomic.Int32
 
 	buf  []byte // request bytes; buf[r:w] not yet consumed
@@ -90,6 +91,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{s: s, nc: nc, buf: make([]byte, bufSize), hdr: http.Header{}, canon: map[string]string{},
 		out: make([]byte, 0, bufSize)}
 	c.remote = nc.RemoteAddr().String()
+	c.peer = c.remote
+	if host, _, err := net.SplitHostPort(c.remote); err == nil {
+		c.peer = host
+	}
 	c.hreq.Proto, c.hreq.ProtoMajor, c.hreq.ProtoMinor = "HTTP/1.1", 1, 1
 	c.hreq.URL = &c.url
 	c.hreq.Header = c.hdr
@@ -593,11 +598,7 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 		b = append(b, v...)
 		b = append(b, ", "...)
 	}
-	host, _, err := net.SplitHostPort(c.remote)
-	if err != nil {
-		host = c.remote
-	}
-	b = append(b, host...)
+	b = append(b, c.peer...)
 	b = append(b, "\r\nX-Forwarded-Host: "...)
 	b = append(b, q.Host...)
 	b = append(b, "\r\nX-Forwarded-Proto: http\r\n\r\n"...)
