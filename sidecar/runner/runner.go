@@ -32,6 +32,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/proxy/lean"
 	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
@@ -116,6 +117,7 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
 		r.m.DenyEventsTotal.WithLabelValues("logged"), r.m.DenyEventsTotal.WithLabelValues("dropped"))
+	r.ev.CountUnlogged(r.m.DenyEventsTotal.WithLabelValues("unlogged"))
 	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
 	}
@@ -186,7 +188,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	// config has opened the store and built the proxy.
 	srv := r.proxyServer()
 	proxyErr := make(chan error, 1)
-	go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+	ls := r.leanServer()
+	if ls != nil {
+		go func() { proxyErr <- ls.Serve(r.proxyLn) }()
+		go func() { _ = srv.Serve(ls.Handoff()) }()
+	} else {
+		go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+	}
 	// The Envoy rate-limit service serves from the start too: UNAVAILABLE
 	// and health NOT_SERVING until the first good config.
 	var gs *grpc.Server
@@ -221,7 +229,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	} else {
 		close(grpcDone)
 	}
+	leanDone := make(chan error, 1)
+	if ls != nil {
+		go func() { leanDone <- ls.Shutdown(drainCtx) }()
+	} else {
+		leanDone <- nil
+	}
 	if e := srv.Shutdown(drainCtx); e != nil {
+		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
+	}
+	if e := <-leanDone; e != nil {
 		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
 	}
 	if gs != nil {
@@ -255,11 +272,33 @@ func (r *Runner) proxyServer() *http.Server {
 	return &http.Server{
 		Handler:           http.HandlerFunc(r.serveProxy),
 		Protocols:         &ps,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
 	}
+}
+
+// leanServer returns the lean HTTP/1.1 core in front of the net/http
+// server, or nil when it is off or the upstream needs what only net/http
+// offers (https, h2c, a path prefix).
+func (r *Runner) leanServer() *lean.Server {
+	up, err := url.Parse(r.cfg.Upstream)
+	if !r.cfg.LeanHTTP1 || err != nil || r.cfg.UpstreamH2C || up.Scheme != "http" || (up.Path != "" && up.Path != "/") || up.RawQuery != "" {
+		return nil
+	}
+	host := up.Host
+	if up.Port() == "" {
+		host = net.JoinHostPort(up.Hostname(), "80")
+	}
+	return lean.New(lean.Options{
+		Upstream:          host,
+		Proxy:             r.px.Load,
+		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		Log:               r.log,
+	})
 }
 
 // serveProxy hands a request to the proxy, or answers 503 while no config
