@@ -2,6 +2,11 @@
 # Builds static floodgate-manager and floodgate-sidecar binaries and ships
 # them in a minimal, non-root final stage. Pick the binary with --target or
 # by overriding the entrypoint (the chart does the latter).
+#
+# Without Docker, `make images` (hack/images) builds the same images: the
+# same files, user, entrypoint and labels, on an empty base with distroless
+# static's /etc/passwd, /tmp and CA certificates. Tag them as the chart
+# expects: ghcr.io/floodgate-dev/<target>:<the chart's appVersion>.
 
 FROM golang:1.26 AS build
 WORKDIR /src
@@ -18,11 +23,27 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     go build -trimpath -ldflags "-s -w" -o /out/ ./cmd/floodgate-manager ./cmd/floodgate-sidecar
 
 FROM gcr.io/distroless/static-debian12:nonroot AS floodgate-sidecar
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="floodgate-sidecar" \
+      org.opencontainers.image.description="floodgate's rate-limiting proxy, injected next to each opted-in pod's application" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/floodgate-dev/floodgate" \
+      org.opencontainers.image.url="https://github.com/floodgate-dev/floodgate" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="floodgate"
 COPY --from=build /out/floodgate-sidecar /floodgate-sidecar
 USER 65532:65532
 ENTRYPOINT ["/floodgate-sidecar"]
 
 FROM gcr.io/distroless/static-debian12:nonroot AS floodgate-manager
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="floodgate-manager" \
+      org.opencontainers.image.description="floodgate's operator: policy and CounterStore controllers, sidecar injector and policy validation webhooks" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/floodgate-dev/floodgate" \
+      org.opencontainers.image.url="https://github.com/floodgate-dev/floodgate" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="floodgate"
 COPY --from=build /out/floodgate-manager /floodgate-manager
 COPY --from=build /out/floodgate-sidecar /floodgate-sidecar
 USER 65532:65532

@@ -62,6 +62,13 @@ verify: generate manifests ## Fail when generated files or go.mod/go.sum drift.
 build: ## Build floodgate-manager and floodgate-sidecar into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
+##@ Images and a real node
+
+.PHONY: images
+images: ## Build OCI image archives into bin/images: manager, sidecar, Redis, sample backend, pause (no Docker).
+	hack/redis-cluster.sh install
+	nice $(GO) run ./hack/images -out $(BIN)/images
+
 ##@ Test
 
 .PHONY: test-deps
