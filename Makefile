@@ -69,6 +69,14 @@ images: ## Build OCI image archives into bin/images: manager, sidecar, Redis, sa
 	hack/redis-cluster.sh install
 	nice $(GO) run ./hack/images -out $(BIN)/images
 
+.PHONY: cluster-up
+cluster-up: images ## Start one real Kubernetes node here (root): etcd, apiserver, controllers, containerd, kubelet, CNI, kube-proxy.
+	FLOODGATE_IMAGES_BUILT=1 hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the node and remove every trace: processes, mounts, netns, iptables chains, cgroups.
+	hack/cluster.sh down
+
 ##@ Test
 
 .PHONY: test-deps
