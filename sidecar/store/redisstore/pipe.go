@@ -76,34 +76,42 @@ func dialPipe(sh *shard) (*pconn, error) {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
 	r := bufio.NewReaderSize(nc, 32<<10)
-	if user, password := o.Credentials(); password != "" {
-		dl, _ := ctx.Deadline()
-		_ = nc.SetDeadline(dl)
-		var b []byte
-		if user != "" {
-			b = appendBulk(appendBulk(arrayHeader(3), "AUTH"), user)
-		} else {
-			b = appendBulk(arrayHeader(2), "AUTH")
-		}
-		b = appendBulk(b, password)
-		if _, err := nc.Write(b); err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("auth: %w", err)
-		}
-		v, err := readValue(r)
-		if err == nil {
-			if re, ok := v.(replyError); ok {
-				err = re
-			} else if v != "OK" {
-				err = fmt.Errorf("%w: AUTH answered %v", errProtocol, v)
-			}
-		}
-		if err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("auth: %w", err)
-		}
-		_ = nc.SetDeadline(time.Time{})
+	// Without a password, PING instead of AUTH: a node that wants one
+	// answers NOAUTH, and the connection is closed here rather than kept
+	// failing every script after the password has appeared (a sidecar
+	// that starts before the kubelet fills its optional Secret volume).
+	user, password := o.Credentials()
+	dl, _ := ctx.Deadline()
+	_ = nc.SetDeadline(dl)
+	var b []byte
+	want := "PONG"
+	switch {
+	case password == "":
+		b = appendBulk(arrayHeader(1), "PING")
+	case user != "":
+		b = appendBulk(appendBulk(appendBulk(arrayHeader(3), "AUTH"), user), password)
+		want = "OK"
+	default:
+		b = appendBulk(appendBulk(arrayHeader(2), "AUTH"), password)
+		want = "OK"
 	}
+	if _, err := nc.Write(b); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	v, err := readValue(r)
+	if err == nil {
+		if re, ok := v.(replyError); ok {
+			err = re
+		} else if v != want {
+			err = fmt.Errorf("%w: %s answered %v", errProtocol, want, v)
+		}
+	}
+	if err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	_ = nc.SetDeadline(time.Time{})
 	c := &pconn{
 		sh:       sh,
 		nc:       nc,

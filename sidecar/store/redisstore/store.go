@@ -93,6 +93,7 @@ func New(opts Options) (*Store, error) {
 			DisableIdentity:            true,
 			ClusterStateReloadInterval: 5 * time.Second,
 			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+			OnConnect:                  checkAuth,
 		})
 		// Start loading the slot map now; the first decisions wait for
 		// this load instead of starting their own.
@@ -133,8 +134,18 @@ func (s *Store) nodeOptions(addr string) *redis.Options {
 		MaintNotificationsConfig: &maintnotifications.Config{
 			Mode: maintnotifications.ModeDisabled,
 		},
+		OnConnect: checkAuth,
 	}
 }
+
+// checkAuth is the go-redis clients' OnConnect: every new connection
+// sends PING, so that a node that wants a password the connection did not
+// send refuses it (NOAUTH) before it enters the pool. go-redis keeps a
+// connection after a server error, so one dialled before the password
+// existed (a sidecar that starts before the kubelet fills its optional
+// Secret volume) would otherwise fail every later call, even once the
+// password is there.
+func checkAuth(ctx context.Context, cn *redis.Conn) error { return cn.Ping(ctx).Err() }
 
 // Close closes every connection. Decisions after Close fail with
 // limiter.ErrUnavailable.
