@@ -86,9 +86,17 @@ test-deps: ## Install redis-server and build the envtest binaries and tools.
 	hack/tools.sh helm >/dev/null
 
 .PHONY: test
-test: test-deps ## Run every test: unit, envtest and real-Redis suites.
+test: test-unit test-cluster ## Run every test: unit, envtest and real-Redis suites, then the real-node suite.
+
+.PHONY: test-unit
+test-unit: test-deps ## Run the unit, envtest and real-Redis suites (everything but test/cluster).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
-		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $(PKGS)
+		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v /test/cluster)
+
+.PHONY: test-cluster
+test-cluster: test-deps images ## Run the real-node suite (test/cluster) on a node that hack/cluster.sh starts, then removes (root).
+	FLOODGATE_IMAGES_BUILT=1 FLOODGATE_HELM="$$(hack/tools.sh helm)" \
+		hack/cluster.sh run $(GO) test -count=1 -timeout 30m -v ./test/cluster/ -ginkgo.v
 
 .PHONY: bench
 bench: build ## Run the micro-benchmarks and the load harnesses.
@@ -99,3 +107,7 @@ bench: build ## Run the micro-benchmarks and the load harnesses.
 .PHONY: demo
 demo: ## Run the whole system locally and show it working.
 	hack/with-reaper.sh hack/demo.sh
+
+.PHONY: demo-cluster
+demo-cluster: test-deps images ## Run the README's "On your own cluster" path on a real node here (root): helm install, a policy, 200s turning into 429s.
+	FLOODGATE_IMAGES_BUILT=1 FLOODGATE_HELM="$$(hack/tools.sh helm)" hack/cluster.sh run hack/demo-cluster.sh

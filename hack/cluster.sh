@@ -143,6 +143,7 @@ start() {
   local name="$1"; shift
   setsid "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
   echo $! > "$RUN/$name.pid"
+  disown $!
 }
 
 alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
@@ -215,6 +216,7 @@ up() {
     --tls-cert-file "$RUN/pki/apiserver.crt" --tls-private-key-file "$RUN/pki/apiserver.key" \
     --client-ca-file "$RUN/pki/ca.crt" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --kubelet-client-certificate "$RUN/pki/admin.crt" --kubelet-client-key "$RUN/pki/admin.key" \
+    --kubelet-preferred-address-types InternalIP \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
     --profiling=false
@@ -351,7 +353,7 @@ stop() {
 kubepods_pids() {
   local d
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
-    [[ -d "$d" ]] && find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
+    if [[ -d "$d" ]]; then find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null || true; fi
   done | sort -u
 }
 
@@ -409,13 +411,16 @@ down() {
   ip link delete "$BRIDGE" 2>/dev/null || true
   # iptables: every KUBE-* and CNI-* chain and every rule that mentions
   # one, in every table, other rules untouched.
-  local save restore
+  local save restore rules
   for save in iptables-save ip6tables-save; do
     command -v "$save" >/dev/null || continue
     restore=${save/save/restore}
     for n in 1 2 3; do
-      "$save" 2>/dev/null | grep -qE 'KUBE-|CNI-' || break
-      "$save" | grep -vE 'KUBE-|CNI-' | "$restore" || log "$restore failed (try $n of 3)"
+      # Read the rules first: grep -q would close the pipe early, and
+      # under pipefail a SIGPIPE'd iptables-save reads as "no chains".
+      rules=$("$save" 2>/dev/null) || break
+      grep -qE 'KUBE-|CNI-' <<< "$rules" || break
+      grep -vE 'KUBE-|CNI-' <<< "$rules" | "$restore" || log "$restore failed (try $n of 3)"
     done
   done
   # cgroups: the pod hierarchy in every controller, leaves first.
@@ -435,7 +440,11 @@ down() {
 # when there is any.
 leftovers() {
   local bad=0 x
-  x=$(pgrep -a -f "containerd|kubelet|kube-proxy|kube-scheduler|kube-controller-manager|$BASE|floodgate-(manager|sidecar|sample-backend|pause)" 2>/dev/null | grep -v -E "^$$ |pgrep" || true)
+  # The node's daemons, shims and containers (whose programs run from the
+  # images' root, /floodgate-*, redis-server, /pause); not processes of
+  # the same names that tests run from a checkout.
+  x=$(pgrep -a -f "^(containerd|/usr/bin/containerd|$BASE/|$CACHE/envtest/[^ ]*/(etcd|kube-apiserver) --[a-z-]* [^ ]*$BASE|/floodgate-|/pause)" 2>/dev/null || true)
+  x+=$(kubepods_pids | tr '\n' ' ')
   [[ -n "$x" ]] && { log "left: processes:"; echo "$x" >&2; bad=1; }
   x=$(our_mounts); [[ -n "$x" ]] && { log "left: mounts: $x"; bad=1; }
   x=$(ls /run/netns 2>/dev/null | grep '^cni-' || true); [[ -n "$x" ]] && { log "left: netns: $x"; bad=1; }
