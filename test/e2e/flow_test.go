@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -120,7 +121,7 @@ var _ = Describe("the demo flow, asserted", Ordered, func() {
 		sc, err := simnode.InjectedSidecar(pod)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sc.Image).To(Equal(simnode.DefaultSidecarImage))
-		Expect(pod.Spec.ReadinessGates).To(ContainElement(HaveField("ConditionType", config.ConditionPolicyLoaded)))
+		Expect(pod.Spec.ReadinessGates).To(ContainElement(HaveField("ConditionType", corev1.PodConditionType(config.ConditionPolicyLoaded))))
 		AddReportEntry("injected sidecar args", sc.Args)
 		By("reporting Programmed=False until the sidecar reports the revision")
 		Eventually(func() string { return condition(ctx, ns, "checkout", "Programmed") }).WithContext(ctx).
