@@ -140,11 +140,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		Expect(c.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent))
 		Expect(c.Args).To(ContainElement("--sidecar-image=" + image("floodgate-sidecar")))
 		By("the manager runs as the image's non-root user")
-		uids := processUIDs("/floodgate-manager")
-		Expect(uids).To(HaveLen(2))
-		for _, uid := range uids {
-			Expect(uid).To(Equal(65532))
-		}
+		expectRunAs("/floodgate-manager", 2, 65532)
 	}, SpecTimeout(8*time.Minute))
 
 	It("forms the managed Redis Cluster through the real StatefulSet", func(ctx SpecContext) {
@@ -173,11 +169,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		Expect(info).To(ContainSubstring("cluster_state:ok"))
 		Expect(info).To(ContainSubstring("cluster_known_nodes:6"))
 		Expect(info).To(ContainSubstring("cluster_size:3"))
-		uids := processUIDs("redis-server")
-		Expect(uids).To(HaveLen(6))
-		for _, uid := range uids {
-			Expect(uid).To(Equal(999))
-		}
+		expectRunAs("redis-server", 6, 999)
 	}, SpecTimeout(4*time.Minute))
 
 	It("holds an injected pod out of its Service until its policy is loaded (readiness gate)", func(ctx SpecContext) {
@@ -237,11 +229,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(cfg.Config.Policies).To(HaveLen(1))
 		}
-		uids := processUIDs("/floodgate-sidecar")
-		Expect(uids).To(HaveLen(3))
-		for _, uid := range uids {
-			Expect(uid).To(Equal(65532))
-		}
+		expectRunAs("/floodgate-sidecar", 3, 65532)
 	})
 
 	It("counts exactly across the 3 replicas behind the Service, and answers 429 with its headers", func(ctx SpecContext) {

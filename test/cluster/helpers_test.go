@@ -171,6 +171,17 @@ func processUIDs(argv0 string) map[int]int {
 	return uids
 }
 
+// expectRunAs checks that n processes of the node's pods run argv0, each
+// as uid: the user the image and the securityContext ask for.
+func expectRunAs(argv0 string, n, uid int) {
+	GinkgoHelper()
+	uids := processUIDs(argv0)
+	Expect(uids).To(HaveLen(n), "processes running %s", argv0)
+	for pid, u := range uids {
+		Expect(u).To(Equal(uid), "the uid of %s (pid %d)", argv0, pid)
+	}
+}
+
 // sidecarOf returns the injected sidecar container of a pod.
 func sidecarOf(p *corev1.Pod) *corev1.Container {
 	for i := range p.Spec.InitContainers {
