@@ -62,6 +62,21 @@ verify: generate manifests ## Fail when generated files or go.mod/go.sum drift.
 build: ## Build floodgate-manager and floodgate-sidecar into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
+##@ Images and a real node
+
+.PHONY: images
+images: ## Build OCI image archives into bin/images: manager, sidecar, Redis, sample backend, pause (no Docker).
+	hack/redis-cluster.sh install
+	nice $(GO) run ./hack/images -out $(BIN)/images
+
+.PHONY: cluster-up
+cluster-up: images ## Start one real Kubernetes node here (root): etcd, apiserver, controllers, containerd, kubelet, CNI, kube-proxy.
+	FLOODGATE_IMAGES_BUILT=1 hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the node and remove every trace: processes, mounts, netns, iptables chains, cgroups.
+	hack/cluster.sh down
+
 ##@ Test
 
 .PHONY: test-deps
@@ -71,9 +86,17 @@ test-deps: ## Install redis-server and build the envtest binaries and tools.
 	hack/tools.sh helm >/dev/null
 
 .PHONY: test
-test: test-deps vet ## Run go vet, then every test: unit, envtest and real-Redis suites.
+test: test-unit test-cluster ## Run go vet, every unit, envtest and real-Redis suite, then the real-node suite.
+
+.PHONY: test-unit
+test-unit: test-deps vet ## Run the unit, envtest and real-Redis suites (everything but test/cluster).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
-		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $(PKGS)
+		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v /test/cluster)
+
+.PHONY: test-cluster
+test-cluster: test-deps images ## Run the real-node suite (test/cluster) on a node that hack/cluster.sh starts, then removes (root).
+	FLOODGATE_IMAGES_BUILT=1 FLOODGATE_HELM="$$(hack/tools.sh helm)" \
+		hack/cluster.sh run $(GO) test -count=1 -timeout 30m -v ./test/cluster/ -ginkgo.v
 
 .PHONY: bench
 bench: build ## Run the micro-benchmarks and the load harnesses.
@@ -84,3 +107,7 @@ bench: build ## Run the micro-benchmarks and the load harnesses.
 .PHONY: demo
 demo: ## Run the whole system locally and show it working.
 	hack/with-reaper.sh hack/demo.sh
+
+.PHONY: demo-cluster
+demo-cluster: test-deps images ## Run the README's "On your own cluster" path on a real node here (root): helm install, a policy, 200s turning into 429s.
+	FLOODGATE_IMAGES_BUILT=1 FLOODGATE_HELM="$$(hack/tools.sh helm)" hack/cluster.sh run hack/demo-cluster.sh
