@@ -13,7 +13,7 @@ const DefaultCounterStoreName = "default"
 // RateLimitPolicySpec is what a user asks for: which pods enforce which
 // limits, and where the shared counts live.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, r.key.all(k, !has(k.jwtClaim)))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
+// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, !has(r.key) || r.key.all(k, !has(k.jwtClaim)))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
 type RateLimitPolicySpec struct {
 	// PodSelector selects the pods, in the policy's namespace, whose
 	// sidecars enforce this policy. The empty selector {} selects every pod
@@ -48,6 +48,13 @@ type RateLimitPolicySpec struct {
 	// a rule. It is required when any rule has a jwtClaim key part.
 	// +optional
 	JWT *JWT `json:"jwt,omitempty"`
+
+	// LoadShedding turns on the priority load shedder of the selected
+	// pods: each sidecar learns how many requests its application serves
+	// well at once and, past that, answers the lowest priority first with
+	// 503. Rules assign priorities (rules[].priority).
+	// +optional
+	LoadShedding *LoadShedding `json:"loadShedding,omitempty"`
 }
 
 // StoreReference names a cluster-scoped CounterStore.
@@ -60,10 +67,16 @@ type StoreReference struct {
 	Name string `json:"name"`
 }
 
-// Rule is one limit with the requests it applies to.
+// Rule is one limit with the requests it applies to: a rate (limit), a cap
+// on requests in flight (concurrency), or neither when the rule only gives
+// the requests it matches a priority for the load shedder.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
-// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!(has(self.limit) && has(self.concurrency))",message="set limit (a rate) or concurrency (requests in flight), not both; use two rules for both"
+// +kubebuilder:validation:XValidation:rule="has(self.limit) || has(self.concurrency) || has(self.priority)",message="a rule needs a limit, a concurrency cap, or a priority"
+// +kubebuilder:validation:XValidation:rule="has(self.key) || !(has(self.limit) || has(self.concurrency))",message="key is required for a rule with a limit or a concurrency cap",fieldPath=".key"
+// +kubebuilder:validation:XValidation:rule="!has(self.cost) || has(self.limit)",message="cost applies to rate limits only: a concurrency rule holds one slot per request",fieldPath=".cost"
+// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
+// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
 type Rule struct {
 	// Name identifies the rule within its policy: in metrics, in response
 	// headers and in the counter keys. Renaming a rule starts its counts
@@ -80,12 +93,14 @@ type Rule struct {
 	Match *RuleMatch `json:"match,omitempty"`
 
 	// Key lists the descriptor parts whose values identify a counter: one
-	// counter per distinct combination of values.
-	// +required
+	// counter per distinct combination of values. It is required with a
+	// limit or a concurrency cap, and unused by a rule that only sets a
+	// priority.
+	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
-	Key []KeyPart `json:"key"`
+	Key []KeyPart `json:"key,omitempty"`
 
 	// OnMissingKey says what happens when a key part cannot be read from a
 	// request: Skip (the rule does not apply), Shared (all such requests
@@ -94,9 +109,22 @@ type Rule struct {
 	// +kubebuilder:default=Skip
 	OnMissingKey OnMissingKey `json:"onMissingKey,omitempty"`
 
-	// Limit is the rate.
-	// +required
-	Limit Limit `json:"limit"`
+	// Limit is the rate. Set it, or concurrency, or neither when the rule
+	// only sets a priority.
+	// +optional
+	Limit Limit `json:"limit,omitzero"`
+
+	// Concurrency caps the requests of a key in flight at once, over all
+	// the replicas together. Set it or limit, not both.
+	// +optional
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+
+	// Priority is the class the load shedder (spec.loadShedding) gives the
+	// requests this rule matches: Critical, Default or Sheddable. The first
+	// rule in order that matches a request and sets a priority decides;
+	// requests no such rule matches are Default.
+	// +optional
+	Priority Priority `json:"priority,omitempty"`
 
 	// Cost says what each request spends. When unset, each request costs
 	// 1.
@@ -104,8 +132,9 @@ type Rule struct {
 	Cost *Cost `json:"cost,omitempty"`
 
 	// FailureMode says what the sidecar does when the counter store is
-	// unreachable: Open falls back to a local bucket of limit/replicas,
-	// Closed answers 503.
+	// unreachable: Open falls back to a local bucket of limit/replicas (for
+	// a concurrency rule, to max/replicas slots of its own), Closed answers
+	// 503.
 	// +optional
 	// +kubebuilder:default=Open
 	FailureMode FailureMode `json:"failureMode,omitempty"`

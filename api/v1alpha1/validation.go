@@ -88,6 +88,9 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	if tp := p.Spec.TrustedProxies; tp != nil {
 		errs = append(errs, validateTrustedProxies(tp, spec.Child("trustedProxies"))...)
 	}
+	if ls := p.Spec.LoadShedding; ls != nil {
+		errs = append(errs, validateLoadShedding(ls, spec.Child("loadShedding"))...)
+	}
 	if p.Spec.JWT != nil {
 		errs = append(errs, validateJWT(p.Spec.JWT, spec.Child("jwt"))...)
 	} else if usesJWT {
@@ -108,7 +111,7 @@ func validateRule(r *Rule, path *field.Path) field.ErrorList {
 
 	keyPath := path.Child("key")
 	switch n := len(r.Key); {
-	case n == 0:
+	case n == 0 && r.limits():
 		errs = append(errs, field.Required(keyPath, "at least one key part is required"))
 	case n > maxKeyParts:
 		errs = append(errs, field.TooMany(keyPath, n, maxKeyParts))
@@ -123,9 +126,12 @@ func validateRule(r *Rule, path *field.Path) field.ErrorList {
 		FailureModeOpen, FailureModeClosed)...)
 	errs = append(errs, enumValue(path.Child("mode"), string(r.Mode), ModeEnforce, ModeShadow)...)
 
-	errs = append(errs, validateLimit(r.Limit, path.Child("limit"))...)
-	if r.Cost != nil {
-		errs = append(errs, validateCost(r.Cost, r.Limit.Capacity(), path.Child("cost"))...)
+	errs = append(errs, validateRuleKind(r, path)...)
+	if r.Limit != (Limit{}) {
+		errs = append(errs, validateLimit(r.Limit, path.Child("limit"))...)
+		if r.Cost != nil {
+			errs = append(errs, validateCost(r.Cost, r.Limit.Capacity(), path.Child("cost"))...)
+		}
 	}
 	return errs
 }

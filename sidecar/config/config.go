@@ -96,6 +96,9 @@ type Policy struct {
 	JWT *JWT `json:"jwt,omitempty"`
 	// Rules are the policy's limits; at least one.
 	Rules []Rule `json:"rules"`
+	// LoadShedding, when set, turns on the load shedder of the pods the
+	// policy selects.
+	LoadShedding *LoadShedding `json:"loadShedding,omitempty"`
 }
 
 // TrustedProxies configures client-IP extraction.
@@ -139,10 +142,17 @@ type Rule struct {
 	// request: "Skip" (default) means the rule does not apply, "Shared"
 	// counts all such requests in one counter, "Reject" answers 400.
 	OnMissingKey string `json:"onMissingKey,omitempty"`
-	// Limit is the rule's limit.
-	Limit Limit `json:"limit"`
+	// Limit is the rule's limit: a rate. A rule has a Limit, or a
+	// Concurrency, or neither when it only sets a Priority.
+	Limit Limit `json:"limit,omitzero"`
+	// Concurrency, when set, makes the rule a cap on the requests of a
+	// key in flight instead of a rate.
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	// Priority, when set, is the load-shedding class of the requests the
+	// rule matches: Critical, Default or Sheddable.
+	Priority string `json:"priority,omitempty"`
 	// Cost says what each request spends.
-	Cost Cost `json:"cost,omitempty"`
+	Cost Cost `json:"cost,omitzero"`
 	// FailureMode is "Open" (default): fall back to a local bucket of
 	// limit/replicas when the store is unreachable, or "Closed": answer
 	// 503.

@@ -182,6 +182,9 @@ func (p *Policy) validate(path string, errs *errList) {
 	if len(p.Rules) == 0 {
 		errs.add(path+".rules", "a policy needs at least one rule")
 	}
+	if p.LoadShedding != nil {
+		p.LoadShedding.validate(path+".loadShedding", errs)
+	}
 	seen := map[string]int{}
 	for i := range p.Rules {
 		r := &p.Rules[i]
@@ -255,12 +258,14 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	}
 	r.Match.validate(path+".match", errs)
 	if r.Match.Descriptors != nil {
+		r.refuseAdmissionFields(path, errs)
 		r.validateDescriptorRule(path, errs)
 		return
 	}
 	if r.Limit.Unlimited {
 		errs.add(path+".limit.unlimited", "only a descriptor rule (match.descriptors) can be unlimited")
 	}
+	rate := r.validateKind(path, errs)
 	if len(r.Key) > MaxKeyParts {
 		errs.add(path+".key", "at most %d parts, got %d", MaxKeyParts, len(r.Key))
 	}
@@ -299,6 +304,10 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	case "", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject:
 	default:
 		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject, r.OnMissingKey)
+	}
+	if !rate {
+		r.validateModes(path, errs)
+		return
 	}
 	lim, problems := r.Limit.Check()
 	errs.addLimit(path+".limit", problems)

@@ -54,6 +54,7 @@ func compilePolicy(p *v1alpha1.RateLimitPolicy, replicas int32) config.Policy {
 	for i := range p.Spec.Rules {
 		out.Rules = append(out.Rules, compileRule(&p.Spec.Rules[i]))
 	}
+	out.LoadShedding = compileLoadShedding(p.Spec.LoadShedding)
 	return out
 }
 
@@ -95,6 +96,7 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 	if c := r.Cost; c != nil {
 		out.Cost = config.Cost{FromHeader: c.FromHeader, Default: max(c.Default, 1), Max: c.Max}
 	}
+	compileKind(r, &out)
 	return out
 }
 
