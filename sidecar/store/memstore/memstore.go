@@ -123,6 +123,7 @@ type Store struct {
 	clock     func() time.Time
 	limits    limitTable
 	keys      atomic.Int64 // keys held in all shards
+	slots     slotTable    // the leases of concurrency rules (slots.go)
 }
 
 // New returns an empty Store.
