@@ -63,8 +63,13 @@ type Metrics struct {
 	DenyEventsTotal *prometheus.CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
-	// (400: bad cost or missing key part) and upstream_error (502).
+	// (400: bad cost or missing key part), upstream_error (502), and
+	// for concurrency rules and the load shedder concurrency_denied (429)
+	// and shed (503).
 	RequestsTotal *prometheus.CounterVec
+	// Admission are the metrics of concurrency rules and of the load
+	// shedder (admission.go).
+	Admission
 
 	denyCacheSize func() float64
 }
@@ -128,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
-			Help: "Requests handled by the sidecar, by outcome (proxied, denied, unavailable, rejected, upstream_error).",
+			Help: "Requests handled by the sidecar, by outcome (proxied, denied, concurrency_denied, shed, unavailable, rejected, upstream_error).",
 		}, []string{"outcome"}),
 	}
 	m.DenyCacheKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -144,6 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
 		m.DenyEventsTotal, m.RequestsTotal)
+	m.Admission = newAdmission(reg)
 	return m
 }
 
@@ -178,4 +184,5 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.DecisionsTotal.DeletePartialMatch(labels)
 	m.LocalDenialsTotal.DeletePartialMatch(labels)
 	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
+	m.forgetAdmission(labels)
 }
