@@ -1,0 +1,359 @@
+package shedder
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+)
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+func newShedder(t *testing.T, now func() time.Time, c *Config) (*Shedder, *metrics.Metrics) {
+	t.Helper()
+	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	s := New(m, now)
+	s.Configure(c)
+	return s, m
+}
+
+func TestParsePriority(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]Priority{"": Default, "Default": Default, "Critical": Critical, "Sheddable": Sheddable} {
+		if got, err := ParsePriority(in); err != nil || got != want {
+			t.Errorf("ParsePriority(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParsePriority("critical"); err == nil {
+		t.Error(`ParsePriority("critical") succeeded; names are case-sensitive`)
+	}
+}
+
+func TestOffAdmitsEverything(t *testing.T) {
+	t.Parallel()
+	s, _ := newShedder(t, nil, nil)
+	for range 10_000 {
+		if tk, ok := s.Admit(Sheddable); !ok || tk.Held() {
+			t.Fatal("an unconfigured shedder shed a request or held a place")
+		}
+	}
+	if !s.Admits(Sheddable) || s.Enabled() {
+		t.Error("an unconfigured shedder does not admit, or says it is on")
+	}
+}
+
+// The shares follow the reserves, and a priority is shed exactly when the
+// requests in flight reach its share: at every level of in-flight requests
+// a higher priority is admitted whenever a lower one is.
+func TestSharesOrderThePriorities(t *testing.T) {
+	t.Parallel()
+	s, m := newShedder(t, nil, &Config{CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
+	shares, _ := s.Shares()
+	if shares != [3]int64{Sheddable: 14, Default: 16, Critical: 20} {
+		t.Fatalf("shares of the initial limit 20 with reserves 20/10 = %v, want [14 16 20]", shares)
+	}
+	var held []Ticket
+	for level := range 25 {
+		var admits [numPriorities]bool
+		for p := range numPriorities {
+			admits[p] = s.Admits(p)
+			if got, want := admits[p], int64(level) < shares[p]; got != want {
+				t.Errorf("at %d in flight, Admits(%v) = %v, want %v", level, p, got, want)
+			}
+		}
+		if (admits[Sheddable] && !admits[Default]) || (admits[Default] && !admits[Critical]) {
+			t.Errorf("at %d in flight a higher priority is shed while a lower one is admitted: %v", level, admits)
+		}
+		tk, ok := s.Admit(Critical)
+		if ok != (level < 20) {
+			t.Fatalf("Admit(Critical) at %d in flight = %v", level, ok)
+		}
+		if ok {
+			held = append(held, tk)
+		}
+	}
+	if got := value(m.ShedTotal.WithLabelValues("Critical", "enforce")); got != 5 {
+		t.Errorf("critical shed = %v, want 5", got)
+	}
+	for i := range held {
+		s.Done(&held[i], false)
+		s.Done(&held[i], false) // a second Done does nothing
+	}
+	if _, in := s.Shares(); in != 0 {
+		t.Errorf("%d in flight after every Done, want 0", in)
+	}
+}
+
+func TestShadowShedsNothingAndCounts(t *testing.T) {
+	t.Parallel()
+	s, m := newShedder(t, nil, &Config{Shadow: true, CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
+	for i := range 30 {
+		if _, ok := s.Admit(Sheddable); !ok {
+			t.Fatalf("request %d shed in Shadow mode", i)
+		}
+	}
+	// The sheddable share of 20 is 14: the 16 after it would have gone.
+	if got := value(m.ShedTotal.WithLabelValues("Sheddable", "shadow")); got != 16 {
+		t.Errorf("shadow-shed = %v, want 16", got)
+	}
+	if got := value(m.ShedTotal.WithLabelValues("Sheddable", "enforce")); got != 0 {
+		t.Errorf("shed = %v in Shadow mode, want 0", got)
+	}
+}
+
+// simulation drives a Shedder with an open-loop load on a simulated
+// application of a fixed capacity: workers that each take service to
+// answer, with a FIFO queue in front of them. Time is simulated, so the
+// run is exact and fast.
+type simulation struct {
+	workers  int
+	service  time.Duration
+	rate     float64 // offered requests per second
+	critical float64 // shares of the offered load by priority
+	deflt    float64
+	duration time.Duration
+	warmup   time.Duration
+	seed     uint64
+}
+
+type simResult struct {
+	offered, admitted, done [numPriorities]int
+	latencies               [numPriorities][]time.Duration // admitted requests, from arrival to answer
+	limits                  []float64
+	measured                time.Duration
+}
+
+type simReq struct {
+	p       Priority
+	arrival time.Time
+	ticket  Ticket
+}
+
+type doneHeap []struct {
+	at time.Time
+	r  *simReq
+}
+
+func (h doneHeap) Len() int           { return len(h) }
+func (h doneHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h doneHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *doneHeap) Push(x any) {
+	*h = append(*h, x.(struct {
+		at time.Time
+		r  *simReq
+	}))
+}
+
+func (h *doneHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (sm simulation) run(t *testing.T, c *Config) simResult {
+	t.Helper()
+	base := time.Unix(1_700_000_000, 0)
+	clk := &fakeClock{t: base}
+	var s *Shedder
+	if c != nil {
+		s, _ = newShedder(t, clk.Now, c)
+	}
+	rng := rand.New(rand.NewPCG(sm.seed, 1))
+	var res simResult
+	var queue []*simReq
+	var running doneHeap
+	nextArrival := base
+	end := base.Add(sm.duration)
+	measureFrom := base.Add(sm.warmup)
+	start := func(now time.Time) {
+		for len(running) < sm.workers && len(queue) > 0 {
+			r := queue[0]
+			queue = queue[1:]
+			heap.Push(&running, struct {
+				at time.Time
+				r  *simReq
+			}{now.Add(sm.service), r})
+		}
+	}
+	for {
+		// The next event: an arrival or an answer.
+		now := nextArrival
+		answer := len(running) > 0 && !running[0].at.After(nextArrival)
+		if answer {
+			now = running[0].at
+		}
+		if now.After(end) {
+			break
+		}
+		clk.Set(now)
+		if answer {
+			d := heap.Pop(&running).(struct {
+				at time.Time
+				r  *simReq
+			})
+			if s != nil {
+				s.Done(&d.r.ticket, true)
+			}
+			if !d.r.arrival.Before(measureFrom) {
+				res.done[d.r.p]++
+				res.latencies[d.r.p] = append(res.latencies[d.r.p], now.Sub(d.r.arrival))
+			}
+			start(now)
+			continue
+		}
+		// An arrival; the next one is exponentially distributed.
+		nextArrival = now.Add(time.Duration(rng.ExpFloat64() / sm.rate * float64(time.Second)))
+		p := Sheddable
+		switch x := rng.Float64(); {
+		case x < sm.critical:
+			p = Critical
+		case x < sm.critical+sm.deflt:
+			p = Default
+		}
+		r := &simReq{p: p, arrival: now}
+		measured := !now.Before(measureFrom)
+		if measured {
+			res.offered[p]++
+		}
+		if s != nil {
+			tk, ok := s.Admit(p)
+			if !ok {
+				continue
+			}
+			r.ticket = tk
+			if measured {
+				l, _ := s.Limit()
+				res.limits = append(res.limits, l)
+			}
+		}
+		if measured {
+			res.admitted[p]++
+		}
+		queue = append(queue, r)
+		start(now)
+	}
+	res.measured = sm.duration - sm.warmup
+	return res
+}
+
+func p99(lat []time.Duration) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(0.99*float64(len(s))))]
+}
+
+// Three times the application's capacity, a fifth of it Critical: the
+// shedder finds a limit near the application's workers, keeps every
+// Critical request with a latency near the service time, sheds Sheddable
+// before Default, and the application stays busy.
+func TestSimulatedOverload(t *testing.T) {
+	t.Parallel()
+	const workers, service = 48, 50 * time.Millisecond
+	capacity := float64(workers) / service.Seconds() // 960/s
+	sm := simulation{workers: workers, service: service, rate: 3 * capacity, critical: 0.2, deflt: 0.4,
+		duration: 40 * time.Second, warmup: 5 * time.Second, seed: 42}
+	res := sm.run(t, &Config{CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
+
+	critSuccess := float64(res.done[Critical]) / float64(res.offered[Critical])
+	goodput := float64(res.done[Critical]+res.done[Default]+res.done[Sheddable]) / res.measured.Seconds()
+	critP99 := p99(res.latencies[Critical])
+	shedS := 1 - float64(res.admitted[Sheddable])/float64(res.offered[Sheddable])
+	shedD := 1 - float64(res.admitted[Default])/float64(res.offered[Default])
+	meanLimit := 0.0
+	for _, l := range res.limits {
+		meanLimit += l
+	}
+	meanLimit /= float64(len(res.limits))
+	t.Logf("critical success %.4f, p99 %v; goodput %.0f/s of capacity %.0f/s; shed sheddable %.3f, default %.3f; mean limit %.1f",
+		critSuccess, critP99, goodput, capacity, shedS, shedD, meanLimit)
+	if critSuccess < 0.995 {
+		t.Errorf("critical success %.4f, want at least 0.995", critSuccess)
+	}
+	if critP99 > 2*service {
+		t.Errorf("critical p99 %v, want at most twice the idle latency %v", critP99, service)
+	}
+	if goodput < 0.9*capacity {
+		t.Errorf("goodput %.0f/s, want at least 0.9 × %.0f", goodput, capacity)
+	}
+	if shedS < shedD {
+		t.Errorf("shed %.3f of Sheddable and %.3f of Default, want Sheddable shed first", shedS, shedD)
+	}
+	if meanLimit < float64(workers) || meanLimit > 3*float64(workers) {
+		t.Errorf("mean limit %.1f, want near the %d workers (between 1 and 3 times)", meanLimit, workers)
+	}
+
+	// Without the shedder the same load queues without bound: the
+	// latency of Critical requests grows far past the service time.
+	none := sm
+	none.duration, none.warmup = 10*time.Second, 2*time.Second
+	raw := none.run(t, nil)
+	if got := p99(raw.latencies[Critical]); got < 20*service {
+		t.Errorf("without shedding the critical p99 is %v, want the collapse (above %v) that shedding prevents", got, 20*service)
+	}
+}
+
+// Under a load the application serves without queueing, nothing is shed
+// and the limit stays well above what is in flight.
+func TestSimulatedLightLoadShedsNothing(t *testing.T) {
+	t.Parallel()
+	const workers, service = 48, 50 * time.Millisecond
+	capacity := float64(workers) / service.Seconds()
+	sm := simulation{workers: workers, service: service, rate: 0.5 * capacity, critical: 0.2, deflt: 0.4,
+		duration: 20 * time.Second, warmup: 3 * time.Second, seed: 7}
+	res := sm.run(t, &Config{CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
+	for p := range numPriorities {
+		if res.admitted[p] != res.offered[p] {
+			t.Errorf("%v: admitted %d of %d at half the capacity, want all", p, res.admitted[p], res.offered[p])
+		}
+	}
+}
+
+// BenchmarkAdmitDone is the shedder's cost per request: one admission and
+// one answered Done (a latency sample), with the clock reads they make.
+func BenchmarkAdmitDone(b *testing.B) {
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	s := New(m, nil)
+	s.Configure(&Config{CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			tk, ok := s.Admit(Default)
+			if ok {
+				s.Done(&tk, true)
+			}
+		}
+	})
+}
