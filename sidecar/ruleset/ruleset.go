@@ -37,6 +37,14 @@ type Set struct {
 	// Descriptors holds the descriptor rules (match.descriptors), which
 	// the Envoy rate-limit service front evaluates; they are not in Rules.
 	Descriptors *Descriptors
+	// Concurrency are the concurrency rules of the policies selecting
+	// this pod, indexed by ConcurrencyMatcher (nil when there are none);
+	// they are not in Rules.
+	Concurrency        []ConcurrencyRule
+	ConcurrencyMatcher *match.Matcher
+	// Shedding is the load shedder's settings and priorities, or nil when
+	// no policy selecting this pod has loadShedding.
+	Shedding *Shedding
 }
 
 // Rule is one compiled rule.
@@ -93,6 +101,7 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 	var matches []config.Match
 	var errs []error
 	descs := newDescriptorBuilder()
+	var adm admissionBuilder
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		path := fmt.Sprintf("policies[%d]", i)
@@ -113,6 +122,7 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 			continue
 		}
 		s.Policies++
+		adm.policy(p)
 		for j := range p.Rules {
 			r := &p.Rules[j]
 			rp := fmt.Sprintf("%s.rules[%d]", path, j)
@@ -121,6 +131,18 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 					errs = append(errs, fmt.Errorf("%s: %w", rp, err))
 				}
 				continue
+			}
+			if err := adm.priority(r); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", rp, err))
+			}
+			if r.Concurrency != nil {
+				if err := adm.concurrency(pol, p, r, m); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", rp, err))
+				}
+				continue
+			}
+			if !r.IsRate() {
+				continue // only a priority
 			}
 			lim, err := r.Limit.Limiter()
 			if err != nil {
@@ -159,6 +181,9 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 		return nil, err
 	}
 	if s.Matcher, err = match.New(matches); err != nil {
+		return nil, err
+	}
+	if err := adm.finish(s); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -1,0 +1,93 @@
+package ruleset
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/shedder"
+)
+
+func TestCompileConcurrencyAndShedding(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load([]byte(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: a
+  uid: ua
+  replicas: 4
+  loadShedding: {mode: Shadow, reserved: {critical: 30, default: 5}, maxLimit: 300}
+  rules:
+  - {name: exports, match: {path: {type: Prefix, value: /exports}}, key: [{header: X-Tenant}], concurrency: {max: 10}}
+  - {name: pay-admin, match: {path: {type: Prefix, value: /pay/admin}}, priority: Sheddable}
+  - {name: pay, match: {path: {type: Prefix, value: /pay}}, priority: Critical}
+  - {name: rate, key: [{header: X-User}], limit: {requests: 5, per: 1s}, priority: Default}
+  - {name: batch, match: {headers: [{name: X-Batch}]}, priority: Sheddable}
+- name: b
+  uid: ub
+  loadShedding: {reserved: {critical: 0}}
+  rules:
+  - {name: all, key: [], concurrency: {max: 100, leaseTTL: 30s}, failureMode: Closed, mode: Shadow}
+- name: other
+  uid: uo
+  podSelector: {matchLabels: {app: db}}
+  loadShedding: {}
+  rules:
+  - {name: r, key: [], concurrency: {max: 1}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Compile(c, labels.Set{"app": "web"}, metrics.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Rules) != 1 || s.Rules[0].PolicyName != "a.rate" {
+		t.Errorf("rate rules %d (first %q), want only a.rate", len(s.Rules), s.Rules[0].PolicyName)
+	}
+	if len(s.Concurrency) != 2 || s.ConcurrencyMatcher.Len() != 2 {
+		t.Fatalf("%d concurrency rules, want 2", len(s.Concurrency))
+	}
+	ex, all := s.Concurrency[0], s.Concurrency[1]
+	if ex.PolicyName != "a.exports" || ex.Engine.Max != 10 || ex.Engine.Fallback != 2 || ex.Engine.LeaseTTL != config.DefaultLeaseTTL {
+		t.Errorf("a.exports = %+v", *ex.Engine)
+	}
+	if all.Engine.LeaseTTL.Seconds() != 30 || !all.Engine.FailClosed || !all.Engine.Shadow || all.Engine.Fallback != 100 {
+		t.Errorf("b.all = %+v", *all.Engine)
+	}
+	sh := s.Shedding
+	if sh == nil || sh.Policy != "a" {
+		t.Fatalf("shedding %+v, want the first selecting policy's, a", sh)
+	}
+	if want := (shedder.Config{Shadow: true, CriticalReserve: 30, DefaultReserve: 5, MinLimit: config.DefaultSheddingMinLimit, MaxLimit: 300}); sh.Config != want {
+		t.Errorf("shedder config %+v, want %+v", sh.Config, want)
+	}
+	for _, tc := range []struct {
+		path string
+		h    http.Header
+		want shedder.Priority
+	}{
+		{"/pay/admin/x", nil, shedder.Sheddable}, // the first matching rule decides
+		{"/pay/card", nil, shedder.Critical},
+		{"/pay/card", http.Header{"X-Batch": {"1"}}, shedder.Critical},
+		{"/reports", http.Header{"X-Batch": {"1"}}, shedder.Default}, // a.rate matches everything first
+	} {
+		if got, _ := sh.Classify(tc.path, http.MethodGet, tc.h, nil); got != tc.want {
+			t.Errorf("Classify(%s, %v) = %v, want %v", tc.path, tc.h, got, tc.want)
+		}
+	}
+
+	// A pod no policy with loadShedding selects has no shedder, even
+	// with priorities.
+	c.Policies[0].LoadShedding, c.Policies[1].LoadShedding = nil, nil
+	s, err = Compile(c, labels.Set{"app": "web"}, metrics.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Shedding != nil {
+		t.Errorf("shedding %+v without a loadShedding section, want nil", s.Shedding)
+	}
+}
