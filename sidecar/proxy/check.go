@@ -11,6 +11,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+	"github.com/floodgate-dev/floodgate/sidecar/shedder"
 )
 
 // Outcome is what the sidecar does with a request.
@@ -46,6 +47,15 @@ type Decision struct {
 	Binding ratelimitheaders.Binding
 	// Detail explains a Rejected request.
 	Detail string
+	// Slot is the concurrency rule that refused the request
+	// (ConcurrencyDenied, ConcurrencyUnavailable), with the requests of
+	// its key InFlight when it did.
+	Slot     *ruleset.ConcurrencyRule
+	InFlight int64
+	// Priority is the class of a Shed request.
+	Priority shedder.Priority
+
+	adm *admission // what an admitted request holds; see Finish
 }
 
 // State is the scratch space of one request's check. It is not safe for
@@ -58,9 +68,11 @@ type State struct {
 	v    engine.Verdict
 	dreq descriptor.Request
 	d    Decision
+	adm  admission // concurrency slots and the shedder (admission.go)
 }
 
 func (st *State) reset() {
+	st.adm.finish()
 	st.dreq.Reset(nil, "", 0)
 	clear(st.hits)
 	st.d = Decision{}
@@ -73,6 +85,8 @@ func (st *State) reset() {
 // RemoteAddr. The returned Decision lives in st.
 func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 	d := &st.d
+	// A request a front did not Finish gives its slots back here.
+	st.adm.finish()
 	*d = Decision{}
 	set := p.rules.Load()
 	if set == nil {
@@ -81,6 +95,9 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		return d
 	}
 	path := match.CleanPath(r.URL.Path)
+	if !p.classify(set, r, path, st, d) {
+		return d
+	}
 	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
 	st.hits, st.rule = st.hits[:0], st.rule[:0]
 	if len(st.idx) > 0 {
@@ -106,19 +123,31 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 			st.rule = append(st.rule, i)
 		}
 	}
+	if !p.keySlots(set, r, path, st, d) || !p.acquireSlots(set, r, st, d) {
+		return d
+	}
 	if len(st.hits) == 0 {
+		if !p.enter(st, d) {
+			return d
+		}
 		p.proxied.Inc()
 		d.Outcome = Pass
 		return d
 	}
 	v := &st.v
 	p.o.Engine.Decide(r.Context(), st.hits, v)
+	if v.Outcome != engine.Allow {
+		st.abortAdmission()
+	}
 	if v.Binding >= 0 {
 		rule := &set.Rules[st.rule[v.Binding]]
 		d.Rule, d.Result = rule, v.Results[v.Binding]
 		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, d.Result.Decision, v.Outcome != engine.Allow)
 	}
 	p.publish(r, st, v)
+	if v.Outcome == engine.Allow && !p.enter(st, d) {
+		return d
+	}
 	switch v.Outcome {
 	case engine.Allow:
 		p.proxied.Inc()
@@ -182,6 +211,8 @@ func (d *Decision) problem() problemSpec {
 			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
 	case Rejected:
 		return problemSpec{status: http.StatusBadRequest, typ: ProblemBadRequest, title: "Bad Request", d0: d.Detail}
+	case ConcurrencyDenied, ConcurrencyUnavailable, Shed:
+		return d.admissionProblem()
 	case NoConfig:
 		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: "Service Unavailable",
 			d0: "the rate limiter has no configuration yet", secs: ratelimitheaders.RetrySeconds(time.Second)}

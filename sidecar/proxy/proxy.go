@@ -85,6 +85,7 @@ type Proxy struct {
 	pool  sync.Pool
 
 	proxied, denied, unavailable, rejected, upstreamErr prometheus.Counter
+	adm                                                 admissionCounters
 }
 
 // New returns a Proxy. It answers 503 until SetRules is called.
@@ -118,6 +119,7 @@ func New(o Options) (*Proxy, error) {
 		Transport:  o.Transport,
 		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			upstreamFailed(w)
 			if errors.Is(err, context.Canceled) {
 				// The client went away; nobody is listening.
 				return
@@ -133,6 +135,7 @@ func New(o Options) (*Proxy, error) {
 	p.unavailable = rt.WithLabelValues("unavailable")
 	p.rejected = rt.WithLabelValues("rejected")
 	p.upstreamErr = rt.WithLabelValues("upstream_error")
+	p.initAdmission()
 	return p, nil
 }
 
@@ -159,7 +162,10 @@ func NewTransport(h2c bool) *http.Transport {
 }
 
 // SetRules installs a compiled rule set.
-func (p *Proxy) SetRules(s *ruleset.Set) { p.rules.Store(s) }
+func (p *Proxy) SetRules(s *ruleset.Set) {
+	p.configureShedding(s)
+	p.rules.Store(s)
+}
 
 // Rules returns the rule set in force, or nil.
 func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
@@ -171,12 +177,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d := p.Check(r, st)
 	switch d.Outcome {
 	case Pass:
-		p.rp.ServeHTTP(w, r)
+		p.rp.ServeHTTP(d.writer(w), r)
+		d.Finish()
 	case Allowed:
 		if d.Rule != nil {
 			setFields(w.Header(), &d.Binding)
 		}
-		p.rp.ServeHTTP(w, r)
+		p.rp.ServeHTTP(d.writer(w), r)
+		d.Finish()
 	default:
 		ps := d.problem()
 		if d.Rule != nil {

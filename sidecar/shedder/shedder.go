@@ -130,10 +130,10 @@ type Shedder struct {
 
 // windowAcc accumulates the current window.
 type windowAcc struct {
-	start      time.Time
-	n          int
-	latency    time.Duration
-	inFlight   int64
+	start       time.Time
+	n           int
+	latency     time.Duration
+	inFlight    int64
 	maxInFlight int64
 }
 
@@ -213,6 +213,14 @@ func (s *Shedder) Admits(p Priority) bool {
 		return true
 	}
 	return s.inFlight.Load() < s.shares[p].Load()
+}
+
+// CountShed counts a request of priority p that a front shed after Admits
+// said no.
+func (s *Shedder) CountShed(p Priority) {
+	if p < numPriorities {
+		s.shed[p][0].Inc()
+	}
 }
 
 // Ticket is an admitted request's place in flight. The zero Ticket is

@@ -106,7 +106,7 @@ func TestVegasProbeDrainsThenRestores(t *testing.T) {
 	t.Parallel()
 	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Second, ProbeWindows: 2, ProbeFactor: 0.75})
 	runSteps(t, v, []step{
-		{0, 20 * ms, 80, 90, 112}, // baseline 20ms; the next probe is due at 1s
+		{0, 20 * ms, 80, 90, 112},          // baseline 20ms; the next probe is due at 1s
 		{500 * ms, 22 * ms, 80, 90, 112},   // a queue of 7.3: held
 		{time.Second, 22 * ms, 80, 90, 84}, // due: cut to 0.75 × 112
 		{1100 * ms, 12 * ms, 60, 70, 84},   // a probe window: 12ms becomes the baseline

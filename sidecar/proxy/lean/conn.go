@@ -338,7 +338,9 @@ func (c *conn) serveOne(n int) bool {
 	}
 	switch d.Outcome {
 	case proxy.Pass, proxy.Allowed:
-		return c.forward(p, d, n)
+		keep := c.forward(p, d, n)
+		d.Finish()
+		return keep
 	}
 	return c.answer(d, n)
 }
@@ -459,9 +461,9 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 			// run first, so that the read usually finds it rather than
 			// returning EAGAIN and waiting for the poller.
 			runtime.Gosched()
-			err = c.readResponseHead(up, false)
+			err = c.readResponseHeadWatched(up, d)
 		}
-		retry := replayable && up != nil && up.used && up.r == up.w && attempt == 0
+		retry := replayable && up != nil && up.used && up.r == up.w && attempt == 0 && !errors.Is(err, errClientGone)
 		if err == nil || !retry {
 			break
 		}
@@ -486,11 +488,12 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 			}
 			return c.upstreamFailed(p, up, err)
 		}
-		if err := c.readResponseHead(up, false); err != nil {
+		if err := c.readResponseHeadWatched(up, d); err != nil {
 			return c.upstreamFailed(p, up, err)
 		}
 	}
 	up.used = true
+	d.Responded()
 	return c.relay(up, d, head)
 }
 
@@ -534,6 +537,9 @@ func (c *conn) dropUp(up *upConn) {
 // client yet, and closes both connections.
 func (c *conn) upstreamFailed(p *proxy.Proxy, up *upConn, err error) bool {
 	c.dropUp(up)
+	if errors.Is(err, errClientGone) {
+		return false // nobody is listening
+	}
 	if p != nil {
 		p.UpstreamFailed(err, string(c.req.Method), string(c.req.Path))
 	}
