@@ -167,7 +167,6 @@ type problemSpec struct {
 	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
 }
 
-func (ps *problemSpec) detail() string { return ps.d0 + ps.d1 + ps.d2 + ps.d3 + ps.d4 }
 
 func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
