@@ -167,7 +167,7 @@ type problemSpec struct {
 	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
 }
 
-
+// problem is the problem answer of a decision that is not proxied.
 func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
 	case Denied:
