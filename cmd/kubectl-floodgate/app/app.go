@@ -98,8 +98,10 @@ func validator() (*admit.Validator, error) {
 func NewCommand(s Streams) *cobra.Command {
 	o := &options{streams: s, kube: genericclioptions.NewConfigFlags(true)}
 	root := &cobra.Command{
-		Use:   "kubectl floodgate",
-		Short: "Check, explain, simulate and inspect floodgate rate-limit policies",
+		Use: "kubectl-floodgate",
+		// kubectl runs the binary kubectl-floodgate as "kubectl floodgate".
+		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl floodgate"},
+		Short:       "Check, explain, simulate and inspect floodgate rate-limit policies",
 		Long: `kubectl floodgate works with floodgate's RateLimitPolicies before and after they are applied.
 
   check      validate files as admission would (schema, CEL rules, webhook), offline
