@@ -12,9 +12,9 @@
 // # What the Transport does
 //
 //   - A 429 or 503 answer that carries Retry-After is retried after that
-//     long plus a random extra of up to the same length (capped by
+//     long plus a random extra of up to twice that length (capped by
 //     MaxJitter), so that the callers a wave of denials sent away do not
-//     all come back at the same instant. A 429 without Retry-After is
+//     all come back at the same instant, nor within one Retry-After. A 429 without Retry-After is
 //     retried after an exponential backoff with full jitter. A 503 without
 //     Retry-After is the application's own failure, and is returned.
 //   - Retries stay within a budget: at most MaxRetries per request, and no
@@ -30,7 +30,9 @@
 //     (draft-ietf-httpapi-ratelimit-headers, which floodgate sends; the
 //     X-RateLimit-* fields otherwise) feed a pacer that spaces the
 //     Transport's requests so that all the callers sharing a limit
-//     together stay just under it. See Pacer.
+//     together stay just under it. See Pacer. A request whose slot lies
+//     beyond its budget is not sent: RoundTrip returns a *PacedError
+//     saying how long until the slot.
 //
 // A Transport is safe for concurrent use, and its pacing state is shared
 // by every request it sends: give each independent caller (each

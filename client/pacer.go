@@ -34,8 +34,9 @@ import (
 // A Pacer is safe for concurrent use. Its methods take the time as a
 // parameter; the Transport passes time.Now.
 type Pacer struct {
-	// MaxJitter caps the random extra a hold adds to a Retry-After; 0
-	// means DefaultMaxJitter. Set it before first use.
+	// MaxJitter caps the random extra a hold adds to a Retry-After, which
+	// is otherwise up to twice the Retry-After; 0 means
+	// DefaultMaxJitter. Set it before first use.
 	MaxJitter time.Duration
 	// Rand returns a uniform random number in [0, 1); nil uses
 	// math/rand/v2. Set it before first use.
@@ -68,9 +69,9 @@ const (
 	// callers one wave of denials sent away come back spread over a hold
 	// and a half, not all within one.
 	holdSpacing = 1.5
-	// paceGain is the exponent applied to the measured correction: below
-	// 1, so that callers who measure at about the same time do not all
-	// overshoot together.
+	// paceGain is the exponent applied to a correction that speeds up:
+	// below 1, so that callers who measure at about the same time do not
+	// all overshoot together.
 	paceGain = 0.7
 
 	// minObservationRefill is the least refill, in units, that an
@@ -175,17 +176,23 @@ func (p *Pacer) Observe(now time.Time, status int, f Fields) {
 	ownRate := float64(p.own) / dt
 	fill := float64(f.Remaining) / float64(p.capacity)
 	target := p.rate * math.Min(math.Max(emptyTarget+fill, emptyTarget), maxTarget)
-	next := ownRate * math.Pow(target/total, paceGain)
-	p.interval = clampInterval(next)
-	if n := p.slot.Add(p.interval); n.Before(p.next) {
-		// Faster now: the slot reserved at the old spacing comes earlier.
-		p.next = n
+	// Slowing down takes the whole correction at once: callers that spend
+	// too much all cut to their share of the target. Speeding up takes
+	// part of it, so that callers measuring at about the same time do not
+	// overshoot together.
+	next := ownRate * target / total
+	if target > total {
+		next = ownRate * math.Pow(target/total, paceGain)
 	}
+	p.interval = clampInterval(next)
+	// The next slot follows the last one at the new spacing: sooner when
+	// faster, later when slower.
+	p.next = p.slot.Add(p.interval)
 	p.lastAt, p.lastR, p.own = now, f.Remaining, 0
 }
 
 // denied handles a 429: hold every request until the Retry-After plus a
-// random extra of up to as much again (capped at maxJitter), or without
+// random extra of up to twice as much (capped at MaxJitter), or without
 // one until the limit has refilled one unit, and space the caller's
 // requests by at least that hold from now on. The limit is known to be
 // empty now, and the estimate starts afresh once requests flow again.
@@ -210,13 +217,14 @@ func (p *Pacer) denied(now time.Time, f Fields) {
 	p.lastAt, p.own = time.Time{}, 0
 }
 
-// jitter returns a uniform random duration in [0, min(d, p.MaxJitter)).
+// jitter returns the random extra added to a wait of d: uniform in
+// [0, min(2d, p.MaxJitter)).
 func (p *Pacer) jitter(d time.Duration) time.Duration {
 	maxJitter := p.MaxJitter
 	if maxJitter <= 0 {
 		maxJitter = DefaultMaxJitter
 	}
-	return time.Duration(p.random() * float64(min(d, maxJitter)))
+	return time.Duration(p.random() * float64(min(2*d, maxJitter)))
 }
 
 func (p *Pacer) random() float64 {

@@ -75,10 +75,11 @@ func TestPacerMeasuresItsShare(t *testing.T) {
 		{at: time.Second, wait: 0},
 		{at: time.Second, wait: 832_222_883},
 		// Two seconds later, 10 remain: 40 + 100 - 10 = 130 spent, 1
-		// ours; aim 0.7 x 50/s: own rate 0.5/s x (35/65)^0.7 = 0.3242/s.
-		{at: 3 * time.Second, observe: answer(10), interval: 3_084_762_368},
+		// ours; aim 0.7 x 50/s, below the 65/s spent: the whole
+		// correction, own rate 0.5/s x 35/65 = 0.2692/s.
+		{at: 3 * time.Second, observe: answer(10), interval: 3_714_285_714},
 		// A second answer at the same instant measures nothing.
-		{at: 3 * time.Second, observe: answer(9), interval: 3_084_762_368},
+		{at: 3 * time.Second, observe: answer(9), interval: 3_714_285_714},
 	})
 }
 
@@ -88,15 +89,15 @@ func TestPacerFasterPullsTheReservedSlotIn(t *testing.T) {
 	denied := answer(0)
 	denied.RetryAfter, denied.HasRetryAfter = time.Second, true
 	runSteps(t, p, []step{
-		// Held 1.5s, then spaced by 2.25s.
-		{at: 0, observe: denied, status: http.StatusTooManyRequests, interval: 2250 * time.Millisecond},
-		{at: 0, wait: 1500 * time.Millisecond},
+		// Held 1s plus half of twice 1s, then spaced by 1.5 x 2s.
+		{at: 0, observe: denied, status: http.StatusTooManyRequests, interval: 3 * time.Second},
+		{at: 0, wait: 2 * time.Second},
 		// Alone, the caller finds the limit full again (49 after its
 		// own request): it speeds up to about 1.48 x 50/s, and the slot
-		// reserved at 3.75s at the old spacing comes in.
-		{at: 1600 * time.Millisecond, observe: answer(49)},
-		{at: 1700 * time.Millisecond, observe: answer(49)},
-		{at: 1700 * time.Millisecond, wait: 0},
+		// reserved at 5s at the old spacing comes in.
+		{at: 2100 * time.Millisecond, observe: answer(49)},
+		{at: 2200 * time.Millisecond, observe: answer(49)},
+		{at: 2200 * time.Millisecond, wait: 0},
 	})
 	if got := p.Interval(); got < 20*time.Millisecond || got > 30*time.Millisecond {
 		t.Errorf("Interval() = %v after finding the limit full, want about 25ms", got)
@@ -112,15 +113,16 @@ func TestPacerHoldsOnDenials(t *testing.T) {
 		return f
 	}
 	runSteps(t, p, []step{
-		// Retry-After 2s plus half of 2s: held 3s, spaced 4.5s.
-		{at: 0, observe: denied(2 * time.Second), status: http.StatusTooManyRequests, interval: 4500 * time.Millisecond},
-		{at: 0, wait: 3 * time.Second},
-		{at: time.Second, wait: 2*time.Second + 4500*time.Millisecond},
+		// Retry-After 2s plus half of twice 2s: held 4s, spaced 6s.
+		{at: 0, observe: denied(2 * time.Second), status: http.StatusTooManyRequests, interval: 6 * time.Second},
+		{at: 0, wait: 4 * time.Second},
+		{at: time.Second, wait: 3*time.Second + 6*time.Second},
 		// Another deny at least doubles the spacing.
-		{at: 4 * time.Second, observe: denied(time.Second), status: http.StatusTooManyRequests, interval: 9 * time.Second},
-		// A 503 with Retry-After holds without touching the spacing.
-		{at: 20 * time.Second, observe: &Fields{Remaining: -1, RetryAfter: 4 * time.Second, HasRetryAfter: true}, status: http.StatusServiceUnavailable, interval: 9 * time.Second},
-		{at: 20 * time.Second, wait: 6 * time.Second},
+		{at: 4 * time.Second, observe: denied(time.Second), status: http.StatusTooManyRequests, interval: 12 * time.Second},
+		// A 503 with Retry-After holds (4s plus half of the 5s cap) without
+		// touching the spacing.
+		{at: 20 * time.Second, observe: &Fields{Remaining: -1, RetryAfter: 4 * time.Second, HasRetryAfter: true}, status: http.StatusServiceUnavailable, interval: 12 * time.Second},
+		{at: 20 * time.Second, wait: 6500 * time.Millisecond},
 	})
 	// MaxJitter caps the extra.
 	q := &Pacer{Rand: func() float64 { return 0.999 }, MaxJitter: 100 * time.Millisecond}

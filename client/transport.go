@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -37,7 +38,7 @@ type Options struct {
 	// Defaults DefaultBaseDelay and DefaultMaxDelay.
 	BaseDelay, MaxDelay time.Duration
 	// MaxJitter caps the random extra added to a Retry-After, which is
-	// otherwise up to the Retry-After itself; 0 means DefaultMaxJitter.
+	// otherwise up to twice the Retry-After; 0 means DefaultMaxJitter.
 	MaxJitter time.Duration
 	// RetryNonIdempotent allows retrying POST, PATCH and CONNECT requests
 	// that carry no Idempotency-Key. Behind floodgate a 429 means the
@@ -120,9 +121,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
 		if pacer != nil {
 			now := time.Now()
-			// A slot beyond the budget is not waited for: the request goes
-			// now and the service decides.
-			if wait := pacer.Reserve(now); wait > 0 && !now.Add(wait).After(budget) {
+			wait := pacer.Wait(now)
+			if now.Add(wait).After(budget) {
+				// Sending now would only be denied, and sending again at
+				// once would hammer the service: the request is not sent.
+				closeBody(req)
+				return nil, &PacedError{Wait: wait}
+			}
+			if wait = pacer.Reserve(now); wait > 0 {
 				if err := sleep(ctx, wait); err != nil {
 					closeBody(req)
 					return nil, err
@@ -170,7 +176,7 @@ func (t *Transport) retryDelay(now time.Time, status int, f Fields, attempt int,
 		if pacer != nil {
 			return pacer.Wait(now), true
 		}
-		return f.RetryAfter + time.Duration(t.o.Rand()*float64(min(f.RetryAfter, t.o.MaxJitter))), true
+		return f.RetryAfter + time.Duration(t.o.Rand()*float64(min(2*f.RetryAfter, t.o.MaxJitter))), true
 	case status == http.StatusTooManyRequests:
 		d := FullJitter(t.o.BaseDelay, t.o.MaxDelay, attempt, t.o.Rand)
 		if pacer != nil {
@@ -180,6 +186,25 @@ func (t *Transport) retryDelay(now time.Time, status int, f Fields, attempt int,
 	}
 	return 0, false
 }
+
+// ErrNoSlot is what a PacedError wraps.
+var ErrNoSlot = errors.New("no request slot within the wait budget")
+
+// PacedError is returned, without sending the request, when pacing puts
+// the caller's next request slot beyond the request's budget (its context
+// deadline, or MaxWait): the service would deny it. Wait is how long until
+// the slot; a caller that retries should wait that long first.
+type PacedError struct {
+	Wait time.Duration
+}
+
+// Error implements error.
+func (e *PacedError) Error() string {
+	return fmt.Sprintf("floodgate client: the next request slot is in %v, beyond the wait budget: the request was not sent", e.Wait.Round(time.Millisecond))
+}
+
+// Unwrap returns ErrNoSlot.
+func (e *PacedError) Unwrap() error { return ErrNoSlot }
 
 // FullJitter returns the wait before retry number attempt (from 0) of an
 // exponential backoff with full jitter: a uniform random duration between

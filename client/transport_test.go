@@ -113,7 +113,7 @@ func TestRetriesAfterRetryAfter(t *testing.T) {
 func TestRetryAfterJitter(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder(t, limited(1, "1"))
-	// Rand near 1: the extra is almost the Retry-After itself, unless
+	// Rand near 1: the extra is almost twice the Retry-After, unless
 	// MaxJitter caps it.
 	c := NewClient(Options{Rand: func() float64 { return 0.99 }, MaxJitter: 200 * time.Millisecond})
 	resp, err := get(t, c, context.Background(), rec.srv.URL)
@@ -367,15 +367,19 @@ func TestPacingHoldsTheOtherRequests(t *testing.T) {
 	if g := rec.gap(1); g < time.Second {
 		t.Errorf("the next request went %v after the 429, want at least its Retry-After of 1s", g)
 	}
-	// A paced slot that does not fit the deadline is not waited for.
+	// A request whose slot lies beyond its deadline is not sent.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if resp, err = get(t, c, ctx, rec.srv.URL); err != nil {
-		t.Fatal(err)
+	_, err = get(t, c, ctx, rec.srv.URL)
+	var pe *PacedError
+	if !errors.As(err, &pe) || !errors.Is(err, ErrNoSlot) || pe.Wait < time.Second {
+		t.Errorf("error %v, want a *PacedError with the wait until the slot (spacing 2s)", err)
 	}
-	_ = body(t, resp)
 	if e := time.Since(start); e > 90*time.Millisecond {
-		t.Errorf("a request with a 100ms deadline waited %v for its slot", e)
+		t.Errorf("a request with a 100ms deadline took %v to be refused", e)
+	}
+	if got, want := rec.count(), 2; got != want {
+		t.Errorf("the server saw %d requests, want %d: the refused one is not sent", got, want)
 	}
 }

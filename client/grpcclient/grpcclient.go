@@ -8,7 +8,7 @@
 // Such a call is retried:
 //
 //   - after the grpc-retry-pushback-ms trailer when the server sent one
-//     (gRFC A6), plus a random extra of up to as much again, capped by
+//     (gRFC A6), plus a random extra of up to twice as much, capped by
 //     MaxJitter; a negative or malformed pushback means "do not retry";
 //   - otherwise after an exponential backoff with full jitter;
 //   - within a budget: at most MaxRetries, no wait beyond MaxWait or the
@@ -190,7 +190,7 @@ func (c *call) retryDelay(attempt int, trailer metadata.MD, err error) (time.Dur
 			return 0, false
 		}
 		p := time.Duration(ms) * time.Millisecond
-		d = p + time.Duration(o.Rand()*float64(min(p, o.MaxJitter)))
+		d = p + time.Duration(o.Rand()*float64(min(2*p, o.MaxJitter)))
 	} else {
 		d = client.FullJitter(o.BaseDelay, o.MaxDelay, attempt, o.Rand)
 	}
