@@ -315,10 +315,12 @@ func TestBackoffWithoutRetryAfter(t *testing.T) {
 		t.Fatalf("the server saw %d requests, want %d", got, want)
 	}
 	// Full jitter: up to 100ms, then up to 200ms.
-	if g := rec.gap(1); g < 99*time.Millisecond || g > 150*time.Millisecond {
+	// The upper bounds leave room for a busy machine; a backoff that
+	// did not grow would fail the lower one.
+	if g := rec.gap(1); g < 99*time.Millisecond || g > 190*time.Millisecond {
 		t.Errorf("first retry after %v, want 0.99 x 100ms", g)
 	}
-	if g := rec.gap(2); g < 198*time.Millisecond || g > 260*time.Millisecond {
+	if g := rec.gap(2); g < 198*time.Millisecond || g > 300*time.Millisecond {
 		t.Errorf("second retry after %v, want 0.99 x 200ms", g)
 	}
 }
@@ -376,8 +378,8 @@ func TestPacingHoldsTheOtherRequests(t *testing.T) {
 	if !errors.As(err, &pe) || !errors.Is(err, ErrNoSlot) || pe.Wait < time.Second {
 		t.Errorf("error %v, want a *PacedError with the wait until the slot (spacing 2s)", err)
 	}
-	if e := time.Since(start); e > 90*time.Millisecond {
-		t.Errorf("a request with a 100ms deadline took %v to be refused", e)
+	if e := time.Since(start); e > time.Second {
+		t.Errorf("a request with a 100ms deadline took %v to be refused, want at once rather than after its 2s slot", e)
 	}
 	if got, want := rec.count(), 2; got != want {
 		t.Errorf("the server saw %d requests, want %d: the refused one is not sent", got, want)
