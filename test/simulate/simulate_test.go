@@ -114,7 +114,7 @@ func traceLines(n int) string {
 	return b.String()
 }
 
-func build(t *testing.T, dir string, args ...string) {
+func build(t *testing.T, args ...string) {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"build"}, args...)...)
 	cmd.Dir = filepath.Join("..", "..")
@@ -124,52 +124,23 @@ func build(t *testing.T, dir string, args ...string) {
 }
 
 // sidecar is a floodgate-sidecar process with a manual clock.
-type sidecar struct {
-	proxy, admin string
-	p            *simnode.Process
-}
+type sidecar struct{ *simnode.Standalone }
 
-// startSidecar starts the sidecar on free ports and waits until it
-// serves, reading the addresses it bound from its log.
 func startSidecar(t *testing.T, bin, policyFile, upstream string) *sidecar {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "sidecar.log")
-	p, err := simnode.StartProcess("floodgate-sidecar", logPath, nil, bin,
-		"--policy-file", policyFile, "--store", "memory", "--upstream", upstream,
-		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--pod-labels", "app=shop",
+	s, err := simnode.StartStandalone(context.Background(), bin, t.TempDir(),
+		"--policy-file", policyFile, "--store", "memory", "--upstream", upstream, "--pod-labels", "app=shop",
 		"--debug-manual-clock", start.Format(time.RFC3339Nano))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.Stop(5 * time.Second) })
-	s := &sidecar{p: p}
-	ctx := context.Background()
-	err = simnode.Poll(ctx, 50*time.Millisecond, 30*time.Second, "the sidecar's serving line", func() (bool, error) {
-		if err := p.Exited(); err != nil {
-			return false, err
-		}
-		data, _ := os.ReadFile(logPath)
-		for _, line := range bytes.Split(data, []byte("\n")) {
-			var l struct{ Msg, Listen, Admin string }
-			if json.Unmarshal(line, &l) == nil && l.Msg == "serving" {
-				s.proxy, s.admin = "http://"+l.Listen, "http://"+l.Admin
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := simnode.WaitHTTP(ctx, s.admin+"/readyz", p, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	t.Cleanup(func() { s.Stop(5 * time.Second) })
+	return &sidecar{s}
 }
 
 func (s *sidecar) setClock(t *testing.T, at time.Time) {
 	t.Helper()
-	resp, err := http.Post(s.admin+"/debug/clock?set="+url.QueryEscape(at.Format(time.RFC3339Nano)), "", nil)
+	resp, err := http.Post(s.AdminURL+"/debug/clock?set="+url.QueryEscape(at.Format(time.RFC3339Nano)), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,8 +157,8 @@ func (s *sidecar) setClock(t *testing.T, at time.Time) {
 func TestSimulateAgreesWithASidecar(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
-	build(t, dir, "-o", filepath.Join(bin, "kubectl-floodgate"), "./cmd/kubectl-floodgate")
-	build(t, dir, "-tags", runner.DebugClockTag, "-o", filepath.Join(bin, "floodgate-sidecar"), "./cmd/floodgate-sidecar")
+	build(t, "-o", filepath.Join(bin, "kubectl-floodgate"), "./cmd/kubectl-floodgate")
+	build(t, "-tags", runner.DebugClockTag, "-o", filepath.Join(bin, "floodgate-sidecar"), "./cmd/floodgate-sidecar")
 
 	policyFile := filepath.Join(dir, "policy.yaml")
 	traceFile := filepath.Join(dir, "trace.txt")
@@ -228,7 +199,7 @@ func TestSimulateAgreesWithASidecar(t *testing.T) {
 	hc := &http.Client{Timeout: 10 * time.Second}
 	for i, d := range rep.Decisions {
 		sc.setClock(t, d.At)
-		req, err := http.NewRequest(d.Method, sc.proxy+d.Target, nil)
+		req, err := http.NewRequest(d.Method, sc.URL+d.Target, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
