@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -250,10 +251,14 @@ func printSimulation(o *options, rep SimulateReport, quiet bool) {
 	}
 	o.printf("\n")
 	if !quiet {
-		o.printf("\n%-10s %-6s %-28s %-6s %s\n", "time", "method", "path", "status", "response fields")
+		tw := tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "\nTIME\tMETHOD\tPATH\tSTATUS\tRULE\tREMAINING\tRESET\tRETRY-AFTER\tREQUEST\n")
 		for _, d := range rep.Decisions {
-			o.printf("%-10s %-6s %-28s %-6d %s%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status, fieldsLine(d.Headers), keyNote(d))
+			rl := d.Headers["Ratelimit"]
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status,
+				bindingRule(rl), param(rl, "r"), seconds(param(rl, "t")), seconds(d.Headers["Retry-After"]), keyNote(d))
 		}
+		_ = tw.Flush()
 	}
 	o.printf("\n%-32s %9s %8s %7s %9s %12s\n", "binding rule", "requests", "allowed", "denied", "rejected", "unavailable")
 	for _, s := range rep.Summary {
@@ -269,22 +274,26 @@ func offset(d time.Duration) string {
 	return fmt.Sprintf("%.3fs", d.Seconds())
 }
 
-func fieldsLine(h map[string]string) string {
-	var parts []string
-	for _, f := range sim.Fields {
-		if v, ok := h[http.CanonicalHeaderKey(f)]; ok {
-			parts = append(parts, http.CanonicalHeaderKey(f)+": "+v)
+// param reads a parameter of a RateLimit field's item.
+func param(rl, name string) string {
+	for _, p := range strings.Split(rl, ";")[1:] {
+		if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && k == name {
+			return v
 		}
 	}
-	return strings.Join(parts, "  ")
+	return ""
+}
+
+func seconds(s string) string {
+	if s == "" {
+		return ""
+	}
+	return s + "s"
 }
 
 // keyNote shows the request's headers, so that a reader can tell whose
 // request it was.
 func keyNote(d sim.Decision) string {
-	if len(d.Request) == 0 && d.Client == trace.DefaultClient {
-		return ""
-	}
 	var parts []string
 	for n, v := range d.Request {
 		parts = append(parts, n+"="+v)
@@ -293,5 +302,5 @@ func keyNote(d sim.Decision) string {
 	if d.Client != trace.DefaultClient {
 		parts = append(parts, "client="+d.Client)
 	}
-	return "  [" + strings.Join(parts, " ") + "]"
+	return strings.Join(parts, " ")
 }

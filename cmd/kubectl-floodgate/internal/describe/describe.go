@@ -321,12 +321,15 @@ func cost(c config.Cost, capacity int64) string {
 }
 
 func missingKey(r *config.Rule) string {
-	if len(r.Key) == 0 {
-		return ""
-	}
+	// The client IP, the path and the method are always there.
 	var names []string
 	for _, k := range r.Key {
-		names = append(names, keyPart(k))
+		if k.Header != "" || k.Query != "" || k.JWTClaim != "" {
+			names = append(names, keyPart(k))
+		}
+	}
+	if len(names) == 0 {
+		return ""
 	}
 	without := "requests without " + strings.Join(names, " or ")
 	switch r.OnMissingKey {
