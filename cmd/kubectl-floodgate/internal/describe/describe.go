@@ -211,8 +211,8 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	}
 	n := max(replicas, 1)
 	s := fmt.Sprintf("fails open to %s per %s per replica on %d %s", requests(er.Fallback.Requests), period(er.Fallback.Period), n, plural(int64(n), "replica", "replicas"))
-	if er.Fallback.Burst > 0 {
-		s += fmt.Sprintf(" (burst %d)", er.Fallback.Burst)
+	if b := er.Fallback.Burst; b > 0 && b != er.Fallback.Requests {
+		s += fmt.Sprintf(" (burst %d)", b)
 	}
 	return s, limitOf(er.Fallback)
 }

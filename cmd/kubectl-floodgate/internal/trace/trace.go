@@ -136,7 +136,7 @@ func detect(line string) string {
 // records which kind the trace uses, so that they are not mixed.
 func when(s string, start time.Time, kind *string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, sameKind(kind, "absolute")
+		return t.UTC(), sameKind(kind, "absolute")
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
@@ -339,7 +339,7 @@ func combinedLine(line string) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("time %q: %w", m[2], err)
 	}
-	req, err := newRequest(at, m[3], m[4])
+	req, err := newRequest(at.UTC(), m[3], m[4])
 	if err != nil {
 		return Request{}, err
 	}
@@ -370,7 +370,7 @@ func envoyLine(line string) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("time %q: %w", m[1], err)
 	}
-	req, err := newRequest(at, m[2], m[3])
+	req, err := newRequest(at.UTC(), m[2], m[3])
 	if err != nil {
 		return Request{}, err
 	}
