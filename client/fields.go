@@ -299,7 +299,8 @@ func (p *sfParser) key() string {
 	start := p.i
 	for !p.done() {
 		c := p.s[p.i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.' || c == '*') {
+		lower := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !lower && c != '_' && c != '-' && c != '.' && c != '*' {
 			break
 		}
 		p.i++

@@ -80,7 +80,7 @@ func get(t *testing.T, c *http.Client, ctx context.Context, url string) (*http.R
 
 func body(t *testing.T, resp *http.Response) string {
 	t.Helper()
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)

@@ -280,14 +280,14 @@ func (s *stream) RecvMsg(m any) error {
 		err := s.ClientStream.RecvMsg(m)
 		if err == nil || errors.Is(err, io.EOF) {
 			if err == nil && s.attempt == 0 && s.c.pacer != nil {
-				if h, herr := s.ClientStream.Header(); herr == nil {
+				if h, herr := s.Header(); herr == nil {
 					s.c.observe(h, nil, nil)
 				}
 			}
 			s.replayable = false
 			return err
 		}
-		trailer := s.ClientStream.Trailer()
+		trailer := s.Trailer()
 		s.c.observe(nil, trailer, err)
 		if !s.replayable {
 			return err

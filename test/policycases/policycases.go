@@ -33,6 +33,9 @@ func Manifest(b Bad) string {
 	return "apiVersion: ratelimit.floodgate.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: bad}\nspec:" + b.Doc + "\n"
 }
 
+// shouldMatch is how the schema words a pattern mismatch.
+const shouldMatch = "should match"
+
 // okRule is a valid rule for bad inputs that break something else.
 const okRule = `
   - name: r
@@ -87,7 +90,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1d}`,
-		Want: []string{"spec.rules[0].limit.per", "should match"}, SchemaOnly: true},
+		Want: []string{"spec.rules[0].limit.per", shouldMatch}, SchemaOnly: true},
 	{Name: "burst with a window algorithm", Doc: `
   podSelector: {}
   rules:
@@ -193,14 +196,14 @@ var Schema = []Bad{
   - name: r
     key: [{header: "X API Key"}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].key[0].header", "should match"}},
+		Want: []string{"spec.rules[0].key[0].header", shouldMatch}},
 	{Name: "a rule name that is not a DNS label", Doc: `
   podSelector: {}
   rules:
   - name: Per_User
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].name", "should match"}},
+		Want: []string{"spec.rules[0].name", shouldMatch}},
 	{Name: "unknown failureMode", Doc: `
   podSelector: {}
   rules:
@@ -262,7 +265,7 @@ var Schema = []Bad{
   podSelector: {}
   storeRef: {name: "Main Store"}
   rules:` + okRule,
-		Want: []string{"spec.storeRef.name", "should match"}},
+		Want: []string{"spec.storeRef.name", shouldMatch}},
 	{Name: "a CounterStore both managed and external", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: CounterStore
 metadata: {name: both}
@@ -275,7 +278,7 @@ kind: CounterStore
 metadata: {name: noport}
 spec:
   external: {addresses: ["redis.example"]}`,
-		Want: []string{"spec.external.addresses[0]", "should match"}, SchemaOnly: true},
+		Want: []string{"spec.external.addresses[0]", shouldMatch}, SchemaOnly: true},
 	{Name: "a CounterStore nodeTimeout above 60s", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: CounterStore
 metadata: {name: slow}

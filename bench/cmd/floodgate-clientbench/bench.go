@@ -79,9 +79,9 @@ func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	if o.sidecar == "" {
-		fmt.Fprintln(log, "building floodgate-sidecar...")
+		_, _ = fmt.Fprintln(log, "building floodgate-sidecar...")
 		if o.sidecar, err = simnode.BuildSidecar(ctx, ".", dir); err != nil {
 			return nil, err
 		}
@@ -95,7 +95,7 @@ func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
 		{&rep.Client, "floodgate client (Pace)", clientLoop},
 		{&rep.Naive, "naive retry loop", naiveLoop(o.naiveWait)},
 	} {
-		fmt.Fprintf(log, "\n%s: %d clients on one key limited to %d/s, for %v\n", r.name, o.clients, o.limit, o.duration)
+		_, _ = fmt.Fprintf(log, "\n%s: %d clients on one key limited to %d/s, for %v\n", r.name, o.clients, o.limit, o.duration)
 		res, err := measure(ctx, o, dir, r.name, r.loop)
 		if err != nil {
 			return nil, err
@@ -104,7 +104,7 @@ func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
 		table(log, res)
 	}
 	judge(rep)
-	fmt.Fprintf(log, "\nclient: %s\nnaive:  %s\n", rep.Client.Verdict, rep.Naive.Verdict)
+	_, _ = fmt.Fprintf(log, "\nclient: %s\nnaive:  %s\n", rep.Client.Verdict, rep.Naive.Verdict)
 	return rep, nil
 }
 
@@ -177,7 +177,7 @@ func measure(ctx context.Context, o options, dir, name string, loop func(*http.C
 		_, _ = io.WriteString(w, "ok")
 	}), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = app.Serve(ln) }()
-	defer app.Close()
+	defer func() { _ = app.Close() }()
 
 	policy := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
@@ -309,10 +309,10 @@ func get(ctx context.Context, hc *http.Client, url string) error {
 	}
 	req.Header.Set("X-API-Key", "shared")
 	resp, err := hc.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil //nolint:nilerr // the run ended while the request was out
+	case err != nil:
 		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -341,12 +341,12 @@ func cpuSeconds(pid int) (float64, error) {
 }
 
 func table(w io.Writer, r Run) {
-	fmt.Fprintf(w, "%6s %9s %9s %9s %8s\n", "second", "sent", "admitted", "denied", "denied%")
+	_, _ = fmt.Fprintf(w, "%6s %9s %9s %9s %8s\n", "second", "sent", "admitted", "denied", "denied%")
 	for i, s := range r.Seconds {
 		share := 0.0
 		if s.Sent > 0 {
 			share = 100 * float64(s.Denied) / float64(s.Sent)
 		}
-		fmt.Fprintf(w, "%6d %9d %9d %9d %7.1f%%\n", i, s.Sent, s.Admitted, s.Denied, share)
+		_, _ = fmt.Fprintf(w, "%6d %9d %9d %9d %7.1f%%\n", i, s.Sent, s.Admitted, s.Denied, share)
 	}
 }

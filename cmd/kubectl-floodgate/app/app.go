@@ -141,3 +141,9 @@ func Main(args []string, s Streams) int {
 		return ExitError
 	}
 }
+
+// fprintf writes to the output; like printf, it has nowhere to report a
+// failed write to standard output.
+func fprintf(w io.Writer, format string, args ...any) {
+	_, _ = fmt.Fprintf(w, format, args...)
+}

@@ -109,7 +109,7 @@ func runCheck(o *options, paths []string) error {
 		}
 	} else {
 		for _, r := range rep.Results {
-			printCheck(o, v, r)
+			printCheck(o, r)
 		}
 		o.printf("%d valid, %d invalid, %d skipped (not floodgate objects)\n", rep.Valid, rep.Invalid, rep.Skipped)
 	}
@@ -119,7 +119,7 @@ func runCheck(o *options, paths []string) error {
 	return nil
 }
 
-func printCheck(o *options, v *admit.Validator, r CheckResult) {
+func printCheck(o *options, r CheckResult) {
 	where := r.Source
 	if r.Document > 1 {
 		where = fmt.Sprintf("%s (document %d)", r.Source, r.Document)

@@ -3,7 +3,6 @@ package app
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"sort"
@@ -96,7 +95,7 @@ names the pod to simulate.`,
 			return runSimulate(o, &f, args)
 		},
 	}
-	f.compileFlags.add(cmd)
+	f.add(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.requests, "requests", "", "trace of requests to replay, or - for stdin")
 	fl.StringVar(&f.format, "format", trace.FormatAuto, "trace format: "+strings.Join(trace.Formats, ", "))
@@ -198,13 +197,13 @@ func (f *simulateFlags) load(o *options, start time.Time) ([]trace.Request, erro
 	case f.requests != "" && synthetic:
 		return nil, errors.New("give either --requests or a synthetic load (--rate, --for, --key-from), not both")
 	case f.requests != "":
-		var r io.Reader = o.streams.In
+		r := o.streams.In
 		if f.requests != "-" {
 			file, err := os.Open(f.requests)
 			if err != nil {
 				return nil, err
 			}
-			defer file.Close()
+			defer func() { _ = file.Close() }()
 			r = file
 		}
 		reqs, err := trace.Read(r, f.format, start)
@@ -252,10 +251,10 @@ func printSimulation(o *options, rep SimulateReport, quiet bool) {
 	o.printf("\n")
 	if !quiet {
 		tw := tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nTIME\tMETHOD\tPATH\tSTATUS\tRULE\tREMAINING\tRESET\tRETRY-AFTER\tREQUEST\n")
+		fprintf(tw, "\nTIME\tMETHOD\tPATH\tSTATUS\tRULE\tREMAINING\tRESET\tRETRY-AFTER\tREQUEST\n")
 		for _, d := range rep.Decisions {
 			rl := d.Headers["Ratelimit"]
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status,
+			fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status,
 				bindingRule(rl), param(rl, "r"), seconds(param(rl, "t")), seconds(d.Headers["Retry-After"]), keyNote(d))
 		}
 		_ = tw.Flush()

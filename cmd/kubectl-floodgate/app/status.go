@@ -111,12 +111,12 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			if c.Message != "" {
 				msg += ": " + c.Message
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", c.Type, c.Status, msg)
+			fprintf(tw, "  %s\t%s\t%s\n", c.Type, c.Status, msg)
 		}
 		if p.Revision != "" {
-			fmt.Fprintf(tw, "  compiled\t\trevision %s in ConfigMap %s, generation %d\n", p.Revision, config.ConfigMapName, p.CompiledGeneration)
+			fprintf(tw, "  compiled\t\trevision %s in ConfigMap %s, generation %d\n", p.Revision, config.ConfigMapName, p.CompiledGeneration)
 		} else {
-			fmt.Fprintf(tw, "  compiled\t\tno ConfigMap %s in the namespace\n", config.ConfigMapName)
+			fprintf(tw, "  compiled\t\tno ConfigMap %s in the namespace\n", config.ConfigMapName)
 		}
 		store := p.Store.Name + ": "
 		switch {
@@ -131,16 +131,16 @@ func printStatus(o *options, rep clusterstatus.Report) {
 				store += "; " + p.Store.Message
 			}
 		}
-		fmt.Fprintf(tw, "  store\t\t%s\n", store)
-		fmt.Fprintf(tw, "  pods\t\t%d of %d targeted pods enforce the current revision\n", p.Enforcing, p.Targeted)
+		fprintf(tw, "  store\t\t%s\n", store)
+		fprintf(tw, "  pods\t\t%d of %d targeted pods enforce the current revision\n", p.Enforcing, p.Targeted)
 		_ = tw.Flush()
 
 		if len(p.Pods) > 0 {
 			o.printf("\n")
 			tw = tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "  POD\tREADY\tENFORCES\tSIDECAR METRICS\n")
+			fprintf(tw, "  POD\tREADY\tENFORCES\tSIDECAR METRICS\n")
 			for _, pod := range p.Pods {
-				fmt.Fprintf(tw, "  %s\t%v\t%s\t%s\n", pod.Name, pod.Ready, enforces(pod), podMetrics(pod, recent))
+				fprintf(tw, "  %s\t%v\t%s\t%s\n", pod.Name, pod.Ready, enforces(pod), podMetrics(pod, recent))
 			}
 			_ = tw.Flush()
 		}
@@ -148,16 +148,16 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			o.printf("\n")
 			tw = tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
 			if recent == "" {
-				fmt.Fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\n")
+				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\n")
 			} else {
-				fmt.Fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\tALLOWED (%s)\tDENIED (%s)\n", recent, recent)
+				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\tALLOWED (%s)\tDENIED (%s)\n", recent, recent)
 			}
 			for _, r := range p.Rules {
-				fmt.Fprintf(tw, "  %s\t%.0f\t%.0f\t%.0f\t%.0f", r.Rule, r.Allowed, r.Denied, r.ShadowDenied, r.Unavailable)
+				fprintf(tw, "  %s\t%.0f\t%.0f\t%.0f\t%.0f", r.Rule, r.Allowed, r.Denied, r.ShadowDenied, r.Unavailable)
 				if recent != "" {
-					fmt.Fprintf(tw, "\t%.0f\t%.0f", r.RecentAllowed, r.RecentDenied)
+					fprintf(tw, "\t%.0f\t%.0f", r.RecentAllowed, r.RecentDenied)
 				}
-				fmt.Fprintf(tw, "\n")
+				fprintf(tw, "\n")
 			}
 			_ = tw.Flush()
 		}
