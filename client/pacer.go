@@ -87,13 +87,7 @@ const (
 func (p *Pacer) Reserve(now time.Time) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	slot := now
-	if slot.Before(p.hold) {
-		slot = p.hold
-	}
-	if slot.Before(p.next) {
-		slot = p.next
-	}
+	slot := p.earliest(now)
 	// Each spacing is drawn within a quarter of the interval, so that
 	// callers whose slots a wave of denials lined up drift apart instead
 	// of staying in step.
@@ -107,6 +101,12 @@ func (p *Pacer) Reserve(now time.Time) time.Duration {
 func (p *Pacer) Wait(now time.Time) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.earliest(now).Sub(now)
+}
+
+// earliest is the first instant at or after now that is neither held nor
+// before the next slot. p.mu is held.
+func (p *Pacer) earliest(now time.Time) time.Time {
 	slot := now
 	if slot.Before(p.hold) {
 		slot = p.hold
@@ -114,7 +114,7 @@ func (p *Pacer) Wait(now time.Time) time.Duration {
 	if slot.Before(p.next) {
 		slot = p.next
 	}
-	return slot.Sub(now)
+	return slot
 }
 
 // Interval returns the spacing the pacer currently keeps between the

@@ -113,20 +113,31 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 	}
 	out.Applies = applies(&r.Match)
 	out.Counter = counter(r.Key)
-	lim, err := r.Limit.Limiter()
+	lim, err := limited(&out, p, r, m)
 	if err != nil {
 		return Rule{}, err
+	}
+	out.Cost = cost(r.Cost, lim.Capacity())
+	out.MissingKey = missingKey(r)
+	return out, nil
+}
+
+// limited fills the limit, the failure mode and the summary of a counted
+// rule, from the limit as the sidecar parses it and the fallback the
+// engine derives.
+func limited(out *Rule, p *config.Policy, r *config.Rule, m *metrics.Metrics) (limiter.Limit, error) {
+	lim, err := r.Limit.Limiter()
+	if err != nil {
+		return limiter.Limit{}, err
 	}
 	er, err := engine.NewRule(p.Name, r.Name, lim, p.Replicas, r.FailureMode == config.FailureClosed, out.Shadow, m)
 	if err != nil {
-		return Rule{}, err
+		return limiter.Limit{}, err
 	}
 	out.Limit = limitOf(er.Limit)
-	out.Cost = cost(r.Cost, lim.Capacity())
-	out.MissingKey = missingKey(r)
 	out.Failure, out.Fallback = failure(er, p.Replicas)
 	out.Summary = summary(out.Counter, er.Limit, out.Failure, out.Shadow)
-	return out, nil
+	return lim, nil
 }
 
 func descriptorRule(p *config.Policy, r *config.Rule, out Rule, m *metrics.Metrics) (Rule, error) {
@@ -164,17 +175,9 @@ func descriptorRule(p *config.Policy, r *config.Rule, out Rule, m *metrics.Metri
 		out.Summary = out.Counter + ": every call denied (requests_per_unit 0)"
 		return out, nil
 	}
-	lim, err := r.Limit.Limiter()
-	if err != nil {
+	if _, err := limited(&out, p, r, m); err != nil {
 		return Rule{}, err
 	}
-	er, err := engine.NewRule(p.Name, r.Name, lim, p.Replicas, r.FailureMode == config.FailureClosed, out.Shadow, m)
-	if err != nil {
-		return Rule{}, err
-	}
-	out.Limit = limitOf(er.Limit)
-	out.Failure, out.Fallback = failure(er, p.Replicas)
-	out.Summary = summary(out.Counter, er.Limit, out.Failure, out.Shadow)
 	return out, nil
 }
 
