@@ -60,6 +60,23 @@ type Rule struct {
 	Fallback *Limit `json:"fallback,omitempty"`
 	// Shadow rules are counted and reported but never deny.
 	Shadow bool `json:"shadow,omitempty"`
+	// Concurrency is a concurrency rule's cap on requests in flight.
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	// Priority is the load-shedding class of the requests the rule
+	// matches, when it sets one.
+	Priority string `json:"priority,omitempty"`
+}
+
+// Concurrency is a concurrency rule's numbers.
+type Concurrency struct {
+	// Max is the shared cap on a key's requests in flight.
+	Max int64 `json:"max"`
+	// LeaseTTL is how long a crashed sidecar's slot stays taken, as a Go
+	// duration ("10s").
+	LeaseTTL string `json:"leaseTTL"`
+	// Fallback is each replica's cap while the store is unreachable and
+	// the rule fails open.
+	Fallback int64 `json:"fallback,omitempty"`
 }
 
 // Limit is a limit's numbers.
@@ -107,17 +124,58 @@ func selects(p *config.Policy) string {
 }
 
 func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
-	out := Rule{Name: r.Name, Shadow: r.Mode == config.ModeShadow}
+	out := Rule{Name: r.Name, Shadow: r.Mode == config.ModeShadow, Priority: r.Priority}
 	if d := r.Match.Descriptors; d != nil {
 		return descriptorRule(p, r, out, m)
 	}
 	out.Applies = applies(&r.Match)
+	if !r.IsRate() {
+		return unrated(p, r, out, m)
+	}
 	out.Counter = counter(r.Key)
 	lim, err := limited(&out, p, r, m)
 	if err != nil {
 		return Rule{}, err
 	}
 	out.Cost = cost(r.Cost, lim.Capacity())
+	out.MissingKey = missingKey(r)
+	return out, nil
+}
+
+// unrated describes a rule that limits no rate: a concurrency cap, or
+// only a priority.
+func unrated(p *config.Policy, r *config.Rule, out Rule, m *metrics.Metrics) (Rule, error) {
+	cc := r.Concurrency
+	if cc == nil {
+		out.Failure = "never counted"
+		out.Summary = "no limit: marks the requests it matches " + r.Priority + " for the load shedder"
+		return out, nil
+	}
+	ttl := cc.LeaseTTL.Duration
+	if ttl == 0 {
+		ttl = config.DefaultLeaseTTL
+	}
+	er, err := engine.NewConcurrencyRule(p.Name, r.Name, cc.Max, ttl, p.Replicas, r.FailureMode == config.FailureClosed, out.Shadow, m)
+	if err != nil {
+		return Rule{}, err
+	}
+	out.Counter = counter(r.Key)
+	out.Concurrency = &Concurrency{Max: er.Max, LeaseTTL: ttl.String()}
+	if er.FailClosed {
+		out.Failure = "fails closed: 503 while the store is unreachable"
+	} else {
+		n := max(p.Replicas, 1)
+		out.Concurrency.Fallback = er.Fallback
+		out.Failure = fmt.Sprintf("fails open to %d in flight per replica on %d %s", er.Fallback, n, plural(int64(n), "replica", "replicas"))
+	}
+	out.Summary = fmt.Sprintf("%s: at most %d %s in flight at once across replicas (a crashed sidecar's slots come back after %s); %s",
+		out.Counter, er.Max, plural(er.Max, "request", "requests"), period(ttl), out.Failure)
+	if out.Shadow {
+		out.Summary += "; shadow: counted and reported, never denies"
+	}
+	if r.Priority != "" {
+		out.Summary += "; marks its requests " + r.Priority + " for the load shedder"
+	}
 	out.MissingKey = missingKey(r)
 	return out, nil
 }

@@ -60,6 +60,28 @@ func TestRuleSummaries(t *testing.T) {
 		summary: "all of them together (one counter): 1000 requests per day, FixedWindow; fails open to 500 requests per day per replica on 2 replicas; shadow: counted and reported, never denies",
 		applies: "requests to paths matching /v[12]/.*",
 		cost:    "the X-Cost header's value (1 to 1000; other values are answered 400), 2 without it",
+	}, {
+		name:     "a concurrency cap that fails open to each replica's share",
+		replicas: 4,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{Header: "X-Tenant"}}, Priority: config.PrioritySheddable,
+			Concurrency: &config.Concurrency{Max: 10, LeaseTTL: per(30 * time.Second)}},
+		summary: "each X-Tenant: at most 10 requests in flight at once across replicas (a crashed sidecar's slots come back after 30 s); fails open to 2 in flight per replica on 4 replicas; marks its requests Sheddable for the load shedder",
+		applies: "all requests",
+		missing: "requests without X-Tenant are not limited by this rule",
+	}, {
+		name:     "a concurrency cap that fails closed, its lease TTL defaulted",
+		replicas: 2,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{ClientIP: &struct{}{}}}, FailureMode: config.FailureClosed,
+			Concurrency: &config.Concurrency{Max: 1}},
+		summary: "each client IP: at most 1 request in flight at once across replicas (a crashed sidecar's slots come back after 10 s); fails closed: 503 while the store is unreachable",
+		applies: "all requests",
+	}, {
+		name:     "a rule that only sets a priority",
+		replicas: 3,
+		rule: config.Rule{Name: "r", Priority: config.PriorityCritical,
+			Match: config.Match{Path: &config.PathMatch{Type: config.PathPrefix, Value: "/pay"}}},
+		summary: "no limit: marks the requests it matches Critical for the load shedder",
+		applies: "requests to paths under /pay",
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
