@@ -42,6 +42,13 @@ var knownValues = map[string]map[string][]string{
 	"floodgate_sidecar_store_operations_total": {
 		"result": {"ok", "unavailable", "error"},
 	},
+	"floodgate_sidecar_shed_requests_total": {
+		"priority": {metrics.PriorityCritical, metrics.PriorityDefault, metrics.PrioritySheddable},
+		"mode":     {"enforce", "shadow"},
+	},
+	"floodgate_sidecar_shedder_admitted_requests_total": {
+		"priority": {metrics.PriorityCritical, metrics.PriorityDefault, metrics.PrioritySheddable},
+	},
 }
 
 // family is one exported metric.
@@ -212,7 +219,7 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"FloodgateDecisionLatencyHigh", "FloodgateFallbackActive", "FloodgateDenyRatioSpike", "FloodgateCounterStoreUnavailable", "FloodgateCounterStoreNotReady", "FloodgateSidecarConfigRejected"}
+	want := []string{"FloodgateDecisionLatencyHigh", "FloodgateFallbackActive", "FloodgateDenyRatioSpike", "FloodgateCounterStoreUnavailable", "FloodgateCounterStoreNotReady", "FloodgateSidecarConfigRejected", "FloodgateCriticalShed"}
 	var got []string
 	for name := range exprs {
 		got = append(got, name)
@@ -233,6 +240,7 @@ func TestAlertsUseRealMetrics(t *testing.T) {
 		"FloodgateCounterStoreUnavailable": `result!="ok"`,
 		"FloodgateFallbackActive":          "floodgate_sidecar_fallback_active",
 		"FloodgateCounterStoreNotReady":    "floodgate_counterstore_ready",
+		"FloodgateCriticalShed":            `floodgate_sidecar_shed_requests_total{priority="Critical",mode="enforce"}`,
 	} {
 		if !strings.Contains(exprs[name], want) {
 			t.Errorf("alert %s = %q, want it to use %s", name, exprs[name], want)
@@ -331,6 +339,9 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 		"store ops/s per shard":   "sum by (store, shard) (rate(floodgate_sidecar_store_operations_total",
 		"fallback state":          "floodgate_sidecar_fallback_active",
 		"store latency per shard": "floodgate_sidecar_store_operation_duration_seconds_bucket",
+		"concurrency in flight":   "floodgate_sidecar_concurrency_in_flight",
+		"adaptive limit":          "floodgate_sidecar_shedding_limit",
+		"shed per priority":       "sum by (priority, mode) (rate(floodgate_sidecar_shed_requests_total",
 	} {
 		if !strings.Contains(queries, want) {
 			t.Errorf("the dashboard has no %s query (%s)", what, want)
