@@ -63,3 +63,7 @@ hack/with-reaper.sh go run ./bench/cmd/floodgate-bench -duration 5s -out "$OUT/s
 
 echo "== Envoy ShouldRateLimit: decisions/s and CPU per decision against a null server"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-rlsbench -out "$OUT/rls.json"
+
+echo "== load shedder: an application of capacity C under 3 x C, 20% critical; the shedder against no shedding and a static concurrency cap (critical success and p99, goodput)"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-shedbench -out "$OUT/shed.json"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-shedbench -reserve-critical 60 -reserve-default 0 -out "$OUT/shed-reserve60.json"
