@@ -1,0 +1,283 @@
+// Package concurrencyloop runs concurrency rules end to end: real
+// floodgate-sidecar processes sharing a real Redis Cluster in front of one
+// application, over real sockets.
+package concurrencyloop
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/test/redistest"
+	"github.com/floodgate-dev/floodgate/test/simnode"
+)
+
+var sidecarBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "concurrencyloop")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	sidecarBin, err = simnode.BuildSidecar(context.Background(), filepath.Join("..", ".."), dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	maxInFlight = 10
+	leaseTTL    = 2 * time.Second
+	sidecars    = 4
+)
+
+var policy = fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: exports
+  uid: exports-1
+  replicas: %d
+  rules:
+  - name: per-tenant
+    key: [{header: X-Tenant}]
+    concurrency: {max: %d, leaseTTL: %s}
+`, sidecars, maxInFlight, leaseTTL)
+
+// app is the application: its /slow requests take hold, or wait until
+// their client goes when hold is 0; it counts the requests in flight, and
+// a sampler records the most it saw in any millisecond.
+type app struct {
+	srv      *http.Server
+	url      string
+	hold     atomic.Int64 // nanoseconds
+	inFlight atomic.Int64
+	peak     atomic.Int64 // the most in flight at any entry
+	sampled  atomic.Int64 // the most in flight in a 1ms sample
+	served   atomic.Int64
+}
+
+func startApp(t *testing.T) *app {
+	t.Helper()
+	a := &app{}
+	b, err := simnode.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.url = "http://" + b
+	a.srv = &http.Server{Addr: b, ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/slow" {
+			return // the readiness probe
+		}
+		n := a.inFlight.Add(1)
+		for p := a.peak.Load(); n > p && !a.peak.CompareAndSwap(p, n); p = a.peak.Load() {
+		}
+		defer a.inFlight.Add(-1)
+		if d := time.Duration(a.hold.Load()); d > 0 {
+			time.Sleep(d)
+		} else {
+			<-r.Context().Done()
+			return
+		}
+		a.served.Add(1)
+		_, _ = w.Write([]byte("done"))
+	})}
+	go func() { _ = a.srv.ListenAndServe() }()
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				n := a.inFlight.Load()
+				for p := a.sampled.Load(); n > p && !a.sampled.CompareAndSwap(p, n); p = a.sampled.Load() {
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		_ = a.srv.Close()
+	})
+	if err := simnode.Poll(context.Background(), 10*time.Millisecond, 10*time.Second, "the application", func() (bool, error) {
+		res, err := http.Head(a.url + "/ping")
+		if err == nil {
+			_ = res.Body.Close()
+		}
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func startSidecars(t *testing.T, upstream string, redisAddrs []string) []*simnode.Standalone {
+	t.Helper()
+	var out []*simnode.Standalone
+	for i := range sidecars {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := simnode.StartStandalone(context.Background(), sidecarBin, dir, "--policy-file", file, "--store", "redis",
+			"--redis-addrs", strings.Join(redisAddrs, ","), "--upstream", upstream)
+		if err != nil {
+			t.Fatalf("sidecar %d: %v", i, err)
+		}
+		t.Cleanup(func() { s.Stop(5 * time.Second) })
+		out = append(out, s)
+	}
+	return out
+}
+
+func get(ctx context.Context, c *http.Client, url string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/slow", nil)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("X-Tenant", "acme")
+	res, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	_ = res.Body.Close()
+	return res.StatusCode, res.Header.Get("Retry-After"), nil
+}
+
+// Four sidecars on one Redis Cluster with max 10 on one key take 200
+// concurrent slow requests: the application never sees more than 10 of
+// them at once, sampled every millisecond, and uses all 10; the others are
+// answered 429 with Retry-After. Then a sidecar is SIGKILLed while its
+// requests hold every slot, and the slots come back within the lease TTL.
+func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
+	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	a := startApp(t)
+	scs := startSidecars(t, a.url, cluster.Addrs())
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: 30 * time.Second}
+
+	a.hold.Store(int64(100 * time.Millisecond))
+	var wg sync.WaitGroup
+	var ok, denied, other atomic.Int64
+	var badRetry atomic.Value
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, retry, err := get(context.Background(), client, scs[i%sidecars].URL)
+			switch {
+			case err != nil:
+				other.Add(1)
+			case code == http.StatusOK:
+				ok.Add(1)
+			case code == http.StatusTooManyRequests:
+				denied.Add(1)
+				if retry != "1" {
+					badRetry.Store(retry)
+				}
+			default:
+				other.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("200 concurrent requests: %d answered 200, %d answered 429, %d otherwise; the application saw at most %d at once (%d in 1ms samples)",
+		ok.Load(), denied.Load(), other.Load(), a.peak.Load(), a.sampled.Load())
+	if got := a.peak.Load(); got > maxInFlight {
+		t.Errorf("the application saw %d requests of the key at once, want at most %d", got, maxInFlight)
+	}
+	if got := a.sampled.Load(); got > maxInFlight {
+		t.Errorf("a 1ms sample saw %d requests of the key at once, want at most %d", got, maxInFlight)
+	}
+	if got := a.peak.Load(); got < maxInFlight/2 {
+		t.Errorf("the application saw at most %d at once: the cap of %d was never used", got, maxInFlight)
+	}
+	if ok.Load()+denied.Load() != 200 || other.Load() != 0 {
+		t.Errorf("%d answered 200 and %d 429, %d otherwise; want 200 answers of 200 or 429", ok.Load(), denied.Load(), other.Load())
+	}
+	if ok.Load() < maxInFlight || denied.Load() == 0 {
+		t.Errorf("%d admitted and %d refused, want at least %d admitted and some refused", ok.Load(), denied.Load(), maxInFlight)
+	}
+	if r := badRetry.Load(); r != nil {
+		t.Errorf("a 429 had Retry-After %q, want 1", r)
+	}
+	if got := a.served.Load(); got != ok.Load() {
+		t.Errorf("the application served %d, the clients got %d answers 200", got, ok.Load())
+	}
+
+	// Sidecar 0's requests take every slot and wait.
+	a.hold.Store(0)
+	a.peak.Store(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range maxInFlight {
+		go func() { _, _, _ = get(ctx, client, scs[0].URL) }()
+	}
+	if err := simnode.Poll(ctx, 5*time.Millisecond, 10*time.Second, "10 requests in flight", func() (bool, error) {
+		return a.inFlight.Load() == maxInFlight, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, err := get(context.Background(), client, scs[1].URL); err != nil || code != http.StatusTooManyRequests {
+		t.Fatalf("with every slot held through sidecar 0, sidecar 1 answered %d (%v), want 429", code, err)
+	}
+	if err := syscall.Kill(scs[0].Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	<-scs[0].Done()
+	// The dead sidecar never releases its slots: they come back when their
+	// leases expire. Ask sidecar 1 until it admits.
+	a.hold.Store(int64(time.Millisecond))
+	var back time.Duration
+	for {
+		code, _, err := get(context.Background(), client, scs[1].URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusOK {
+			back = time.Since(killed)
+			break
+		}
+		if time.Since(killed) > 3*leaseTTL {
+			t.Fatalf("%s after sidecar 0 was killed its slots are still taken (lease TTL %s)", time.Since(killed), leaseTTL)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the killed sidecar's slots came back %s after SIGKILL (lease TTL %s)", back, leaseTTL)
+	if back > leaseTTL+500*time.Millisecond {
+		t.Errorf("slots came back %s after the kill, want within the lease TTL %s (and a renewal's margin)", back, leaseTTL)
+	}
+	// All ten came back: ten concurrent requests through the live
+	// sidecars are admitted.
+	a.hold.Store(int64(200 * time.Millisecond))
+	var admitted atomic.Int64
+	var wg2 sync.WaitGroup
+	for i := range maxInFlight {
+		wg2.Add(1)
+		go func() {
+			defer wg2.Done()
+			if code, _, err := get(context.Background(), client, scs[1+i%(sidecars-1)].URL); err == nil && code == http.StatusOK {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg2.Wait()
+	if got := admitted.Load(); got != maxInFlight {
+		t.Errorf("after the leases expired %d of %d concurrent requests were admitted, want all", got, maxInFlight)
+	}
+}
