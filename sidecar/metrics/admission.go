@@ -4,6 +4,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// The label names shared by the sidecar's per-rule metrics.
+const (
+	labelPolicy = "policy"
+	labelRule   = "rule"
+	labelResult = "result"
+)
+
 // Priorities, the values of the "priority" label of the shedder's metrics.
 const (
 	PriorityCritical  = "Critical"
@@ -49,11 +56,11 @@ func newAdmission(reg prometheus.Registerer) Admission {
 		ConcurrencyInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "concurrency_in_flight",
 			Help: "Requests of this sidecar that hold a slot of a concurrency rule, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		LeaseRenewalsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "concurrency_lease_renewals_total",
 			Help: "Renewals of the slot leases of long requests, by policy, rule and result (renewed, lost, error).",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		SheddingLimit: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "shedding_limit",
 			Help: "The load shedder's adaptive limit on requests in flight to the application.",

@@ -80,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Rate-limit decisions by policy, rule and result (allowed, denied, shadow_denied, unavailable).",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		DecisionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "decision_duration_seconds",
 			Help:    "Time to decide one request over all its matching rules, store calls included.",
@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		StoreOpsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "store_operations_total",
 			Help: "Counter store calls by store, shard and result (ok, unavailable, error).",
-		}, []string{"store", "shard", "result"}),
+		}, []string{"store", "shard", labelResult}),
 		StoreOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "store_operation_duration_seconds",
 			Help:    "Counter store call latency by store and shard.",
@@ -98,11 +98,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LocalDenialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "local_denials_total",
 			Help: "Requests denied from the local deny cache without a store call, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		FallbackDecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "fallback_decisions_total",
 			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "fallback_active",
 			Help: "1 while the last call to some shard of the counter store failed, so rules on its keys follow their failure mode.",
@@ -114,7 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ConfigLoadsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_loads_total",
 			Help: "Sidecar config loads by result (ok, error).",
-		}, []string{"result"}),
+		}, []string{labelResult}),
 		ConfigErrorsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_errors_total",
 			Help: "Sidecar configs rejected as invalid; the last good config stays in force.",
@@ -180,7 +180,7 @@ func (m *Metrics) ForRule(policy, rule string) *Rule {
 
 // ForgetRule deletes the series of a rule that is no longer configured.
 func (m *Metrics) ForgetRule(policy, rule string) {
-	labels := prometheus.Labels{"policy": policy, "rule": rule}
+	labels := prometheus.Labels{labelPolicy: policy, labelRule: rule}
 	m.DecisionsTotal.DeletePartialMatch(labels)
 	m.LocalDenialsTotal.DeletePartialMatch(labels)
 	m.FallbackDecisionsTotal.DeletePartialMatch(labels)

@@ -71,7 +71,7 @@ func newBackend(t *testing.T) *backend {
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, "head;")
-		http.NewResponseController(w).Flush()
+		_ = http.NewResponseController(w).Flush()
 		select {
 		case <-b.release:
 			_, _ = io.WriteString(w, "end")

@@ -531,13 +531,13 @@ func logf(format string, args ...any) {
 
 // table prints the report.
 func (r *Report) table(w io.Writer) {
-	fmt.Fprintf(w, "application: %d workers x %.0fms = capacity C %.0f/s; offered %.0f/s (%.1f C), %.0f%% critical; clients give up after %.0fms\n",
+	_, _ = fmt.Fprintf(w, "application: %d workers x %.0fms = capacity C %.0f/s; offered %.0f/s (%.1f C), %.0f%% critical; clients give up after %.0fms\n",
 		r.Workers, r.ServiceMS, r.Capacity, r.Offered, r.Offered/r.Capacity, 100*r.CriticalShare, r.TimeoutMS)
-	fmt.Fprintf(w, "idle critical latency: p50 %.1fms p99 %.1fms\n\n", r.IdleCriticalMS.P50, r.IdleCriticalMS.P99)
+	_, _ = fmt.Fprintf(w, "idle critical latency: p50 %.1fms p99 %.1fms\n\n", r.IdleCriticalMS.P50, r.IdleCriticalMS.P99)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "arm\tcritical ok\tcritical p50\tcritical p99\tother ok\tother shed/429/timeout/error\tgoodput\tgoodput/C\tserved/s\tlimit")
+	_, _ = fmt.Fprintln(tw, "arm\tcritical ok\tcritical p50\tcritical p99\tother ok\tother shed/429/timeout/error\tgoodput\tgoodput/C\tserved/s\tlimit")
 	for _, a := range r.Arms {
-		fmt.Fprintf(tw, "%s\t%.2f%%\t%.1fms\t%.1fms\t%.2f%%\t%d/%d/%d/%d\t%.0f/s\t%.2f\t%.0f\t%s\n", a.Name,
+		_, _ = fmt.Fprintf(tw, "%s\t%.2f%%\t%.1fms\t%.1fms\t%.2f%%\t%d/%d/%d/%d\t%.0f/s\t%.2f\t%.0f\t%s\n", a.Name,
 			100*a.Critical.Success, a.Critical.Latency.P50, a.Critical.Latency.P99, 100*a.Other.Success,
 			a.Other.Shed, a.Other.Refused, a.Other.TimedOut, a.Other.Other, a.Goodput, a.Goodput/r.Capacity, a.Served, limitText(a.Limit))
 	}
@@ -548,7 +548,7 @@ func (r *Report) table(w io.Writer) {
 			if !c.Met {
 				verdict = "NOT met"
 			}
-			fmt.Fprintf(w, "%s: %s %.3f (want %s): %s\n", a.Name, c.What, c.Got, c.Want, verdict)
+			_, _ = fmt.Fprintf(w, "%s: %s %.3f (want %s): %s\n", a.Name, c.What, c.Got, c.Want, verdict)
 		}
 	}
 }
