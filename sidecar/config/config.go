@@ -94,6 +94,9 @@ type Policy struct {
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
 	// JWT says how tokens are verified before their claims may key a rule.
 	JWT *JWT `json:"jwt,omitempty"`
+	// Exempt, when set, lists the requests none of the policy's HTTP rules
+	// limit (see Exempt).
+	Exempt *Exempt `json:"exempt,omitempty"`
 	// Rules are the policy's limits; at least one.
 	Rules []Rule `json:"rules"`
 }
@@ -150,6 +153,28 @@ type Rule struct {
 	// Mode is "Enforce" (default) or "Shadow": count and report, never
 	// block.
 	Mode string `json:"mode,omitempty"`
+	// Exempt, when set, lists requests the rule matches but never limits
+	// (see Exempt). The policy's Exempt applies too.
+	Exempt *Exempt `json:"exempt,omitempty"`
+	// ReplacedBy lists the UIDs of other policies of the document. A
+	// sidecar that enforces any of them does not enforce this rule: a
+	// namespace's policy has replaced it there. floodgate-manager sets it
+	// on the rules of a ClusterRateLimitPolicy's defaults that a
+	// namespace's policy tightens.
+	ReplacedBy []string `json:"replacedBy,omitempty"`
+}
+
+// Exempt lists requests that a rule matches but never limits: the client
+// addresses in SourceCIDRs, and the requests for which every condition in
+// When holds. Either is enough. An exempt request spends nothing and is
+// counted in floodgate_sidecar_exempt_total.
+type Exempt struct {
+	// SourceCIDRs are client networks (the client IP read as the policy's
+	// TrustedProxies say).
+	SourceCIDRs []string `json:"sourceCIDRs,omitempty"`
+	// When are CEL conditions (see CompileExpression); the request is
+	// exempt when all of them hold.
+	When []string `json:"when,omitempty"`
 }
 
 // Match selects the requests a rule applies to. An empty Match selects all;
@@ -161,6 +186,22 @@ type Match struct {
 	Methods []string `json:"methods,omitempty"`
 	// Headers must all match.
 	Headers []HeaderMatch `json:"headers,omitempty"`
+	// Hosts, when non-empty, lists the accepted hosts (the Host header,
+	// or :authority, without its port, compared case-insensitively). An
+	// entry "*.example.com" matches every name that ends in
+	// ".example.com", with any number of labels before it, but not
+	// "example.com" itself, as a Gateway API hostname does.
+	Hosts []string `json:"hosts,omitempty"`
+	// Query must all match, on the request's query parameters.
+	Query []QueryMatch `json:"query,omitempty"`
+	// SourceCIDRs, when non-empty, restricts the rule to client addresses
+	// in these networks (the client IP read as the policy's TrustedProxies
+	// say).
+	SourceCIDRs []string `json:"sourceCIDRs,omitempty"`
+	// When are CEL conditions over the request (see CompileExpression);
+	// all must hold. A condition that cannot be evaluated on a request (it
+	// reads a header the request lacks, for example) does not hold.
+	When []string `json:"when,omitempty"`
 	// Descriptors, when set, makes the rule a descriptor rule: it applies
 	// to Envoy rate-limit service calls (ShouldRateLimit on the sidecar's
 	// gRPC listener), never to HTTP requests through the proxy. Path,
@@ -221,13 +262,38 @@ type PathMatch struct {
 	Value string `json:"value"`
 }
 
-// HeaderMatch matches a request header. Exact match on Value; an empty
-// Value only requires the header to be present.
+// HeaderMatch matches a request header. At most one of Value, Regex and
+// Absent is set; with none, the header only has to be present.
 type HeaderMatch struct {
 	// Name is the header name, matched case-insensitively.
 	Name string `json:"name"`
 	// Value, when set, must equal one of the header's values.
 	Value string `json:"value,omitempty"`
+	// Regex, when set, is an RE2 expression that must match one of the
+	// header's values whole.
+	Regex string `json:"regex,omitempty"`
+	// Absent requires the header to be missing.
+	Absent bool `json:"absent,omitempty"`
+	// Invert negates the match of Value, Regex or presence: the header
+	// matches when it is missing or none of its values match. It cannot
+	// go with Absent.
+	Invert bool `json:"invert,omitempty"`
+}
+
+// QueryMatch matches a query parameter, as HeaderMatch matches a header:
+// on each of the parameter's values, decoded. Parameter names are
+// case-sensitive.
+type QueryMatch struct {
+	// Name is the parameter's name.
+	Name string `json:"name"`
+	// Value, when set, must equal one of the parameter's values.
+	Value string `json:"value,omitempty"`
+	// Regex, when set, must match one of the parameter's values whole.
+	Regex string `json:"regex,omitempty"`
+	// Absent requires the parameter to be missing.
+	Absent bool `json:"absent,omitempty"`
+	// Invert negates the match of Value, Regex or presence.
+	Invert bool `json:"invert,omitempty"`
 }
 
 // KeyPart is one descriptor part. Exactly one field is set. The values read
@@ -251,6 +317,11 @@ type KeyPart struct {
 	Path *struct{} `json:"path,omitempty"`
 	// Method reads the request method.
 	Method *struct{} `json:"method,omitempty"`
+	// Expression computes the value with a CEL expression (see
+	// CompileExpression) of type string, number or bool. An expression
+	// that cannot be evaluated on a request, or computes a value longer
+	// than MaxKeyValueLength bytes, is a missing part.
+	Expression string `json:"expression,omitempty"`
 }
 
 // Limit is a rule's limit.

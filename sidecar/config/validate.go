@@ -37,7 +37,26 @@ const (
 	// and the value of a descriptor match entry.
 	MaxDescriptorKeyLength   = 256
 	MaxDescriptorValueLength = 1024
+	// MaxConditions bounds a when list (match.when, exempt.when).
+	MaxConditions = 8
+	// MaxHosts bounds match.hosts.
+	MaxHosts = 16
+	// MaxHostLength bounds a host name, as DNS does.
+	MaxHostLength = 253
+	// MaxValueMatches bounds match.headers and match.query.
+	MaxValueMatches = 16
+	// MaxMatchNameLength bounds a header or query parameter name in a
+	// match, and MaxMatchValueLength its value.
+	MaxMatchNameLength  = 256
+	MaxMatchValueLength = 4096
+	// MaxCIDRs bounds a list of source networks.
+	MaxCIDRs = 64
 )
+
+// hostPattern is what a match.hosts entry may be: a lower-case DNS name,
+// or one whose first label is the wildcard "*". It is the Gateway API's
+// Hostname pattern.
+var hostPattern = regexp.MustCompile(`^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // FieldError is one problem in a document, with the path of the field at
 // fault, such as "policies[0].rules[2].limit.per".
@@ -94,6 +113,20 @@ func (c *Config) Validate() error {
 				errs.add(path+".name", "duplicates policies[%d] (%s)", j, id)
 			} else {
 				names[id] = i
+			}
+		}
+	}
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		for j := range p.Rules {
+			for k, uid := range p.Rules[j].ReplacedBy {
+				kp := fmt.Sprintf("policies[%d].rules[%d].replacedBy[%d]", i, j, k)
+				switch o, ok := uids[uid]; {
+				case !ok:
+					errs.add(kp, "no policy of this document has uid %q", uid)
+				case o == i:
+					errs.add(kp, "a policy cannot replace its own rule")
+				}
 			}
 		}
 	}
@@ -179,6 +212,9 @@ func (p *Policy) validate(path string, errs *errList) {
 			errs.add(jp, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
 		}
 	}
+	if p.Exempt != nil {
+		p.Exempt.validate(path+".exempt", p, errs)
+	}
 	if len(p.Rules) == 0 {
 		errs.add(path+".rules", "a policy needs at least one rule")
 	}
@@ -253,7 +289,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if !validName(r.Name) {
 		errs.add(path+".name", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxNameLength, r.Name)
 	}
-	r.Match.validate(path+".match", errs)
+	r.Match.validate(path+".match", p, errs)
 	if r.Match.Descriptors != nil {
 		r.validateDescriptorRule(path, errs)
 		return
@@ -291,8 +327,12 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 		if k.Method != nil {
 			set++
 		}
+		if k.Expression != "" {
+			set++
+			validateExpression(kp+".expression", k.Expression, KeyValue, p, errs)
+		}
 		if set != 1 {
-			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method; %d are set", set)
+			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method, expression; %d are set", set)
 		}
 	}
 	switch r.OnMissingKey {
@@ -324,14 +364,102 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if c.Max > 0 && c.Default > c.Max {
 		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
 	}
+	if r.Exempt != nil {
+		r.Exempt.validate(path+".exempt", p, errs)
+	}
+	for i, uid := range r.ReplacedBy {
+		if uid == "" || len(uid) > MaxUIDLength || !nameChars(uid) {
+			errs.add(fmt.Sprintf("%s.replacedBy[%d]", path, i), "must be a policy uid, got %q", uid)
+		}
+	}
 	r.validateModes(path, errs)
+}
+
+// validate checks an exempt section of a policy or rule.
+func (x *Exempt) validate(path string, p *Policy, errs *errList) {
+	if len(x.SourceCIDRs) == 0 && len(x.When) == 0 {
+		errs.add(path, "set sourceCIDRs, when, or both")
+	}
+	validateCIDRs(path+".sourceCIDRs", x.SourceCIDRs, errs)
+	validateConditions(path+".when", x.When, p, errs)
+}
+
+// validateCIDRs checks a list of networks.
+func validateCIDRs(path string, cidrs []string, errs *errList) {
+	if len(cidrs) > MaxCIDRs {
+		errs.add(path, "at most %d networks, got %d", MaxCIDRs, len(cidrs))
+	}
+	for i, c := range cidrs {
+		prefix, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "must be a CIDR such as 10.0.0.0/8 or fd00::/8, got %q", c)
+		case prefix.Masked() != prefix:
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "must have no host bits set: %q is %s", c, prefix.Masked())
+		}
+	}
+}
+
+// validateConditions checks a when list.
+func validateConditions(path string, when []string, p *Policy, errs *errList) {
+	if len(when) > MaxConditions {
+		errs.add(path, "at most %d conditions, got %d", MaxConditions, len(when))
+	}
+	for i, w := range when {
+		validateExpression(fmt.Sprintf("%s[%d]", path, i), w, Condition, p, errs)
+	}
+}
+
+// validateExpression compiles one CEL expression of policy p.
+func validateExpression(path, expr string, kind ExpressionKind, p *Policy, errs *errList) {
+	e, err := CompileExpression(expr, kind)
+	if err != nil {
+		errs.add(path, "%v", err)
+		return
+	}
+	if e.Claims && p.JWT == nil {
+		errs.add(path, "reads auth.claims, but the policy has no jwt section to verify tokens with")
+	}
+}
+
+// validateValueMatch checks a header or query match.
+func validateValueMatch(path, value, regex string, absent, invert bool, errs *errList) {
+	set := 0
+	for _, ok := range []bool{value != "", regex != "", absent} {
+		if ok {
+			set++
+		}
+	}
+	if set > 1 {
+		errs.add(path, "set at most one of value, regex and absent")
+	}
+	if absent && invert {
+		errs.add(path+".invert", "cannot go with absent; to require the header or parameter, leave both unset")
+	}
+	if len(value) > MaxMatchValueLength {
+		errs.add(path+".value", "at most %d characters, got %d", MaxMatchValueLength, len(value))
+	}
+	if regex != "" {
+		if len(regex) > MaxRegexLength {
+			errs.add(path+".regex", "at most %d characters, got %d", MaxRegexLength, len(regex))
+		} else if _, err := regexp.Compile(regex); err != nil {
+			errs.add(path+".regex", "not a valid RE2 regular expression: %v", err)
+		}
+	}
 }
 
 // validateDescriptorRule checks a rule with match.descriptors.
 func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	m := &r.Match
-	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 {
-		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods and headers must be empty")
+	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 || len(m.Hosts) > 0 || len(m.Query) > 0 ||
+		len(m.SourceCIDRs) > 0 || len(m.When) > 0 {
+		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods, headers, hosts, query, sourceCIDRs and when must be empty")
+	}
+	if r.Exempt != nil {
+		errs.add(path+".exempt", "a descriptor rule sees no request head to exempt by; match the descriptor entries instead")
+	}
+	if len(r.ReplacedBy) > 0 {
+		errs.add(path+".replacedBy", "only an HTTP rule can be replaced")
 	}
 	m.Descriptors.validate(path+".match.descriptors", errs)
 	if len(r.Key) > 0 {
@@ -374,7 +502,7 @@ func (r *Rule) validateModes(path string, errs *errList) {
 	}
 }
 
-func (m *Match) validate(path string, errs *errList) {
+func (m *Match) validate(path string, p *Policy, errs *errList) {
 	if pm := m.Path; pm != nil {
 		switch pm.Type {
 		case PathExact, PathPrefix:
@@ -396,11 +524,36 @@ func (m *Match) validate(path string, errs *errList) {
 			errs.add(fmt.Sprintf("%s.methods[%d]", path, i), "must be an upper-case method token, got %q", meth)
 		}
 	}
+	if len(m.Headers) > MaxValueMatches {
+		errs.add(path+".headers", "at most %d entries, got %d", MaxValueMatches, len(m.Headers))
+	}
 	for i, h := range m.Headers {
-		if !validToken(h.Name) {
-			errs.add(fmt.Sprintf("%s.headers[%d].name", path, i), "not a valid header name: %q", h.Name)
+		hp := fmt.Sprintf("%s.headers[%d]", path, i)
+		if !validToken(h.Name) || len(h.Name) > MaxMatchNameLength {
+			errs.add(hp+".name", "not a valid header name: %q", h.Name)
+		}
+		validateValueMatch(hp, h.Value, h.Regex, h.Absent, h.Invert, errs)
+	}
+	if len(m.Query) > MaxValueMatches {
+		errs.add(path+".query", "at most %d entries, got %d", MaxValueMatches, len(m.Query))
+	}
+	for i, q := range m.Query {
+		qp := fmt.Sprintf("%s.query[%d]", path, i)
+		if q.Name == "" || len(q.Name) > MaxMatchNameLength || !printable(q.Name) {
+			errs.add(qp+".name", "must be 1-%d printable characters, got %q", MaxMatchNameLength, q.Name)
+		}
+		validateValueMatch(qp, q.Value, q.Regex, q.Absent, q.Invert, errs)
+	}
+	if len(m.Hosts) > MaxHosts {
+		errs.add(path+".hosts", "at most %d hosts, got %d", MaxHosts, len(m.Hosts))
+	}
+	for i, h := range m.Hosts {
+		if len(h) > MaxHostLength || !hostPattern.MatchString(h) {
+			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "must be a lower-case DNS name such as api.example.com, or a wildcard such as *.example.com, got %q", h)
 		}
 	}
+	validateCIDRs(path+".sourceCIDRs", m.SourceCIDRs, errs)
+	validateConditions(path+".when", m.When, p, errs)
 }
 
 // Limiter converts l to the limiter's form and validates it. The error
