@@ -104,7 +104,7 @@ policies:
 		want: []string{"policies[0].rules[0].match.when[0]", "reads auth.claims, but the policy has no jwt section"},
 	}, {
 		name: "a key expression that computes a list",
-		doc: strings.Replace(rule(""), "key: [{clientIP: {}}]", `key: [{expression: "request.path.split('/')"}]`, 1),
+		doc:  strings.Replace(rule(""), "key: [{clientIP: {}}]", `key: [{expression: "request.path.split('/')"}]`, 1),
 		want: []string{"policies[0].rules[0].key[0].expression", "must compute a string, a number or a bool"},
 	}, {
 		name: "a key part with an expression and a header",
