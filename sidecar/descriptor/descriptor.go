@@ -21,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/expr"
 )
 
 // Policy is what the key parts of one policy's rules share: how the client
@@ -68,12 +69,14 @@ const (
 	kindJWTClaim
 	kindPath
 	kindMethod
+	kindExpression
 	kindMissing = 0xff
 )
 
 type part struct {
 	kind partKind
-	name string // canonical header, query name or claim
+	name string        // canonical header, query name or claim
+	prog *expr.Program // kindExpression
 }
 
 // Extractor computes one rule's counter key. It is immutable and safe for
@@ -115,6 +118,12 @@ func NewExtractor(pol *Policy, p *config.Policy, r *config.Rule) (*Extractor, er
 			e.parts = append(e.parts, part{kind: kindPath})
 		case k.Method != nil:
 			e.parts = append(e.parts, part{kind: kindMethod})
+		case k.Expression != "":
+			prog, err := expr.CompileKey(k.Expression)
+			if err != nil {
+				return nil, fmt.Errorf("key[%d].expression: %w", i, err)
+			}
+			e.parts = append(e.parts, part{kind: kindExpression, name: k.Expression, prog: prog})
 		default:
 			return nil, fmt.Errorf("key[%d]: no part set", i)
 		}
@@ -137,6 +146,10 @@ type Request struct {
 	claims []jwt.MapClaims
 	jwtOK  []bool
 	buf    []byte
+
+	// views are the per-policy inputs of CEL expressions (request.go).
+	views []view
+	head  head
 }
 
 // Reset prepares r for a request under a set of npolicies policies.
@@ -146,6 +159,8 @@ func (r *Request) Reset(req *http.Request, path string, npolicies int) {
 	r.ipDone = resize(r.ipDone, npolicies)
 	r.claims = resize(r.claims, npolicies)
 	r.jwtOK = resize(r.jwtOK, npolicies)
+	r.views = resize(r.views, npolicies)
+	r.head = head{}
 }
 
 func resize[T any](s []T, n int) []T {
@@ -227,6 +242,8 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 			buf = append(buf, r.Path...)
 		case kindMethod:
 			buf = append(buf, r.HTTP.Method...)
+		case kindExpression:
+			buf, found = p.prog.AppendValue(buf, r.Activation(e.policy))
 		}
 		if !found {
 			switch e.missing {
@@ -262,6 +279,8 @@ func (p part) String() string {
 		return "path"
 	case kindMethod:
 		return "method"
+	case kindExpression:
+		return "expression " + p.name
 	}
 	return "unknown"
 }

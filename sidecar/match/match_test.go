@@ -3,11 +3,36 @@ package match
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 )
+
+// rulesOf makes every match a rule of policy pol.
+func rulesOf(tb testing.TB, ms []config.Match, pol *descriptor.Policy) []Rule {
+	tb.Helper()
+	out := make([]Rule, len(ms))
+	for i, m := range ms {
+		out[i] = Rule{Match: m, Policy: pol}
+	}
+	return out
+}
+
+// request builds the descriptor.Request of a request from 192.0.2.1 under
+// npolicies policies. target may carry a query.
+func request(method, target string, h http.Header, npolicies int) *descriptor.Request {
+	req := httptest.NewRequest(method, target, nil)
+	req.RemoteAddr = "192.0.2.1:4321"
+	for k, vs := range h {
+		req.Header[k] = vs
+	}
+	var r descriptor.Request
+	r.Reset(req, CleanPath(req.URL.Path), npolicies)
+	return &r
+}
 
 func TestMatch(t *testing.T) {
 	t.Parallel()
@@ -22,7 +47,7 @@ func TestMatch(t *testing.T) {
 		7: {Path: &config.PathMatch{Type: config.PathPrefix, Value: "/"}},
 		8: {Path: &config.PathMatch{Type: config.PathRegularExpression, Value: `(?i)/CASE`}},
 	}
-	m, err := New(ms)
+	m, err := New(rulesOf(t, ms, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +75,7 @@ func TestMatch(t *testing.T) {
 		{"/x", "GET", http.Header{"X-Tier": {"paid"}, "X-Key": {"k"}}, []int{0, 7}},
 		{"/x", "GET", http.Header{"X-Tier": {"free"}}, []int{0, 7}},
 	} {
-		got := m.Match(tc.path, tc.method, tc.h, nil)
+		got := m.Match(request(tc.method, tc.path, tc.h, 1), nil)
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("Match(%q, %s, %v) = %v, want %v", tc.path, tc.method, tc.h, got, tc.want)
 		}
@@ -99,14 +124,15 @@ func BenchmarkMatch(b *testing.B) {
 					ms[i] = config.Match{Path: &config.PathMatch{Type: config.PathRegularExpression, Value: fmt.Sprintf(`/svc%d/items/\d+`, i)}}
 				}
 			}
-			m, err := New(ms)
+			m, err := New(rulesOf(b, ms, nil))
 			if err != nil {
 				b.Fatal(err)
 			}
 			dst := make([]int, 0, 8)
+			r := request("GET", "/svc4/items/17", nil, 1)
 			b.ReportAllocs()
 			for b.Loop() {
-				dst = m.Match("/svc4/items/17", "GET", nil, dst[:0])
+				dst = m.Match(r, dst[:0])
 			}
 			if len(dst) != 1 {
 				b.Fatalf("matched %v", dst)

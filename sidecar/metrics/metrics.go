@@ -59,6 +59,9 @@ type Metrics struct {
 	ConfigLastSuccess prometheus.Gauge
 	// DenyEventsTotal counts deny events by outcome (logged, dropped).
 	DenyEventsTotal *prometheus.CounterVec
+	// ExemptTotal counts requests that a rule matched but its exempt
+	// section (or its policy's) left alone, by policy and rule.
+	ExemptTotal *prometheus.CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
 	// (400: bad cost or missing key part) and upstream_error (502).
@@ -124,6 +127,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "deny_events_total",
 			Help: "Deny events by outcome: logged, or dropped because the queue was full.",
 		}, []string{"outcome"}),
+		ExemptTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "exempt_total",
+			Help: "Requests a rule matched but did not limit because they are exempt (its exempt section or its policy's), by policy and rule.",
+		}, []string{"policy", "rule"}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
 			Help: "Requests handled by the sidecar, by outcome (proxied, denied, unavailable, rejected, upstream_error).",
@@ -141,7 +148,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.DecisionsTotal, m.DecisionDuration, m.StoreOpsTotal, m.StoreOpDuration,
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
-		m.DenyEventsTotal, m.RequestsTotal)
+		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal)
 	return m
 }
 
@@ -176,4 +183,5 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.DecisionsTotal.DeletePartialMatch(labels)
 	m.LocalDenialsTotal.DeletePartialMatch(labels)
 	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
+	m.ExemptTotal.DeletePartialMatch(labels)
 }

@@ -168,11 +168,8 @@ func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
 
 // state is the per-request scratch space, pooled.
 type state struct {
-	idx  []int
-	hits []engine.Hit
-	rule []int // set rule index of each hit
-	v    engine.Verdict
-	dreq descriptor.Request
+	ruleset.Scratch
+	v engine.Verdict
 }
 
 // ServeHTTP implements http.Handler.
@@ -186,50 +183,36 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := p.pool.Get().(*state)
 	defer p.release(st)
 
-	path := match.CleanPath(r.URL.Path)
-	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
-	st.hits, st.rule = st.hits[:0], st.rule[:0]
-	if len(st.idx) > 0 {
-		st.dreq.Reset(r, path, set.Policies)
-		for _, i := range st.idx {
-			rule := &set.Rules[i]
-			key, ok, err := rule.Extract.Key(&st.dreq)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
-				return
-			}
-			if !ok {
-				continue
-			}
-			cost, err := rule.Cost.Of(r.Header)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
-				return
-			}
-			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
-			st.rule = append(st.rule, i)
+	st.Request.Reset(r, match.CleanPath(r.URL.Path), set.Policies)
+	if err := set.Evaluate(&st.Scratch); err != nil {
+		var rej *ruleset.RejectError
+		detail := err.Error()
+		var missing *descriptor.MissingError
+		if errors.As(err, &rej) && errors.As(err, &missing) {
+			detail += " (rule " + rej.Rule.PolicyName + ")"
 		}
+		p.rejected.Inc()
+		problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", detail, 0)
+		return
 	}
-	if len(st.hits) == 0 {
+	if len(st.Hits) == 0 {
 		p.proxied.Inc()
 		p.rp.ServeHTTP(w, r)
 		return
 	}
 	v := &st.v
-	p.o.Engine.Decide(r.Context(), st.hits, v)
+	p.o.Engine.Decide(r.Context(), st.Hits, v)
 	p.publish(r, st, v)
 	if v.Outcome == engine.Allow {
 		if v.Binding >= 0 {
-			b := binding(&set.Rules[st.rule[v.Binding]], v)
+			b := binding(&set.Rules[st.Rules[v.Binding]], v)
 			setFields(w.Header(), &b)
 		}
 		p.proxied.Inc()
 		p.rp.ServeHTTP(w, r)
 		return
 	}
-	rule := &set.Rules[st.rule[v.Binding]]
+	rule := &set.Rules[st.Rules[v.Binding]]
 	b := binding(rule, v)
 	if v.Outcome == engine.Deny {
 		p.denied.Inc()
@@ -249,8 +232,8 @@ func binding(rule *ruleset.Rule, v *engine.Verdict) ratelimitheaders.Binding {
 }
 
 func (p *Proxy) release(st *state) {
-	st.dreq.Reset(nil, "", 0)
-	clear(st.hits)
+	st.Request.Reset(nil, "", 0)
+	clear(st.Hits)
 	p.pool.Put(st)
 }
 
@@ -261,7 +244,7 @@ func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
 	}
 	for i := range v.Results {
 		if events.Denied(&v.Results[i]) {
-			p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
+			p.o.Events.Publish(events.Deny(time.Now(), &st.Hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
 		}
 	}
 }

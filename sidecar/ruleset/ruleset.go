@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -34,6 +35,9 @@ type Set struct {
 	// Ignored names the policies whose podSelector does not select this
 	// pod.
 	Ignored []string
+	// Replaced names, as "<policy>.<rule>", the rules this pod does not
+	// enforce because a policy it enforces replaces them (replacedBy).
+	Replaced []string
 	// Descriptors holds the descriptor rules (match.descriptors), which
 	// the Envoy rate-limit service front evaluates; they are not in Rules.
 	Descriptors *Descriptors
@@ -44,6 +48,11 @@ type Rule struct {
 	Engine  *engine.Rule
 	Extract *descriptor.Extractor
 	Cost    Cost
+	// Exempt leaves some of the requests the rule matches alone; nil
+	// exempts none.
+	Exempt *match.Exemption
+	// Exempted counts the requests Exempt left alone.
+	Exempted prometheus.Counter
 	// PolicyName is the name the RateLimit and RateLimit-Policy fields
 	// give the rule: "<policy>.<rule>".
 	PolicyName string
@@ -72,9 +81,12 @@ func (e *CostError) Error() string {
 // Of returns the cost of a request with headers h. A header-supplied cost
 // must be at least 1: a cost of 0 would be a free pass around the limit for
 // whoever can set the header.
-func (c Cost) Of(h http.Header) (int64, error) {
+func (c Cost) Of(h http.Header) (int64, error) { return c.of(h[c.header]) }
+
+// of is Of given the values of the cost header.
+func (c Cost) of(vs []string) (int64, error) {
 	if c.header != "" {
-		if vs := h[c.header]; len(vs) > 0 {
+		if len(vs) > 0 {
 			n, err := strconv.ParseInt(vs[0], 10, 64)
 			if err != nil || n < 1 || n > c.maximum || len(vs) > 1 {
 				return 0, &CostError{Header: c.header, Value: vs[0], Max: c.maximum}
@@ -90,9 +102,21 @@ func (c Cost) Of(h http.Header) (int64, error) {
 // what only compiling can find (unreadable key files, for example).
 func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, error) {
 	s := &Set{Config: c}
-	var matches []config.Match
+	var matches []match.Rule
 	var errs []error
 	descs := newDescriptorBuilder()
+	// The policies this pod enforces, by uid, for replacedBy.
+	selected := map[string]bool{}
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		if p.PodSelector == nil {
+			selected[p.UID] = true
+			continue
+		}
+		if sel, err := metav1.LabelSelectorAsSelector(p.PodSelector); err == nil && sel.Matches(podLabels) {
+			selected[p.UID] = true
+		}
+	}
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		path := fmt.Sprintf("policies[%d]", i)
@@ -122,6 +146,10 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 				}
 				continue
 			}
+			if replaced(r, selected) {
+				s.Replaced = append(s.Replaced, p.Name+"."+r.Name)
+				continue
+			}
 			lim, err := r.Limit.Limiter()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s.limit: %w", rp, err))
@@ -147,8 +175,17 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 			if r.Cost.FromHeader != "" {
 				cost.header = http.CanonicalHeaderKey(r.Cost.FromHeader)
 			}
-			s.Rules = append(s.Rules, Rule{Engine: er, Extract: ex, Cost: cost, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace})
-			matches = append(matches, r.Match)
+			exempt, err := match.NewExemption(pol, p.Exempt, r.Exempt)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", rp, err))
+				continue
+			}
+			rule := Rule{Engine: er, Extract: ex, Cost: cost, Exempt: exempt, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace}
+			if exempt != nil {
+				rule.Exempted = m.ExemptTotal.WithLabelValues(p.Name, r.Name)
+			}
+			s.Rules = append(s.Rules, rule)
+			matches = append(matches, match.Rule{Match: r.Match, Policy: pol})
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -162,4 +199,93 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 		return nil, err
 	}
 	return s, nil
+}
+
+// Conditions counts the CEL conditions of the set's matches and
+// exemptions: how many run as Go and how many there are in all (see
+// package expr).
+func (s *Set) Conditions() (native, total int) {
+	progs := s.Matcher.Programs()
+	for i := range s.Rules {
+		progs = append(progs, s.Rules[i].Exempt.Programs()...)
+	}
+	for _, p := range progs {
+		n, t := p.Native()
+		native, total = native+n, total+t
+	}
+	return native, total
+}
+
+// replaced reports whether one of the policies that replace r is enforced
+// on this pod.
+func replaced(r *config.Rule, selected map[string]bool) bool {
+	for _, uid := range r.ReplacedBy {
+		if selected[uid] {
+			return true
+		}
+	}
+	return false
+}
+
+// Scratch is the per-request state of Evaluate. Reuse it across requests
+// (a sync.Pool of them); it is not safe for concurrent use.
+type Scratch struct {
+	// Request is the request being evaluated; Evaluate's caller resets it.
+	Request descriptor.Request
+	// Hits are the hits to decide, and Rules the index in Set.Rules of the
+	// rule of each hit.
+	Hits  []engine.Hit
+	Rules []int
+
+	idx []int
+}
+
+// RejectError is a request that a rule answers 400: a key part it must
+// have is missing (a *descriptor.MissingError), or its cost header is bad
+// (a *CostError).
+type RejectError struct {
+	// Rule is the rule that rejects.
+	Rule *Rule
+	// Err says why.
+	Err error
+}
+
+// Error implements error.
+func (e *RejectError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *RejectError) Unwrap() error { return e.Err }
+
+// Evaluate matches sc.Request against the set and fills sc.Hits and
+// sc.Rules with the hits to decide: every matching rule that does not
+// exempt the request and has a key for it. A rule that rejects the request
+// stops the evaluation with a *RejectError, and nothing is spent.
+func (s *Set) Evaluate(sc *Scratch) error {
+	sc.idx = s.Matcher.Match(&sc.Request, sc.idx[:0])
+	sc.Hits, sc.Rules = sc.Hits[:0], sc.Rules[:0]
+	for _, i := range sc.idx {
+		rule := &s.Rules[i]
+		if rule.Exempt.Holds(&sc.Request) {
+			rule.Exempted.Inc()
+			continue
+		}
+		key, ok, err := rule.Extract.Key(&sc.Request)
+		if err != nil {
+			return &RejectError{Rule: rule, Err: err}
+		}
+		if !ok {
+			continue
+		}
+		var vs []string
+		if rule.Cost.header != "" {
+			vs = sc.Request.HeaderValues(rule.Cost.header)
+		}
+		cost, err := rule.Cost.of(vs)
+		if err != nil {
+			return &RejectError{Rule: rule, Err: err}
+		}
+		sc.Hits = append(sc.Hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
+		sc.Rules = append(sc.Rules, i)
+	}
+	return nil
 }

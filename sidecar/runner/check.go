@@ -44,7 +44,8 @@ func (c *Config) Check(w io.Writer, path string) error {
 	if err := rlsimport.Explain(w, cfg, format, mapping); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "\nfor a pod with labels {%s}: %d HTTP rules, %d Envoy descriptor rules in %d domains; ignored policies (podSelector): %v\n",
-		lbls.String(), len(set.Rules), len(set.Descriptors.Rules()), set.Descriptors.Domains(), set.Ignored)
+	native, total := set.Conditions()
+	_, err = fmt.Fprintf(w, "\nfor a pod with labels {%s}: %d HTTP rules, %d Envoy descriptor rules in %d domains; ignored policies (podSelector): %v; replaced rules (replacedBy): %v; CEL conditions: %d, of which %d run as Go and %d in the interpreter\n",
+		lbls.String(), len(set.Rules), len(set.Descriptors.Rules()), set.Descriptors.Domains(), set.Ignored, set.Replaced, total, native, total-native)
 	return err
 }

@@ -73,12 +73,24 @@ type Status struct {
 	Store           StoreStatus `json:"store"`
 	StoreDrift      string      `json:"storeDrift,omitempty"`
 	IgnoredPolicies []string    `json:"ignoredPolicies,omitempty"`
-	Rules           int         `json:"rules"`
+	// ReplacedRules names, as "<policy>.<rule>", the rules this pod does
+	// not enforce because a policy it enforces replaces them.
+	ReplacedRules []string `json:"replacedRules,omitempty"`
+	Rules         int      `json:"rules"`
+	// Conditions counts the CEL conditions of the HTTP rules, and how many
+	// of them run as Go rather than in cel-go's interpreter.
+	Conditions ConditionStatus `json:"conditions"`
 	// DescriptorRules counts the rules served on the Envoy rate-limit API.
 	DescriptorRules int `json:"descriptorRules"`
 	// Format is the format the config in force was written in.
 	Format string         `json:"format,omitempty"`
 	Config *config.Config `json:"config,omitempty"`
+}
+
+// ConditionStatus counts CEL conditions.
+type ConditionStatus struct {
+	Total  int `json:"total"`
+	Native int `json:"native"`
 }
 
 // StoreStatus describes the store in use; it never holds the password.
@@ -375,6 +387,8 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	r.status.Revision, r.status.Origin, r.status.AppliedAt = c.Revision, origin, &now
 	r.status.LastError, r.status.LastErrorAt = "", nil
 	r.status.IgnoredPolicies, r.status.Rules, r.status.Config = set.Ignored, len(set.Rules), c
+	r.status.ReplacedRules = set.Replaced
+	r.status.Conditions.Native, r.status.Conditions.Total = set.Conditions()
 	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""
 	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
