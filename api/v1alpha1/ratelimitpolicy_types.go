@@ -45,10 +45,55 @@ type RateLimitPolicySpec struct {
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
 
 	// JWT says how bearer tokens are verified before their claims may key
-	// a rule. It is required when any rule has a jwtClaim key part.
+	// a rule. It is required when any rule has a jwtClaim key part or
+	// reads auth.claims in a CEL expression.
 	// +optional
 	JWT *JWT `json:"jwt,omitempty"`
+
+	// Exempt lists requests that none of the policy's rules limit: health
+	// checks, internal callers. Exempt requests are counted in the
+	// sidecar's floodgate_sidecar_exempt_total and spend nothing.
+	// +optional
+	Exempt *Exempt `json:"exempt,omitempty"`
 }
+
+// Exempt lists requests that are never limited: those from the client
+// networks in SourceCIDRs, and those for which every condition in When
+// holds. Either is enough.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.sourceCIDRs) && size(self.sourceCIDRs) > 0) || (has(self.when) && size(self.when) > 0)",message="set sourceCIDRs, when, or both"
+type Exempt struct {
+	// SourceCIDRs are client networks, the client IP read as
+	// trustedProxies says.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	SourceCIDRs []CIDR `json:"sourceCIDRs,omitempty"`
+
+	// When are CEL conditions over the request (see match.when); the
+	// request is exempt when all of them hold.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	When []Expression `json:"when,omitempty"`
+}
+
+// Expression is a CEL expression over the request. Its variables are
+// request.method, request.path, request.host, request.headers (lower-case
+// names), request.query, source.address and auth.claims; the
+// validating webhook compiles it and checks its cost.
+//
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=2048
+type Expression string
+
+// Hostname is a DNS name in lower case, or a wildcard whose first label is
+// "*" (such as *.example.com), as in the Gateway API.
+//
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:Pattern=`^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+type Hostname string
 
 // StoreReference names a cluster-scoped CounterStore.
 type StoreReference struct {
@@ -115,6 +160,11 @@ type Rule struct {
 	// +optional
 	// +kubebuilder:default=Enforce
 	Mode Mode `json:"mode,omitempty"`
+
+	// Exempt lists requests the rule matches but never limits. The
+	// policy's exempt section applies too.
+	// +optional
+	Exempt *Exempt `json:"exempt,omitempty"`
 }
 
 // OnMissingKey is the behaviour when a key part is absent from a request.
@@ -160,12 +210,46 @@ type RuleMatch struct {
 	// +kubebuilder:validation:MaxItems=9
 	Methods []HTTPMethod `json:"methods,omitempty"`
 
-	// Headers, when set, must all be present on the request, with the
-	// given value where one is given.
+	// Headers, when set, must all match: present, with the given value or
+	// a value the regex matches, or absent; each may be inverted.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Headers []HeaderMatch `json:"headers,omitempty"`
+
+	// Hosts, when set, restricts the rule to these hosts (the Host
+	// header, or :authority, without its port, compared
+	// case-insensitively). A wildcard such as *.example.com matches every
+	// name ending in .example.com, however many labels precede it, but
+	// not example.com itself.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	Hosts []Hostname `json:"hosts,omitempty"`
+
+	// Query, when set, must all match the request's query parameters, as
+	// headers match headers.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Query []QueryMatch `json:"query,omitempty"`
+
+	// SourceCIDRs, when set, restricts the rule to clients in these
+	// networks, the client IP read as trustedProxies says.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	SourceCIDRs []CIDR `json:"sourceCIDRs,omitempty"`
+
+	// When are CEL conditions over the request, all of which must hold,
+	// such as "request.headers['x-tier'] == 'free'" or
+	// "request.path.startsWith('/api/') && request.method != 'GET'". A
+	// condition that cannot be evaluated on a request (it reads a header
+	// the request lacks, say) does not hold. See docs/matching.md.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	When []Expression `json:"when,omitempty"`
 }
 
 // HTTPMethod is an HTTP request method.
@@ -200,7 +284,11 @@ type PathMatch struct {
 	Value string `json:"value"`
 }
 
-// HeaderMatch matches one request header.
+// HeaderMatch matches one request header. At most one of value, regex
+// and absent is set; with none, the header only has to be present.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && self.value != '', has(self.regex) && self.regex != '', has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the header, leave both unset",fieldPath=".invert"
 type HeaderMatch struct {
 	// Name is the header name, matched case-insensitively.
 	// +required
@@ -209,17 +297,64 @@ type HeaderMatch struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
 	Name string `json:"name"`
 
-	// Value, when set, must equal the header's value exactly. When unset,
-	// the header only has to be present.
+	// Value, when set, must equal one of the header's values exactly.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Value string `json:"value,omitempty"`
+
+	// Regex, when set, is an RE2 regular expression (Go's regexp syntax)
+	// that must match one of the header's values whole.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Regex string `json:"regex,omitempty"`
+
+	// Absent requires the header to be missing.
+	// +optional
+	Absent bool `json:"absent,omitempty"`
+
+	// Invert negates the match: with value or regex, the header matches
+	// when it is missing or none of its values match; alone, when it is
+	// missing.
+	// +optional
+	Invert bool `json:"invert,omitempty"`
+}
+
+// QueryMatch matches one query parameter, on its decoded values. At most
+// one of value, regex and absent is set; with none, the parameter only
+// has to be present.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && self.value != '', has(self.regex) && self.regex != '', has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the parameter, leave both unset",fieldPath=".invert"
+type QueryMatch struct {
+	// Name is the parameter's name, matched exactly.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+
+	// Value, when set, must equal one of the parameter's values.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Value string `json:"value,omitempty"`
+
+	// Regex, when set, must match one of the parameter's values whole.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Regex string `json:"regex,omitempty"`
+
+	// Absent requires the parameter to be missing.
+	// +optional
+	Absent bool `json:"absent,omitempty"`
+
+	// Invert negates the match, as for headers.
+	// +optional
+	Invert bool `json:"invert,omitempty"`
 }
 
 // KeyPart is one descriptor part of a counter key. Exactly one field is
 // set.
 //
-// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.query), has(self.clientIP), has(self.jwtClaim), has(self.path), has(self.method)].filter(x, x).size() == 1",message="exactly one of header, query, clientIP, jwtClaim, path or method must be set in each key part"
+// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.query), has(self.clientIP), has(self.jwtClaim), has(self.path), has(self.method), has(self.expression)].filter(x, x).size() == 1",message="exactly one of header, query, clientIP, jwtClaim, path, method or expression must be set in each key part"
 type KeyPart struct {
 	// Header keys on the value of this request header.
 	// +optional
@@ -251,6 +386,15 @@ type KeyPart struct {
 	// Method keys on the request method.
 	// +optional
 	Method *MethodKey `json:"method,omitempty"`
+
+	// Expression keys on the value of a CEL expression over the request
+	// (see match.when), for keys the other parts cannot express, such as
+	// "request.headers['x-org'] + '/' + request.path.split('/')[1]". It
+	// must compute a string, a number or a bool. Its value is hashed like
+	// every other part; an expression that fails on a request, or computes
+	// more than 4096 bytes, is a missing part.
+	// +optional
+	Expression Expression `json:"expression,omitempty"`
 }
 
 // ClientIPKey selects the client IP as a key part. It has no fields; write
@@ -467,6 +611,153 @@ type RateLimitPolicyStatus struct {
 	// this policy loaded.
 	// +optional
 	EnforcingPods int32 `json:"enforcingPods"`
+
+	// Enforcing is enforcingPods/targetedPods, such as "3/3", for kubectl
+	// get.
+	// +optional
+	Enforcing string `json:"enforcing,omitempty"`
+
+	// Store is the CounterStore that holds the policy's counts.
+	// +optional
+	Store string `json:"store,omitempty"`
+
+	// Rules reports on each rule: what it denied, or would have denied in
+	// Shadow mode, over the recent window that usage describes, and how it
+	// relates to a ClusterRateLimitPolicy default of the same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Rules []RuleStatus `json:"rules,omitempty"`
+
+	// ClusterRules are the rules of ClusterRateLimitPolicies that apply to
+	// pods this policy targets, beside its own rules (tightest wins), or
+	// that one of its rules replaces.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	ClusterRules []ClusterRuleStatus `json:"clusterRules,omitempty"`
+
+	// Usage says how the rules' counts were gathered; unset until the
+	// manager has read the sidecars' counters twice.
+	// +optional
+	Usage *UsageStatus `json:"usage,omitempty"`
+}
+
+// RuleStatus is what the manager observed of one rule.
+type RuleStatus struct {
+	// Name is the rule's name.
+	// +required
+	Name string `json:"name"`
+
+	// Mode is the rule's mode.
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+
+	// Denied is the number of requests the rule denied over the usage
+	// window, summed over the targeted pods (Enforce rules).
+	// +optional
+	Denied *int64 `json:"denied,omitempty"`
+
+	// WouldHaveDenied is the number of requests a Shadow rule would have
+	// denied over the usage window, summed over the targeted pods. They
+	// reached the application.
+	// +optional
+	WouldHaveDenied *int64 `json:"wouldHaveDenied,omitempty"`
+
+	// Exempt is the number of requests the rule matched and left alone as
+	// exempt over the usage window.
+	// +optional
+	Exempt *int64 `json:"exempt,omitempty"`
+
+	// ClusterDefault reports on a ClusterRateLimitPolicy default of the
+	// same name that applies to the pods this policy targets.
+	// +optional
+	ClusterDefault *ClusterDefaultStatus `json:"clusterDefault,omitempty"`
+}
+
+// Reasons of ClusterDefaultStatus.
+const (
+	// ReasonTightens: the rule is the default's rule with limits no
+	// looser, so it replaces the default on the policy's pods.
+	ReasonTightens = "Tightens"
+	// ReasonLoosens: the rule would allow more than the default, so it
+	// does not replace it; the default keeps applying beside it.
+	ReasonLoosens = "Loosens"
+	// ReasonDiffers: the rule matches, keys, costs or exempts requests
+	// differently from the default, so it is not a tightening of it and
+	// does not replace it; the default keeps applying beside it.
+	ReasonDiffers = "Differs"
+)
+
+// ClusterDefaultStatus is how a rule relates to the cluster default it
+// shares a name with.
+type ClusterDefaultStatus struct {
+	// Policy is the ClusterRateLimitPolicy.
+	// +required
+	Policy string `json:"policy"`
+
+	// Replaced is true when this rule replaces the default on the
+	// policy's pods; false when the default keeps applying beside it.
+	// +required
+	Replaced bool `json:"replaced"`
+
+	// Reason is Tightens, Loosens or Differs.
+	// +required
+	Reason string `json:"reason"`
+
+	// Message says why.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ClusterRuleKind says how a ClusterRateLimitPolicy rule applies.
+// +kubebuilder:validation:Enum=Default;Override
+type ClusterRuleKind string
+
+// The ClusterRuleKind values.
+const (
+	// ClusterRuleDefault is a rule of spec.defaults: a namespace's policy
+	// may replace it with a tighter rule of the same name.
+	ClusterRuleDefault ClusterRuleKind = "Default"
+	// ClusterRuleOverride is a rule of spec.overrides: it always applies.
+	ClusterRuleOverride ClusterRuleKind = "Override"
+)
+
+// ClusterRuleStatus is a ClusterRateLimitPolicy rule as it applies to the
+// pods of a RateLimitPolicy.
+type ClusterRuleStatus struct {
+	// Policy is the ClusterRateLimitPolicy.
+	// +required
+	Policy string `json:"policy"`
+
+	// Rule is the rule's name.
+	// +required
+	Rule string `json:"rule"`
+
+	// Kind is Default or Override.
+	// +required
+	Kind ClusterRuleKind `json:"kind"`
+
+	// ReplacedBy names the rule of this policy that replaces the default
+	// on this policy's pods; empty when the cluster rule applies there.
+	// +optional
+	ReplacedBy string `json:"replacedBy,omitempty"`
+}
+
+// UsageStatus says how the counts of status.rules were gathered: the
+// manager reads the decision counters of the targeted pods' sidecars
+// (their /metrics on the admin port) at a low rate, and reports the
+// increase over Window.
+type UsageStatus struct {
+	// Window is the span the counts cover, up to the manager's
+	// --usage-window.
+	// +required
+	Window metav1.Duration `json:"window"`
+
+	// Pods is the number of targeted pods whose counters were read.
+	// +required
+	Pods int32 `json:"pods"`
 }
 
 // RateLimitPolicy limits the requests that reach the pods it selects. The
@@ -478,7 +769,8 @@ type RateLimitPolicyStatus struct {
 // +kubebuilder:resource:scope=Namespaced,shortName=rlp,categories=floodgate
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
-// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.targetedPods`
+// +kubebuilder:printcolumn:name="Enforcing",type=string,JSONPath=`.status.enforcing`
+// +kubebuilder:printcolumn:name="Store",type=string,JSONPath=`.status.store`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -30,6 +30,17 @@ const (
 	maxTrustedCIDRs = 64
 	// maxHops bounds trustedProxies.hops.
 	maxHops = config.MaxHops
+	// maxConditions bounds a when list, maxHosts match.hosts,
+	// maxQueryMatches match.query and maxCIDRs a list of client networks,
+	// as the sidecar bounds them.
+	maxConditions   = config.MaxConditions
+	maxHosts        = config.MaxHosts
+	maxQueryMatches = config.MaxValueMatches
+	maxCIDRs        = config.MaxCIDRs
+	// maxExpressionLength bounds a CEL expression.
+	maxExpressionLength = config.MaxExpressionLength
+	// maxClusterRules bounds each rule list of a ClusterRateLimitPolicy.
+	maxClusterRules = 32
 )
 
 // literalPath is what an Exact or Prefix path value may hold. It mirrors the
@@ -70,6 +81,7 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	}
 	seen := make(map[string]bool, len(p.Spec.Rules))
 	usesJWT := false
+	ctx := &ruleContext{jwt: p.Spec.JWT != nil}
 	for i := range p.Spec.Rules {
 		r := &p.Spec.Rules[i]
 		path := rules.Index(i)
@@ -77,12 +89,15 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 			errs = append(errs, field.Duplicate(path.Child("name"), r.Name))
 		}
 		seen[r.Name] = true
-		errs = append(errs, validateRule(r, path)...)
+		errs = append(errs, validateRule(r, path, ctx)...)
 		for _, k := range r.Key {
 			if k.JWTClaim != "" {
 				usesJWT = true
 			}
 		}
+	}
+	if p.Spec.Exempt != nil {
+		errs = append(errs, validateExempt(p.Spec.Exempt, spec.Child("exempt"), ctx)...)
 	}
 
 	if tp := p.Spec.TrustedProxies; tp != nil {
@@ -97,13 +112,26 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	return errs
 }
 
-func validateRule(r *Rule, path *field.Path) field.ErrorList {
+// ruleContext is what a rule's validation needs of its policy.
+type ruleContext struct {
+	// jwt is set when the policy verifies tokens, so expressions may read
+	// auth.claims.
+	jwt bool
+	// noJWT, when set, is why the policy can never verify tokens (a
+	// ClusterRateLimitPolicy has no namespace for the keys).
+	noJWT string
+}
+
+func validateRule(r *Rule, path *field.Path, ctx *ruleContext) field.ErrorList {
 	var errs field.ErrorList
 	for _, msg := range validation.IsDNS1123Label(r.Name) {
 		errs = append(errs, field.Invalid(path.Child("name"), r.Name, msg))
 	}
 	if r.Match != nil {
-		errs = append(errs, validateMatch(r.Match, path.Child("match"))...)
+		errs = append(errs, validateMatch(r.Match, path.Child("match"), ctx)...)
+	}
+	if r.Exempt != nil {
+		errs = append(errs, validateExempt(r.Exempt, path.Child("exempt"), ctx)...)
 	}
 
 	keyPath := path.Child("key")
@@ -114,7 +142,7 @@ func validateRule(r *Rule, path *field.Path) field.ErrorList {
 		errs = append(errs, field.TooMany(keyPath, n, maxKeyParts))
 	}
 	for i, k := range r.Key {
-		errs = append(errs, validateKeyPart(k, keyPath.Index(i))...)
+		errs = append(errs, validateKeyPart(k, keyPath.Index(i), ctx)...)
 	}
 
 	errs = append(errs, enumValue(path.Child("onMissingKey"), string(r.OnMissingKey),
@@ -145,7 +173,7 @@ func enumValue[T ~string](path *field.Path, v string, allowed ...T) field.ErrorL
 	return field.ErrorList{field.NotSupported(path, v, names)}
 }
 
-func validateMatch(m *RuleMatch, path *field.Path) field.ErrorList {
+func validateMatch(m *RuleMatch, path *field.Path, ctx *ruleContext) field.ErrorList {
 	var errs field.ErrorList
 	if pm := m.Path; pm != nil {
 		valuePath := path.Child("path", "value")
@@ -184,17 +212,137 @@ func validateMatch(m *RuleMatch, path *field.Path) field.ErrorList {
 		errs = append(errs, field.TooMany(path.Child("headers"), n, maxHeaderMatches))
 	}
 	for i, h := range m.Headers {
+		hp := path.Child("headers").Index(i)
 		if !headerName.MatchString(h.Name) {
-			errs = append(errs, field.Invalid(path.Child("headers").Index(i).Child("name"), h.Name,
-				"must be an HTTP header name"))
+			errs = append(errs, field.Invalid(hp.Child("name"), h.Name, "must be an HTTP header name"))
+		}
+		errs = append(errs, validateValueMatch(hp, h.Value, h.Regex, h.Absent, h.Invert, "header")...)
+	}
+	if n := len(m.Query); n > maxQueryMatches {
+		errs = append(errs, field.TooMany(path.Child("query"), n, maxQueryMatches))
+	}
+	for i, q := range m.Query {
+		qp := path.Child("query").Index(i)
+		if q.Name == "" {
+			errs = append(errs, field.Required(qp.Child("name"), "a parameter name is required"))
+		}
+		errs = append(errs, validateValueMatch(qp, q.Value, q.Regex, q.Absent, q.Invert, "parameter")...)
+	}
+	if n := len(m.Hosts); n > maxHosts {
+		errs = append(errs, field.TooMany(path.Child("hosts"), n, maxHosts))
+	}
+	seenHosts := map[Hostname]bool{}
+	for i, h := range m.Hosts {
+		hp := path.Child("hosts").Index(i)
+		if seenHosts[h] {
+			errs = append(errs, field.Duplicate(hp, h))
+		}
+		seenHosts[h] = true
+		if len(h) > config.MaxHostLength || !hostname.MatchString(string(h)) {
+			errs = append(errs, field.Invalid(hp, h,
+				"must be a lower-case DNS name such as api.example.com, or a wildcard such as *.example.com"))
+		}
+	}
+	errs = append(errs, validateCIDRs(m.SourceCIDRs, path.Child("sourceCIDRs"))...)
+	errs = append(errs, validateConditions(m.When, path.Child("when"), ctx)...)
+	return errs
+}
+
+// hostname mirrors the schema pattern of Hostname.
+var hostname = regexp.MustCompile(`^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// validateValueMatch checks a header or query match: what is the header
+// or parameter.
+func validateValueMatch(path *field.Path, value, regex string, absent, invert bool, what string) field.ErrorList {
+	var errs field.ErrorList
+	set := 0
+	for _, ok := range []bool{value != "", regex != "", absent} {
+		if ok {
+			set++
+		}
+	}
+	if set > 1 {
+		errs = append(errs, field.Invalid(path, field.OmitValueType{}, "set at most one of value, regex and absent"))
+	}
+	if absent && invert {
+		errs = append(errs, field.Invalid(path.Child("invert"), invert,
+			fmt.Sprintf("invert cannot go with absent; to require the %s, leave both unset", what)))
+	}
+	if regex != "" {
+		if len(regex) > maxPathLength {
+			errs = append(errs, field.TooLong(path.Child("regex"), regex, maxPathLength))
+		} else if _, err := regexp.Compile(regex); err != nil {
+			errs = append(errs, field.Invalid(path.Child("regex"), regex,
+				fmt.Sprintf("not a valid RE2 regular expression: %v", err)))
 		}
 	}
 	return errs
 }
 
-func validateKeyPart(k KeyPart, path *field.Path) field.ErrorList {
+// validateCIDRs checks a list of client networks.
+func validateCIDRs(cidrs []CIDR, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if n := len(cidrs); n > maxCIDRs {
+		errs = append(errs, field.TooMany(path, n, maxCIDRs))
+	}
+	seen := map[CIDR]bool{}
+	for i, c := range cidrs {
+		p := path.Index(i)
+		if seen[c] {
+			errs = append(errs, field.Duplicate(p, c))
+		}
+		seen[c] = true
+		prefix, err := netip.ParsePrefix(string(c))
+		if err != nil || prefix.Masked() != prefix {
+			errs = append(errs, field.Invalid(p, c, "must be a CIDR with no host bits set, such as 10.0.0.0/8 or fd00::/8"))
+		}
+	}
+	return errs
+}
+
+// validateConditions compiles a when list.
+func validateConditions(when []Expression, path *field.Path, ctx *ruleContext) field.ErrorList {
+	var errs field.ErrorList
+	if n := len(when); n > maxConditions {
+		errs = append(errs, field.TooMany(path, n, maxConditions))
+	}
+	for i, w := range when {
+		errs = append(errs, validateExpression(w, config.Condition, path.Index(i), ctx)...)
+	}
+	return errs
+}
+
+// validateExpression compiles one CEL expression in the sidecar's
+// environment and checks its cost, as the sidecar will.
+func validateExpression(e Expression, kind config.ExpressionKind, path *field.Path, ctx *ruleContext) field.ErrorList {
+	compiled, err := config.CompileExpression(string(e), kind)
+	if err != nil {
+		return field.ErrorList{field.Invalid(path, e, err.Error())}
+	}
+	if compiled.Claims && !ctx.jwt {
+		msg := "reads auth.claims, so the policy's jwt section must be set, to verify tokens before their claims count"
+		if ctx.noJWT != "" {
+			msg = "reads auth.claims, which " + ctx.noJWT
+		}
+		return field.ErrorList{field.Invalid(path, e, msg)}
+	}
+	return nil
+}
+
+// validateExempt checks an exempt section.
+func validateExempt(x *Exempt, path *field.Path, ctx *ruleContext) field.ErrorList {
+	var errs field.ErrorList
+	if len(x.SourceCIDRs) == 0 && len(x.When) == 0 {
+		errs = append(errs, field.Required(path, "set sourceCIDRs, when, or both"))
+	}
+	errs = append(errs, validateCIDRs(x.SourceCIDRs, path.Child("sourceCIDRs"))...)
+	errs = append(errs, validateConditions(x.When, path.Child("when"), ctx)...)
+	return errs
+}
+
+func validateKeyPart(k KeyPart, path *field.Path, ctx *ruleContext) field.ErrorList {
 	set := 0
-	for _, ok := range []bool{k.Header != "", k.Query != "", k.ClientIP != nil, k.JWTClaim != "", k.Path != nil, k.Method != nil} {
+	for _, ok := range []bool{k.Header != "", k.Query != "", k.ClientIP != nil, k.JWTClaim != "", k.Path != nil, k.Method != nil, k.Expression != ""} {
 		if ok {
 			set++
 		}
@@ -202,10 +350,16 @@ func validateKeyPart(k KeyPart, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if set != 1 {
 		errs = append(errs, field.Invalid(path, set,
-			"exactly one of header, query, clientIP, jwtClaim, path or method must be set in each key part"))
+			"exactly one of header, query, clientIP, jwtClaim, path, method or expression must be set in each key part"))
 	}
 	if k.Header != "" && !headerName.MatchString(k.Header) {
 		errs = append(errs, field.Invalid(path.Child("header"), k.Header, "must be an HTTP header name"))
+	}
+	if k.JWTClaim != "" && ctx.noJWT != "" {
+		errs = append(errs, field.Invalid(path.Child("jwtClaim"), k.JWTClaim, ctx.noJWT))
+	}
+	if k.Expression != "" {
+		errs = append(errs, validateExpression(k.Expression, config.KeyValue, path.Child("expression"), ctx)...)
 	}
 	return errs
 }
@@ -271,21 +425,8 @@ func validateTrustedProxies(tp *TrustedProxies, path *field.Path) field.ErrorLis
 	if len(tp.CIDRs) == 0 && tp.Hops == 0 {
 		errs = append(errs, field.Required(path, "set cidrs, hops, or both"))
 	}
-	if n := len(tp.CIDRs); n > maxTrustedCIDRs {
-		errs = append(errs, field.TooMany(path.Child("cidrs"), n, maxTrustedCIDRs))
-	}
-	seen := map[CIDR]bool{}
-	for i, c := range tp.CIDRs {
-		p := path.Child("cidrs").Index(i)
-		if seen[c] {
-			errs = append(errs, field.Duplicate(p, c))
-		}
-		seen[c] = true
-		prefix, err := netip.ParsePrefix(string(c))
-		if err != nil || prefix.Masked() != prefix {
-			errs = append(errs, field.Invalid(p, c, "must be a CIDR with no host bits set, such as 10.0.0.0/8 or fd00::/8"))
-		}
-	}
+	// validateCIDRs bounds the list at maxCIDRs, which is maxTrustedCIDRs.
+	errs = append(errs, validateCIDRs(tp.CIDRs, path.Child("cidrs"))...)
 	if tp.Hops < 0 || tp.Hops > maxHops {
 		errs = append(errs, field.Invalid(path.Child("hops"), tp.Hops, fmt.Sprintf("must be between 0 and %d", maxHops)))
 	}
@@ -322,6 +463,64 @@ func validateJWT(j *JWT, path *field.Path) field.ErrorList {
 		for _, msg := range validation.IsConfigMapKey(ref.Key) {
 			errs = append(errs, field.Invalid(path.Child(name, "key"), ref.Key, msg))
 		}
+	}
+	return errs
+}
+
+// ValidateSemantics reports every problem with the cluster policy's spec
+// at once, each with its field path, as RateLimitPolicy.ValidateSemantics
+// does: the rules are held to the same checks, and what a cluster policy
+// cannot have (a jwt key, auth.claims) is refused.
+func (p *ClusterRateLimitPolicy) ValidateSemantics() field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	if n := len(p.Name); n > MaxClusterPolicyNameLength {
+		errs = append(errs, field.TooLong(field.NewPath("metadata", "name"), p.Name, MaxClusterPolicyNameLength))
+	}
+	opts := metav1validation.LabelSelectorValidationOptions{}
+	errs = append(errs, metav1validation.ValidateLabelSelector(&p.Spec.NamespaceSelector, opts, spec.Child("namespaceSelector"))...)
+	errs = append(errs, metav1validation.ValidateLabelSelector(&p.Spec.PodSelector, opts, spec.Child("podSelector"))...)
+	if ref := p.Spec.StoreRef; ref != nil {
+		for _, msg := range validation.IsDNS1123Label(ref.Name) {
+			errs = append(errs, field.Invalid(spec.Child("storeRef", "name"), ref.Name, msg))
+		}
+	}
+	ctx := &ruleContext{noJWT: "a ClusterRateLimitPolicy cannot use: it has no namespace to hold the keys that verify tokens"}
+	if tp := p.Spec.TrustedProxies; tp != nil {
+		errs = append(errs, validateTrustedProxies(tp, spec.Child("trustedProxies"))...)
+	}
+	if p.Spec.Exempt != nil {
+		errs = append(errs, validateExempt(p.Spec.Exempt, spec.Child("exempt"), ctx)...)
+	}
+	total := 0
+	seen := map[string]string{}
+	for _, list := range []struct {
+		name  string
+		rules *ClusterRules
+	}{{"defaults", p.Spec.Defaults}, {"overrides", p.Spec.Overrides}} {
+		if list.rules == nil {
+			continue
+		}
+		path := spec.Child(list.name, "rules")
+		switch n := len(list.rules.Rules); {
+		case n == 0:
+			errs = append(errs, field.Required(path, "at least one rule is required"))
+		case n > maxClusterRules:
+			errs = append(errs, field.TooMany(path, n, maxClusterRules))
+		}
+		total += len(list.rules.Rules)
+		for i := range list.rules.Rules {
+			r := &list.rules.Rules[i]
+			rp := path.Index(i)
+			if other, dup := seen[r.Name]; dup {
+				errs = append(errs, field.Duplicate(rp.Child("name"), r.Name+" (also in "+other+")"))
+			}
+			seen[r.Name] = list.name
+			errs = append(errs, validateRule(r, rp, ctx)...)
+		}
+	}
+	if total == 0 {
+		errs = append(errs, field.Required(spec, "set defaults, overrides, or both"))
 	}
 	return errs
 }

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
@@ -169,14 +170,14 @@ var badInputs = []badInput{
   - name: r
     key: [{header: X-API-Key, clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path or method"}},
+		want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
 	{name: "an empty key part", doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{}]
     limit: {requests: 10, per: 1s}`,
-		want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path or method"}},
+		want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
 	{name: "a header key that is not a header name", doc: `
   podSelector: {}
   rules:
@@ -253,6 +254,129 @@ var badInputs = []badInput{
   storeRef: {name: "Main Store"}
   rules:` + okRule,
 		want: []string{"spec.storeRef.name", "should match"}},
+	{name: "a header match with value and regex", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {headers: [{name: X-Tier, value: free, regex: "fr.*"}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.headers[0]", "set at most one of value, regex and absent"}},
+	{name: "a header both absent and inverted", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {headers: [{name: X-Tier, absent: true, invert: true}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.headers[0].invert", "invert cannot go with absent"}},
+	{name: "a query match with value and absent", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {query: [{name: page, value: "1", absent: true}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.query[0]", "set at most one of value, regex and absent"}},
+	{name: "a host with a port", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {hosts: ["api.example.com:443"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.hosts[0]", "should match"}},
+	{name: "a source network with host bits", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {sourceCIDRs: [10.1.2.3/8]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.sourceCIDRs[0]", "must be a CIDR with no host bits set"}},
+	{name: "an exempt network that is not a CIDR", doc: `
+  podSelector: {}
+  exempt: {sourceCIDRs: [internal]}
+  rules:` + okRule,
+		want: []string{"spec.exempt.sourceCIDRs[0]", "must be a CIDR with no host bits set"}},
+	{name: "an empty exemption", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}
+    exempt: {}`,
+		want: []string{"spec.rules[0].exempt", "set sourceCIDRs, when, or both"}},
+	{name: "a key part with an expression and a header", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{expression: "request.path", header: X-Key}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
+	{name: "an empty condition", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: [""]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.when[0]", "should be at least 1 chars long"}},
+	{name: "nine conditions", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: ["true", "true", "true", "true", "true", "true", "true", "true", "true"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.when", "must have at most 8 items"}},
+	{name: "a condition longer than 2048 characters", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: ["` + strings.Repeat("true && ", 256) + `true"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].match.when[0]", "Too long", "2048"}},
+	{name: "a ClusterRateLimitPolicy with no rules", doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-empty}
+spec:
+  namespaceSelector: {}
+  podSelector: {}`,
+		want: []string{"spec", "set defaults, overrides, or both"}},
+	{name: "a ClusterRateLimitPolicy name too long for the sidecars", doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: ` + strings.Repeat("n", 56) + `}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      "),
+		want: []string{"the name must be at most 55 characters"}},
+	{name: "a ClusterRateLimitPolicy keyed on a jwtClaim", doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-jwt}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  overrides:
+    rules:
+    - name: r
+      key: [{jwtClaim: sub}]
+      limit: {requests: 10, per: 1s}`,
+		want: []string{"cannot key on jwtClaim"}},
+	{name: "a ClusterRateLimitPolicy rule both default and override", doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-both}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      ") + `
+  overrides:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      "),
+		want: []string{"spec.overrides", "a rule name is either a default or an override, not both"}},
 	{name: "a CounterStore both managed and external", doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: CounterStore
 metadata: {name: both}
@@ -304,9 +428,16 @@ var _ = Describe("kubectl apply of bad input", func() {
 				continue
 			}
 			// The Go validation, which a webhook will run, agrees.
-			var p v1alpha1.RateLimitPolicy
-			Expect(yaml.Unmarshal([]byte(doc), &p)).To(Succeed(), in.name)
-			errs := p.ValidateSemantics()
+			var errs field.ErrorList
+			if strings.Contains(doc, "kind: ClusterRateLimitPolicy") {
+				var p v1alpha1.ClusterRateLimitPolicy
+				Expect(yaml.Unmarshal([]byte(doc), &p)).To(Succeed(), in.name)
+				errs = p.ValidateSemantics()
+			} else {
+				var p v1alpha1.RateLimitPolicy
+				Expect(yaml.Unmarshal([]byte(doc), &p)).To(Succeed(), in.name)
+				errs = p.ValidateSemantics()
+			}
 			Expect(errs).NotTo(BeEmpty(), "%s: ValidateSemantics accepts what the API server rejects", in.name)
 		}
 		AddReportEntry("kubectl apply rejections", report.String())
@@ -331,5 +462,34 @@ var _ = Describe("kubectl apply of bad input", func() {
 		Expect(msg).To(ContainSubstring("spec.rules[0].match.path.value"))
 		Expect(msg).To(ContainSubstring("missing closing )"))
 		AddReportEntry("accepted by kubectl, rejected by the controller", msg)
+	})
+
+	It("accepts, at apply time, CEL that only the controller can compile, and names the field in status", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		doc := manifest(badInput{doc: `
+  podSelector: {}
+  exempt: {when: ["request.path = '/healthz'"]}
+  rules:
+  - name: r
+    match:
+      when:
+      - "request.headers.all(a, request.headers.all(b, a != b))"
+      - "request.method"
+    key: [{expression: "auth.claims.sub"}]
+    limit: {requests: 10, per: 1s}`})
+		out, err := kubectl.RunWithInput(ctx, []byte(doc), "apply", "-n", ns, "-f", "-")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Eventually(policyStatus(ctx, ns, "bad"), timeout, poll).Should(
+			haveCondition(v1alpha1.ConditionAccepted, "False", v1alpha1.ReasonInvalid))
+		msg := conditionMessage(policyStatus(ctx, ns, "bad")(Default), v1alpha1.ConditionAccepted)
+		for _, want := range []string{
+			"spec.rules[0].match.when[0]", "exceeds the limit 1000000",
+			"spec.rules[0].match.when[1]", "must be a condition (of type bool)",
+			"spec.rules[0].key[0].expression", "reads auth.claims, so the policy's jwt section must be set",
+			"spec.exempt.when[0]", "not a valid CEL expression",
+		} {
+			Expect(msg).To(ContainSubstring(want))
+		}
+		AddReportEntry("CEL accepted by kubectl, rejected by the controller", msg)
 	})
 })

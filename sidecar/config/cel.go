@@ -61,6 +61,9 @@ const (
 	MaxKeyValueLength = 4096
 )
 
+// variables are the variables' names, for messages.
+var variables = []string{VarMethod, VarPath, VarHost, VarHeaders, VarQuery, VarSource, VarClaims}
+
 // ExpressionKind says what an expression computes.
 type ExpressionKind int
 
@@ -125,7 +128,11 @@ func CompileExpression(expr string, kind ExpressionKind) (*Expression, error) {
 	}
 	checked, iss := e.Compile(expr)
 	if iss.Err() != nil {
-		return nil, fmt.Errorf("not a valid CEL expression: %s", oneLine(iss.Err().Error()))
+		msg := oneLine(iss.Err().Error())
+		if strings.Contains(msg, "undeclared reference") {
+			msg += "; the variables are " + strings.Join(variables, ", ")
+		}
+		return nil, fmt.Errorf("not a valid CEL expression: %s", msg)
 	}
 	out := checked.OutputType()
 	switch kind {

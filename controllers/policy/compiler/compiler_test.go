@@ -59,6 +59,14 @@ func readInput(t *testing.T, file string) Input {
 			var s v1alpha1.CounterStore
 			strict(&s)
 			in.Stores[s.Name] = &s
+		case "ClusterRateLimitPolicy":
+			var c v1alpha1.ClusterRateLimitPolicy
+			strict(&c)
+			in.ClusterPolicies = append(in.ClusterPolicies, c)
+		case "Namespace":
+			var ns corev1.Namespace
+			strict(&ns)
+			in.Namespace, in.NamespaceLabels = ns.Name, ns.Labels
 		case "ConfigMap":
 			var cm corev1.ConfigMap
 			strict(&cm)
@@ -79,6 +87,12 @@ type golden struct {
 	Action   Action          `json:"action"`
 	Config   json.RawMessage `json:"config,omitempty"`
 	Policies []goldenResult  `json:"policies"`
+	Clusters []goldenCluster `json:"clusters,omitempty"`
+}
+
+type goldenCluster struct {
+	ClusterResult
+	Invalid []string `json:"invalid,omitempty"`
 }
 
 type goldenResult struct {
@@ -99,6 +113,14 @@ func render(t *testing.T, out Output) []byte {
 		}
 		gr.PolicyResult.Invalid = nil
 		g.Policies = append(g.Policies, gr)
+	}
+	for _, c := range out.Clusters {
+		gc := goldenCluster{ClusterResult: c}
+		for _, e := range c.Invalid {
+			gc.Invalid = append(gc.Invalid, e.Error())
+		}
+		gc.ClusterResult.Invalid = nil
+		g.Clusters = append(g.Clusters, gc)
 	}
 	b, err := json.MarshalIndent(g, "", "  ")
 	if err != nil {

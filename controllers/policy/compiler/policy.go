@@ -21,22 +21,8 @@ func compilePolicy(p *v1alpha1.RateLimitPolicy, replicas int32) config.Policy {
 		Replicas:   replicas,
 		Rules:      make([]config.Rule, 0, len(p.Spec.Rules)),
 	}
-	sel := p.Spec.PodSelector
-	if len(sel.MatchLabels) > 0 || len(sel.MatchExpressions) > 0 {
-		out.PodSelector = sel.DeepCopy()
-		if len(out.PodSelector.MatchLabels) == 0 {
-			out.PodSelector.MatchLabels = nil
-		}
-		if len(out.PodSelector.MatchExpressions) == 0 {
-			out.PodSelector.MatchExpressions = nil
-		}
-	}
-	if tp := p.Spec.TrustedProxies; tp != nil {
-		out.TrustedProxies = &config.TrustedProxies{Hops: tp.Hops}
-		for _, c := range tp.CIDRs {
-			out.TrustedProxies.CIDRs = append(out.TrustedProxies.CIDRs, string(c))
-		}
-	}
+	out.PodSelector = compileSelector(p.Spec.PodSelector)
+	out.TrustedProxies = compileTrustedProxies(p.Spec.TrustedProxies)
 	if j := p.Spec.JWT; j != nil {
 		out.JWT = &config.JWT{
 			Header:           j.Header,
@@ -51,8 +37,59 @@ func compilePolicy(p *v1alpha1.RateLimitPolicy, replicas int32) config.Policy {
 			out.JWT.JWKSFile = ConfigMapFile(ref.Name, ref.Key)
 		}
 	}
+	out.Exempt = compileExempt(p.Spec.Exempt)
 	for i := range p.Spec.Rules {
 		out.Rules = append(out.Rules, compileRule(&p.Spec.Rules[i]))
+	}
+	return out
+}
+
+// compileSelector is a selector as the compiled document holds it: nil
+// for the empty selector, which selects every pod.
+func compileSelector(sel metav1.LabelSelector) *metav1.LabelSelector {
+	if len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
+		return nil
+	}
+	out := sel.DeepCopy()
+	if len(out.MatchLabels) == 0 {
+		out.MatchLabels = nil
+	}
+	if len(out.MatchExpressions) == 0 {
+		out.MatchExpressions = nil
+	}
+	return out
+}
+
+func compileTrustedProxies(tp *v1alpha1.TrustedProxies) *config.TrustedProxies {
+	if tp == nil {
+		return nil
+	}
+	out := &config.TrustedProxies{Hops: tp.Hops}
+	for _, c := range tp.CIDRs {
+		out.CIDRs = append(out.CIDRs, string(c))
+	}
+	return out
+}
+
+func compileExempt(x *v1alpha1.Exempt) *config.Exempt {
+	if x == nil {
+		return nil
+	}
+	return &config.Exempt{SourceCIDRs: cidrs(x.SourceCIDRs), When: expressions(x.When)}
+}
+
+func cidrs(in []v1alpha1.CIDR) []string {
+	var out []string
+	for _, c := range in {
+		out = append(out, string(c))
+	}
+	return out
+}
+
+func expressions(in []v1alpha1.Expression) []string {
+	var out []string
+	for _, e := range in {
+		out = append(out, string(e))
 	}
 	return out
 }
@@ -86,9 +123,23 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 		// it away from the document.
 		slices.Sort(out.Match.Methods)
 		for _, h := range m.Headers {
-			out.Match.Headers = append(out.Match.Headers, config.HeaderMatch{Name: h.Name, Value: h.Value})
+			out.Match.Headers = append(out.Match.Headers, config.HeaderMatch{
+				Name: h.Name, Value: h.Value, Regex: h.Regex, Absent: h.Absent, Invert: h.Invert})
 		}
+		for _, q := range m.Query {
+			out.Match.Query = append(out.Match.Query, config.QueryMatch{
+				Name: q.Name, Value: q.Value, Regex: q.Regex, Absent: q.Absent, Invert: q.Invert})
+		}
+		// Hosts and networks are sets too.
+		for _, h := range m.Hosts {
+			out.Match.Hosts = append(out.Match.Hosts, string(h))
+		}
+		slices.Sort(out.Match.Hosts)
+		out.Match.SourceCIDRs = cidrs(m.SourceCIDRs)
+		slices.Sort(out.Match.SourceCIDRs)
+		out.Match.When = expressions(m.When)
 	}
+	out.Exempt = compileExempt(r.Exempt)
 	for _, k := range r.Key {
 		out.Key = append(out.Key, compileKeyPart(k))
 	}
@@ -113,6 +164,8 @@ func compileKeyPart(k v1alpha1.KeyPart) config.KeyPart {
 		out.Path = &struct{}{}
 	case k.Method != nil:
 		out.Method = &struct{}{}
+	case k.Expression != "":
+		out.Expression = string(k.Expression)
 	}
 	return out
 }
