@@ -50,7 +50,13 @@ import (
 // controller-runtime derives for the type.
 const Path = "/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy"
 
+// ClusterPath is where the webhook server serves the ClusterRateLimitPolicy
+// validator.
+const ClusterPath = "/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy"
+
 // +kubebuilder:webhook:path=/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy,mutating=false,failurePolicy=fail,sideEffects=None,groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=create;update,versions=v1alpha1,name=validate.ratelimitpolicy.floodgate.dev,admissionReviewVersions=v1,serviceName=floodgate-webhook,serviceNamespace=floodgate-system,timeoutSeconds=10
+
+// +kubebuilder:webhook:path=/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy,mutating=false,failurePolicy=fail,sideEffects=None,groups=ratelimit.floodgate.dev,resources=clusterratelimitpolicies,verbs=create;update,versions=v1alpha1,name=validate.clusterratelimitpolicy.floodgate.dev,admissionReviewVersions=v1,serviceName=floodgate-webhook,serviceNamespace=floodgate-system,timeoutSeconds=10
 
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies;counterstores,verbs=get;list;watch
 
@@ -64,11 +70,59 @@ type Validator struct {
 
 var _ cradmission.Validator[*v1alpha1.RateLimitPolicy] = (*Validator)(nil)
 
-// Setup registers the validator at Path on mgr's webhook server.
+// Setup registers the validators at Path and ClusterPath on mgr's
+// webhook server.
 func Setup(mgr ctrl.Manager) error {
-	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.RateLimitPolicy{}).
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.RateLimitPolicy{}).
 		WithValidator(&Validator{Reader: mgr.GetClient()}).
+		Complete(); err != nil {
+		return err
+	}
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.ClusterRateLimitPolicy{}).
+		WithValidator(&ClusterValidator{}).
 		Complete()
+}
+
+// ClusterValidator validates ClusterRateLimitPolicies, as Validator does
+// RateLimitPolicies: ClusterRateLimitPolicy.ValidateSemantics, then the
+// compiler's own check of the entry the sidecars would load. It is safe
+// for concurrent use.
+type ClusterValidator struct{}
+
+var _ cradmission.Validator[*v1alpha1.ClusterRateLimitPolicy] = (*ClusterValidator)(nil)
+
+// ValidateCreate implements admission.Validator.
+func (v *ClusterValidator) ValidateCreate(_ context.Context, p *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	if errs := ValidateCluster(p); len(errs) > 0 {
+		return nil, apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("ClusterRateLimitPolicy").GroupKind(), p.Name, errs)
+	}
+	return nil, nil
+}
+
+// ValidateUpdate implements admission.Validator.
+func (v *ClusterValidator) ValidateUpdate(ctx context.Context, old, p *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	if p.DeletionTimestamp != nil || equality.Semantic.DeepEqual(old.Spec, p.Spec) {
+		return nil, nil
+	}
+	return v.ValidateCreate(ctx, p)
+}
+
+// ValidateDelete implements admission.Validator; deletions are never
+// rejected.
+func (v *ClusterValidator) ValidateDelete(context.Context, *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	return nil, nil
+}
+
+// ValidateCluster returns every problem with p's spec, each with its field
+// path. It is pure.
+func ValidateCluster(p *v1alpha1.ClusterRateLimitPolicy) field.ErrorList {
+	if errs := p.ValidateSemantics(); len(errs) > 0 {
+		return errs
+	}
+	if err := compiler.CheckCluster(p); err != nil {
+		return field.ErrorList{field.Invalid(field.NewPath("spec"), field.OmitValueType{}, err.Error())}
+	}
+	return nil
 }
 
 // ValidateCreate implements admission.Validator.

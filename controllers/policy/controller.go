@@ -96,6 +96,8 @@ const (
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies/status,verbs=update
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=clusterratelimitpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -115,6 +117,9 @@ type Reconciler struct {
 	APIReader client.Reader
 	// Recorder emits the Events on rejected policies.
 	Recorder events.EventRecorder
+	// Usage, when set, supplies the rules' counts over a recent window
+	// (see package usage's Collector), for status.rules and status.usage.
+	Usage UsageSource
 }
 
 // Reconcile compiles the namespace req.Namespace; req.Name is always
@@ -159,6 +164,23 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 		return in, nil, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
 	}
 	in.Policies = policies.Items
+	var clusters v1alpha1.ClusterRateLimitPolicyList
+	if err := r.Client.List(ctx, &clusters); err != nil {
+		return in, nil, fmt.Errorf("list ClusterRateLimitPolicies: %w", err)
+	}
+	in.ClusterPolicies = clusters.Items
+	if len(in.ClusterPolicies) > 0 {
+		var namespace corev1.Namespace
+		switch err := r.Client.Get(ctx, client.ObjectKey{Name: ns}, &namespace); {
+		case apierrors.IsNotFound(err):
+			// Being deleted: no cluster policy selects it any more.
+			in.ClusterPolicies = nil
+		case err != nil:
+			return in, nil, fmt.Errorf("get Namespace %s: %w", ns, err)
+		default:
+			in.NamespaceLabels = namespace.Labels
+		}
+	}
 
 	var cm corev1.ConfigMap
 	existing := &cm
@@ -178,7 +200,7 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 			}
 		}
 	}
-	if len(in.Policies) == 0 {
+	if len(in.Policies) == 0 && len(in.ClusterPolicies) == 0 {
 		return in, existing, nil
 	}
 
@@ -188,8 +210,14 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 	}
 	in.Pods = pods.Items
 
+	names := make([]string, 0, len(in.Policies)+len(in.ClusterPolicies))
 	for i := range in.Policies {
-		name := in.Policies[i].StoreName()
+		names = append(names, in.Policies[i].StoreName())
+	}
+	for i := range in.ClusterPolicies {
+		names = append(names, in.ClusterPolicies[i].StoreName())
+	}
+	for _, name := range names {
 		if _, seen := in.Stores[name]; seen {
 			continue
 		}
@@ -220,7 +248,7 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *cor
 		return nil
 	}
 
-	owners := ownerReferences(policies)
+	owners := ownerReferences(policies, out.Clusters)
 	if existing != nil && upToDate(existing, out, owners) {
 		return nil
 	}
@@ -231,9 +259,21 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *cor
 	return nil
 }
 
-// ownerReferences points at every live policy, ordered by name.
-func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReference {
-	refs := make([]metav1.OwnerReference, 0, len(policies))
+// ownerReferences points at every live policy, and every
+// ClusterRateLimitPolicy whose entry the document holds, ordered by name.
+func ownerReferences(policies []v1alpha1.RateLimitPolicy, clusters []compiler.ClusterResult) []metav1.OwnerReference {
+	refs := make([]metav1.OwnerReference, 0, len(policies)+len(clusters))
+	for _, c := range clusters {
+		if c.CompiledGeneration == 0 {
+			continue
+		}
+		refs = append(refs, metav1.OwnerReference{
+			APIVersion: v1alpha1.GroupVersion.String(),
+			Kind:       "ClusterRateLimitPolicy",
+			Name:       c.Name,
+			UID:        types.UID(c.UID),
+		})
+	}
 	for i := range policies {
 		p := &policies[i]
 		if p.DeletionTimestamp != nil {
@@ -246,8 +286,16 @@ func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReferenc
 			UID:        p.UID,
 		})
 	}
-	slices.SortFunc(refs, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(refs, compareOwners)
 	return refs
+}
+
+// compareOwners orders owner references by kind, then name.
+func compareOwners(a, b metav1.OwnerReference) int {
+	if c := strings.Compare(a.Kind, b.Kind); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // desiredConfigMap is the ConfigMap to apply.
@@ -274,7 +322,7 @@ func upToDate(existing *corev1.ConfigMap, out compiler.Output, owners []metav1.O
 		return false
 	}
 	have := slices.Clone(existing.OwnerReferences)
-	slices.SortFunc(have, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(have, compareOwners)
 	return slices.EqualFunc(have, owners, func(a, b metav1.OwnerReference) bool {
 		return a.APIVersion == b.APIVersion && a.Kind == b.Kind && a.Name == b.Name && a.UID == b.UID &&
 			a.Controller == nil && a.BlockOwnerDeletion == nil
@@ -295,7 +343,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
-		status := desiredStatus(p, res, pods, out.Config, specErr)
+		status := desiredStatus(p, res, pods, out.Config, specErr, usageOf(r.Usage, p.Namespace, p.Name))
 		if equality.Semantic.DeepEqual(p.Status, status) {
 			continue
 		}
@@ -311,10 +359,12 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 
 // desiredStatus is the status of p given the compiler's findings. It keeps
 // each condition's lastTransitionTime while its status does not change.
-func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods []corev1.Pod, doc *config.Config, specErr error) v1alpha1.RateLimitPolicyStatus {
+func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods []corev1.Pod, doc *config.Config, specErr error, usage *PolicyUsage) v1alpha1.RateLimitPolicyStatus {
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
 	st.TargetedPods = res.TargetedPods
+	st.Store = res.Store
+	st.ClusterRules = res.ClusterRules
 	// The sidecars report the revision they enforce on their pods
 	// (package programmed); the document holds an entry of the policy
 	// whenever CompiledGeneration is set.
@@ -325,6 +375,12 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 			sidecars = programmed.Evaluate(sel, pods, doc.Revision, p.Generation)
 			st.EnforcingPods = sidecars.Enforcing
 		}
+	}
+	st.Enforcing = fmt.Sprintf("%d/%d", st.EnforcingPods, st.TargetedPods)
+	st.Rules = ruleStatuses(p, res, usage)
+	st.Usage = nil
+	if usage != nil {
+		st.Usage = &v1alpha1.UsageStatus{Window: metav1.Duration{Duration: usage.Window}, Pods: usage.Pods}
 	}
 	set := func(typ string, ok bool, reason, msg string) {
 		status := metav1.ConditionFalse
@@ -367,6 +423,38 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 				p.Generation))
 	}
 	return st
+}
+
+// ruleStatuses reports on each rule of p: its mode, its counts over the
+// usage window, and how it relates to a cluster default of its name. The
+// usage section of the status goes with them.
+func ruleStatuses(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, usage *PolicyUsage) []v1alpha1.RuleStatus {
+	out := make([]v1alpha1.RuleStatus, 0, len(p.Spec.Rules))
+	for i := range p.Spec.Rules {
+		r := &p.Spec.Rules[i]
+		rs := v1alpha1.RuleStatus{Name: r.Name, Mode: r.Mode}
+		if rs.Mode == "" {
+			rs.Mode = v1alpha1.ModeEnforce
+		}
+		if cd, ok := res.ClusterDefaults[r.Name]; ok {
+			rs.ClusterDefault = &cd
+		}
+		if usage != nil {
+			if c, ok := usage.Rules[r.Name]; ok {
+				exempt := c.Exempt
+				rs.Exempt = &exempt
+				if rs.Mode == v1alpha1.ModeShadow {
+					n := c.ShadowDenied
+					rs.WouldHaveDenied = &n
+				} else {
+					n := c.Denied
+					rs.Denied = &n
+				}
+			}
+		}
+		out = append(out, rs)
+	}
+	return out
 }
 
 func invalidMessage(res *compiler.PolicyResult) string {

@@ -52,10 +52,11 @@ var _ = Describe("config/samples", func() {
 		AddReportEntry("kubectl get rlp", out)
 		GinkgoWriter.Println(out)
 		lines := strings.Split(out, "\n")
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "PODS", "AGE"}))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "ENFORCING", "STORE", "AGE"}))
 		Expect(lines).To(HaveLen(6))
-		Expect(out).To(MatchRegexp(`(?m)^login\s+True\s+False\s+1\s+\S+$`))
-		Expect(out).To(MatchRegexp(`(?m)^layered\s+True\s+False\s+0\s+\S+$`), "the layered sample selects app=reports")
+		// The pod has no sidecar: targeted, not enforcing.
+		Expect(out).To(MatchRegexp(`(?m)^login\s+True\s+False\s+0/1\s+default\s+\S+$`))
+		Expect(out).To(MatchRegexp(`(?m)^layered\s+True\s+False\s+0/0\s+default\s+\S+$`), "the layered sample selects app=reports")
 
 		out, err = kubectl.Run(ctx, "get", "cstore")
 		Expect(err).NotTo(HaveOccurred(), out)

@@ -89,6 +89,7 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
+	Expect((&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)

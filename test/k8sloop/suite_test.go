@@ -183,7 +183,7 @@ func webhookConfigurations() (*admissionregistrationv1.MutatingWebhookConfigurat
 		}
 	}
 	Expect(m.Webhooks).To(HaveLen(1))
-	Expect(v.Webhooks).To(HaveLen(1))
+	Expect(v.Webhooks).To(HaveLen(2), "the RateLimitPolicy and ClusterRateLimitPolicy validators")
 	m.Name, v.Name = injectorConfig, validatorConfig
 	return &m, &v
 }

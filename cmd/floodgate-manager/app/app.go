@@ -70,7 +70,10 @@ var storeMetrics = sync.OnceValue(func() *counterstore.Metrics { return counters
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
-	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
+	if err := r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency}); err != nil {
+		return err
+	}
+	return (&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
 }
 
 // Main runs the manager with the command line args, and returns the exit

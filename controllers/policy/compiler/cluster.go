@@ -191,3 +191,15 @@ func fasterThan(a, b v1alpha1.Limit) bool {
 	r := new(big.Int).Mul(big.NewInt(b.Requests), big.NewInt(int64(a.Per.Duration)))
 	return l.Cmp(r) > 0
 }
+
+// CheckCluster compiles a ClusterRateLimitPolicy's entry for a stand-in
+// namespace and runs the sidecar's validation on it, so that a policy the
+// webhook admits is one the sidecars load.
+func CheckCluster(c *v1alpha1.ClusterRateLimitPolicy) error {
+	entry := compileCluster(c, "admission", 1)
+	if entry.UID == ClusterEntryUID("", "admission") {
+		entry.UID = ClusterEntryUID("00000000-0000-0000-0000-000000000000", "admission")
+	}
+	store := config.Store{Type: config.StoreRedis, Addresses: []string{"admission.invalid:6379"}}
+	return checkEntry(entry, store)
+}
