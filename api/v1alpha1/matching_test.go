@@ -126,7 +126,9 @@ func TestValidateSemanticsRejectsBadMatching(t *testing.T) {
 		"spec.rules[0].match.hosts[0]", "must be a lower-case DNS name",
 	}, {
 		"a header match with value and regex",
-		func(p *RateLimitPolicy) { p.Spec.Rules[0].Match.Headers = []HeaderMatch{{Name: "X-A", Value: "a", Regex: "b"}} },
+		func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Match.Headers = []HeaderMatch{{Name: "X-A", Value: "a", Regex: "b"}}
+		},
 		"spec.rules[0].match.headers[0]", "set at most one of value, regex and absent",
 	}, {
 		"a header regex that does not compile",
@@ -134,7 +136,9 @@ func TestValidateSemanticsRejectsBadMatching(t *testing.T) {
 		"spec.rules[0].match.headers[0].regex", "not a valid RE2 regular expression",
 	}, {
 		"absent and invert",
-		func(p *RateLimitPolicy) { p.Spec.Rules[0].Match.Query = []QueryMatch{{Name: "q", Absent: true, Invert: true}} },
+		func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Match.Query = []QueryMatch{{Name: "q", Absent: true, Invert: true}}
+		},
 		"spec.rules[0].match.query[0].invert", "invert cannot go with absent",
 	}}
 	for _, tc := range tests {
@@ -215,7 +219,9 @@ func TestClusterPolicyValidateSemantics(t *testing.T) {
 		"metadata.name", "Too long",
 	}, {
 		"a bad override condition",
-		func(p *ClusterRateLimitPolicy) { p.Spec.Overrides.Rules[0].Match.When = []Expression{"request.host.endsWith(1)"} },
+		func(p *ClusterRateLimitPolicy) {
+			p.Spec.Overrides.Rules[0].Match.When = []Expression{"request.host.endsWith(1)"}
+		},
 		"spec.overrides.rules[0].match.when[0]", "not a valid CEL expression",
 	}}
 	for _, tc := range tests {

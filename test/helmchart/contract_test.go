@@ -34,8 +34,8 @@ const (
 	// The ClusterRateLimitPolicy validator's.
 	validateClusterWebhookName = "validate.clusterratelimitpolicy.floodgate.dev"
 	validateClusterPath        = "/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy"
-	optedInExpression   = "has(object.metadata.annotations) && 'floodgate.dev/inject' in object.metadata.annotations && object.metadata.annotations['floodgate.dev/inject'] == 'true'"
-	defaultCertDir      = "/tmp/k8s-webhook-server/serving-certs"
+	optedInExpression          = "has(object.metadata.annotations) && 'floodgate.dev/inject' in object.metadata.annotations && object.metadata.annotations['floodgate.dev/inject'] == 'true'"
+	defaultCertDir             = "/tmp/k8s-webhook-server/serving-certs"
 )
 
 func fromUnstructured(t *testing.T, u *unstructured.Unstructured, into any) {
