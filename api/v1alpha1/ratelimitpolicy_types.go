@@ -287,7 +287,7 @@ type PathMatch struct {
 // HeaderMatch matches one request header. At most one of value, regex
 // and absent is set; with none, the header only has to be present.
 //
-// +kubebuilder:validation:XValidation:rule="[has(self.value) && self.value != ”, has(self.regex) && self.regex != ”, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && size(self.value) > 0, has(self.regex) && size(self.regex) > 0, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
 // +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the header, leave both unset",fieldPath=".invert"
 type HeaderMatch struct {
 	// Name is the header name, matched case-insensitively.
@@ -323,7 +323,7 @@ type HeaderMatch struct {
 // one of value, regex and absent is set; with none, the parameter only
 // has to be present.
 //
-// +kubebuilder:validation:XValidation:rule="[has(self.value) && self.value != ”, has(self.regex) && self.regex != ”, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && size(self.value) > 0, has(self.regex) && size(self.regex) > 0, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
 // +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the parameter, leave both unset",fieldPath=".invert"
 type QueryMatch struct {
 	// Name is the parameter's name, matched exactly.

@@ -8,7 +8,11 @@
 package metrics
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 const namespace = "floodgate_sidecar"
@@ -184,4 +188,69 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.LocalDenialsTotal.DeletePartialMatch(labels)
 	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
 	m.ExemptTotal.DeletePartialMatch(labels)
+}
+
+// RuleTotals are one rule's counters, by result, and its exempt count.
+type RuleTotals struct {
+	Policy, Rule                               string
+	Allowed, Denied, ShadowDenied, Unavailable uint64
+	Exempt                                     uint64
+}
+
+// Totals reads the decision and exempt counters of every rule, ordered by
+// policy and rule. It reads the collectors as a scrape does, so it never
+// touches the decision path; it is safe for concurrent use.
+func (m *Metrics) Totals() []RuleTotals {
+	byRule := map[[2]string]*RuleTotals{}
+	get := func(labels []*dto.LabelPair) (*RuleTotals, string) {
+		var policy, rule, result string
+		for _, l := range labels {
+			switch l.GetName() {
+			case "policy":
+				policy = l.GetValue()
+			case "rule":
+				rule = l.GetValue()
+			case "result":
+				result = l.GetValue()
+			}
+		}
+		k := [2]string{policy, rule}
+		t := byRule[k]
+		if t == nil {
+			t = &RuleTotals{Policy: policy, Rule: rule}
+			byRule[k] = t
+		}
+		return t, result
+	}
+	read := func(c prometheus.Collector, f func(t *RuleTotals, result string, v uint64)) {
+		ch := make(chan prometheus.Metric, 64)
+		go func() { c.Collect(ch); close(ch) }()
+		for pm := range ch {
+			var out dto.Metric
+			if err := pm.Write(&out); err != nil {
+				continue
+			}
+			t, result := get(out.GetLabel())
+			f(t, result, uint64(out.GetCounter().GetValue()))
+		}
+	}
+	read(m.DecisionsTotal, func(t *RuleTotals, result string, v uint64) {
+		switch result {
+		case ResultAllowed:
+			t.Allowed = v
+		case ResultDenied:
+			t.Denied = v
+		case ResultShadowDenied:
+			t.ShadowDenied = v
+		case ResultUnavailable:
+			t.Unavailable = v
+		}
+	})
+	read(m.ExemptTotal, func(t *RuleTotals, _ string, v uint64) { t.Exempt = v })
+	out := make([]RuleTotals, 0, len(byRule))
+	for _, t := range byRule {
+		out = append(out, *t)
+	}
+	slices.SortFunc(out, func(a, b RuleTotals) int { return cmp.Or(cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Rule, b.Rule)) })
+	return out
 }

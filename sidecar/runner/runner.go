@@ -47,6 +47,8 @@ type Runner struct {
 	reg *prometheus.Registry
 	m   *metrics.Metrics
 	ev  *events.Queue
+	// started is when the counters started, for the usage report.
+	started time.Time
 
 	adminLn, proxyLn net.Listener
 	grpcLn           net.Listener     // nil unless --grpc-listen
@@ -123,7 +125,7 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	if source == nil {
 		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
-	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
+	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), started: time.Now().UTC().Truncate(time.Millisecond)}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
@@ -466,6 +468,18 @@ func (r *Runner) adminHandler() http.Handler {
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET "+config.UsagePath, func(w http.ResponseWriter, _ *http.Request) {
+		u := config.Usage{Started: r.started, Rules: []config.RuleUsage{}}
+		r.mu.Lock()
+		u.Revision = r.status.Revision
+		r.mu.Unlock()
+		for _, t := range r.m.Totals() {
+			u.Rules = append(u.Rules, config.RuleUsage{Policy: t.Policy, Rule: t.Rule, Allowed: t.Allowed, Denied: t.Denied,
+				ShadowDenied: t.ShadowDenied, Unavailable: t.Unavailable, Exempt: t.Exempt})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(u)
 	})
 	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
 		st := r.Status()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow", "SlidingLog"}
@@ -240,6 +243,21 @@ limit: {requests: 1, per: 1h}`), true)
 	}
 	if got := sc.metric(t, `floodgate_sidecar_decisions_total{policy="p",result="shadow_denied",rule="r"}`); got != 4 {
 		t.Errorf("shadow_denied = %v, want 4", got)
+	}
+	// The usage report says the same, for floodgate-manager.
+	res, err := http.Get(sc.admin + config.UsagePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage config.Usage
+	err = json.NewDecoder(res.Body).Decode(&usage)
+	_ = res.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []config.RuleUsage{{Policy: "p", Rule: "r", Allowed: 1, ShadowDenied: 4}}
+	if !reflect.DeepEqual(usage.Rules, want) || usage.Started.IsZero() || usage.Started.After(time.Now()) {
+		t.Errorf("usage report = %+v, want rules %+v and the start time", usage, want)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for strings.Count(sc.logs.String(), `"rate limit shadow deny"`) < 4 && time.Now().Before(deadline) {

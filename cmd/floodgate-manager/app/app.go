@@ -40,6 +40,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
+	"github.com/floodgate-dev/floodgate/controllers/usage"
 )
 
 // Name is the binary's name, also the Event reporter's.
@@ -54,6 +55,9 @@ type component struct {
 // components are the manager's controllers and webhooks, set up in order.
 var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
+	{name: policy.ClusterControllerName, setup: func(_ context.Context, mgr ctrl.Manager, _ *Options) error {
+		return (&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	}},
 	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 		return counterstore.Setup(ctx, mgr, storeMetrics(), counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
 	}},
@@ -70,10 +74,14 @@ var storeMetrics = sync.OnceValue(func() *counterstore.Metrics { return counters
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
-	if err := r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency}); err != nil {
-		return err
+	if o.UsageInterval > 0 {
+		c := usage.New(mgr.GetClient(), usage.Options{Interval: o.UsageInterval, Window: o.UsageWindow})
+		if err := mgr.Add(c); err != nil {
+			return fmt.Errorf("add the usage collector: %w", err)
+		}
+		r.Usage = c
 	}
-	return (&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
 }
 
 // Main runs the manager with the command line args, and returns the exit
