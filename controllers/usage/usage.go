@@ -40,6 +40,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -135,6 +136,7 @@ func New(reader client.Reader, o Options) *Collector {
 type series struct {
 	namespace string
 	samples   []sample // oldest first
+	failing   bool     // the last read failed
 }
 
 // sample is one usage report.
@@ -177,9 +179,9 @@ func (c *Collector) For(namespace, name string) *policy.PolicyUsage {
 
 // target is a pod to read.
 type target struct {
-	uid       types.UID
-	namespace string
-	url       string
+	uid             types.UID
+	namespace, name string
+	url             string
 }
 
 // targets lists the running pods with floodgate's sidecar and its admin
@@ -191,14 +193,16 @@ func targets(pods []corev1.Pod) []target {
 		if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
 			continue
 		}
-		for _, ctr := range pod.Spec.Containers {
+		// The sidecar is a native sidecar (an init container that keeps
+		// running) where the cluster has them, else a container.
+		for _, ctr := range append(slices.Clip(pod.Spec.InitContainers), pod.Spec.Containers...) {
 			if ctr.Name != config.ContainerName {
 				continue
 			}
 			for _, p := range ctr.Ports {
 				if p.Name == injection.AdminPortName {
 					host := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(p.ContainerPort)))
-					out = append(out, target{uid: pod.UID, namespace: pod.Namespace, url: "http://" + host + config.UsagePath})
+					out = append(out, target{uid: pod.UID, namespace: pod.Namespace, name: pod.Name, url: "http://" + host + config.UsagePath})
 				}
 			}
 		}
@@ -216,17 +220,13 @@ func (c *Collector) Collect(ctx context.Context) {
 	}
 	ts := targets(pods.Items)
 	reports := make([]*config.Usage, len(ts))
+	errs := make([]error, len(ts))
 	work := make(chan int)
 	var wg sync.WaitGroup
 	for range min(c.o.Workers, len(ts)) {
 		wg.Go(func() {
 			for i := range work {
-				u, err := c.read(ctx, ts[i].url)
-				if err != nil {
-					log.FromContext(ctx).V(1).Info("usage: cannot read a sidecar", "url", ts[i].url, "error", err.Error())
-					continue
-				}
-				reports[i] = u
+				reports[i], errs[i] = c.read(ctx, ts[i].url)
 			}
 		})
 	}
@@ -242,15 +242,25 @@ func (c *Collector) Collect(ctx context.Context) {
 	live := map[types.UID]bool{}
 	for i, t := range ts {
 		live[t.uid] = true
-		u := reports[i]
-		if u == nil {
-			continue
-		}
 		s := c.pods[t.uid]
 		if s == nil {
 			s = &series{namespace: t.namespace}
 			c.pods[t.uid] = s
 		}
+		u := reports[i]
+		if u == nil {
+			// Say so once per failing spell: a NetworkPolicy that keeps
+			// the manager from the admin port shows here.
+			if !s.failing {
+				log.FromContext(ctx).Info("usage: cannot read a sidecar's usage report; its counts are missing from the status", "pod", t.namespace+"/"+t.name, "url", t.url, "error", errs[i].Error())
+			}
+			s.failing = true
+			continue
+		}
+		if s.failing {
+			log.FromContext(ctx).Info("usage: reading the sidecar's usage report again", "pod", t.namespace+"/"+t.name)
+		}
+		s.failing = false
 		smp := sample{at: now, started: u.Started, rules: map[ruleKey]config.RuleUsage{}}
 		for _, r := range u.Rules {
 			smp.rules[ruleKey{r.Policy, r.Rule}] = r

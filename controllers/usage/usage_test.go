@@ -80,16 +80,22 @@ func startAPI(t *testing.T) client.Client {
 }
 
 // runPod creates a Running pod on 127.0.0.1 whose sidecar's admin port is
-// the sidecar server's port.
-func runPod(ctx context.Context, t *testing.T, c client.Client, ns, name string, s *sidecar) {
+// the sidecar server's port; native puts the sidecar among the init
+// containers, as the injector does where native sidecars exist.
+func runPod(ctx context.Context, t *testing.T, c client.Client, ns, name string, s *sidecar, native bool) {
 	t.Helper()
+	always := corev1.ContainerRestartPolicyAlways
+	side := corev1.Container{Name: config.ContainerName, Image: "registry.invalid/sidecar:1",
+		Ports: []corev1.ContainerPort{{Name: injection.AdminPortName, ContainerPort: s.port}}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{
-			{Name: "app", Image: "registry.invalid/app:1"},
-			{Name: config.ContainerName, Image: "registry.invalid/sidecar:1",
-				Ports: []corev1.ContainerPort{{Name: injection.AdminPortName, ContainerPort: s.port}}},
-		}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
+	}
+	if native {
+		side.RestartPolicy = &always
+		pod.Spec.InitContainers = []corev1.Container{side}
+	} else {
+		pod.Spec.Containers = append(pod.Spec.Containers, side)
 	}
 	if err := c.Create(ctx, pod); err != nil {
 		t.Fatal(err)
@@ -112,8 +118,8 @@ func TestCollector(t *testing.T) {
 	now := t0
 	a := newSidecar(t, t0.Add(-time.Hour))
 	b := newSidecar(t, t0.Add(-time.Hour))
-	runPod(ctx, t, c, "shop", "api-0", a)
-	runPod(ctx, t, c, "shop", "api-1", b)
+	runPod(ctx, t, c, "shop", "api-0", a, false)
+	runPod(ctx, t, c, "shop", "api-1", b, true)
 	// A pod without the sidecar is not read.
 	if err := c.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "db-0", Namespace: "shop"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "db", Image: "registry.invalid/db:1"}}}}); err != nil {
