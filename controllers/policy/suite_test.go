@@ -30,6 +30,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
+	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
@@ -90,6 +91,7 @@ var _ = BeforeSuite(func() {
 	stopManager = cancel
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	Expect((&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&podlimits.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(app.Name)}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)

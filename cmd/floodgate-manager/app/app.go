@@ -38,6 +38,7 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
+	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/controllers/usage"
@@ -57,6 +58,9 @@ var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
 	{name: policy.ClusterControllerName, setup: func(_ context.Context, mgr ctrl.Manager, _ *Options) error {
 		return (&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	}},
+	{name: podlimits.ControllerName, setup: func(_ context.Context, mgr ctrl.Manager, _ *Options) error {
+		return (&podlimits.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Name)}).SetupWithManager(mgr)
 	}},
 	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 		return counterstore.Setup(ctx, mgr, storeMetrics(), counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
