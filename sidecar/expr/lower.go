@@ -103,6 +103,13 @@ func lowerBool(a *ast.AST, e ast.Expr) (boolFn, bool) {
 			return nil, false
 		}
 		want := fn == operators.Equals
+		// The usual shape compares with a literal: one closure call less.
+		if lit, ok := stringLiteral(args[1]); ok {
+			return compareLiteral(l, lit, want), true
+		}
+		if lit, ok := stringLiteral(args[0]); ok {
+			return compareLiteral(r, lit, want), true
+		}
 		return func(in Input) tri {
 			x, ok := l(in)
 			if !ok {
@@ -129,13 +136,32 @@ func lowerBool(a *ast.AST, e ast.Expr) (boolFn, bool) {
 		if !ok {
 			return nil, false
 		}
-		set := map[string]bool{}
+		var list []string
 		for _, el := range args[1].AsList().Elements() {
 			s, ok := stringLiteral(el)
 			if !ok {
 				return nil, false
 			}
-			set[s] = true
+			list = append(list, s)
+		}
+		if len(list) <= 8 {
+			// A few comparisons beat hashing the string.
+			return func(in Input) tri {
+				s, ok := x(in)
+				if !ok {
+					return triErr
+				}
+				for _, e := range list {
+					if s == e {
+						return triTrue
+					}
+				}
+				return triFalse
+			}, true
+		}
+		set := map[string]bool{}
+		for _, e := range list {
+			set[e] = true
 		}
 		return func(in Input) tri {
 			s, ok := x(in)
@@ -325,6 +351,17 @@ func variable(a *ast.AST, e ast.Expr) string {
 		return e.AsIdent()
 	}
 	return ""
+}
+
+// compareLiteral is x == lit (want true) or x != lit (want false).
+func compareLiteral(x strFn, lit string, want bool) boolFn {
+	return func(in Input) tri {
+		v, ok := x(in)
+		if !ok {
+			return triErr
+		}
+		return triOf((v == lit) == want)
+	}
 }
 
 func stringLiteral(e ast.Expr) (string, bool) {
