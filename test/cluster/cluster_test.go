@@ -275,7 +275,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 	It("shows the policy Programmed with 3 of 3 pods enforcing in kubectl get rlp", func(ctx SpecContext) {
 		Eventually(func(g Gomega) {
 			out := kubectl(ctx, "-n", appNS, "get", "rlp", app, "--no-headers")
-			g.Expect(strings.Fields(out)[:4]).To(Equal([]string{app, "True", "True", "3"}))
+			g.Expect(strings.Fields(out)[:5]).To(Equal([]string{app, "True", "True", "3/3", "default"}))
 			got := kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", "jsonpath={.status.enforcingPods}/{.status.targetedPods}")
 			g.Expect(got).To(Equal("3/3"))
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())

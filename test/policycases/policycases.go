@@ -476,6 +476,34 @@ spec:
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m}`, LongName),
 		Want: []string{`The RateLimitPolicy "` + LongName + `" is invalid: spec: Invalid value: the compiled policy fails the sidecar's validation: policies[0].name: must be 1-63`}},
+	{Name: "a condition that is not a condition", Doc: `
+  podSelector: {matchLabels: {app: api}}
+  rules:
+  - name: api
+    match: {when: ["request.method"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1m}`,
+		Want: []string{`spec.rules[0].match.when[0]: Invalid value: "request.method": must be a condition (of type bool), but is of type string`}},
+	{Name: "a condition whose worst case costs too much", Doc: `
+  podSelector: {matchLabels: {app: api}}
+  rules:
+  - name: api
+    match: {when: ["request.headers.all(a, request.headers.all(b, a != b))"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1m}`,
+		Want: []string{"spec.rules[0].match.when[0]", "its estimated worst-case cost", "exceeds the limit 1000000"}},
+	{Name: "a ClusterRateLimitPolicy key expression that does not compile", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-expression}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:
+    - name: per-org
+      key: [{expression: "request.headers['x-org'"}]
+      limit: {requests: 10, per: 1m}`,
+		Want: []string{`spec.defaults.rules[0].key[0].expression`, "not a valid CEL expression"}},
 	{Name: "a jwtClaim key without a verified key source (caught by the CRD's CEL rule first)", Doc: `
   podSelector: {matchLabels: {app: api}}
   rules:

@@ -113,6 +113,12 @@ func printExplain(o *options, rep ExplainReport, defaultReplicas bool) {
 			if r.MissingKey != "" {
 				o.printf("    missing  %s\n", r.MissingKey)
 			}
+			if r.Exempt != "" {
+				o.printf("    exempt   %s\n", r.Exempt)
+			}
+			if len(r.ReplacedBy) > 0 {
+				o.printf("    replaced on the pods of %s, whose own rule tightens it\n", strings.Join(r.ReplacedBy, ", "))
+			}
 		}
 	}
 	for _, w := range rep.Warnings {

@@ -53,6 +53,13 @@ type Rule struct {
 	Cost string `json:"cost,omitempty"`
 	// MissingKey says what happens to a request without the key parts.
 	MissingKey string `json:"missingKey,omitempty"`
+	// Exempt says which requests the rule matches but never limits (its
+	// exempt section and its policy's).
+	Exempt string `json:"exempt,omitempty"`
+	// ReplacedBy names the policies whose pods do not enforce the rule,
+	// because a rule of theirs replaces it (a cluster default that a
+	// team's policy tightens).
+	ReplacedBy []string `json:"replacedBy,omitempty"`
 	// Failure says what happens when the store is unreachable.
 	Failure string `json:"failure"`
 	// Fallback is the local limit of each replica when the store is
@@ -75,6 +82,10 @@ type Limit struct {
 // select.
 func Config(c *config.Config) ([]Policy, error) {
 	m := metrics.NewMetrics(prometheus.NewRegistry())
+	names := make(map[string]string, len(c.Policies))
+	for i := range c.Policies {
+		names[c.Policies[i].UID] = c.Policies[i].Name
+	}
 	out := make([]Policy, 0, len(c.Policies))
 	for i := range c.Policies {
 		p := &c.Policies[i]
@@ -83,6 +94,11 @@ func Config(c *config.Config) ([]Policy, error) {
 			r, err := rule(p, &p.Rules[j], m)
 			if err != nil {
 				return nil, fmt.Errorf("policy %s, rule %s: %w", p.Name, p.Rules[j].Name, err)
+			}
+			for k, uid := range r.ReplacedBy {
+				if n, ok := names[uid]; ok {
+					r.ReplacedBy[k] = n
+				}
 			}
 			dp.Rules = append(dp.Rules, r)
 		}
@@ -119,6 +135,8 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 	}
 	out.Cost = cost(r.Cost, lim.Capacity())
 	out.MissingKey = missingKey(r)
+	out.Exempt = exempt(p.Exempt, r.Exempt)
+	out.ReplacedBy = slices.Clone(r.ReplacedBy)
 	return out, nil
 }
 
@@ -255,6 +273,9 @@ func applies(m *config.Match) string {
 	} else {
 		what = "requests"
 	}
+	if len(m.Hosts) > 0 {
+		what += " for " + strings.Join(m.Hosts, " or ")
+	}
 	if p := m.Path; p != nil {
 		switch p.Type {
 		case config.PathExact:
@@ -264,22 +285,67 @@ func applies(m *config.Match) string {
 		default:
 			what += " to paths matching " + p.Value
 		}
-	} else {
+	} else if len(m.Hosts) == 0 && len(m.Query) == 0 && len(m.SourceCIDRs) == 0 && len(m.When) == 0 {
 		what = "all " + what
 	}
-	for i, h := range m.Headers {
-		if i == 0 {
-			what += " with"
-		} else {
-			what += " and"
-		}
-		if h.Value == "" {
-			what += " a " + h.Name + " header"
-		} else {
-			what += fmt.Sprintf(" header %s: %s", h.Name, h.Value)
-		}
+	var with []string
+	for _, h := range m.Headers {
+		with = append(with, valueMatch("header", h.Name, h.Value, h.Regex, h.Absent, h.Invert))
+	}
+	for _, q := range m.Query {
+		with = append(with, valueMatch("query parameter", q.Name, q.Value, q.Regex, q.Absent, q.Invert))
+	}
+	if len(with) > 0 {
+		what += " with " + strings.Join(with, " and ")
+	}
+	if len(m.SourceCIDRs) > 0 {
+		what += " from " + strings.Join(m.SourceCIDRs, " or ")
+	}
+	if len(m.When) > 0 {
+		what += " when " + strings.Join(m.When, " and ")
 	}
 	return what
+}
+
+// valueMatch words one header or query parameter match.
+func valueMatch(kind, name, value, regex string, absent, invert bool) string {
+	switch {
+	case absent:
+		return "no " + name + " " + kind
+	case value != "" && invert:
+		return fmt.Sprintf("%s %s other than %s", kind, name, value)
+	case value != "":
+		return fmt.Sprintf("%s %s: %s", kind, name, value)
+	case regex != "" && invert:
+		return fmt.Sprintf("%s %s not matching %s", kind, name, regex)
+	case regex != "":
+		return fmt.Sprintf("%s %s matching %s", kind, name, regex)
+	case invert:
+		return "no " + name + " " + kind
+	}
+	return "a " + name + " " + kind
+}
+
+// exempt words the exemptions of a rule and its policy, or "": a request
+// from one of the networks, or one for which every condition of a section
+// holds, is exempt.
+func exempt(sections ...*config.Exempt) string {
+	var alternatives []string
+	for _, x := range sections {
+		if x == nil {
+			continue
+		}
+		if len(x.SourceCIDRs) > 0 {
+			alternatives = append(alternatives, "requests from "+strings.Join(x.SourceCIDRs, " or "))
+		}
+		if len(x.When) > 0 {
+			alternatives = append(alternatives, "requests when "+strings.Join(x.When, " and "))
+		}
+	}
+	if len(alternatives) == 0 {
+		return ""
+	}
+	return strings.Join(alternatives, ", or ") + ": never limited, counted as exempt"
 }
 
 func counter(key []config.KeyPart) string {
@@ -307,6 +373,8 @@ func keyPart(k config.KeyPart) string {
 		return "path"
 	case k.Method != nil:
 		return "method"
+	case k.Expression != "":
+		return "value of " + k.Expression
 	}
 	return "?"
 }
@@ -327,7 +395,7 @@ func missingKey(r *config.Rule) string {
 	// The client IP, the path and the method are always there.
 	var names []string
 	for _, k := range r.Key {
-		if k.Header != "" || k.Query != "" || k.JWTClaim != "" {
+		if k.Header != "" || k.Query != "" || k.JWTClaim != "" || k.Expression != "" {
 			names = append(names, keyPart(k))
 		}
 	}

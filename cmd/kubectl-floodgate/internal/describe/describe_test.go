@@ -1,6 +1,7 @@
 package describe
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -117,5 +118,53 @@ func TestPeriod(t *testing.T) {
 		if got := period(d); got != want {
 			t.Errorf("period(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// The matching fields, key expressions, exemptions and a replaced cluster
+// default are all said in words; none is left out of what a rule applies to.
+func TestConditionsAndExemptions(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{APIVersion: config.APIVersion, Policies: []config.Policy{{
+		Name: "cluster.floor", UID: "c-u", Exempt: &config.Exempt{SourceCIDRs: []string{"10.0.0.0/8"}},
+		Rules: []config.Rule{{
+			Name: "orders", ReplacedBy: []string{"t-u"},
+			Match: config.Match{
+				Methods: []string{"POST"}, Hosts: []string{"api.example.com", "*.example.org"},
+				Headers:     []config.HeaderMatch{{Name: "X-Tier", Regex: "free|trial"}, {Name: "X-Internal", Absent: true}, {Name: "X-Env", Value: "prod", Invert: true}},
+				Query:       []config.QueryMatch{{Name: "dry-run", Absent: true}, {Name: "page"}},
+				SourceCIDRs: []string{"192.0.2.0/24"},
+				When:        []string{"request.path.startsWith('/orders')", "request.headers['x-org'] != 'acme'"},
+			},
+			Key:    []config.KeyPart{{Expression: "request.headers['x-org']"}},
+			Exempt: &config.Exempt{When: []string{"request.headers['x-probe'] == 'health'"}},
+			Limit:  config.Limit{Requests: 10, Per: per(time.Minute)},
+		}, {
+			Name: "plain", Key: []config.KeyPart{{ClientIP: &struct{}{}}}, Limit: config.Limit{Requests: 10, Per: per(time.Minute)},
+		}},
+	}, {Name: "team", UID: "t-u", Rules: []config.Rule{{Name: "orders", Key: []config.KeyPart{{ClientIP: &struct{}{}}}, Limit: config.Limit{Requests: 5, Per: per(time.Minute)}}}}}}
+	ps, err := Config(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ps[0].Rules[0]
+	for _, f := range []struct{ name, got, want string }{
+		{"Applies", r.Applies, "POST requests for api.example.com or *.example.org with header X-Tier matching free|trial and no X-Internal header and header X-Env other than prod" +
+			" and no dry-run query parameter and a page query parameter from 192.0.2.0/24" +
+			" when request.path.startsWith('/orders') and request.headers['x-org'] != 'acme'"},
+		{"Counter", r.Counter, "each value of request.headers['x-org']"},
+		{"MissingKey", r.MissingKey, "requests without value of request.headers['x-org'] are not limited by this rule"},
+		{"Exempt", r.Exempt, "requests from 10.0.0.0/8, or requests when request.headers['x-probe'] == 'health': never limited, counted as exempt"},
+		{"ReplacedBy", strings.Join(r.ReplacedBy, ","), "team"},
+		{"plain Exempt", ps[0].Rules[1].Exempt, "requests from 10.0.0.0/8: never limited, counted as exempt"},
+		{"plain Applies", ps[0].Rules[1].Applies, "all requests"},
+		{"team Exempt", ps[1].Rules[0].Exempt, ""},
+	} {
+		if f.got != f.want {
+			t.Errorf("%s = %q, want %q", f.name, f.got, f.want)
+		}
+	}
+	if got := c.Policies[0].Rules[0].ReplacedBy[0]; got != "t-u" {
+		t.Errorf("the config's ReplacedBy became %q: Config must not change its input", got)
 	}
 }
