@@ -272,7 +272,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		Expect(denied.Body).To(ContainSubstring(`"status":429`))
 	})
 
-	It("shows the policy Programmed with 3 of 3 pods enforcing in kubectl get rlp", func(ctx SpecContext) {
+	It("shows the policy Programmed with 3 of 3 pods enforcing, and its rules' denials, in kubectl get rlp", func(ctx SpecContext) {
 		Eventually(func(g Gomega) {
 			out := kubectl(ctx, "-n", appNS, "get", "rlp", app, "--no-headers")
 			g.Expect(strings.Fields(out)[:5]).To(Equal([]string{app, "True", "True", "3/3", "default"}))
@@ -280,6 +280,14 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			g.Expect(got).To(Equal("3/3"))
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
 		AddReportEntry("kubectl get rlp", kubectl(ctx, "-n", appNS, "get", "rlp"))
+
+		By("reading the denials of the exact-count test in the status: the manager reads each pod's usage report over the pod network")
+		start := time.Now()
+		Eventually(func() string {
+			return kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", `jsonpath={.status.rules[?(@.name=="per-api-key")].denied}`)
+		}).WithContext(ctx).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Equal("10"), "per-api-key denied the 10 requests over its limit")
+		AddReportEntry("denials in status after", time.Since(start).Round(100*time.Millisecond).String())
+		AddReportEntry("status.rules and status.usage", kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", "jsonpath={.status.rules}{\"\\n\"}{.status.usage}"))
 	})
 
 	It("enforces a live policy edit within 2 s on every pod", func(ctx SpecContext) {
