@@ -23,6 +23,27 @@
 //
 // A deny adds Retry-After (whole seconds, rounded up, at least 1) and an
 // RFC 9457 application/problem+json body.
+//
+// # gRPC
+//
+// A gRPC call (Content-Type application/grpc) that the sidecar refuses is
+// answered as gRPC, not as HTTP: a Trailers-Only answer with grpc-status 8
+// (RESOURCE_EXHAUSTED) for a deny, grpc-retry-pushback-ms, and the
+// rate-limit fields in the trailers (ratelimitheaders.GRPCRefusal). A gRPC
+// client reads a bare HTTP 429 as UNAVAILABLE and retries it at once.
+//
+// # The path the application sees
+//
+// Rules match the cleaned path (match.CleanPath: "/a/../admin" is
+// "/admin"). When cleaning changes the path, the application is sent the
+// cleaned path, so that it serves the path the rules matched and not
+// another one its router would make of the raw path.
+//
+// # Header size
+//
+// With Options.MaxHeaderBytes, a request whose header block (request line
+// and fields, as sent on HTTP/1.1) is larger is answered 431, exactly at
+// the bound.
 package proxy
 
 import (
@@ -57,6 +78,8 @@ const (
 	ProblemBadRequest  = "https://floodgate.dev/problems/bad-request"
 	ProblemNoConfig    = "https://floodgate.dev/problems/no-config"
 	ProblemUpstream    = "https://floodgate.dev/problems/upstream-unreachable"
+	ProblemBadToken    = "https://floodgate.dev/problems/invalid-token"
+	ProblemTooLarge    = "https://floodgate.dev/problems/header-too-large"
 )
 
 // Options configure a Proxy.
@@ -76,6 +99,9 @@ type Options struct {
 	Events *events.Queue
 	// Log receives upstream errors; nil uses slog.Default().
 	Log *slog.Logger
+	// MaxHeaderBytes, when positive, answers 431 to a request whose
+	// header block is larger (see HeaderSize).
+	MaxHeaderBytes int
 }
 
 // Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
@@ -108,6 +134,10 @@ func New(o Options) (*Proxy, error) {
 	up := o.Upstream
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// The application serves the path the rules matched.
+			if clean := match.CleanPath(pr.In.URL.Path); clean != pr.In.URL.Path {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = clean, ""
+			}
 			pr.SetURL(up)
 			// The application sees the Host the client asked for.
 			pr.Out.Host = pr.In.Host
@@ -126,7 +156,7 @@ func New(o Options) (*Proxy, error) {
 			}
 			p.upstreamErr.Inc()
 			o.Log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
-			problem(w, http.StatusBadGateway, ProblemUpstream, "Bad Gateway", "the application did not answer", 0)
+			problem(w, r, http.StatusBadGateway, ProblemUpstream, "Bad Gateway", "the application did not answer", 0)
 		},
 	}
 	rt := o.Metrics.RequestsTotal
@@ -180,7 +210,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	set := p.rules.Load()
 	if set == nil {
 		p.unavailable.Inc()
-		NotReady(w)
+		NotReady(w, r)
+		return
+	}
+	if max := p.o.MaxHeaderBytes; max > 0 && HeaderSize(r) > max {
+		p.rejected.Inc()
+		problem(w, r, http.StatusRequestHeaderFieldsTooLarge, ProblemTooLarge, "Request Header Fields Too Large",
+			"the request header block is larger than "+strconv.Itoa(max)+" bytes", 0)
 		return
 	}
 	st := p.pool.Get().(*state)
@@ -196,7 +232,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			key, ok, err := rule.Extract.Key(&st.dreq)
 			if err != nil {
 				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
+				var bad *descriptor.InvalidTokenError
+				if errors.As(err, &bad) {
+					// RFC 6750: the token is the problem, not the request.
+					w.Header()["Www-Authenticate"] = invalidTokenChallenge
+					problem(w, r, http.StatusUnauthorized, ProblemBadToken, "Unauthorized", err.Error()+" (rule "+rule.PolicyName+")", 0)
+					return
+				}
+				problem(w, r, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
 				return
 			}
 			if !ok {
@@ -205,7 +248,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cost, err := rule.Cost.Of(r.Header)
 			if err != nil {
 				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
+				problem(w, r, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
 				return
 			}
 			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
@@ -233,12 +276,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b := binding(rule, v)
 	if v.Outcome == engine.Deny {
 		p.denied.Inc()
-		refuse(w, &b, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
+		refuse(w, r, &b, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
 			"rate limit of policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" exceeded")
 		return
 	}
 	p.unavailable.Inc()
-	refuse(w, &b, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
+	refuse(w, r, &b, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
 		"the counter store for policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" is unreachable and the rule fails closed")
 }
 
@@ -298,9 +341,57 @@ func setValues(h http.Header, all string, ends []int, names []string) {
 	}
 }
 
+// HeaderSize is the size of r's header block as HTTP/1.1 sends it: the
+// request line, each field as "Name: value" and CRLF (Host included), and
+// the empty line that ends the block. It is what --max-header-bytes
+// bounds, for HTTP/2 requests as well.
+func HeaderSize(r *http.Request) int {
+	uri := r.RequestURI
+	if uri == "" {
+		uri = r.URL.RequestURI()
+	}
+	n := len(r.Method) + 1 + len(uri) + 1 + len(r.Proto) + 2
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host) + 2
+	}
+	for name, vs := range r.Header {
+		for _, v := range vs {
+			n += len(name) + 2 + len(v) + 2
+		}
+	}
+	return n + 2
+}
+
+// WriteGRPCRefusal answers a gRPC call that the sidecar refuses with the
+// HTTP status status: a Trailers-Only gRPC answer whose trailers carry the
+// gRPC status for it (ratelimitheaders.GRPCStatus), msg, the retry
+// pushback when retry is positive, and b's rate-limit fields when b is not
+// nil.
+func WriteGRPCRefusal(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, msg string, retry time.Duration) {
+	var buf [20]string
+	pairs := ratelimitheaders.GRPCRefusal(buf[:0], b, ratelimitheaders.GRPCStatus(status), msg, retry)
+	h := w.Header()
+	h["Content-Type"] = grpcContentType
+	for i := 0; i+1 < len(pairs); i += 2 {
+		h[pairs[i]] = pairs[i+1 : i+2 : i+2]
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// isGRPC reports whether r is a gRPC call.
+func isGRPC(r *http.Request) bool {
+	ct := r.Header["Content-Type"]
+	return len(ct) == 1 && ratelimitheaders.IsGRPC(ct[0])
+}
+
 // refuse answers a request that binding b refused: its response fields,
-// and a problem+json body whose retryAfter is the Retry-After field.
-func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, typ, title, detail string) {
+// and a problem+json body whose retryAfter is the Retry-After field; for a
+// gRPC call, the gRPC answer.
+func refuse(w http.ResponseWriter, r *http.Request, b *ratelimitheaders.Binding, status int, typ, title, detail string) {
+	if isGRPC(r) {
+		WriteGRPCRefusal(w, b, status, detail, time.Duration(b.RetrySeconds())*time.Second)
+		return
+	}
 	body := problemBody(status, typ, title, detail, b.RetrySeconds())
 	// The fields and Content-Length share one string and one backing
 	// array.
@@ -322,8 +413,13 @@ func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, typ,
 }
 
 // problem writes an RFC 9457 problem+json answer that no rule's fields
-// go with. retry > 0 adds a Retry-After of that many seconds.
-func problem(w http.ResponseWriter, status int, typ, title, detail string, retry int64) {
+// go with, or the gRPC answer to a gRPC call. retry > 0 adds a Retry-After
+// of that many seconds.
+func problem(w http.ResponseWriter, r *http.Request, status int, typ, title, detail string, retry int64) {
+	if isGRPC(r) {
+		WriteGRPCRefusal(w, nil, status, detail, time.Duration(retry)*time.Second)
+		return
+	}
 	body := problemBody(status, typ, title, detail, retry)
 	var buf [40]byte
 	out := strconv.AppendInt(buf[:0], int64(len(body)), 10)
@@ -363,9 +459,11 @@ func problemBody(status int, typ, title, detail string, retry int64) []byte {
 // The constant header values of a problem answer, shared by all: their
 // capacity equals their length, so an append to one copies it.
 var (
-	problemContentType = []string{"application/problem+json"}
-	noStore            = []string{"no-store"}
-	problemHeaders     = [2]string{"Content-Length", "Retry-After"}
+	grpcContentType       = []string{ratelimitheaders.GRPCContentType}
+	invalidTokenChallenge = []string{`Bearer error="invalid_token"`}
+	problemContentType    = []string{"application/problem+json"}
+	noStore               = []string{"no-store"}
+	problemHeaders        = [2]string{"Content-Length", "Retry-After"}
 )
 
 // appendJSONString appends s as a JSON string. Valid UTF-8 is written as it
@@ -433,7 +531,8 @@ func (bufferPool) Get() []byte { return *(buffers.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // NotReady answers a request that arrives before any config is loaded:
-// 503 with Retry-After, as a fail-closed sidecar should.
-func NotReady(w http.ResponseWriter) {
-	problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", 1)
+// 503 with Retry-After, as a fail-closed sidecar should (UNAVAILABLE with
+// a retry pushback to a gRPC call).
+func NotReady(w http.ResponseWriter, r *http.Request) {
+	problem(w, r, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", 1)
 }

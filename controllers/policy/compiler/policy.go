@@ -106,7 +106,7 @@ func compileKeyPart(k v1alpha1.KeyPart) config.KeyPart {
 	case k.Query != "":
 		out.Query = k.Query
 	case k.ClientIP != nil:
-		out.ClientIP = &struct{}{}
+		out.ClientIP = &config.ClientIPKey{}
 	case k.JWTClaim != "":
 		out.JWTClaim = k.JWTClaim
 	case k.Path != nil:
