@@ -190,15 +190,18 @@ func (s *Store) shardOf(h uint64) *shard {
 // whatever its replica count and index, which are passed with the call, so
 // that a changing replica count adds no limits to the store's table.
 func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, string, error) {
-	l, share := req.Limit, req.Limit.Share
-	if l.Shared() {
+	var share limiter.Share
+	var lp *limitParams
+	var err error
+	if req.Limit.Shared() {
 		// The share is checked by TakeShare; the rest of the limit once,
 		// when interned.
-		l.Share = canonicalShare
+		l := req.Limit
+		share, l.Share = l.Share, canonicalShare
+		lp, err = s.limits.get(&l)
 	} else {
-		share = limiter.Share{}
+		lp, err = s.limits.get(&req.Limit)
 	}
-	lp, err := s.limits.get(l)
 	if err != nil {
 		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
@@ -290,22 +293,22 @@ func (t *limitTable) init() {
 	t.snap.Store(&limitSnap{byLimit: map[limiter.Limit]*limitParams{}})
 }
 
-func cacheSlot(l limiter.Limit) uint8 {
+func cacheSlot(l *limiter.Limit) uint8 {
 	x := uint64(l.Requests)*0x9E3779B97F4A7C15 ^ uint64(l.Period) ^ uint64(l.Burst)<<17 ^ uint64(l.Algorithm)<<7
 	x ^= x >> 29
 	x *= 0xBF58476D1CE4E5B9
 	return uint8(x >> 56)
 }
 
-func (t *limitTable) get(l limiter.Limit) (*limitParams, error) {
+func (t *limitTable) get(l *limiter.Limit) (*limitParams, error) {
 	slot := &t.cache[cacheSlot(l)]
-	if lp := slot.Load(); lp != nil && lp.p.Limit == l {
+	if lp := slot.Load(); lp != nil && lp.p.Limit == *l {
 		return lp, nil
 	}
-	lp, ok := t.snap.Load().byLimit[l]
+	lp, ok := t.snap.Load().byLimit[*l]
 	if !ok {
 		var err error
-		if lp, err = t.add(l); err != nil {
+		if lp, err = t.add(*l); err != nil {
 			return nil, err
 		}
 	}
