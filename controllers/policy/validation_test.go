@@ -156,13 +156,28 @@ var badInputs = []badInput{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
 		want: []string{"spec.rules[0].match.methods[0]", "Unsupported value", "FETCH"}},
-	{name: "no key parts", doc: `
+	{name: "key and keys", doc: `
   podSelector: {}
   rules:
   - name: r
-    key: []
+    key: [{clientIP: {}}]
+    keys: [[{header: X-API-Key}]]
     limit: {requests: 10, per: 1s}`,
-		want: []string{"spec.rules[0].key", "should have at least 1 items"}},
+		want: []string{"spec.rules[0].keys", "set key or keys, not both"}},
+	{name: "no key alternative", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    keys: []
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.rules[0].keys", "should have at least 1 items"}},
+	{name: "hops without cidrs", doc: `
+  podSelector: {}
+  trustedProxies: {hops: 1}
+  rules:
+  - name: r
+    limit: {requests: 10, per: 1s}`,
+		want: []string{"spec.trustedProxies.cidrs", "hops alone is not enough"}},
 	{name: "a key part with two fields", doc: `
   podSelector: {}
   rules:
@@ -221,7 +236,7 @@ var badInputs = []badInput{
   podSelector: {}
   trustedProxies: {}
   rules:` + okRule,
-		want: []string{"spec.trustedProxies", "set cidrs, hops, or both"}},
+		want: []string{"spec.trustedProxies.cidrs", "cidrs is required"}},
 	{name: "too many hops", doc: `
   podSelector: {}
   trustedProxies: {hops: 33}

@@ -71,6 +71,11 @@ const (
 	// StoreAuthFile is the store password's file, read for every new Redis
 	// connection through EnvRedisPasswordFile.
 	StoreAuthFile = StoreAuthDir + "/" + StoreAuthKey
+	// StateDir is where the injector mounts the sidecar's own emptyDir and
+	// points --state-dir: the sidecar saves the config in force there and,
+	// when its container restarts, enforces it until the API server
+	// answers.
+	StateDir = "/var/run/floodgate/state"
 
 	// EnvKubernetes ("true") selects the sidecar's Kubernetes mode: the
 	// ConfigMap watch and the pod condition.
@@ -106,7 +111,10 @@ func PartialMessage(revision string, failed []string) string {
 			next = ", " + name
 		}
 		if len(msg)+len(next)+len(moreMarker) > MaxPartialMessage {
-			return msg + strings.TrimPrefix(moreMarker, ", ")
+			if i == 0 {
+				return msg + strings.TrimPrefix(moreMarker, ", ")
+			}
+			return msg + moreMarker
 		}
 		msg += next
 	}

@@ -175,65 +175,14 @@ func (p *Policy) validate(path string, pods int, errs *errList) {
 	if p.UID == "" || len(p.UID) > MaxUIDLength || !nameChars(p.UID) {
 		errs.add(path+".uid", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxUIDLength, p.UID)
 	}
-	if p.Replicas < 0 {
-		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
-	}
-	if len(p.ReplicaPods) > 0 && int(p.Replicas) != len(p.ReplicaPods) {
-		errs.add(path+".replicas", "must equal the length of replicaPods, %d, got %d", len(p.ReplicaPods), p.Replicas)
-	}
-	for i, idx := range p.ReplicaPods {
-		switch {
-		case idx < 0 || int(idx) >= pods:
-			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must index pods (0-%d), got %d", pods-1, idx)
-		case i > 0 && idx <= p.ReplicaPods[i-1]:
-			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must be increasing: %d follows %d", idx, p.ReplicaPods[i-1])
-		}
-	}
+	p.validateReplicas(path, pods, errs)
 	if p.PodSelector != nil {
 		if _, err := metav1.LabelSelectorAsSelector(p.PodSelector); err != nil {
 			errs.add(path+".podSelector", "%v", err)
 		}
 	}
-	if tp := p.TrustedProxies; tp != nil {
-		for i, c := range tp.CIDRs {
-			if _, err := netip.ParsePrefix(c); err != nil {
-				errs.add(fmt.Sprintf("%s.trustedProxies.cidrs[%d]", path, i), "%v", err)
-			}
-		}
-		if tp.Hops < 0 || tp.Hops > MaxHops {
-			errs.add(path+".trustedProxies.hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
-		}
-		if len(tp.CIDRs) == 0 {
-			// hops alone would believe X-Forwarded-For from any peer, so
-			// any client could name any address.
-			errs.add(path+".trustedProxies.cidrs", "required: X-Forwarded-For is believed only from peers inside these ranges; omit trustedProxies to use the socket peer")
-		}
-		if tp.Header != "" {
-			if !validToken(tp.Header) {
-				errs.add(path+".trustedProxies.header", "not a valid header name: %q", tp.Header)
-			}
-			if tp.Hops != 0 {
-				errs.add(path+".trustedProxies.header", "a header holds one address: it excludes hops")
-			}
-		}
-	}
-	if j := p.JWT; j != nil {
-		jp := path + ".jwt"
-		if j.Header != "" && !validToken(j.Header) {
-			errs.add(jp+".header", "not a valid header name: %q", j.Header)
-		}
-		if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
-			errs.add(jp, "upstreamVerified excludes hmacSecretFile and jwksFile")
-		}
-		if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
-			errs.add(jp, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
-		}
-		switch j.OnInvalidToken {
-		case "", OnInvalidTokenReject, OnInvalidTokenNextAlternative:
-		default:
-			errs.add(jp+".onInvalidToken", "must be %s or %s, got %q", OnInvalidTokenReject, OnInvalidTokenNextAlternative, j.OnInvalidToken)
-		}
-	}
+	p.TrustedProxies.validate(path+".trustedProxies", errs)
+	p.JWT.validate(path+".jwt", errs)
 	if len(p.Rules) == 0 {
 		errs.add(path+".rules", "a policy needs at least one rule")
 	}
@@ -268,6 +217,73 @@ func (p *Policy) validate(path string, pods int, errs *errList) {
 				errs.add(kp, "rule %q is not a descriptor rule of domain %q", name, d.Domain)
 			}
 		}
+	}
+}
+
+// validateReplicas checks the policy's place among the replicas.
+func (p *Policy) validateReplicas(path string, pods int, errs *errList) {
+	if p.Replicas < 0 {
+		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
+	}
+	if len(p.ReplicaPods) > 0 && int(p.Replicas) != len(p.ReplicaPods) {
+		errs.add(path+".replicas", "must equal the length of replicaPods, %d, got %d", len(p.ReplicaPods), p.Replicas)
+	}
+	for i, idx := range p.ReplicaPods {
+		switch {
+		case idx < 0 || int(idx) >= pods:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must index pods (0-%d), got %d", pods-1, idx)
+		case i > 0 && idx <= p.ReplicaPods[i-1]:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must be increasing: %d follows %d", idx, p.ReplicaPods[i-1])
+		}
+	}
+}
+
+// validate checks trusted proxies at path; nil is valid.
+func (tp *TrustedProxies) validate(path string, errs *errList) {
+	if tp == nil {
+		return
+	}
+	for i, c := range tp.CIDRs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			errs.add(fmt.Sprintf("%s.cidrs[%d]", path, i), "%v", err)
+		}
+	}
+	if tp.Hops < 0 || tp.Hops > MaxHops {
+		errs.add(path+".hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
+	}
+	if len(tp.CIDRs) == 0 {
+		// hops alone would believe X-Forwarded-For from any peer, so
+		// any client could name any address.
+		errs.add(path+".cidrs", "required: X-Forwarded-For is believed only from peers inside these ranges; omit trustedProxies to use the socket peer")
+	}
+	if tp.Header != "" {
+		if !validToken(tp.Header) {
+			errs.add(path+".header", "not a valid header name: %q", tp.Header)
+		}
+		if tp.Hops != 0 {
+			errs.add(path+".header", "a header holds one address: it excludes hops")
+		}
+	}
+}
+
+// validate checks the JWT settings at path; nil is valid.
+func (j *JWT) validate(path string, errs *errList) {
+	if j == nil {
+		return
+	}
+	if j.Header != "" && !validToken(j.Header) {
+		errs.add(path+".header", "not a valid header name: %q", j.Header)
+	}
+	if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
+		errs.add(path, "upstreamVerified excludes hmacSecretFile and jwksFile")
+	}
+	if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
+		errs.add(path, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
+	}
+	switch j.OnInvalidToken {
+	case "", OnInvalidTokenReject, OnInvalidTokenNextAlternative:
+	default:
+		errs.add(path+".onInvalidToken", "must be %s or %s, got %q", OnInvalidTokenReject, OnInvalidTokenNextAlternative, j.OnInvalidToken)
 	}
 }
 
