@@ -77,8 +77,8 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
-	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
+	"github.com/floodgate-dev/floodgate/internal/message"
 )
 
 const (

@@ -164,7 +164,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		isOwned(&sts)
 		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(6))
 		Expect(sts.Spec.ServiceName).To(Equal(name))
-		Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("redis:7.4"), "the API default")
+		Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal(counterstore.DefaultImage), "the API default")
 
 		var svc corev1.Service
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc)).To(Succeed())

@@ -177,6 +177,16 @@ type Request struct {
 	jwtErr []error
 	jwtOK  []bool
 	buf    []byte
+	memo   [2]keyMemo
+}
+
+// keyMemo remembers a key computed with a Request: a Request kept for a
+// connection sees the same client's values request after request, and a
+// key that repeats is then neither hashed nor allocated again.
+type keyMemo struct {
+	e        *Extractor
+	material []byte
+	key      string
 }
 
 // Reset prepares r for a request under a set of npolicies policies.
@@ -248,8 +258,7 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 		buf, found, err = e.appendAlt(r, alt, buf, false)
 		r.buf = buf
 		if found {
-			h := Sum(buf)
-			return h.Key(e.prefix), true, nil
+			return e.keyOf(r, buf), true, nil
 		}
 		if err != nil {
 			if !e.policy.InvalidTokenNext {
@@ -264,14 +273,30 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 		// of the first alternative.
 		buf, _, _ := e.appendAlt(r, e.alts[0], r.buf[:0], true)
 		r.buf = buf
-		h := Sum(buf)
-		return h.Key(e.prefix), true, nil
+		return e.keyOf(r, buf), true, nil
 	case badToken != nil:
 		return "", false, badToken
 	case e.missing == MissingReject:
 		return "", false, &MissingError{Part: e.firstMissing(r)}
 	}
 	return "", false, nil
+}
+
+// keyOf returns the counter key of the hash input material, from r's memo
+// when one of its last two keys had the same material.
+func (e *Extractor) keyOf(r *Request, material []byte) string {
+	for i := range r.memo {
+		if m := &r.memo[i]; m.e == e && string(m.material) == string(material) {
+			return m.key
+		}
+	}
+	h := Sum(material)
+	key := h.Key(e.prefix)
+	// Replace the older memo, reusing its buffer.
+	old := r.memo[1].material
+	r.memo[1] = r.memo[0]
+	r.memo[0] = keyMemo{e: e, material: append(old[:0], material...), key: key}
+	return key
 }
 
 // appendAlt appends the hash input of one alternative to buf. found is
