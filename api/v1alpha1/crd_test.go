@@ -62,6 +62,8 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 		{"spec.rules maxItems", at(spec, "rules").MaxItems, maxRules},
 		{"spec.rules[].name maxLength", at(rule, "name").MaxLength, config.MaxNameLength},
 		{"spec.rules[].key maxItems", at(rule, "key").MaxItems, config.MaxKeyParts},
+		{"spec.rules[].keys maxItems", at(rule, "keys").MaxItems, config.MaxKeyAlternatives},
+		{"spec.rules[].keys[] maxItems", at(rule, "keys", "[]").MaxItems, config.MaxKeyParts},
 		{"spec.rules[].match.headers maxItems", at(rule, "match", "headers").MaxItems, maxHeaderMatches},
 		{"spec.rules[].match.path.value maxLength", at(rule, "match", "path", "value").MaxLength, config.MaxRegexLength},
 		{"spec.trustedProxies.cidrs maxItems", at(spec, "trustedProxies", "cidrs").MaxItems, maxTrustedCIDRs},

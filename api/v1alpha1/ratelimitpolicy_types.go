@@ -13,7 +13,7 @@ const DefaultCounterStoreName = "default"
 // RateLimitPolicySpec is what a user asks for: which pods enforce which
 // limits, and where the shared counts live.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, r.key.all(k, !has(k.jwtClaim)))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
+// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, (!has(r.key) || r.key.all(k, !has(k.jwtClaim))) && (!has(r.keys) || r.keys.all(a, a.all(k, !has(k.jwtClaim)))))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
 type RateLimitPolicySpec struct {
 	// PodSelector selects the pods, in the policy's namespace, whose
 	// sidecars enforce this policy. The empty selector {} selects every pod
@@ -109,6 +109,7 @@ type StoreReference struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.keys) || !has(self.key) || size(self.key) == 0",message="set key or keys, not both: key is one alternative, keys a list of them",fieldPath=".keys"
 type Rule struct {
 	// Name identifies the rule within its policy: in metrics, in response
 	// headers and in the counter keys. Renaming a rule starts its counts
@@ -125,18 +126,35 @@ type Rule struct {
 	Match *RuleMatch `json:"match,omitempty"`
 
 	// Key lists the descriptor parts whose values identify a counter: one
-	// counter per distinct combination of values.
-	// +required
+	// counter per distinct combination of values. It is one key
+	// alternative; see Keys for several. A rule with no key part at all
+	// (neither key nor keys) has one counter for every request: a global
+	// limit.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Key []KeyPart `json:"key,omitempty"`
+
+	// Keys, instead of Key, lists key alternatives in order: each request
+	// is keyed by the first alternative whose parts it all carries, for
+	// example a verified JWT sub, else the X-API-Key header, else the
+	// client IP. A request that carries none of them gets OnMissingKey.
+	// An empty alternative ([]) keys every request to one shared counter;
+	// it may only be the last.
+	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
-	Key []KeyPart `json:"key"`
+	// +kubebuilder:validation:items:MaxItems=8
+	Keys [][]KeyPart `json:"keys,omitempty"`
 
-	// OnMissingKey says what happens when a key part cannot be read from a
-	// request: Skip (the rule does not apply), Shared (all such requests
-	// share one counter) or Reject (answer 400).
+	// OnMissingKey says what happens to a request that carries no
+	// complete key alternative: Shared (all such requests share one
+	// counter; the default), Reject (answer 400) or Skip (the rule does
+	// not apply to it, which lets such requests past the rule; admission
+	// warns about it).
 	// +optional
-	// +kubebuilder:default=Skip
+	// +kubebuilder:default=Shared
 	OnMissingKey OnMissingKey `json:"onMissingKey,omitempty"`
 
 	// Limit is the rate.
@@ -165,6 +183,15 @@ type Rule struct {
 	// policy's exempt section applies too.
 	// +optional
 	Exempt *Exempt `json:"exempt,omitempty"`
+}
+
+// KeyAlternatives returns the rule's key alternatives: Keys, or Key as the
+// only one (which may be empty: a global rule).
+func (r *Rule) KeyAlternatives() [][]KeyPart {
+	if len(r.Keys) > 0 {
+		return r.Keys
+	}
+	return [][]KeyPart{r.Key}
 }
 
 // OnMissingKey is the behaviour when a key part is absent from a request.
@@ -397,9 +424,24 @@ type KeyPart struct {
 	Expression Expression `json:"expression,omitempty"`
 }
 
-// ClientIPKey selects the client IP as a key part. It has no fields; write
-// it as {}.
-type ClientIPKey struct{}
+// ClientIPKey selects the client IP as a key part. {} keys IPv4 clients by
+// address and IPv6 clients by /64.
+type ClientIPKey struct {
+	// IPv4PrefixLength keys IPv4 clients by their network of this many
+	// bits. When unset, by address (32).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	IPv4PrefixLength int32 `json:"ipv4PrefixLength,omitempty"`
+
+	// IPv6PrefixLength keys IPv6 clients by their network of this many
+	// bits. When unset, 64: one host commonly holds a whole /64, and would
+	// otherwise have 2^64 counters.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	IPv6PrefixLength int32 `json:"ipv6PrefixLength,omitempty"`
+}
 
 // PathKey selects the request path as a key part. It has no fields; write it
 // as {}.
@@ -502,12 +544,16 @@ type Cost struct {
 }
 
 // TrustedProxies configures how the client IP is read from
-// X-Forwarded-For.
+// X-Forwarded-For, or from a header that trusted proxies set. Nothing a
+// client sends is believed unless the connection comes from a peer inside
+// CIDRs.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.cidrs) && size(self.cidrs) > 0) || (has(self.hops) && self.hops > 0)",message="set cidrs, hops, or both"
+// +kubebuilder:validation:XValidation:rule="has(self.cidrs) && size(self.cidrs) > 0",message="cidrs is required: X-Forwarded-For is believed only from peers inside them; without them any client could name any address (hops alone is not enough)",fieldPath=".cidrs"
+// +kubebuilder:validation:XValidation:rule="!has(self.header) || !has(self.hops) || self.hops == 0",message="header holds one address: it excludes hops",fieldPath=".header"
 type TrustedProxies struct {
-	// CIDRs are the proxies whose X-Forwarded-For entries are believed.
-	// The client IP is the right-most address not in these ranges.
+	// CIDRs are the proxies whose X-Forwarded-For entries (or Header) are
+	// believed. The client IP is the right-most address not in these
+	// ranges. Required.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
@@ -515,11 +561,20 @@ type TrustedProxies struct {
 
 	// Hops, when non-zero, trusts exactly this many proxies in front of
 	// the pod: the client IP is the Hops-th address from the right of
-	// X-Forwarded-For.
+	// X-Forwarded-For. The peer must still be inside CIDRs.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=32
 	Hops int32 `json:"hops,omitempty"`
+
+	// Header, when set, names a header that the trusted proxies set to the
+	// client's address alone, such as X-Real-IP or True-Client-IP: it is
+	// read, from trusted peers only, instead of X-Forwarded-For.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	Header string `json:"header,omitempty"`
 }
 
 // CIDR is an IPv4 or IPv6 network in CIDR notation with no host bits set,
@@ -568,7 +623,27 @@ type JWT struct {
 	// signature.
 	// +optional
 	UpstreamVerified bool `json:"upstreamVerified,omitempty"`
+
+	// OnInvalidToken says what a request whose bearer token is present but
+	// does not verify (forged, expired, of another issuer or audience,
+	// malformed) gets from a rule that needs a jwtClaim: Reject answers
+	// 401; NextAlternative keys it by the rule's next key alternative, as
+	// if it carried no token. Either way the rule never skips it.
+	// +optional
+	// +kubebuilder:default=Reject
+	OnInvalidToken OnInvalidToken `json:"onInvalidToken,omitempty"`
 }
+
+// OnInvalidToken is what a rule does with a bearer token that does not
+// verify.
+// +kubebuilder:validation:Enum=Reject;NextAlternative
+type OnInvalidToken string
+
+// The OnInvalidToken values.
+const (
+	OnInvalidTokenReject          OnInvalidToken = "Reject"
+	OnInvalidTokenNextAlternative OnInvalidToken = "NextAlternative"
+)
 
 // KeyReference names one key of a Secret or ConfigMap in the referring
 // object's namespace.
@@ -595,8 +670,9 @@ type RateLimitPolicyStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// Conditions are Accepted (the spec is valid), ResolvedRefs (the
-	// CounterStore exists and is Ready) and Programmed (the sidecars
-	// enforce this generation).
+	// CounterStore exists and is Ready, and the JWT key Secret or
+	// ConfigMap exists) and Programmed (the sidecars enforce this
+	// generation).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -19,8 +19,10 @@ import (
 const (
 	// maxRules bounds spec.rules.
 	maxRules = 64
-	// maxKeyParts bounds a rule's key.
+	// maxKeyParts bounds a key alternative.
 	maxKeyParts = config.MaxKeyParts
+	// maxKeyAlternatives bounds a rule's keys.
+	maxKeyAlternatives = config.MaxKeyAlternatives
 	// maxHeaderMatches bounds a rule's match.headers.
 	maxHeaderMatches = 16
 	// maxPathLength bounds match.path.value, as the sidecar bounds a
@@ -90,9 +92,11 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 		}
 		seen[r.Name] = true
 		errs = append(errs, validateRule(r, path, ctx)...)
-		for _, k := range r.Key {
-			if k.JWTClaim != "" {
-				usesJWT = true
+		for _, alt := range r.KeyAlternatives() {
+			for _, k := range alt {
+				if k.JWTClaim != "" {
+					usesJWT = true
+				}
 			}
 		}
 	}
@@ -135,18 +139,38 @@ func validateRule(r *Rule, path *field.Path, ctx *ruleContext) field.ErrorList {
 	}
 
 	keyPath := path.Child("key")
-	switch n := len(r.Key); {
-	case n == 0:
-		errs = append(errs, field.Required(keyPath, "at least one key part is required"))
-	case n > maxKeyParts:
+	if n := len(r.Key); n > maxKeyParts {
 		errs = append(errs, field.TooMany(keyPath, n, maxKeyParts))
 	}
 	for i, k := range r.Key {
 		errs = append(errs, validateKeyPart(k, keyPath.Index(i), ctx)...)
 	}
+	keysPath := path.Child("keys")
+	if r.Keys != nil && len(r.Key) > 0 {
+		errs = append(errs, field.Invalid(keysPath, field.OmitValueType{}, "set key or keys, not both: key is one alternative, keys a list of them"))
+	}
+	switch n := len(r.Keys); {
+	case r.Keys != nil && n == 0:
+		errs = append(errs, field.Required(keysPath, "at least one alternative; omit keys for a rule without a key"))
+	case n > maxKeyAlternatives:
+		errs = append(errs, field.TooMany(keysPath, n, maxKeyAlternatives))
+	}
+	for a, alt := range r.Keys {
+		altPath := keysPath.Index(a)
+		if n := len(alt); n > maxKeyParts {
+			errs = append(errs, field.TooMany(altPath, n, maxKeyParts))
+		}
+		if len(alt) == 0 && a < len(r.Keys)-1 {
+			errs = append(errs, field.Invalid(altPath, field.OmitValueType{},
+				"an empty alternative keys every request, so the alternatives after it would never be used: it may only be the last"))
+		}
+		for i, k := range alt {
+			errs = append(errs, validateKeyPart(k, altPath.Index(i), ctx)...)
+		}
+	}
 
 	errs = append(errs, enumValue(path.Child("onMissingKey"), string(r.OnMissingKey),
-		OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject)...)
+		OnMissingKeyShared, OnMissingKeyReject, OnMissingKeySkip)...)
 	errs = append(errs, enumValue(path.Child("failureMode"), string(r.FailureMode),
 		FailureModeOpen, FailureModeClosed)...)
 	errs = append(errs, enumValue(path.Child("mode"), string(r.Mode), ModeEnforce, ModeShadow)...)
@@ -361,6 +385,14 @@ func validateKeyPart(k KeyPart, path *field.Path, ctx *ruleContext) field.ErrorL
 	if k.Expression != "" {
 		errs = append(errs, validateExpression(k.Expression, config.KeyValue, path.Child("expression"), ctx)...)
 	}
+	if ip := k.ClientIP; ip != nil {
+		if ip.IPv4PrefixLength < 0 || ip.IPv4PrefixLength > 32 {
+			errs = append(errs, field.Invalid(path.Child("clientIP", "ipv4PrefixLength"), ip.IPv4PrefixLength, "must be between 1 and 32"))
+		}
+		if ip.IPv6PrefixLength < 0 || ip.IPv6PrefixLength > 128 {
+			errs = append(errs, field.Invalid(path.Child("clientIP", "ipv6PrefixLength"), ip.IPv6PrefixLength, "must be between 1 and 128"))
+		}
+	}
 	return errs
 }
 
@@ -422,8 +454,17 @@ func validateCost(c *Cost, capacity int64, path *field.Path) field.ErrorList {
 
 func validateTrustedProxies(tp *TrustedProxies, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	if len(tp.CIDRs) == 0 && tp.Hops == 0 {
-		errs = append(errs, field.Required(path, "set cidrs, hops, or both"))
+	if len(tp.CIDRs) == 0 {
+		errs = append(errs, field.Required(path.Child("cidrs"),
+			"cidrs is required: X-Forwarded-For is believed only from peers inside them; without them any client could name any address (hops alone is not enough)"))
+	}
+	if tp.Header != "" {
+		if !headerName.MatchString(tp.Header) {
+			errs = append(errs, field.Invalid(path.Child("header"), tp.Header, "must be an HTTP header name"))
+		}
+		if tp.Hops != 0 {
+			errs = append(errs, field.Invalid(path.Child("header"), tp.Header, "header holds one address: it excludes hops"))
+		}
 	}
 	// validateCIDRs bounds the list at maxCIDRs, which is maxTrustedCIDRs.
 	errs = append(errs, validateCIDRs(tp.CIDRs, path.Child("cidrs"))...)
@@ -448,6 +489,8 @@ func validateJWT(j *JWT, path *field.Path) field.ErrorList {
 	if j.Header != "" && !headerName.MatchString(j.Header) {
 		errs = append(errs, field.Invalid(path.Child("header"), j.Header, "must be an HTTP header name"))
 	}
+	errs = append(errs, enumValue(path.Child("onInvalidToken"), string(j.OnInvalidToken),
+		OnInvalidTokenReject, OnInvalidTokenNextAlternative)...)
 	refs := []struct {
 		name string
 		ref  *KeyReference

@@ -774,6 +774,19 @@ func (in *Rule) DeepCopyInto(out *Rule) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Keys != nil {
+		in, out := &in.Keys, &out.Keys
+		*out = make([][]KeyPart, len(*in))
+		for i := range *in {
+			if (*in)[i] != nil {
+				in, out := &(*in)[i], &(*out)[i]
+				*out = make([]KeyPart, len(*in))
+				for i := range *in {
+					(*in)[i].DeepCopyInto(&(*out)[i])
+				}
+			}
+		}
+	}
 	out.Limit = in.Limit
 	if in.Cost != nil {
 		in, out := &in.Cost, &out.Cost

@@ -2,14 +2,18 @@ package admission
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 func valid() *v1alpha1.RateLimitPolicy {
@@ -273,5 +277,66 @@ func TestValidateCluster(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// policyLister is the manager's cache as the validator reads it: the
+// namespace's policies, and nothing else.
+type policyLister struct{ items []v1alpha1.RateLimitPolicy }
+
+func (l policyLister) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	return apierrors.NewNotFound(schema.GroupResource{}, "")
+}
+
+func (l policyLister) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	if pl, ok := list.(*v1alpha1.RateLimitPolicyList); ok {
+		pl.Items = l.items
+	}
+	return nil
+}
+
+// A namespace's policies may hold at most the rules one sidecar enforces.
+func TestValidateBoundsTheNamespace(t *testing.T) {
+	t.Parallel()
+	rules := make([]v1alpha1.Rule, 64)
+	for i := range rules {
+		rules[i] = valid().Spec.Rules[0]
+		rules[i].Name = fmt.Sprintf("r%d", i)
+	}
+	var others []v1alpha1.RateLimitPolicy
+	for i := range config.MaxRules / 64 {
+		p := valid()
+		p.Name, p.Spec.Rules = fmt.Sprintf("p%d", i), rules
+		others = append(others, *p)
+	}
+	v := &Validator{Reader: policyLister{items: others}}
+	p := valid()
+	p.Name, p.Spec.Rules = "one-too-many", rules
+	_, err := v.ValidateCreate(context.Background(), p)
+	if err == nil || !strings.Contains(err.Error(), "spec.rules") || !strings.Contains(err.Error(), fmt.Sprintf("more than the %d a sidecar enforces", config.MaxRules)) {
+		t.Errorf("ValidateCreate over the bound = %v", err)
+	}
+	small := valid()
+	small.Name = "fits"
+	if _, err := v.ValidateCreate(context.Background(), small); err != nil {
+		t.Errorf("ValidateCreate within the bound = %v", err)
+	}
+}
+
+// Rules that let requests past them are admitted with a warning.
+func TestWarningsAboutBypasses(t *testing.T) {
+	t.Parallel()
+	p := valid()
+	p.Spec.Rules[0].OnMissingKey = v1alpha1.OnMissingKeySkip
+	global := valid().Spec.Rules[0]
+	global.Name, global.Key = "global", nil
+	p.Spec.Rules = append(p.Spec.Rules, global)
+	w, err := (&Validator{}).ValidateCreate(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(w, "\n")
+	if !strings.Contains(all, `spec.rules[0].onMissingKey: Skip lets every request`) || !strings.Contains(all, `spec.rules[1]: rule "global" has no key`) {
+		t.Errorf("warnings %q", w)
 	}
 }

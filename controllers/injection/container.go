@@ -17,6 +17,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 		fmt.Sprintf("--admin-listen=:%d", res.AdminPort),
 		fmt.Sprintf("--upstream=http://127.0.0.1:%d", res.UpstreamPort),
 		"--pod-labels-file=" + config.LabelsFile,
+		"--state-dir=" + config.StateDir,
 	}
 	if h2c {
 		args = append(args, "--upstream-h2c")

@@ -33,6 +33,9 @@ const (
 	// connection, so it starts before the manager has mirrored the
 	// Secret and follows a rotated password without a restart.
 	StoreAuthVolume = "floodgate-store-auth"
+	// StateVolume is the sidecar's emptyDir, mounted at config.StateDir:
+	// the last config it applied, kept across its container's restarts.
+	StateVolume = "floodgate-state"
 	// RenamedPortPrefix prefixes the application port whose name the
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
@@ -145,7 +148,7 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 		h2c = b
 	}
 	for _, v := range out.Spec.Volumes {
-		if v.Name == PodInfoVolume || v.Name == APIAccessVolume || v.Name == StoreAuthVolume {
+		if v.Name == PodInfoVolume || v.Name == APIAccessVolume || v.Name == StoreAuthVolume || v.Name == StateVolume {
 			errs = append(errs, &AnnotationError{Reason: fmt.Sprintf("the pod already has a volume named %q, which the floodgate sidecar needs", v.Name)})
 		}
 	}

@@ -112,7 +112,8 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("the sidecar is not a native sidecar (restartPolicy Always)")
 	}
-	wantArgs := []string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080", "--pod-labels-file=/etc/floodgate/podinfo/labels"}
+	wantArgs := []string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080", "--pod-labels-file=/etc/floodgate/podinfo/labels",
+		"--state-dir=/var/run/floodgate/state"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
 	}
@@ -173,12 +174,25 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		mounts[m.Name] = m.MountPath
-		if !m.ReadOnly {
+		// Only the sidecar's own state is written.
+		if !m.ReadOnly && m.Name != StateVolume {
 			t.Errorf("mount %s is writable", m.Name)
 		}
 	}
-	if mounts[PodInfoVolume] != config.PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != config.StoreAuthDir {
+	if mounts[PodInfoVolume] != config.PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != config.StoreAuthDir ||
+		mounts[StateVolume] != config.StateDir {
 		t.Errorf("mounts %v", mounts)
+	}
+	// The last good config survives a restart of the sidecar's container
+	// in an emptyDir of its own, in memory and bounded.
+	var state *corev1.Volume
+	for i := range out.Spec.Volumes {
+		if out.Spec.Volumes[i].Name == StateVolume {
+			state = &out.Spec.Volumes[i]
+		}
+	}
+	if state == nil || state.EmptyDir == nil || state.EmptyDir.Medium != corev1.StorageMediumMemory || state.EmptyDir.SizeLimit == nil {
+		t.Errorf("state volume %+v, want a bounded in-memory emptyDir", state)
 	}
 	vols := map[string]corev1.Volume{}
 	for _, v := range out.Spec.Volumes {
@@ -422,8 +436,8 @@ func TestInjectMountsPolicyKeys(t *testing.T) {
 	if !ok || cv.ConfigMap == nil || cv.ConfigMap.Name != "jwks" || !*cv.ConfigMap.Optional {
 		t.Errorf("no optional ConfigMap volume for jwks at the compiler's path: %+v", cv)
 	}
-	if n := len(out.Spec.Volumes); n != 5 {
-		t.Errorf("%d volumes, want 5 (podinfo, api access, store auth, one Secret, one ConfigMap; duplicates merged)", n)
+	if n := len(out.Spec.Volumes); n != 6 {
+		t.Errorf("%d volumes, want 6 (podinfo, api access, store auth, state, one Secret, one ConfigMap; duplicates merged)", n)
 	}
 }
 

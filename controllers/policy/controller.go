@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -100,6 +101,7 @@ const (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconciler reconciles the RateLimitPolicies of one namespace per call.
@@ -141,18 +143,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	}
 
 	var rejected []string
+	missingRefs := false
 	for _, res := range out.Policies {
 		if !res.Accepted() {
 			rejected = append(rejected, res.Name)
 		}
+		missingRefs = missingRefs || res.RefReason != ""
 	}
 	if len(rejected) > 0 {
 		// Retrying cannot fix a spec: wait for the next change.
 		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("namespace %s: rejected RateLimitPolicies %s (see their Accepted condition)",
 			ns, strings.Join(rejected, ", ")))
 	}
+	if missingRefs {
+		// Secrets and ConfigMaps are not watched (the manager would have to
+		// cache every one of the cluster): look again for the missing ones.
+		return ctrl.Result{RequeueAfter: RefRecheckInterval}, nil
+	}
 	return ctrl.Result{}, nil
 }
+
+// RefRecheckInterval is how often a namespace is compiled again while a
+// policy names a JWT key Secret or ConfigMap that does not exist.
+const RefRecheckInterval = 30 * time.Second
 
 // observe reads everything the compiler needs from the cache, and the
 // current ConfigMap.
@@ -210,6 +223,11 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 	}
 	in.Pods = pods.Items
 
+	objs, err := r.observeRefs(ctx, ns, in.Policies)
+	if err != nil {
+		return in, nil, err
+	}
+	in.Objects = objs
 	names := make([]string, 0, len(in.Policies)+len(in.ClusterPolicies))
 	for i := range in.Policies {
 		names = append(names, in.Policies[i].StoreName())
@@ -232,6 +250,48 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 		}
 	}
 	return in, existing, nil
+}
+
+// observeRefs finds which of the Secrets and ConfigMaps the policies name
+// for their JWT keys exist. It reads their metadata from the API server
+// itself: the manager caches neither kind in full (the ConfigMap cache
+// holds only its own ConfigMaps, and caching every Secret of the cluster
+// would be costly and needless).
+func (r *Reconciler) observeRefs(ctx context.Context, ns string, policies []v1alpha1.RateLimitPolicy) (*compiler.Objects, error) {
+	objs := &compiler.Objects{Secrets: map[string]bool{}, ConfigMaps: map[string]bool{}}
+	check := func(kind string, seen map[string]bool, name string) error {
+		if _, done := seen[name]; done {
+			return nil
+		}
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(kind))
+		switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); {
+		case apierrors.IsNotFound(err):
+			seen[name] = false
+		case err != nil:
+			return fmt.Errorf("get %s %s/%s: %w", kind, ns, name, err)
+		default:
+			seen[name] = true
+		}
+		return nil
+	}
+	for i := range policies {
+		j := policies[i].Spec.JWT
+		if j == nil || policies[i].DeletionTimestamp != nil {
+			continue
+		}
+		if ref := j.HMACSecretRef; ref != nil {
+			if err := check("Secret", objs.Secrets, ref.Name); err != nil {
+				return nil, err
+			}
+		}
+		if ref := j.JWKSConfigMapRef; ref != nil {
+			if err := check("ConfigMap", objs.ConfigMaps, ref.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return objs, nil
 }
 
 // reconcileSpec brings the ConfigMap to what the compiler decided.
@@ -372,7 +432,7 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 	st.EnforcingPods = 0
 	if doc != nil && res.CompiledGeneration != 0 {
 		if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector); err == nil {
-			sidecars = programmed.Evaluate(sel, pods, doc.Revision, p.Generation)
+			sidecars = programmed.EvaluatePolicy(p.Name, sel, pods, doc.Revision, p.Generation)
 			st.EnforcingPods = sidecars.Enforcing
 		}
 	}
@@ -401,7 +461,8 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 	} else {
 		set(v1alpha1.ConditionAccepted, false, v1alpha1.ReasonInvalid, invalidMessage(res))
 	}
-	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), res.StoreReason, res.StoreMessage)
+	refReason, refMessage := res.RefsCondition()
+	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), refReason, refMessage)
 
 	switch {
 	case specErr != nil && res.CompiledGeneration != 0:

@@ -36,6 +36,11 @@ type Config struct {
 	// Policies are the policies of the namespace. A sidecar enforces those
 	// whose PodSelector matches its own labels.
 	Policies []Policy `json:"policies"`
+	// Pods names, sorted, the pods that a policy's ReplicaPods index: the
+	// ready pods the policies target. A sidecar finds its own pod here by
+	// name (--pod-name) to learn its place among the replicas that share
+	// each policy's limit while the store is unreachable.
+	Pods []string `json:"pods,omitempty"`
 }
 
 // Store types.
@@ -85,10 +90,20 @@ type Policy struct {
 	// PodSelector selects the pods whose sidecars enforce this policy. Nil
 	// selects every pod.
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
-	// Replicas is the number of ready pods the policy targets. A rule that
-	// fails open falls back to a local bucket of limit/Replicas. 0 (unset)
-	// means 1; negative values are invalid.
+	// Replicas is the number of ready pods the policy targets. While the
+	// store is unreachable, a rule that fails open admits on each replica
+	// its share of the limit, so that the replicas together admit at most
+	// the limit (see ReplicaPods). 0 (unset) means 1; negative values are
+	// invalid.
 	Replicas int32 `json:"replicas"`
+	// ReplicaPods, when set, lists the indexes in Config.Pods of the
+	// replicas, in increasing order; Replicas is then its length. A
+	// sidecar's position in this list is its replica index, which
+	// staggers the replicas' fail-open shares so that no two spend the
+	// same share of the limit. A sidecar whose pod is not listed (it just
+	// became ready, or the list is absent) derives its index from a hash
+	// of its pod name.
+	ReplicaPods []int32 `json:"replicaPods,omitempty"`
 	// TrustedProxies says how X-Forwarded-For is read. Nil means the
 	// client IP is the socket peer.
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
@@ -101,14 +116,22 @@ type Policy struct {
 	Rules []Rule `json:"rules"`
 }
 
-// TrustedProxies configures client-IP extraction.
+// TrustedProxies configures client-IP extraction. CIDRs is required:
+// nothing a client sends is believed unless the connection comes from a
+// trusted peer.
 type TrustedProxies struct {
-	// CIDRs are the proxies whose X-Forwarded-For entries are believed. The
-	// client IP is the right-most address not in these ranges.
+	// CIDRs are the proxies whose X-Forwarded-For entries (or Header) are
+	// believed. The client IP is the right-most address not in these
+	// ranges.
 	CIDRs []string `json:"cidrs,omitempty"`
 	// Hops, when non-zero, trusts exactly this many proxies in front of the
-	// pod: the client IP is the Hops-th address from the right.
+	// pod: the client IP is the Hops-th address from the right. The peer
+	// must still be inside CIDRs.
 	Hops int32 `json:"hops,omitempty"`
+	// Header, when set, names a header that trusted peers set to the
+	// client's address alone (X-Real-IP, True-Client-IP, ...), read
+	// instead of X-Forwarded-For. Excludes Hops.
+	Header string `json:"header,omitempty"`
 }
 
 // JWT configures the verification of bearer tokens.
@@ -126,6 +149,13 @@ type JWT struct {
 	// UpstreamVerified says a proxy in front of the pod already verified
 	// the token, so its claims are read without checking the signature.
 	UpstreamVerified bool `json:"upstreamVerified,omitempty"`
+	// OnInvalidToken says what a request whose token is present but does
+	// not verify (forged, expired, wrong issuer or audience, malformed)
+	// gets from a rule that keys on a jwtClaim: "Reject" (default)
+	// answers 401; "NextAlternative" keys it by the rule's next key
+	// alternative, as if it carried no token. An invalid token never
+	// makes a rule skip a request.
+	OnInvalidToken string `json:"onInvalidToken,omitempty"`
 }
 
 // Rule is one limit with the requests it applies to.
@@ -135,12 +165,18 @@ type Rule struct {
 	Name string `json:"name"`
 	// Match selects the requests the rule applies to.
 	Match Match `json:"match,omitempty"`
-	// Key lists the descriptor parts whose values identify a counter. An
-	// empty Key gives the rule one counter shared by every request.
+	// Key lists the descriptor parts whose values identify a counter: one
+	// key alternative. An empty Key, with no Keys, gives the rule one
+	// counter shared by every request (a global limit).
 	Key []KeyPart `json:"key"`
-	// OnMissingKey says what happens when a key part cannot be read from a
-	// request: "Skip" (default) means the rule does not apply, "Shared"
-	// counts all such requests in one counter, "Reject" answers 400.
+	// Keys, instead of Key, lists key alternatives in order: a request is
+	// keyed by the first alternative whose parts it all carries. Key is
+	// the same as Keys with one alternative. See KeyAlternatives.
+	Keys [][]KeyPart `json:"keys,omitempty"`
+	// OnMissingKey says what happens to a request that carries no
+	// complete key alternative: "Shared" (default) counts all such
+	// requests in one counter, "Reject" answers 400, "Skip" means the rule
+	// does not apply to it.
 	OnMissingKey string `json:"onMissingKey,omitempty"`
 	// Limit is the rule's limit.
 	Limit Limit `json:"limit"`
@@ -249,12 +285,18 @@ const (
 
 // PathMatch matches the request path, after the sidecar has cleaned it
 // (path.Clean, keeping a trailing slash), so "/a/../admin" and "//admin" are
-// matched as "/admin".
+// matched as "/admin". The sidecar forwards the cleaned path to the
+// application, so the application serves the path the rules matched.
 //
-// Exact compares the whole path. Prefix compares whole path elements, as the
-// Gateway API's PathPrefix does: "/api" matches "/api", "/api/" and
-// "/api/v1" but not "/apiv1"; a trailing slash in Value is ignored.
-// RegularExpression is an RE2 expression that must match the whole path.
+// Matching ignores ASCII case and a trailing slash, because many
+// applications serve "/login", "/login/" and "/LOGIN" alike, and a rule
+// that a client could sidestep by changing case or adding a slash would be
+// no limit. Exact compares the whole path. Prefix compares whole path
+// elements, as the Gateway API's PathPrefix does: "/api" matches "/api",
+// "/API/" and "/api/v1" but not "/apiv1". RegularExpression is an RE2
+// expression that must match the whole path, and is matched without
+// regard to case, against the path and against it without a trailing
+// slash.
 type PathMatch struct {
 	// Type is Exact, Prefix or RegularExpression.
 	Type string `json:"type"`
@@ -306,8 +348,10 @@ type KeyPart struct {
 	// parameter is a missing part.
 	Query string `json:"query,omitempty"`
 	// ClientIP reads the client address: the socket peer, or the
-	// X-Forwarded-For entry that the policy's TrustedProxies select.
-	ClientIP *struct{} `json:"clientIP,omitempty"`
+	// X-Forwarded-For entry that the policy's TrustedProxies select. An
+	// IPv6 address is keyed by its network prefix (/64 by default), since
+	// one host commonly holds a whole /64.
+	ClientIP *ClientIPKey `json:"clientIP,omitempty"`
 	// JWTClaim reads a claim of the request's verified bearer token (see
 	// Policy.JWT). A dotted name ("org.id") reads a nested claim when no
 	// top-level claim has that exact name. A missing, unverifiable or
@@ -322,6 +366,32 @@ type KeyPart struct {
 	// that cannot be evaluated on a request, or computes a value longer
 	// than MaxKeyValueLength bytes, is a missing part.
 	Expression string `json:"expression,omitempty"`
+}
+
+// ClientIPKey is a clientIP key part. Its zero value, written {}, keys
+// IPv4 clients by address and IPv6 clients by /64.
+type ClientIPKey struct {
+	// IPv4PrefixLength keys IPv4 clients by this many leading bits, 1-32;
+	// 0 means 32.
+	IPv4PrefixLength int32 `json:"ipv4PrefixLength,omitempty"`
+	// IPv6PrefixLength keys IPv6 clients by this many leading bits, 1-128;
+	// 0 means DefaultIPv6PrefixLength.
+	IPv6PrefixLength int32 `json:"ipv6PrefixLength,omitempty"`
+}
+
+// DefaultIPv6PrefixLength is the prefix an IPv6 client is keyed by when the
+// key part does not say: the /64 that one subscriber, host or container
+// network usually gets, so that rotating through its 2^64 addresses earns
+// no fresh counters.
+const DefaultIPv6PrefixLength = 64
+
+// KeyAlternatives returns the rule's key alternatives: Keys, or Key as the
+// only one (which may be empty: a global rule).
+func (r *Rule) KeyAlternatives() [][]KeyPart {
+	if len(r.Keys) > 0 {
+		return r.Keys
+	}
+	return [][]KeyPart{r.Key}
 }
 
 // Limit is a rule's limit.

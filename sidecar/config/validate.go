@@ -25,8 +25,20 @@ const (
 	MaxUIDLength = 64
 	// MaxRegexLength bounds a RegularExpression path match.
 	MaxRegexLength = 1024
-	// MaxKeyParts bounds the descriptor parts of one rule.
+	// MaxKeyParts bounds the descriptor parts of one key alternative.
 	MaxKeyParts = 8
+	// MaxKeyAlternatives bounds a rule's key alternatives (Keys).
+	MaxKeyAlternatives = 8
+	// MaxRulesPerPolicy bounds the rules of one policy.
+	MaxRulesPerPolicy = 1000
+	// MaxRules bounds the rules of a whole document, and so the rules a
+	// sidecar enforces: compiling, matching and reloading stay cheap
+	// below it (a reload of MaxRules rules takes well under a second).
+	MaxRules = 10000
+	// MaxPods bounds Config.Pods, and so a policy's ReplicaPods.
+	MaxPods = 10000
+	// MaxPodNameLength bounds a name in Config.Pods (a DNS subdomain).
+	MaxPodNameLength = 253
 	// MaxHops bounds TrustedProxies.Hops.
 	MaxHops = 32
 	// MaxDescriptorEntries bounds the entries of a descriptor match.
@@ -94,12 +106,29 @@ func (c *Config) Validate() error {
 		errs.add("apiVersion", "must be %q, got %q", APIVersion, c.APIVersion)
 	}
 	c.Store.validate("store", &errs)
+	if len(c.Pods) > MaxPods {
+		errs.add("pods", "at most %d pods, got %d", MaxPods, len(c.Pods))
+	}
+	for i, name := range c.Pods {
+		if name == "" || len(name) > MaxPodNameLength || !printable(name) {
+			errs.add(fmt.Sprintf("pods[%d]", i), "must be a pod name of 1-%d characters, got %q", MaxPodNameLength, name)
+		} else if i > 0 && name <= c.Pods[i-1] {
+			errs.add(fmt.Sprintf("pods[%d]", i), "pods must be sorted and unique: %q follows %q", name, c.Pods[i-1])
+		}
+	}
+	rules := 0
+	for i := range c.Policies {
+		rules += len(c.Policies[i].Rules)
+	}
+	if rules > MaxRules {
+		errs.add("policies", "at most %d rules in all, got %d; split the policies over namespaces or merge rules", MaxRules, rules)
+	}
 	uids := map[string]int{}
 	names := map[string]int{}
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		path := fmt.Sprintf("policies[%d]", i)
-		p.validate(path, &errs)
+		p.validate(path, len(c.Pods), &errs)
 		if p.UID != "" {
 			if j, dup := uids[p.UID]; dup {
 				errs.add(path+".uid", "duplicates policies[%d].uid %q", j, p.UID)
@@ -172,51 +201,29 @@ func ValidateAddress(a string) error {
 	return nil
 }
 
-func (p *Policy) validate(path string, errs *errList) {
+func (p *Policy) validate(path string, pods int, errs *errList) {
 	if !validName(p.Name) {
 		errs.add(path+".name", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxNameLength, p.Name)
 	}
 	if p.UID == "" || len(p.UID) > MaxUIDLength || !nameChars(p.UID) {
 		errs.add(path+".uid", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxUIDLength, p.UID)
 	}
-	if p.Replicas < 0 {
-		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
-	}
+	p.validateReplicas(path, pods, errs)
 	if p.PodSelector != nil {
 		if _, err := metav1.LabelSelectorAsSelector(p.PodSelector); err != nil {
 			errs.add(path+".podSelector", "%v", err)
 		}
 	}
-	if tp := p.TrustedProxies; tp != nil {
-		for i, c := range tp.CIDRs {
-			if _, err := netip.ParsePrefix(c); err != nil {
-				errs.add(fmt.Sprintf("%s.trustedProxies.cidrs[%d]", path, i), "%v", err)
-			}
-		}
-		if tp.Hops < 0 || tp.Hops > MaxHops {
-			errs.add(path+".trustedProxies.hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
-		}
-		if len(tp.CIDRs) == 0 && tp.Hops == 0 {
-			errs.add(path+".trustedProxies", "set cidrs, hops or both; omit trustedProxies to use the socket peer")
-		}
-	}
-	if j := p.JWT; j != nil {
-		jp := path + ".jwt"
-		if j.Header != "" && !validToken(j.Header) {
-			errs.add(jp+".header", "not a valid header name: %q", j.Header)
-		}
-		if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
-			errs.add(jp, "upstreamVerified excludes hmacSecretFile and jwksFile")
-		}
-		if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
-			errs.add(jp, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
-		}
-	}
+	p.TrustedProxies.validate(path+".trustedProxies", errs)
+	p.JWT.validate(path+".jwt", errs)
 	if p.Exempt != nil {
 		p.Exempt.validate(path+".exempt", p, errs)
 	}
 	if len(p.Rules) == 0 {
 		errs.add(path+".rules", "a policy needs at least one rule")
+	}
+	if len(p.Rules) > MaxRulesPerPolicy {
+		errs.add(path+".rules", "at most %d rules per policy, got %d", MaxRulesPerPolicy, len(p.Rules))
 	}
 	seen := map[string]int{}
 	for i := range p.Rules {
@@ -246,6 +253,73 @@ func (p *Policy) validate(path string, errs *errList) {
 				errs.add(kp, "rule %q is not a descriptor rule of domain %q", name, d.Domain)
 			}
 		}
+	}
+}
+
+// validateReplicas checks the policy's place among the replicas.
+func (p *Policy) validateReplicas(path string, pods int, errs *errList) {
+	if p.Replicas < 0 {
+		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
+	}
+	if len(p.ReplicaPods) > 0 && int(p.Replicas) != len(p.ReplicaPods) {
+		errs.add(path+".replicas", "must equal the length of replicaPods, %d, got %d", len(p.ReplicaPods), p.Replicas)
+	}
+	for i, idx := range p.ReplicaPods {
+		switch {
+		case idx < 0 || int(idx) >= pods:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must index pods (0-%d), got %d", pods-1, idx)
+		case i > 0 && idx <= p.ReplicaPods[i-1]:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must be increasing: %d follows %d", idx, p.ReplicaPods[i-1])
+		}
+	}
+}
+
+// validate checks trusted proxies at path; nil is valid.
+func (tp *TrustedProxies) validate(path string, errs *errList) {
+	if tp == nil {
+		return
+	}
+	for i, c := range tp.CIDRs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			errs.add(fmt.Sprintf("%s.cidrs[%d]", path, i), "%v", err)
+		}
+	}
+	if tp.Hops < 0 || tp.Hops > MaxHops {
+		errs.add(path+".hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
+	}
+	if len(tp.CIDRs) == 0 {
+		// hops alone would believe X-Forwarded-For from any peer, so
+		// any client could name any address.
+		errs.add(path+".cidrs", "required: X-Forwarded-For is believed only from peers inside these ranges; omit trustedProxies to use the socket peer")
+	}
+	if tp.Header != "" {
+		if !validToken(tp.Header) {
+			errs.add(path+".header", "not a valid header name: %q", tp.Header)
+		}
+		if tp.Hops != 0 {
+			errs.add(path+".header", "a header holds one address: it excludes hops")
+		}
+	}
+}
+
+// validate checks the JWT settings at path; nil is valid.
+func (j *JWT) validate(path string, errs *errList) {
+	if j == nil {
+		return
+	}
+	if j.Header != "" && !validToken(j.Header) {
+		errs.add(path+".header", "not a valid header name: %q", j.Header)
+	}
+	if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
+		errs.add(path, "upstreamVerified excludes hmacSecretFile and jwksFile")
+	}
+	if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
+		errs.add(path, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
+	}
+	switch j.OnInvalidToken {
+	case "", OnInvalidTokenReject, OnInvalidTokenNextAlternative:
+	default:
+		errs.add(path+".onInvalidToken", "must be %s or %s, got %q", OnInvalidTokenReject, OnInvalidTokenNextAlternative, j.OnInvalidToken)
 	}
 }
 
@@ -297,48 +371,25 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if r.Limit.Unlimited {
 		errs.add(path+".limit.unlimited", "only a descriptor rule (match.descriptors) can be unlimited")
 	}
-	if len(r.Key) > MaxKeyParts {
-		errs.add(path+".key", "at most %d parts, got %d", MaxKeyParts, len(r.Key))
+	switch {
+	case len(r.Keys) > 0 && len(r.Key) > 0:
+		errs.add(path+".keys", "set key or keys, not both")
+	case len(r.Keys) > MaxKeyAlternatives:
+		errs.add(path+".keys", "at most %d alternatives, got %d", MaxKeyAlternatives, len(r.Keys))
 	}
-	for i, k := range r.Key {
-		kp := fmt.Sprintf("%s.key[%d]", path, i)
-		set := 0
-		if k.Header != "" {
-			set++
-			if !validToken(k.Header) {
-				errs.add(kp+".header", "not a valid header name: %q", k.Header)
-			}
-		}
-		if k.Query != "" {
-			set++
-		}
-		if k.ClientIP != nil {
-			set++
-		}
-		if k.JWTClaim != "" {
-			set++
-			if p.JWT == nil {
-				errs.add(kp+".jwtClaim", "the policy has no jwt section to verify tokens with")
-			}
-		}
-		if k.Path != nil {
-			set++
-		}
-		if k.Method != nil {
-			set++
-		}
-		if k.Expression != "" {
-			set++
-			validateExpression(kp+".expression", k.Expression, KeyValue, p, errs)
-		}
-		if set != 1 {
-			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method, expression; %d are set", set)
+	if len(r.Keys) == 0 {
+		validateKey(r.Key, path+".key", p, errs)
+	}
+	for i, alt := range r.Keys {
+		validateKey(alt, fmt.Sprintf("%s.keys[%d]", path, i), p, errs)
+		if len(alt) == 0 && i < len(r.Keys)-1 {
+			errs.add(fmt.Sprintf("%s.keys[%d]", path, i), "an empty alternative keys every request, so the alternatives after it would never be used: it may only be the last")
 		}
 	}
 	switch r.OnMissingKey {
 	case "", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject:
 	default:
-		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject, r.OnMissingKey)
+		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeyShared, OnMissingKeyReject, OnMissingKeySkip, r.OnMissingKey)
 	}
 	lim, problems := r.Limit.Check()
 	errs.addLimit(path+".limit", problems)
@@ -448,6 +499,54 @@ func validateValueMatch(path, value, regex string, absent, invert bool, errs *er
 	}
 }
 
+// validateKey checks one key alternative.
+func validateKey(parts []KeyPart, path string, p *Policy, errs *errList) {
+	if len(parts) > MaxKeyParts {
+		errs.add(path, "at most %d parts, got %d", MaxKeyParts, len(parts))
+	}
+	for i, k := range parts {
+		kp := fmt.Sprintf("%s[%d]", path, i)
+		set := 0
+		if k.Header != "" {
+			set++
+			if !validToken(k.Header) {
+				errs.add(kp+".header", "not a valid header name: %q", k.Header)
+			}
+		}
+		if k.Query != "" {
+			set++
+		}
+		if ip := k.ClientIP; ip != nil {
+			set++
+			if ip.IPv4PrefixLength < 0 || ip.IPv4PrefixLength > 32 {
+				errs.add(kp+".clientIP.ipv4PrefixLength", "must be between 1 and 32, got %d", ip.IPv4PrefixLength)
+			}
+			if ip.IPv6PrefixLength < 0 || ip.IPv6PrefixLength > 128 {
+				errs.add(kp+".clientIP.ipv6PrefixLength", "must be between 1 and 128, got %d", ip.IPv6PrefixLength)
+			}
+		}
+		if k.JWTClaim != "" {
+			set++
+			if p.JWT == nil {
+				errs.add(kp+".jwtClaim", "the policy has no jwt section to verify tokens with")
+			}
+		}
+		if k.Path != nil {
+			set++
+		}
+		if k.Method != nil {
+			set++
+		}
+		if k.Expression != "" {
+			set++
+			validateExpression(kp+".expression", k.Expression, KeyValue, p, errs)
+		}
+		if set != 1 {
+			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method, expression; %d are set", set)
+		}
+	}
+}
+
 // validateDescriptorRule checks a rule with match.descriptors.
 func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	m := &r.Match
@@ -462,8 +561,8 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		errs.add(path+".replacedBy", "only an HTTP rule can be replaced")
 	}
 	m.Descriptors.validate(path+".match.descriptors", errs)
-	if len(r.Key) > 0 {
-		errs.add(path+".key", "a descriptor rule is keyed by the descriptor's values: key must be empty")
+	if len(r.Key) > 0 || len(r.Keys) > 0 {
+		errs.add(path+".key", "a descriptor rule is keyed by the descriptor's values: key and keys must be empty")
 	}
 	if r.OnMissingKey != "" {
 		errs.add(path+".onMissingKey", "not used by a descriptor rule")

@@ -149,7 +149,9 @@ func (v *view) SourceAddress() string {
 }
 
 func (v *view) Claims() map[string]any {
-	if c := v.r.Claims(v.p); c != nil {
+	// An invalid token has no claims here; the rules that key by a claim
+	// answer it (onInvalidToken).
+	if c, _ := v.r.Claims(v.p); c != nil {
 		return map[string]any(c)
 	}
 	return nil

@@ -50,7 +50,11 @@
 // When the store is unavailable (its error wraps limiter.ErrUnavailable, as
 // it does when the Redis breaker is open), a rule with FailClosed makes the
 // outcome Unavailable (the HTTP front answers 503), and any other rule is
-// decided on a local fallback bucket of limit/replicas.
+// decided on this replica's share of the limit (limiter.Share): the limit's
+// tokens dealt out to the replicas, so that the replicas together admit
+// at most the limit whatever the replica count, even when it is larger
+// than the limit. A key starts empty on the fallback, so an outage adds
+// no fresh burst to what the store had counted.
 //
 // An Engine is safe for concurrent use.
 package engine

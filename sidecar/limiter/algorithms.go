@@ -46,7 +46,9 @@ func Micros(t time.Time) int64 {
 // state was written under the Params sp; sp may be nil when s is absent or
 // when it was written under p. Take updates s and reports write = true only
 // when the request is admitted with a non-zero cost; a deny or a peek
-// leaves s untouched. For SlidingLog use TakeLog.
+// leaves s untouched, except on a shared limit's new key, whose first
+// sight is written (it starts empty; see Share). For SlidingLog use
+// TakeLog; a shared limit of any algorithm uses Take.
 //
 // Take does no I/O and does not retain s or sp. Callers serialise access to
 // one State.
@@ -55,7 +57,10 @@ func (p *Params) Take(s *State, sp *Params, nowUs, n int64) (d Decision, write b
 		return Decision{}, false, err
 	}
 	st := *s
-	if st.Set && sp != nil && sp.Limit.Algorithm != p.Limit.Algorithm {
+	if p.Limit.Shared() {
+		return p.TakeShare(s, sp, p.Limit.Share, nowUs, n)
+	}
+	if st.Set && sp != nil && (sp.Limit.Algorithm != p.Limit.Algorithm || sp.Limit.Shared()) {
 		// State of another algorithm means nothing here: start afresh.
 		st = State{}
 	}

@@ -2,6 +2,12 @@
 // Prefix, RegularExpression), method, host, headers, query parameters,
 // client network and CEL conditions; and decides a rule's exemptions.
 //
+// Paths are compared as a client cannot sidestep: on the cleaned path
+// (CleanPath), ignoring ASCII case and a trailing slash, because many
+// applications serve "/login", "/login/" and "/LOGIN" alike. A regular
+// expression is matched case-insensitively, against the path and against
+// it without its trailing slash.
+//
 // Rules are indexed so that the number of rules does not dominate the cost
 // of a match: exact paths sit in a map, prefixes in a trie of path
 // elements, and a regular expression hangs off the trie node of the path
@@ -17,6 +23,7 @@
 package match
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -24,6 +31,7 @@ import (
 	"regexp"
 	"regexp/syntax"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
@@ -122,7 +130,9 @@ func New(rules []Rule) (*Matcher, error) {
 			n := m.root
 			if r.when != nil {
 				if pre := r.when.PathPrefix(); strings.HasPrefix(pre, "/") {
-					n = m.root.descend(pre[:strings.LastIndexByte(pre, '/')])
+					// The trie holds paths as they are compared: lower
+					// case.
+					n = m.root.descend(string(normalize(nil, pre[:strings.LastIndexByte(pre, '/')+1])))
 				}
 			}
 			n.rules = append(n.rules, i)
@@ -130,9 +140,10 @@ func New(rules []Rule) (*Matcher, error) {
 		}
 		switch cm.Path.Type {
 		case config.PathExact:
-			m.exact[cm.Path.Value] = append(m.exact[cm.Path.Value], i)
+			v := string(normalize(nil, cm.Path.Value))
+			m.exact[v] = append(m.exact[v], i)
 		case config.PathPrefix:
-			n := m.root.descend(strings.TrimSuffix(cm.Path.Value, "/"))
+			n := m.root.descend(string(normalize(nil, cm.Path.Value)))
 			n.rules = append(n.rules, i)
 		case config.PathRegularExpression:
 			re, lit, err := compileRegex(cm.Path.Value)
@@ -152,10 +163,11 @@ func New(rules []Rule) (*Matcher, error) {
 	return m, nil
 }
 
-// compileRegex anchors expr to the whole path and returns it with the
-// literal text every match starts with.
+// compileRegex anchors expr to the whole path, makes it ignore case, and
+// returns it with the literal text, in lower case, every match starts
+// with.
 func compileRegex(expr string) (*regexp.Regexp, string, error) {
-	anchored := `^(?:` + expr + `)$`
+	anchored := `(?i)^(?:` + expr + `)$`
 	re, err := regexp.Compile(anchored)
 	if err != nil {
 		return nil, "", err
@@ -167,9 +179,10 @@ func compileRegex(expr string) (*regexp.Regexp, string, error) {
 	return re, literalPrefix(st.Simplify()), nil
 }
 
-// literalPrefix returns the literal, case-sensitive text at the start of
-// every match of re; "" when there is none or the expression does not
-// start with '/'.
+// literalPrefix returns the literal text, in lower case, at the start of
+// every match of re, which matches without regard to case; "" when there
+// is none or the expression does not start with '/'. Only ASCII literals
+// count: the trie holds paths lowered in ASCII.
 func literalPrefix(re *syntax.Regexp) string {
 	var b strings.Builder
 	var walk func(*syntax.Regexp) bool // reports whether to continue
@@ -178,10 +191,12 @@ func literalPrefix(re *syntax.Regexp) string {
 		case syntax.OpBeginText, syntax.OpBeginLine, syntax.OpEmptyMatch:
 			return true
 		case syntax.OpLiteral:
-			if re.Flags&syntax.FoldCase != 0 {
-				return false
+			for _, r := range re.Rune {
+				if r >= utf8.RuneSelf {
+					return false
+				}
+				b.WriteByte(lower(byte(r)))
 			}
-			b.WriteString(string(re.Rune))
 			return true
 		case syntax.OpCapture:
 			return walk(re.Sub[0]) && false
@@ -239,16 +254,18 @@ func (m *Matcher) Len() int { return len(m.rules) }
 
 // Match appends to dst, in ascending order, the indices of the rules that
 // match the request (whose Path is cleaned, see CleanPath), and returns the
-// extended slice.
+// extended slice. Paths compare without regard to ASCII case or a trailing
+// slash.
 func (m *Matcher) Match(r *descriptor.Request, dst []int) []int {
 	start := len(dst)
-	p := r.Path
 	bit := methodBit(r.Method())
-	for _, i := range m.exact[p] {
+	var stack [256]byte
+	norm := normalize(stack[:0], r.Path)
+	for _, i := range m.exact[string(norm)] {
 		dst = m.appendIf(dst, i, r, bit)
 	}
 	n := m.root
-	rest := p
+	rest := norm
 	for n != nil {
 		for _, i := range n.rules {
 			dst = m.appendIf(dst, i, r, bit)
@@ -260,16 +277,16 @@ func (m *Matcher) Match(r *descriptor.Request, dst []int) []int {
 		for len(rest) > 0 && rest[0] == '/' {
 			rest = rest[1:]
 		}
-		if rest == "" || n.children == nil {
+		if len(rest) == 0 || n.children == nil {
 			break
 		}
 		seg := rest
-		if j := strings.IndexByte(rest, '/'); j >= 0 {
+		if j := bytes.IndexByte(rest, '/'); j >= 0 {
 			seg, rest = rest[:j], rest[j:]
 		} else {
-			rest = ""
+			rest = nil
 		}
-		n = n.children[seg]
+		n = n.children[string(seg)]
 	}
 	// Few rules match a request: insertion sort keeps the order stable
 	// without allocating.
@@ -315,7 +332,11 @@ func (ru *rule) matches(r *descriptor.Request, bit uint16) bool {
 		}
 	}
 	if ru.re != nil && !ru.re.MatchString(r.Path) {
-		return false
+		// "/x/" is "/x" too.
+		p := r.Path
+		if len(p) < 2 || p[len(p)-1] != '/' || !ru.re.MatchString(p[:len(p)-1]) {
+			return false
+		}
 	}
 	if len(ru.cidrs) > 0 && !contains(ru.cidrs, r.ClientIP(ru.policy)) {
 		return false
@@ -450,6 +471,40 @@ func (h *Hosts) Match(host string) bool {
 		}
 	}
 	return false
+}
+
+// normalize appends to dst the form in which a cleaned path is compared:
+// ASCII lower case, without a trailing slash (but "/" stays "/").
+func normalize(dst []byte, p string) []byte {
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	for i := 0; i < len(p); i++ {
+		dst = append(dst, lower(p[i]))
+	}
+	return dst
+}
+
+// NormalizedPath returns the form in which a cleaned path is compared
+// (ASCII lower case, no trailing slash), the value a path key part counts
+// by. It does not allocate when p is already in that form.
+func NormalizedPath(p string) string {
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; 'A' <= c && c <= 'Z' {
+			return string(normalize(make([]byte, 0, len(p)), p))
+		}
+	}
+	return p
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + ('a' - 'A')
+	}
+	return c
 }
 
 func methodBit(m string) uint16 {

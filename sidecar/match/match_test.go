@@ -57,7 +57,12 @@ func TestMatch(t *testing.T) {
 		want         []int
 	}{
 		{"/login", "GET", nil, []int{0, 1, 7}},
-		{"/login/", "GET", nil, []int{0, 7}},
+		{"/login/", "GET", nil, []int{0, 1, 7}},
+		{"/LOGIN", "GET", nil, []int{0, 1, 7}},
+		{"/Login/", "GET", nil, []int{0, 1, 7}},
+		{"/loginx", "GET", nil, []int{0, 7}},
+		{"/API/V1/Users/42/", "GET", nil, []int{0, 2, 4, 7}},
+		{"/B/X", "GET", nil, []int{0, 5, 7}},
 		{"/api", "GET", nil, []int{0, 2, 7}},
 		{"/apix", "GET", nil, []int{0, 7}},
 		{"/api/v1", "POST", nil, []int{0, 2, 3, 7}},
@@ -79,6 +84,43 @@ func TestMatch(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("Match(%q, %s, %v) = %v, want %v", tc.path, tc.method, tc.h, got, tc.want)
 		}
+	}
+}
+
+// Paths that an application serves alike match alike: case and a trailing
+// slash do not sidestep a rule (the bypass of issue 18: /login/ and /LOGIN
+// skipped an Exact /login rule).
+func TestMatchIgnoresCaseAndTrailingSlash(t *testing.T) {
+	m, err := New(rulesOf(t, []config.Match{
+		{Path: &config.PathMatch{Type: config.PathExact, Value: "/login"}},
+		{Path: &config.PathMatch{Type: config.PathPrefix, Value: "/Admin/"}},
+		{Path: &config.PathMatch{Type: config.PathRegularExpression, Value: `/reset/[a-z]+`}},
+	}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		want []int
+	}{
+		{"/login", []int{0}}, {"/login/", []int{0}}, {"/LOGIN", []int{0}}, {"/LoGiN/", []int{0}},
+		{"/admin", []int{1}}, {"/ADMIN/users", []int{1}}, {"/admin/", []int{1}},
+		{"/reset/abc", []int{2}}, {"/RESET/ABC/", []int{2}},
+		{"/logins", nil}, {"/administrator", nil}, {"/reset/", nil},
+	} {
+		got := m.Match(request("GET", tc.path, nil, 1), nil)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("Match(%q) = %v, want %v", tc.path, got, tc.want)
+		}
+	}
+	if got := NormalizedPath("/Login/"); got != "/login" {
+		t.Errorf("NormalizedPath = %q", got)
+	}
+	dst := make([]int, 0, 4)
+	r := request("GET", "/ADMIN/Users/42", nil, 1)
+	allocs := testing.AllocsPerRun(100, func() { dst = m.Match(r, dst[:0]) })
+	if allocs != 0 {
+		t.Errorf("Match allocates %v times, want 0", allocs)
 	}
 }
 

@@ -70,8 +70,18 @@ type Metrics struct {
 	ExemptTotal *prometheus.CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
-	// (400: bad cost or missing key part) and upstream_error (502).
+	// (400: bad cost or missing key part; 401: invalid token; 431: header
+	// block too large) and upstream_error (502).
 	RequestsTotal *prometheus.CounterVec
+	// PolicyFailed is 1 for each policy of the config in force that this
+	// sidecar could not compile and does not enforce, by policy
+	// (namespace/name); the other policies are in force.
+	PolicyFailed *prometheus.GaugeVec
+	// ConfigFromState is 1 while the config in force is the last good one
+	// that the sidecar saved in its state directory and read back at
+	// start, because its source (the API server) has not delivered one
+	// yet.
+	ConfigFromState prometheus.Gauge
 
 	denyCacheSize func() float64
 }
@@ -151,10 +161,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return m.denyCacheSize()
 	})
+	m.PolicyFailed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "floodgate_sidecar_policy_failed",
+		Help: "1 for each policy of the config in force that this sidecar could not compile and does not enforce; the other policies are in force.",
+	}, []string{"policy"})
+	m.ConfigFromState = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "floodgate_sidecar_config_from_state",
+		Help: "1 while the config in force is the last good one read back from --state-dir at start, because its source has not delivered one yet.",
+	})
 	reg.MustRegister(m.DecisionsTotal, m.DecisionDuration, m.StoreOpsTotal, m.StoreOpDuration,
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
-		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal)
+		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal, m.PolicyFailed, m.ConfigFromState)
 	return m
 }
 
@@ -184,12 +202,17 @@ func (m *Metrics) ForRule(policy, rule string) *Rule {
 }
 
 // ForgetRule deletes the series of a rule that is no longer configured.
+// It deletes each series by its exact labels, the ones ForRule made, so its
+// cost does not grow with the number of series: forgetting n rules is
+// O(n).
 func (m *Metrics) ForgetRule(policy, rule string) {
-	labels := prometheus.Labels{"policy": policy, "rule": rule}
-	m.DecisionsTotal.DeletePartialMatch(labels)
-	m.LocalDenialsTotal.DeletePartialMatch(labels)
-	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
-	m.ExemptTotal.DeletePartialMatch(labels)
+	for _, result := range []string{ResultAllowed, ResultDenied, ResultShadowDenied, ResultUnavailable} {
+		m.DecisionsTotal.DeleteLabelValues(policy, rule, result)
+	}
+	m.LocalDenialsTotal.DeleteLabelValues(policy, rule)
+	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultAllowed)
+	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultDenied)
+	m.ExemptTotal.DeleteLabelValues(policy, rule)
 }
 
 // RuleTotals are one rule's counters, by result, and its exempt count.

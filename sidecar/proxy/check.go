@@ -33,6 +33,15 @@ const (
 	Rejected
 	// NoConfig answers 503: no config has been loaded yet.
 	NoConfig
+	// Unauthorized answers 401 with WWW-Authenticate: a rule keys on a
+	// jwtClaim and the request's bearer token does not verify (forged,
+	// expired, of another issuer), and the policy does not key such
+	// requests by the next alternative.
+	Unauthorized
+	// TooLarge answers 431: the request's header block is larger than
+	// Options.MaxHeaderBytes. ServeHTTP decides it; another front bounds
+	// the head as it reads it.
+	TooLarge
 )
 
 // Decision is the result of Check. It lives in a State and is valid until
@@ -83,9 +92,14 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		p.rejected.Inc()
 		d.Outcome, d.Detail = Rejected, err.Error()
 		var rej *ruleset.RejectError
-		var missing *descriptor.MissingError
-		if errors.As(err, &rej) && errors.As(err, &missing) {
+		var cost *ruleset.CostError
+		if errors.As(err, &rej) && !errors.As(err, &cost) {
+			// A key the rule could not take: name the rule.
 			d.Detail += " (rule " + rej.Rule.PolicyName + ")"
+		}
+		var bad *descriptor.InvalidTokenError
+		if errors.As(err, &bad) {
+			d.Outcome = Unauthorized
 		}
 		return d
 	}
@@ -150,6 +164,9 @@ type problemSpec struct {
 	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
 }
 
+// detail is the problem's detail in one string.
+func (ps *problemSpec) detail() string { return ps.d0 + ps.d1 + ps.d2 + ps.d3 + ps.d4 }
+
 // problem is the problem answer of a decision that is not proxied.
 func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
@@ -164,6 +181,10 @@ func (d *Decision) problem() problemSpec {
 			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
 	case Rejected:
 		return problemSpec{status: http.StatusBadRequest, typ: ProblemBadRequest, title: "Bad Request", d0: d.Detail}
+	case Unauthorized:
+		return problemSpec{status: http.StatusUnauthorized, typ: ProblemBadToken, title: "Unauthorized", d0: d.Detail}
+	case TooLarge:
+		return problemSpec{status: http.StatusRequestHeaderFieldsTooLarge, typ: ProblemTooLarge, title: "Request Header Fields Too Large", d0: d.Detail}
 	case NoConfig:
 		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: "Service Unavailable",
 			d0: "the rate limiter has no configuration yet", secs: ratelimitheaders.RetrySeconds(time.Second)}
@@ -207,6 +228,11 @@ func AppendProblem(b []byte, d *Decision, date []byte, closing bool) []byte {
 	b = append(b, ' ')
 	b = append(b, ps.title...)
 	b = append(b, "\r\nCache-Control: no-store\r\nContent-Type: application/problem+json\r\n"...)
+	if d.Outcome == Unauthorized {
+		b = append(b, "WWW-Authenticate: "...)
+		b = append(b, invalidTokenChallenge[0]...)
+		b = append(b, "\r\n"...)
+	}
 	if d.Rule != nil {
 		b = AppendFields(b, d) // Retry-After among them
 	} else if ps.secs > 0 {

@@ -27,7 +27,8 @@ func restoreStore(ctx context.Context) {
 
 var _ = Describe("with the store down", Ordered, func() {
 	// The fail-open rule's shared limit: 30 per second with a bucket of 6,
-	// so each of 3 sidecars falls back to 10 per second with a bucket of 2.
+	// so each of 3 sidecars falls back to its share, every third token: 10
+	// per second, holding at most 2.
 	const (
 		rate     = 30
 		burst    = 6
@@ -96,7 +97,7 @@ spec:
 		AddReportEntry("store killed -> all 3 sidecars on fallback", time.Since(killed).Round(time.Millisecond).String())
 	}, NodeTimeout(3*time.Minute))
 
-	It("caps a fail-open rule at 1.1 × the limit across the three sidecars, each on a local bucket of limit/replicas, and still admits", func(ctx SpecContext) {
+	It("caps a fail-open rule at 1.1 × the limit across the three sidecars, each on its share of the limit, and still admits", func(ctx SpecContext) {
 		hits0 := backendHits(fleet)
 		fb0 := metricSum(ctx, fleet, "floodgate_sidecar_fallback_decisions_total", map[string]string{"policy": "outage", "rule": "open", "result": "allowed"})
 		res := drive(ctx, fleet, loadSpec{
@@ -114,7 +115,7 @@ spec:
 			per = append(per, fmt.Sprintf("%s: %d", m.pod, res.perSidecar[i][http.StatusOK]))
 		}
 		AddReportEntry("fail-open with the store down",
-			fmt.Sprintf("admitted %d of %d over %s; limit×window = %.0f, bound 1.1× = %.0f, floor 0.5× = %.0f; local buckets allow at most burst+rate×span = %.0f; per sidecar %v",
+			fmt.Sprintf("admitted %d of %d over %s; limit×window = %.0f, bound 1.1× = %.0f, floor 0.5× = %.0f; the shares allow at most burst+rate×span = %.0f; per sidecar %v",
 				admitted, total, res.span.Round(time.Millisecond), limit, 1.1*limit, 0.5*limit, burst+rate*res.span.Seconds(), per))
 
 		Expect(res.transportErrors).To(BeZero())

@@ -157,4 +157,61 @@ spec:
 `)), "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred(), out)
 	})
+
+	It("warns about what lets requests past a rule, and about references that do not exist", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		out, err := kubectl.RunWithInput(ctx, []byte(policyYAML(ns, "risky", `  jwt: {hmacSecretRef: {name: jwt-key, key: hmac}}
+  rules:
+  - name: per-user
+    keys: [[{jwtClaim: sub}], [{header: X-API-Key}]]
+    onMissingKey: Skip
+    limit: {requests: 10, per: 1m}
+  - name: everyone
+    limit: {requests: 1000, per: 1s}
+`)), "apply", "-f", "-")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(`Warning: spec.rules[0].onMissingKey: Skip lets every request that carries none of the rule's keys past rule "per-user" unlimited`))
+		Expect(out).To(ContainSubstring(`Warning: spec.rules[1]: rule "everyone" has no key: one counter for every request it matches`))
+		Expect(out).To(ContainSubstring(`Warning: spec.jwt.hmacSecretRef.name: Secret "jwt-key" does not exist in namespace ` + ns))
+		AddReportEntry("bypass warnings", out)
+
+		By("defaulting onMissingKey to Shared and onInvalidToken to Reject")
+		out, err = kubectl.RunWithInput(ctx, []byte(policyYAML(ns, "safe", `  jwt: {upstreamVerified: true}
+  rules:
+  - name: per-user
+    key: [{jwtClaim: sub}]
+    limit: {requests: 10, per: 1m}
+`)), "apply", "-f", "-")
+		Expect(err).NotTo(HaveOccurred(), out)
+		// The namespace has no CounterStore, which is warned about; nothing
+		// about the rules or the JWT keys is.
+		Expect(out).NotTo(ContainSubstring("Warning: spec.rules"))
+		Expect(out).NotTo(ContainSubstring("Warning: spec.jwt"))
+		got, err := kubectl.Run(ctx, "get", "rlp", "safe", "-n", ns, "-o", "jsonpath={.spec.rules[0].onMissingKey} {.spec.jwt.onInvalidToken}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(Equal("Shared Reject"))
+	})
+
+	It("refuses hops without trusted CIDRs, and key and keys together", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		out, err := kubectl.RunWithInput(ctx, []byte(policyYAML(ns, "hops", `  trustedProxies: {hops: 1}
+  rules:
+  - name: per-ip
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1m}
+`)), "apply", "-f", "-")
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(ContainSubstring("spec.trustedProxies.cidrs: Invalid value"))
+		Expect(out).To(ContainSubstring("hops alone is not enough"))
+
+		out, err = kubectl.RunWithInput(ctx, []byte(policyYAML(ns, "both", `  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    keys: [[{header: X-API-Key}]]
+    limit: {requests: 10, per: 1m}
+`)), "apply", "-f", "-")
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(ContainSubstring("spec.rules[0].keys: Invalid value"))
+		Expect(out).To(ContainSubstring("set key or keys, not both"))
+	})
 })

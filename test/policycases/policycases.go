@@ -169,13 +169,28 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
 		Want: []string{"spec.rules[0].match.methods[0]", "Unsupported value", "FETCH"}},
-	{Name: "no key parts", Doc: `
+	{Name: "key and keys", Doc: `
   podSelector: {}
   rules:
   - name: r
-    key: []
+    key: [{clientIP: {}}]
+    keys: [[{header: X-API-Key}]]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].key", "should have at least 1 items"}},
+		Want: []string{"spec.rules[0].keys", "set key or keys, not both"}},
+	{Name: "no key alternative", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    keys: []
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].keys", "should have at least 1 items"}},
+	{Name: "hops without cidrs", Doc: `
+  podSelector: {}
+  trustedProxies: {hops: 1}
+  rules:
+  - name: r
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.trustedProxies.cidrs", "hops alone is not enough"}},
 	{Name: "a key part with two fields", Doc: `
   podSelector: {}
   rules:
@@ -234,7 +249,7 @@ var Schema = []Bad{
   podSelector: {}
   trustedProxies: {}
   rules:` + okRule,
-		Want: []string{"spec.trustedProxies", "set cidrs, hops, or both"}},
+		Want: []string{"spec.trustedProxies.cidrs", "cidrs is required"}},
 	{Name: "too many hops", Doc: `
   podSelector: {}
   trustedProxies: {hops: 33}

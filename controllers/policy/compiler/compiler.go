@@ -75,6 +75,17 @@ type Input struct {
 	// keeps those that select the namespace. Those being deleted are
 	// ignored.
 	ClusterPolicies []v1alpha1.ClusterRateLimitPolicy
+	// Objects says which Secrets and ConfigMaps of the namespace exist,
+	// for the policies' JWT key references. Nil means unknown: the
+	// references are taken to resolve.
+	Objects *Objects
+}
+
+// Objects are the Secrets and ConfigMaps of a namespace that the policies
+// reference, by name: true when the object exists.
+type Objects struct {
+	Secrets    map[string]bool
+	ConfigMaps map[string]bool
 }
 
 // Action says what to do with the namespace's ConfigMap.
@@ -153,6 +164,11 @@ type PolicyResult struct {
 	StoreReason string `json:"storeReason"`
 	// StoreMessage explains StoreReason.
 	StoreMessage string `json:"storeMessage"`
+	// RefReason is v1alpha1.ReasonRefNotFound when a Secret or ConfigMap
+	// the policy names does not exist, and empty otherwise.
+	RefReason string `json:"refReason,omitempty"`
+	// RefMessage names the field and the object that RefReason is about.
+	RefMessage string `json:"refMessage,omitempty"`
 	// TargetedPods is the number of running pods the selector matches.
 	TargetedPods int32 `json:"targetedPods"`
 	// ReadyPods is how many of those are Ready.
@@ -172,8 +188,21 @@ type PolicyResult struct {
 // Accepted reports whether the policy's spec is valid.
 func (r *PolicyResult) Accepted() bool { return len(r.Invalid) == 0 }
 
-// RefsResolved reports whether the policy's store resolves.
-func (r *PolicyResult) RefsResolved() bool { return r.StoreReason == v1alpha1.ReasonResolvedRefs }
+// RefsResolved reports whether every object the policy names resolves: its
+// store, and the Secret or ConfigMap of its JWT keys.
+func (r *PolicyResult) RefsResolved() bool {
+	return r.StoreReason == v1alpha1.ReasonResolvedRefs && r.RefReason == ""
+}
+
+// RefsCondition returns the reason and message of the ResolvedRefs
+// condition: the store's when it does not resolve, else the JWT
+// reference's when it does not, else the store's ResolvedRefs.
+func (r *PolicyResult) RefsCondition() (reason, message string) {
+	if r.StoreReason == v1alpha1.ReasonResolvedRefs && r.RefReason != "" {
+		return r.RefReason, r.RefMessage
+	}
+	return r.StoreReason, r.StoreMessage
+}
 
 // Compile compiles one namespace. Problems with single policies are
 // reported in their PolicyResult, never as an error; the error is for a
@@ -290,6 +319,7 @@ func Compile(in Input) (Output, error) {
 		if selErr == nil {
 			r.TargetedPods, r.ReadyPods = countPods(sel, in.Pods)
 		}
+		r.RefReason, r.RefMessage = resolveRefs(p, in.Objects)
 
 		if r.Accepted() && r.RefsResolved() {
 			entry := compilePolicy(p, replicas(r.ReadyPods))
@@ -353,12 +383,22 @@ func Compile(in Input) (Output, error) {
 	default:
 		slices.SortFunc(entries, func(a, b config.Policy) int { return cmp.Compare(a.Name, b.Name) })
 		out.Action = Apply
-		out.Config = &config.Config{APIVersion: config.APIVersion, Store: *store, Policies: entries}
-		data, err := Marshal(out.Config)
-		if err != nil {
-			return Output{}, err
+		for {
+			out.Config = &config.Config{APIVersion: config.APIVersion, Store: *store, Policies: entries}
+			placeReplicas(out.Config, in.Pods)
+			data, err := Marshal(out.Config)
+			if err != nil {
+				return Output{}, err
+			}
+			out.Data = data
+			if len(data) <= MaxDocumentBytes || len(entries) == 1 {
+				break
+			}
+			// The document does not fit in the ConfigMap: leave out the
+			// policy created last, so that one policy too many never keeps
+			// the others from being written.
+			entries = dropNewest(entries, live, results)
 		}
-		out.Data = data
 	}
 	return out, nil
 }
@@ -431,6 +471,31 @@ func pruneReplacedBy(entries []config.Policy) []config.Policy {
 	return entries
 }
 
+// MaxDocumentBytes bounds the compiled document, so that the ConfigMap
+// holding it stays under the API server's 1 MiB object limit.
+const MaxDocumentBytes = 1000 << 10
+
+// dropNewest removes from entries the one of the policy created last,
+// and reports why in its result. live is ordered by creation.
+func dropNewest(entries []config.Policy, live []*v1alpha1.RateLimitPolicy, results []PolicyResult) []config.Policy {
+	for i := len(live) - 1; i >= 0; i-- {
+		uid := string(live[i].UID)
+		j := slices.IndexFunc(entries, func(e config.Policy) bool { return e.UID == uid })
+		if j < 0 {
+			continue
+		}
+		for k := range results {
+			if results[k].Name == live[i].Name {
+				results[k].Invalid = append(results[k].Invalid, field.Invalid(field.NewPath("spec", "rules"), len(live[i].Spec.Rules),
+					fmt.Sprintf("the namespace's compiled policies would exceed the %d bytes a ConfigMap can hold; this policy, created last, is left out: merge rules or move workloads to another namespace", MaxDocumentBytes)))
+				results[k].CompiledGeneration = 0
+			}
+		}
+		return slices.Delete(entries, j, j+1)
+	}
+	return entries[:len(entries)-1]
+}
+
 // Marshal sets c.Revision to the hash of c's content and returns the
 // document. The same content always gives the same bytes and revision:
 // struct fields marshal in declaration order and map keys sorted.
@@ -450,6 +515,70 @@ func Marshal(c *config.Config) (string, error) {
 
 // replicas is the local share divisor: the ready pods, at least 1.
 func replicas(ready int32) int32 { return max(ready, 1) }
+
+// placeReplicas lists, in c, the ready pods each policy targets, so that
+// every sidecar knows its place among the replicas that share a limit while
+// the store is unreachable: c.Pods holds the names, sorted, and each
+// policy's ReplicaPods the indexes of its ready pods, with Replicas their
+// number. Over config.MaxPods pods, the lists are left out and the
+// sidecars place themselves by a hash of their names.
+func placeReplicas(c *config.Config, pods []corev1.Pod) {
+	ready := map[int][]string{}
+	var all []string
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		sel := labels.Everything()
+		if p.PodSelector != nil {
+			s, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+			if err != nil {
+				continue
+			}
+			sel = s
+		}
+		for j := range pods {
+			pod := &pods[j]
+			if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed ||
+				!podstatus.Ready(pod) || !sel.Matches(labels.Set(pod.Labels)) {
+				continue
+			}
+			ready[i] = append(ready[i], pod.Name)
+			all = append(all, pod.Name)
+		}
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	if len(all) == 0 || len(all) > config.MaxPods {
+		return
+	}
+	c.Pods = all
+	for i, names := range ready {
+		p := &c.Policies[i]
+		slices.Sort(names)
+		p.ReplicaPods = make([]int32, 0, len(names))
+		for _, n := range names {
+			idx, _ := slices.BinarySearch(all, n)
+			p.ReplicaPods = append(p.ReplicaPods, int32(idx))
+		}
+		p.Replicas = int32(len(names))
+	}
+}
+
+// resolveRefs checks that the Secret or ConfigMap holding p's JWT keys
+// exists, when objs says which do. It returns v1alpha1.ReasonRefNotFound
+// and a message naming the field, or "" when the references resolve.
+func resolveRefs(p *v1alpha1.RateLimitPolicy, objs *Objects) (reason, message string) {
+	j := p.Spec.JWT
+	if j == nil || objs == nil {
+		return "", ""
+	}
+	if ref := j.HMACSecretRef; ref != nil && !objs.Secrets[ref.Name] {
+		return v1alpha1.ReasonRefNotFound, fmt.Sprintf("spec.jwt.hmacSecretRef: Secret %q not found in namespace %s; tokens cannot be verified, so the policy is not enforced until it exists", ref.Name, p.Namespace)
+	}
+	if ref := j.JWKSConfigMapRef; ref != nil && !objs.ConfigMaps[ref.Name] {
+		return v1alpha1.ReasonRefNotFound, fmt.Sprintf("spec.jwt.jwksConfigMapRef: ConfigMap %q not found in namespace %s; tokens cannot be verified, so the policy is not enforced until it exists", ref.Name, p.Namespace)
+	}
+	return "", ""
+}
 
 // countPods counts the running pods sel matches, and how many are Ready.
 // Pods being deleted or finished do not count.

@@ -29,6 +29,7 @@ func compilePolicy(p *v1alpha1.RateLimitPolicy, replicas int32) config.Policy {
 			Issuer:           j.Issuer,
 			Audience:         j.Audience,
 			UpstreamVerified: j.UpstreamVerified,
+			OnInvalidToken:   or(string(j.OnInvalidToken), config.OnInvalidTokenReject),
 		}
 		if ref := j.HMACSecretRef; ref != nil {
 			out.JWT.HMACSecretFile = SecretFile(ref.Name, ref.Key)
@@ -64,7 +65,7 @@ func compileTrustedProxies(tp *v1alpha1.TrustedProxies) *config.TrustedProxies {
 	if tp == nil {
 		return nil
 	}
-	out := &config.TrustedProxies{Hops: tp.Hops}
+	out := &config.TrustedProxies{Hops: tp.Hops, Header: tp.Header}
 	for _, c := range tp.CIDRs {
 		out.CIDRs = append(out.CIDRs, string(c))
 	}
@@ -98,7 +99,7 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 	out := config.Rule{
 		Name:         r.Name,
 		Key:          make([]config.KeyPart, 0, len(r.Key)),
-		OnMissingKey: or(string(r.OnMissingKey), config.OnMissingKeySkip),
+		OnMissingKey: or(string(r.OnMissingKey), config.OnMissingKeyShared),
 		Limit: config.Limit{
 			Requests:  r.Limit.Requests,
 			Per:       metav1.Duration{Duration: r.Limit.Per.Duration},
@@ -143,6 +144,13 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 	for _, k := range r.Key {
 		out.Key = append(out.Key, compileKeyPart(k))
 	}
+	for _, alt := range r.Keys {
+		parts := make([]config.KeyPart, 0, len(alt))
+		for _, k := range alt {
+			parts = append(parts, compileKeyPart(k))
+		}
+		out.Keys = append(out.Keys, parts)
+	}
 	if c := r.Cost; c != nil {
 		out.Cost = config.Cost{FromHeader: c.FromHeader, Default: max(c.Default, 1), Max: c.Max}
 	}
@@ -157,7 +165,7 @@ func compileKeyPart(k v1alpha1.KeyPart) config.KeyPart {
 	case k.Query != "":
 		out.Query = k.Query
 	case k.ClientIP != nil:
-		out.ClientIP = &struct{}{}
+		out.ClientIP = &config.ClientIPKey{IPv4PrefixLength: k.ClientIP.IPv4PrefixLength, IPv6PrefixLength: k.ClientIP.IPv6PrefixLength}
 	case k.JWTClaim != "":
 		out.JWTClaim = k.JWTClaim
 	case k.Path != nil:

@@ -106,7 +106,7 @@ func TestCreateDefaultsAsTheServerDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	rule := u.Object["spec"].(map[string]any)["rules"].([]any)[0].(map[string]any)
-	for k, want := range map[string]string{"onMissingKey": "Skip", "failureMode": "Open", "mode": "Enforce"} {
+	for k, want := range map[string]string{"onMissingKey": "Shared", "failureMode": "Open", "mode": "Enforce"} {
 		if got := rule[k]; got != want {
 			t.Errorf("%s = %v, want the default %q", k, got, want)
 		}

@@ -76,6 +76,11 @@ type Limit struct {
 	Per       string `json:"per"`
 	Burst     int64  `json:"burst,omitempty"`
 	Algorithm string `json:"algorithm"`
+	// SharedBy, on a fail-open fallback, is the number of replicas that
+	// deal the limit's tokens out among themselves (each spends every
+	// SharedBy-th one): Requests and Burst are then each replica's share,
+	// when it is a whole number, and else the fleet's.
+	SharedBy int32 `json:"sharedBy,omitempty"`
 }
 
 // Config describes every rule of every policy of c, whatever pods they
@@ -128,7 +133,7 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 		return descriptorRule(p, r, out, m)
 	}
 	out.Applies = applies(&r.Match)
-	out.Counter = counter(r.Key)
+	out.Counter = counter(r.KeyAlternatives())
 	lim, err := limited(&out, p, r, m)
 	if err != nil {
 		return Rule{}, err
@@ -230,12 +235,47 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	if er.FailClosed {
 		return "fails closed: 503 while the store is unreachable", nil
 	}
-	n := max(replicas, 1)
-	s := fmt.Sprintf("fails open to %s per %s per replica on %d %s", requests(er.Fallback.Requests), period(er.Fallback.Period), n, plural(int64(n), "replica", "replicas"))
-	if b := er.Fallback.Burst; b > 0 && b != er.Fallback.Requests {
-		s += fmt.Sprintf(" (burst %d)", b)
+	n := int64(max(replicas, 1))
+	l := er.Limit
+	fb := limitOf(l)
+	if n == 1 {
+		s := fmt.Sprintf("fails open to %s per %s per replica on 1 replica", requests(l.Requests), period(l.Period))
+		if fb.Burst > 0 && fb.Burst != fb.Requests {
+			s += fmt.Sprintf(" (burst %d)", fb.Burst)
+		}
+		return s, fb
 	}
-	return s, limitOf(er.Fallback)
+	fb.SharedBy = int32(n)
+	capacity := l.Capacity()
+	if l.Requests%n == 0 {
+		// Each replica's share is a whole number of requests per period.
+		fb.Requests /= n
+		s := fmt.Sprintf("fails open to %s per %s per replica on %d replicas", requests(l.Requests/n), period(l.Period), n)
+		if b := capacity / n; fb.Burst > 0 {
+			fb.Burst = max(b, 1)
+			if fb.Burst != fb.Requests {
+				s += fmt.Sprintf(" (burst %d)", fb.Burst)
+			}
+		}
+		return s, fb
+	}
+	return fmt.Sprintf("fails open to every %s of the limit's tokens per replica on %d replicas: %s per %s across them",
+		ordinal(n), n, requests(l.Requests), period(l.Period)), fb
+}
+
+// ordinal is "2nd", "3rd", "10th".
+func ordinal(n int64) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.FormatInt(n, 10) + suffix
 }
 
 func requests(n int64) string {
@@ -348,15 +388,20 @@ func exempt(sections ...*config.Exempt) string {
 	return strings.Join(alternatives, ", or ") + ": never limited, counted as exempt"
 }
 
-func counter(key []config.KeyPart) string {
-	if len(key) == 0 {
-		return "all of them together (one counter)"
+func counter(alts [][]config.KeyPart) string {
+	var words []string
+	for _, key := range alts {
+		if len(key) == 0 {
+			words = append(words, "all of them together (one counter)")
+			continue
+		}
+		parts := make([]string, 0, len(key))
+		for _, k := range key {
+			parts = append(parts, keyPart(k))
+		}
+		words = append(words, "each "+strings.Join(parts, " and "))
 	}
-	parts := make([]string, 0, len(key))
-	for _, k := range key {
-		parts = append(parts, keyPart(k))
-	}
-	return "each " + strings.Join(parts, " and ")
+	return strings.Join(words, ", else ")
 }
 
 func keyPart(k config.KeyPart) string {
@@ -366,7 +411,7 @@ func keyPart(k config.KeyPart) string {
 	case k.Query != "":
 		return "query parameter " + k.Query
 	case k.ClientIP != nil:
-		return "client IP"
+		return clientIP(k.ClientIP)
 	case k.JWTClaim != "":
 		return "JWT claim " + k.JWTClaim
 	case k.Path != nil:
@@ -392,24 +437,42 @@ func cost(c config.Cost, capacity int64) string {
 }
 
 func missingKey(r *config.Rule) string {
-	// The client IP, the path and the method are always there.
+	// The client IP, the path and the method are always there: an
+	// alternative of those alone (or none) keys every request.
 	var names []string
-	for _, k := range r.Key {
-		if k.Header != "" || k.Query != "" || k.JWTClaim != "" || k.Expression != "" {
-			names = append(names, keyPart(k))
+	for _, alt := range r.KeyAlternatives() {
+		var parts []string
+		for _, k := range alt {
+			if k.Header != "" || k.Query != "" || k.JWTClaim != "" || k.Expression != "" {
+				parts = append(parts, keyPart(k))
+			}
 		}
-	}
-	if len(names) == 0 {
-		return ""
+		if len(parts) == 0 {
+			return ""
+		}
+		names = append(names, strings.Join(parts, " and "))
 	}
 	without := "requests without " + strings.Join(names, " or ")
 	switch r.OnMissingKey {
-	case config.OnMissingKeyShared:
-		return without + " share one counter"
 	case config.OnMissingKeyReject:
 		return without + " are answered 400"
+	case config.OnMissingKeySkip:
+		return without + " are not limited by this rule"
 	}
-	return without + " are not limited by this rule"
+	return without + " share one counter"
+}
+
+// clientIP names a client IP key part, with its prefix lengths when they
+// are not the defaults (each IPv4 address, each IPv6 /64).
+func clientIP(k *config.ClientIPKey) string {
+	s := "client IP"
+	if v4 := k.IPv4PrefixLength; v4 > 0 && v4 != 32 {
+		s += fmt.Sprintf(" (IPv4 by /%d)", v4)
+	}
+	if v6 := k.IPv6PrefixLength; v6 > 0 && v6 != config.DefaultIPv6PrefixLength {
+		s += fmt.Sprintf(" (IPv6 by /%d)", v6)
+	}
+	return s
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

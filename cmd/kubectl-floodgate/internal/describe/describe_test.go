@@ -30,7 +30,20 @@ func TestRuleSummaries(t *testing.T) {
 		summary: "each X-API-Key: 5 requests per 10 s, burst 5, TokenBucket; fails open to 1 request per 10 s per replica on 5 replicas",
 		applies: "all requests",
 		cost:    "1 per request",
-		missing: "requests without X-API-Key are not limited by this rule",
+		// onMissingKey unset is Shared.
+		missing: "requests without X-API-Key share one counter",
+	}, {
+		name:     "key alternatives that opt into Skip, and a limit below the replica count",
+		replicas: 10,
+		rule: config.Rule{Name: "login", OnMissingKey: config.OnMissingKeySkip,
+			Keys:  [][]config.KeyPart{{{JWTClaim: "sub"}}, {{Header: "X-API-Key"}}, {{ClientIP: &config.ClientIPKey{IPv6PrefixLength: 56}}}},
+			Limit: config.Limit{Requests: 3, Per: per(time.Minute)}},
+		summary: "each JWT claim sub, else each X-API-Key, else each client IP (IPv6 by /56): 3 requests per minute, burst 3, TokenBucket; " +
+			"fails open to every 10th of the limit's tokens per replica on 10 replicas: 3 requests per minute across them",
+		applies: "all requests",
+		cost:    "1 per request",
+		// The client IP is always there: no request lacks every alternative.
+		missing: "",
 	}, {
 		name:     "a burst that divides into a different share",
 		replicas: 4,
@@ -45,7 +58,7 @@ func TestRuleSummaries(t *testing.T) {
 	}, {
 		name:     "a window algorithm that fails closed",
 		replicas: 1,
-		rule: config.Rule{Name: "r", Key: []config.KeyPart{{ClientIP: &struct{}{}}, {Method: &struct{}{}}}, FailureMode: config.FailureClosed,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{}}, {Method: &struct{}{}}}, FailureMode: config.FailureClosed,
 			Match: config.Match{Path: &config.PathMatch{Type: config.PathExact, Value: "/login"}},
 			Limit: config.Limit{Requests: 3, Per: per(90 * time.Second), Algorithm: "SlidingWindow"}},
 		summary: "each client IP and method: 3 requests per 90 s, SlidingWindow; fails closed: 503 while the store is unreachable",
@@ -140,9 +153,9 @@ func TestConditionsAndExemptions(t *testing.T) {
 			Exempt: &config.Exempt{When: []string{"request.headers['x-probe'] == 'health'"}},
 			Limit:  config.Limit{Requests: 10, Per: per(time.Minute)},
 		}, {
-			Name: "plain", Key: []config.KeyPart{{ClientIP: &struct{}{}}}, Limit: config.Limit{Requests: 10, Per: per(time.Minute)},
+			Name: "plain", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{}}}, Limit: config.Limit{Requests: 10, Per: per(time.Minute)},
 		}},
-	}, {Name: "team", UID: "t-u", Rules: []config.Rule{{Name: "orders", Key: []config.KeyPart{{ClientIP: &struct{}{}}}, Limit: config.Limit{Requests: 5, Per: per(time.Minute)}}}}}}
+	}, {Name: "team", UID: "t-u", Rules: []config.Rule{{Name: "orders", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{}}}, Limit: config.Limit{Requests: 5, Per: per(time.Minute)}}}}}}
 	ps, err := Config(c)
 	if err != nil {
 		t.Fatal(err)
