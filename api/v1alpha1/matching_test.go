@@ -158,7 +158,7 @@ func validClusterPolicy() *ClusterRateLimitPolicy {
 		ObjectMeta: metav1.ObjectMeta{Name: "floor"},
 		Spec: ClusterRateLimitPolicySpec{
 			NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"floodgate.dev/floor": "true"}},
-			TrustedProxies:    &TrustedProxies{Hops: 1},
+			TrustedProxies:    &TrustedProxies{CIDRs: []CIDR{"192.0.2.0/24"}, Hops: 1},
 			Exempt:            &Exempt{When: []Expression{"request.path == '/healthz'"}},
 			Defaults: &ClusterRules{Rules: []Rule{{
 				Name:  "per-ip",

@@ -104,7 +104,7 @@ func TestNewRejectsConditionsWithoutPolicy(t *testing.T) {
 
 func TestExemption(t *testing.T) {
 	t.Parallel()
-	pol := policy(t, 0, &config.Policy{TrustedProxies: &config.TrustedProxies{Hops: 1}})
+	pol := policy(t, 0, &config.Policy{TrustedProxies: &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 1}})
 	x, err := NewExemption(pol,
 		&config.Exempt{SourceCIDRs: []string{"10.0.0.0/8"}},
 		nil,

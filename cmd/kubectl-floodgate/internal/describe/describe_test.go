@@ -166,7 +166,7 @@ func TestConditionsAndExemptions(t *testing.T) {
 			" and no dry-run query parameter and a page query parameter from 192.0.2.0/24" +
 			" when request.path.startsWith('/orders') and request.headers['x-org'] != 'acme'"},
 		{"Counter", r.Counter, "each value of request.headers['x-org']"},
-		{"MissingKey", r.MissingKey, "requests without value of request.headers['x-org'] are not limited by this rule"},
+		{"MissingKey", r.MissingKey, "requests without value of request.headers['x-org'] share one counter"},
 		{"Exempt", r.Exempt, "requests from 10.0.0.0/8, or requests when request.headers['x-probe'] == 'health': never limited, counted as exempt"},
 		{"ReplacedBy", strings.Join(r.ReplacedBy, ","), "team"},
 		{"plain Exempt", ps[0].Rules[1].Exempt, "requests from 10.0.0.0/8: never limited, counted as exempt"},
