@@ -21,7 +21,12 @@ var _ = Describe("config/samples", func() {
 				&v1alpha1.CounterStore{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.DefaultCounterStoreName}}))).To(Succeed())
 		})
 
-		out, err := kubectl.Run(ctx, "apply", "-n", ns, "-f", samples)
+		// The objects the samples reference (refs/) go first, as the
+		// samples' comments say.
+		out, err := kubectl.Run(ctx, "apply", "-n", ns, "-f", filepath.Join(samples, "refs"))
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("configmap/auth-jwks created"))
+		out, err = kubectl.Run(ctx, "apply", "-n", ns, "-f", samples)
 		Expect(err).NotTo(HaveOccurred(), out)
 		AddReportEntry("kubectl apply -f config/samples", out)
 		Expect(out).To(ContainSubstring("counterstore.ratelimit.floodgate.dev/default created"))
