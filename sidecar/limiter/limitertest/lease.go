@@ -267,17 +267,7 @@ func CompareLeaseTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int,
 	// held is what earlier grants left unspent, in the window heldWindow.
 	var held, heldWindow int64
 	for i := range steps {
-		switch rng.IntN(6) {
-		case 0:
-		case 1:
-			now += 1 + rng.Int64N(3)
-		case 2, 3:
-			now += rng.Int64N(interval + 1)
-		case 4:
-			now += rng.Int64N(per/4 + 1)
-		default:
-			now += rng.Int64N(2*per + 1)
-		}
+		now = advance(rng, now, per, interval)
 		c := l.Capacity()
 		var a limiter.LeaseArgs
 		switch rng.IntN(5) {

@@ -35,35 +35,16 @@ func (s *Store) Lease(_ context.Context, req limiter.LeaseRequest) (limiter.Leas
 
 // lease is take for a lease call on a fixed-size state.
 func (sh *shard) lease(h uint64, lp *limitParams, now int64, a limiter.LeaseArgs) (limiter.Lease, error) {
-	p := lp.p
 	i, found := sh.find(h)
 	if found && sh.table[i].expired(now) {
 		sh.deleteAt(i)
 		i, found = sh.find(h)
 	}
-	var st limiter.State
-	sp := p
-	if found {
-		e := &sh.table[i]
-		sp = sh.limits.byID(e.limit)
-		if sp.Limit.Algorithm == limiter.SlidingLog {
-			sh.deleteAt(i)
-			i, found = sh.find(h)
-			sp = p
-		} else {
-			st = unpack(e, sp)
-		}
-	}
-	l, write, err := p.Lease(&st, sp, now, a)
+	i, found, st, sp := sh.load(h, i, found, lp.p)
+	l, write, err := lp.p.Lease(&st, sp, now, a)
 	if err != nil || !write {
 		return l, err
 	}
-	if !found {
-		i = sh.insert(h, now)
-	}
-	e := &sh.table[i]
-	pack(e, p, st)
-	e.limit = lp.id
-	e.expires = expiresAt(now, l.ResetAfter)
+	sh.store(h, i, found, lp, now, st, l.ResetAfter)
 	return l, nil
 }

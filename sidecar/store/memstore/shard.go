@@ -85,6 +85,18 @@ func (sh *shard) take(h uint64, lp *limitParams, now, cost int64) (limiter.Decis
 	if p.Limit.Algorithm == limiter.SlidingLog {
 		return sh.takeLog(h, i, found, lp, now, cost)
 	}
+	i, found, st, sp := sh.load(h, i, found, p)
+	d, write, err := p.Take(&st, sp, now, cost)
+	if err != nil || !write {
+		return d, err
+	}
+	sh.store(h, i, found, lp, now, st, d.ResetAfter)
+	return d, nil
+}
+
+// load reads the fixed-size state of h, at slot i when found, and the
+// Params it was written under (p when there is none).
+func (sh *shard) load(h uint64, i int, found bool, p *limiter.Params) (int, bool, limiter.State, *limiter.Params) {
 	var st limiter.State
 	sp := p
 	if found {
@@ -99,18 +111,19 @@ func (sh *shard) take(h uint64, lp *limitParams, now, cost int64) (limiter.Decis
 			st = unpack(e, sp)
 		}
 	}
-	d, write, err := p.Take(&st, sp, now, cost)
-	if err != nil || !write {
-		return d, err
-	}
+	return i, found, st, sp
+}
+
+// store writes st, computed under lp at now, as h's state, inserting h when
+// it was not found, with the expiry of a decision with resetAfter.
+func (sh *shard) store(h uint64, i int, found bool, lp *limitParams, now int64, st limiter.State, resetAfter time.Duration) {
 	if !found {
 		i = sh.insert(h, now)
 	}
 	e := &sh.table[i]
-	pack(e, p, st)
+	pack(e, lp.p, st)
 	e.limit = lp.id
-	e.expires = expiresAt(now, d.ResetAfter)
-	return d, nil
+	e.expires = expiresAt(now, resetAfter)
 }
 
 func (sh *shard) isLog(e *slot) bool {
