@@ -353,6 +353,15 @@ func (p *Params) LeaseSize(z LeaseSizing) int64 {
 	return max(n, z.Cost)
 }
 
+// Splitter is a Store that places the sub-counters of a split key itself
+// (the Redis store puts them on different slots, and so on different
+// masters). Stores without it get key~i.
+type Splitter interface {
+	// SplitKey returns the Request.Key of sub-counter i (0 <= i < k) of
+	// key. It depends on its arguments alone.
+	SplitKey(key string, i, k int) string
+}
+
 // MaxSplit bounds how many sub-counters one key may be split into.
 const MaxSplit = 16
 
