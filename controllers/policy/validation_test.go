@@ -115,6 +115,50 @@ var badInputs = []badInput{
     limit: {requests: 100, per: 1s, burst: 5}
     cost: {default: 6}`,
 		want: []string{"spec.rules[0].cost.default", "must not exceed the rule's capacity"}},
+	{name: "an unknown lease mode", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, lease: Always}`,
+		want: []string{"spec.rules[0].limit.lease", "Unsupported value", "Always"}},
+	{name: "split above 16", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, split: 17}`,
+		want: []string{"spec.rules[0].limit.split", "should be less than or equal to 16"}},
+	{name: "split above requests", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 2, per: 1s, split: 3}`,
+		want: []string{"spec.rules[0].limit.split", "split must not exceed requests"}},
+	{name: "split above burst", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, burst: 2, split: 3}`,
+		want: []string{"spec.rules[0].limit.split", "split must not exceed burst"}},
+	{name: "cost.default above one sub-counter", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 3}
+    cost: {default: 4}`,
+		want: []string{"spec.rules[0].cost.default", "cost.default must fit one sub-counter"}},
+	{name: "cost.max above one sub-counter", doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 2}
+    cost: {fromHeader: X-Cost, max: 6}`,
+		want: []string{"spec.rules[0].cost.max", "cost.max must fit one sub-counter"}},
 	{name: "cost.max without fromHeader", doc: `
   podSelector: {}
   rules:
