@@ -65,6 +65,8 @@ type Metrics struct {
 	// denied (429), unavailable (503: fail-closed or no config), rejected
 	// (400: bad cost or missing key part) and upstream_error (502).
 	RequestsTotal *prometheus.CounterVec
+	// Lease holds the metrics of leases and split counters.
+	Lease *Leases
 
 	denyCacheSize func() float64
 }
@@ -144,6 +146,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
 		m.DenyEventsTotal, m.RequestsTotal)
+	m.Lease = newLeases()
+	reg.MustRegister(m.Lease.collectors()...)
 	return m
 }
 
@@ -178,4 +182,5 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.DecisionsTotal.DeletePartialMatch(labels)
 	m.LocalDenialsTotal.DeletePartialMatch(labels)
 	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
+	m.Lease.forget(labels)
 }

@@ -197,6 +197,9 @@ func (b *descriptorBuilder) add(pi int, p *config.Policy, r *config.Rule, m *met
 		if err != nil {
 			return fmt.Errorf("limit: %w", err)
 		}
+		if err := er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m); err != nil {
+			return fmt.Errorf("limit: %w", err)
+		}
 		dr.Limit, dr.Engine = lim, er
 	}
 	root := b.d.domains[dm.Domain]

@@ -128,6 +128,9 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 				continue
 			}
 			er, err := engine.NewRule(p.Name, r.Name, lim, p.Replicas, r.FailureMode == config.FailureClosed, r.Mode == config.ModeShadow, m)
+			if err == nil {
+				err = er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m)
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s.limit: %w", rp, err))
 				continue
@@ -142,7 +145,7 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 				cost.def = 1
 			}
 			if cost.maximum == 0 {
-				cost.maximum = lim.Capacity()
+				cost.maximum = r.Limit.PartCapacity(lim)
 			}
 			if r.Cost.FromHeader != "" {
 				cost.header = http.CanonicalHeaderKey(r.Cost.FromHeader)
