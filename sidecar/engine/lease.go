@@ -156,6 +156,9 @@ type leaseEntry struct {
 	// remaining (-1 when unknown) and resetAt (Unix nanoseconds) are the
 	// store's last answer, for the response headers of lease hits.
 	remaining, resetAt int64
+	// quietUntil (Unix nanoseconds) holds off refreshes after one failed,
+	// so that a lease is spent, not refreshed, while the store is away.
+	quietUntil int64
 	// The local arrival rate: cost units in rate slot slot, and in the
 	// slot before.
 	slot, cur, prev int64
@@ -299,7 +302,7 @@ func (t *leaseTable) lookup(h *Hit, now time.Time, res *Result) (leaseKind, leas
 		h.Rule.lm.LostTokens.Add(float64(ent.tokens))
 		ent.tokens = 0
 	}
-	if !ent.refreshing && (!live || ent.tokens < ent.refreshMark(h.Cost)) {
+	if !ent.refreshing && n >= ent.quietUntil && (!live || ent.tokens < ent.refreshMark(h.Cost)) {
 		if rate := ent.rate(n); rate >= t.o.MinRate {
 			want := t.size(h, ent, rate, n)
 			if want > h.Cost || (!live && ent.tokens > 0) {
@@ -317,12 +320,7 @@ func (t *leaseTable) lookup(h *Hit, now time.Time, res *Result) (leaseKind, leas
 	if live && ent.tokens >= h.Cost {
 		ent.tokens -= h.Cost
 		h.Rule.lm.Hits.Inc()
-		c := h.Rule.Limit.Capacity()
-		d := limiter.Decision{Allowed: true, Limit: c, Remaining: min(c, ent.tokens+max(0, ent.remaining))}
-		if ent.resetAt > n {
-			d.ResetAfter = time.Duration(ent.resetAt - n)
-		}
-		*res = Result{Decision: d, Source: FromLease, Taken: h.Cost > 0}
+		*res = ent.hit(h, n)
 		return leaseHit, leaseCall{}
 	}
 	return leaseNone, leaseCall{}
@@ -428,17 +426,41 @@ func (t *leaseTable) settle(h *Hit, lc *leaseCall, sub int, l limiter.Lease, cos
 	return extra
 }
 
-// failed records a lease call that got no answer: what it gave back may or
-// may not have reached the store.
-func (t *leaseTable) failed(h *Hit, lc *leaseCall) {
+// refreshQuiet is how long after a failed refresh a lease is only spent.
+const refreshQuiet = 100 * time.Millisecond
+
+// failed records a lease call that got no answer at answered: what it
+// gave back may or may not have reached the store. When the lease still
+// holds cost tokens, it spends them for the request (into res) and
+// reports true: they were paid for, so the request need not fall back.
+func (t *leaseTable) failed(h *Hit, lc *leaseCall, cost int64, answered time.Time, res *Result) bool {
 	h.Rule.lm.Errors.Inc()
 	if lc.ret > 0 {
 		h.Rule.lm.LostTokens.Add(float64(lc.ret))
 	}
 	ent := lc.entry
 	ent.s.mu.Lock()
+	defer ent.s.mu.Unlock()
 	ent.refreshing = false
-	ent.s.mu.Unlock()
+	n := answered.UnixNano()
+	ent.quietUntil = n + int64(refreshQuiet)
+	if n >= ent.expires || ent.tokens < cost || ent.dead {
+		return false
+	}
+	ent.tokens -= cost
+	h.Rule.lm.Hits.Inc()
+	*res = ent.hit(h, n)
+	return true
+}
+
+// hit is the result of a lease hit at n. The caller holds the shard lock.
+func (ent *leaseEntry) hit(h *Hit, n int64) Result {
+	c := h.Rule.Limit.Capacity()
+	d := limiter.Decision{Allowed: true, Limit: c, Remaining: min(c, ent.tokens+max(0, ent.remaining))}
+	if ent.resetAt > n {
+		d.ResetAfter = time.Duration(ent.resetAt - n)
+	}
+	return Result{Decision: d, Source: FromLease, Taken: h.Cost > 0}
 }
 
 // release gives up a refresh claimed by a request that sends no store call
@@ -678,7 +700,16 @@ func (e *Engine) takeLease(ctx context.Context, h *Hit, c *call, now time.Time) 
 	answered := e.o.Now()
 	sm := e.observeStore(shard, now, answered)
 	if err != nil {
-		e.leases.failed(h, lc)
+		if e.leases.failed(h, lc, c.cost, answered, &c.res) {
+			// Spent from the lease: the failure still counts, and the
+			// key's waiters are let go.
+			e.countStoreFailure(sm, err, answered)
+			if c.entry != nil {
+				e.deny.settle(h.Key, c.entry, now, answer{failed: true})
+				c.entry = nil
+			}
+			return
+		}
 		e.storeFailed(ctx, h, c, sm, err, now, answered)
 		return
 	}

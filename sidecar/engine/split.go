@@ -153,8 +153,12 @@ func (e *Engine) takeSpread(ctx context.Context, h *Hit, c *call, now time.Time)
 		}
 		if denied {
 			e.leases.settle(h, lc, lc.sub, limiter.Lease{Decision: deny}, c.cost, now, answered)
-		} else {
-			e.leases.failed(h, lc)
+		} else if e.leases.failed(h, lc, c.cost, answered, &c.res) {
+			if c.entry != nil {
+				e.deny.settle(h.Key, c.entry, now, answer{failed: true})
+				c.entry = nil
+			}
+			return
 		}
 	}
 	if !denied {
