@@ -149,6 +149,10 @@ type leaseEntry struct {
 	sub int
 	// grant is the size of the last grant, for the refresh mark.
 	grant int64
+	// rtt (nanoseconds) is how long the last lease call took, from the
+	// request's start to the store's answer: a refresh must land within
+	// what the lease has left by then.
+	rtt int64
 	// refreshing is set while a request's lease call is out; stale when
 	// the rule's limit changed under the entry; dead once the table it is
 	// in was swapped out.
@@ -239,10 +243,18 @@ func (ent *leaseEntry) rate(n int64) float64 {
 }
 
 // refreshMark is the number of tokens below which a lease is refreshed: a
-// quarter of the last grant, so that the refresh lands before the lease
-// runs out.
-func (ent *leaseEntry) refreshMark(cost int64) int64 {
-	return max(cost, ent.grant/4)
+// quarter of the last grant, or what the key spends at rate (per second)
+// in two of the last lease call's round trips if that is more, so that
+// the refresh lands before the lease runs out even on a slow store.
+func (ent *leaseEntry) refreshMark(cost int64, rate float64) int64 {
+	return max(cost, ent.grant/4, int64(rate*2*float64(ent.rtt)/float64(time.Second)))
+}
+
+// horizon is how long a lease should last at the key's rate: the
+// configured horizon, or four of the last lease call's round trips on a
+// store slower than that.
+func (ent *leaseEntry) horizon(o time.Duration) time.Duration {
+	return max(o, 4*time.Duration(ent.rtt))
 }
 
 // leaseKind is what a lease lookup found.
@@ -302,8 +314,9 @@ func (t *leaseTable) lookup(h *Hit, now time.Time, res *Result) (leaseKind, leas
 		h.Rule.lm.LostTokens.Add(float64(ent.tokens))
 		ent.tokens = 0
 	}
-	if !ent.refreshing && n >= ent.quietUntil && (!live || ent.tokens < ent.refreshMark(h.Cost)) {
-		if rate := ent.rate(n); rate >= t.o.MinRate {
+	if !ent.refreshing && n >= ent.quietUntil {
+		rate := ent.rate(n)
+		if (!live || ent.tokens < ent.refreshMark(h.Cost, rate)) && rate >= t.o.MinRate {
 			want := t.size(h, ent, rate, n)
 			if want > h.Cost || (!live && ent.tokens > 0) {
 				lc := leaseCall{entry: ent, want: want, window: ent.window, sub: ent.sub}
@@ -360,7 +373,7 @@ func (t *leaseTable) size(h *Hit, ent *leaseEntry, rate float64, n int64) int64 
 	if sp := h.Rule.split; sp != nil {
 		p = sp.params[ent.sub]
 	}
-	z := limiter.LeaseSizing{Cost: h.Cost, Rate: rate, Horizon: t.o.Horizon, MaxFraction: t.o.MaxFraction, Available: ent.remaining}
+	z := limiter.LeaseSizing{Cost: h.Cost, Rate: rate, Horizon: ent.horizon(t.o.Horizon), MaxFraction: t.o.MaxFraction, Available: ent.remaining}
 	if ent.windowEnd > 0 {
 		per := p.PeriodMicros * int64(time.Microsecond)
 		until := ent.windowEnd - n
@@ -393,6 +406,7 @@ func (t *leaseTable) settle(h *Hit, lc *leaseCall, sub int, l limiter.Lease, cos
 	ent.s.mu.Lock()
 	defer ent.s.mu.Unlock()
 	ent.refreshing = false
+	ent.rtt = int64(answered.Sub(sent))
 	ent.remaining = l.Remaining
 	ent.resetAt = answered.Add(l.ResetAfter).UnixNano()
 	if extra == 0 {

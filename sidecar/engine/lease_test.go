@@ -466,3 +466,76 @@ func TestConcurrentLeasesNeverOverAdmit(t *testing.T) {
 		t.Errorf("admitted %d of 24000, want exactly the limit 5000", got)
 	}
 }
+
+// slowStore is a memory store on the wall clock that answers every call
+// after delay, as a Redis shard on a busy machine does, and counts them.
+type slowStore struct {
+	*memstore.Store
+	delay         time.Duration
+	takes, leases atomic.Int64
+}
+
+func (s *slowStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
+	s.takes.Add(1)
+	time.Sleep(s.delay)
+	return s.Store.Take(ctx, req)
+}
+
+func (s *slowStore) Lease(ctx context.Context, req limiter.LeaseRequest) (limiter.Lease, string, error) {
+	s.leases.Add(1)
+	time.Sleep(s.delay)
+	return s.Store.Lease(ctx, req)
+}
+
+// TestLeaseCoversTheRoundTrip: when the store takes longer to answer than
+// a quarter of a lease lasts, the lease is refreshed earlier and made
+// larger, so that the requests arriving while the refresh is out still
+// find tokens rather than each making a store call of their own.
+func TestLeaseCoversTheRoundTrip(t *testing.T) {
+	t.Parallel()
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &slowStore{Store: ms, delay: 25 * time.Millisecond}
+	fb, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	e, err := New(Options{Store: store, StoreName: "slow", Fallback: fb, Metrics: m, Parallel: true, Leases: &LeaseOptions{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	r, err := NewRule("pol", "r", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1_000_000_000, Period: time.Hour}, 1, false, false, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Spread(true, 1, m); err != nil {
+		t.Fatal(err)
+	}
+	var decisions atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for range 16 {
+		wg.Go(func() {
+			var v Verdict
+			for time.Now().Before(deadline) {
+				e.Decide(context.Background(), []Hit{{Rule: r, Key: "k", Cost: 1}}, &v)
+				if v.Outcome != Allow {
+					t.Errorf("denied: %+v", v.Results[0])
+					return
+				}
+				decisions.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	n, calls := decisions.Load(), store.takes.Load()+store.leases.Load()
+	if float64(calls) > 0.02*float64(n) {
+		t.Errorf("%d store calls (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takes.Load(), store.leases.Load(), n)
+	}
+	t.Logf("%d store calls (%d takes, %d leases) for %d decisions", calls, store.takes.Load(), store.leases.Load(), n)
+}
