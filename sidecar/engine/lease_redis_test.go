@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,8 +133,11 @@ func TestLeasesOnRedis(t *testing.T) {
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := fixedWindowCount(t, srv, "leases-on-redis"); got != n {
-		t.Errorf("Redis counts %d after shutdown, want the %d admitted", got, n)
+	// A lease call that timed out on a busy machine may have taken its
+	// tokens in Redis all the same; without one the count is exact.
+	errs := counter(m.Lease.CallsTotal.WithLabelValues("pol", "hot", metrics.LeaseError))
+	if got := fixedWindowCount(t, srv, "leases-on-redis"); got < n || (errs == 0 && got != n) {
+		t.Errorf("Redis counts %d after shutdown, want the %d admitted (%v lease calls failed)", got, n, errs)
 	}
 	t.Logf("%d scripts for %d decisions; %v granted, %v returned at shutdown", calls, n,
 		counter(m.Lease.GrantedTokensTotal.WithLabelValues("pol", "hot")),
@@ -185,4 +192,160 @@ func TestLeaseWhenRedisGoesAway(t *testing.T) {
 	}
 	t.Logf("%d decisions on the lease, then %d on the fallback bucket", fromLease, fallback)
 	_ = e.Close(context.Background())
+}
+
+// scriptStats returns the script calls a node has run and the
+// microseconds it spent in them (INFO commandstats, EVALSHA and EVAL).
+func scriptStats(t *testing.T, n *redistest.Node) (calls, usec int64) {
+	t.Helper()
+	info, err := n.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			c, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				calls += c
+			case "usec":
+				usec += c
+			}
+		}
+	}
+	return calls, usec
+}
+
+// TestSplitOnThreeMasters: one key split over three sub-counters on a
+// 3-master cluster puts a third of the script calls, and of the Redis CPU
+// they take, on each master (within 1.3 times of each other), and admits
+// exactly its limit, leases off or on.
+func TestSplitOnThreeMasters(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	masters, err := cluster.Masters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(masters) != 3 {
+		t.Fatalf("%d masters, want 3", len(masters))
+	}
+	// A window boundary mid-test would split the count: start well inside
+	// one.
+	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < 2*time.Minute {
+		time.Sleep(left + time.Second)
+	}
+	const limit = 6000
+	for _, lease := range []bool{false, true} {
+		st, err := redisstore.New(redisstore.Options{Addrs: cluster.Addrs(), BatchWindow: redisstore.DefaultBatchWindow})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewPedanticRegistry()
+		m := metrics.NewMetrics(reg)
+		var lo *engine.LeaseOptions
+		if lease {
+			lo = &engine.LeaseOptions{}
+		}
+		e, err := engine.New(engine.Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true, Leases: lo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := engine.NewRule("pol", "split", limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Period: time.Hour}, 1, false, false, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Spread(lease, 3, m); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("split-lease-%v", lease)
+		calls0, usec0 := make([]int64, 3), make([]int64, 3)
+		for i, n := range masters {
+			calls0[i], usec0[i] = scriptStats(t, n)
+		}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				var v engine.Verdict
+				for range limit * 12 / 10 / 8 {
+					e.Decide(context.Background(), []engine.Hit{{Rule: r, Key: key, Cost: 1}}, &v)
+					if v.Outcome == engine.Allow {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		var calls, usec []int64
+		for i, n := range masters {
+			c, u := scriptStats(t, n)
+			calls, usec = append(calls, c-calls0[i]), append(usec, u-usec0[i])
+		}
+		if err := e.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		_ = st.Close()
+		counted := int64(0)
+		cc := cluster.NewClient()
+		for i := range 3 {
+			s, err := cc.Get(context.Background(), redisstore.CounterKey(redisstore.SplitKey(key, i, 3), limiter.FixedWindow)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			counted += int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(s[8:16]))))
+		}
+		_ = cc.Close()
+		got, failed := admitted.Load(), failedStoreCalls(t, reg)
+		// A call that timed out may have taken its token in Redis: the
+		// request was then decided without it.
+		if counted < got || counted > got+failed {
+			t.Errorf("lease=%v: Redis counts %d after shutdown, the sidecar admitted %d with %d failed store calls", lease, counted, got, failed)
+		}
+		if got > limit || float64(got) < 0.98*limit {
+			t.Errorf("lease=%v: admitted %d of %d offered, want at most the limit %d and at least 98%% of it", lease, got, limit*12/10, limit)
+		}
+		if !lease {
+			if lo, hi := slices.Min(usec), slices.Max(usec); lo <= 0 || float64(hi) > 1.3*float64(lo) {
+				t.Errorf("Redis script CPU per master %v µs: want each within 1.3 times of the others", usec)
+			}
+			if lo, hi := slices.Min(calls), slices.Max(calls); lo <= 0 || float64(hi) > 1.3*float64(lo) {
+				t.Errorf("script calls per master %v: want each within 1.3 times of the others", calls)
+			}
+		}
+		t.Logf("lease=%v: admitted %d (Redis counts %d, %d failed store calls); script calls per master %v, script CPU per master %v µs", lease, got, counted, failed, calls, usec)
+	}
+}
+
+// failedStoreCalls sums the store calls that got no answer in reg
+// (store_operations_total with a result other than ok).
+func failedStoreCalls(t *testing.T, reg *prometheus.Registry) int64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "floodgate_sidecar_store_operations_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() != "ok" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return int64(n)
 }
