@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -45,8 +46,8 @@ func TestLeaseAndSplitValidated(t *testing.T) {
 		var paths []string
 		if err != nil {
 			for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-				fe, ok := e.(*FieldError)
-				if !ok {
+				var fe *FieldError
+				if !errors.As(e, &fe) {
 					t.Fatalf("%+v: error %v is not a FieldError", tc.r.Limit, e)
 				}
 				paths = append(paths, strings.TrimPrefix(fe.Path, "policies[0].rules[0]."))

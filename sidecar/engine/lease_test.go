@@ -255,8 +255,8 @@ func TestLeaseOutlivesTheStore(t *testing.T) {
 			for range 500 {
 				clk.Add(200 * time.Microsecond)
 				v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
-				switch src := v.Results[0].Source; {
-				case src == FromLease:
+				switch src := v.Results[0].Source; src {
+				case FromLease:
 					if after > 0 {
 						t.Fatalf("a lease hit after the lease ran out")
 					}

@@ -6,6 +6,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// Label names the lease metrics share with the others.
+const (
+	labelPolicy = "policy"
+	labelRule   = "rule"
+	labelResult = "result"
+)
+
 // Lease call results, the values of the "result" label of LeaseCallsTotal.
 const (
 	LeaseGranted = "granted"
@@ -59,31 +66,31 @@ func newLeases() *Leases {
 		HitsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_hits_total",
 			Help: "Rule decisions answered from a local lease, without a store call, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		CallsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_calls_total",
 			Help: "Lease calls to the counter store by policy, rule and result (granted, denied, error).",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		GrantedTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_granted_tokens_total",
 			Help: "Tokens lease calls took from the counter store, the asking requests' own costs included, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		ReturnedTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_returned_tokens_total",
 			Help: "Unused lease tokens given back to the counter store, by policy, rule and reason (expiry, renewal, policy_change, shutdown).",
-		}, []string{"policy", "rule", "reason"}),
+		}, []string{labelPolicy, labelRule, "reason"}),
 		LostTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_lost_tokens_total",
 			Help: "Unused lease tokens that could not be given back (the store was unavailable, or their window had ended): the under-admission leases caused, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		SplitCallsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "split_calls_total",
 			Help: "Counter store calls on the sub-counters of split keys, by policy, rule and sub-counter: their balance.",
-		}, []string{"policy", "rule", "sub"}),
+		}, []string{labelPolicy, labelRule, "sub"}),
 		SplitBorrowsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "split_borrows_total",
 			Help: "Store calls on a split key that went to another sub-counter because the one tried before had too little left, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{labelPolicy, labelRule}),
 	}
 	l.Keys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "lease_keys",

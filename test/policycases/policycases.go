@@ -42,6 +42,9 @@ const okRule = `
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`
 
+// unsupported is how the API server refuses a value outside an enum.
+const unsupported = "Unsupported value"
+
 // Schema are the inputs that the CRD's OpenAPI schema and CEL rules
 // refuse, RateLimitPolicies and CounterStores.
 var Schema = []Bad{
@@ -104,7 +107,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m, algorithm: LeakyBucket}`,
-		Want: []string{"spec.rules[0].limit.algorithm", "Unsupported value", "LeakyBucket"}},
+		Want: []string{"spec.rules[0].limit.algorithm", unsupported, "LeakyBucket"}},
 	{Name: "SlidingLog above 100000 requests", Doc: `
   podSelector: {}
   rules:
@@ -134,7 +137,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s, lease: Always}`,
-		Want: []string{"spec.rules[0].limit.lease", "Unsupported value", "Always"}},
+		Want: []string{"spec.rules[0].limit.lease", unsupported, "Always"}},
 	{Name: "split above 16", Doc: `
   podSelector: {}
   rules:
@@ -212,7 +215,7 @@ var Schema = []Bad{
     match: {methods: [FETCH]}
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].match.methods[0]", "Unsupported value", "FETCH"}},
+		Want: []string{"spec.rules[0].match.methods[0]", unsupported, "FETCH"}},
 	{Name: "no key parts", Doc: `
   podSelector: {}
   rules:
@@ -255,7 +258,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     failureMode: Maybe`,
-		Want: []string{"spec.rules[0].failureMode", "Unsupported value", "Maybe"}},
+		Want: []string{"spec.rules[0].failureMode", unsupported, "Maybe"}},
 	{Name: "unknown mode", Doc: `
   podSelector: {}
   rules:
@@ -263,7 +266,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     mode: Audit`,
-		Want: []string{"spec.rules[0].mode", "Unsupported value", "Audit"}},
+		Want: []string{"spec.rules[0].mode", unsupported, "Audit"}},
 	{Name: "a CIDR with host bits", Doc: `
   podSelector: {}
   trustedProxies: {cidrs: [10.1.2.3/8]}

@@ -336,20 +336,9 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 					return nil, err
 				}
 			}
-			cmds0, err := redisCommands(ctx, cluster)
+			m, err := measureWithRedis(ctx, cluster, pids[w.server], cs, cfg.Callers, cfg.Duration, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, i) })
 			if err != nil {
 				return nil, err
-			}
-			m, err := measure(ctx, pids[w.server], cs, cfg.Callers, cfg.Duration, func(i int64) *rlcommonv3.RateLimitDescriptor { return w.desc(run, i) })
-			if err != nil {
-				return nil, err
-			}
-			cmds1, err := redisCommands(ctx, cluster)
-			if err != nil {
-				return nil, err
-			}
-			if n := m.ok + m.over; n > 0 {
-				m.redisCmds = float64(cmds1-cmds0) / float64(n)
 			}
 			if ctl := controls[w.server]; ctl != "" {
 				if err := profileCall(ctx, ctl, ""); err != nil {
@@ -501,6 +490,28 @@ func startPeerProcess(bin, dir string, cluster *redistest.Cluster, start func([]
 type measurement struct {
 	rate, cpuMicros, util, redisCmds float64
 	ok, over, errors                 int64
+}
+
+// measureWithRedis is measure, with the Redis commands per decision that
+// the cluster ran meanwhile.
+func measureWithRedis(ctx context.Context, cluster *redistest.Cluster, pid int, cs []*grpc.ClientConn, callers int, d time.Duration,
+	desc func(int64) *rlcommonv3.RateLimitDescriptor) (measurement, error) {
+	cmds0, err := redisCommands(ctx, cluster)
+	if err != nil {
+		return measurement{}, err
+	}
+	m, err := measure(ctx, pid, cs, callers, d, desc)
+	if err != nil {
+		return measurement{}, err
+	}
+	cmds1, err := redisCommands(ctx, cluster)
+	if err != nil {
+		return measurement{}, err
+	}
+	if n := m.ok + m.over; n > 0 {
+		m.redisCmds = float64(cmds1-cmds0) / float64(n)
+	}
+	return m, nil
 }
 
 // redisCommands sums the commands clients sent to every node of the
