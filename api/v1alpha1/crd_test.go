@@ -99,6 +99,8 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 		{"spec.rules[].cost.default maximum", at(rule, "cost", "default").Maximum, limiter.MaxRequests},
 		{"spec.rules[].cost.max maximum", at(rule, "cost", "max").Maximum, limiter.MaxRequests},
 		{"spec.trustedProxies.hops maximum", at(spec, "trustedProxies", "hops").Maximum, config.MaxHops},
+		{"spec.rules[].limit.split maximum", at(limit, "split").Maximum, limiter.MaxSplit},
+		{"spec.rules[].limit.split minimum", at(limit, "split").Minimum, 1},
 	} {
 		if tc.got == nil || *tc.got != float64(tc.want) {
 			t.Errorf("%s = %v, want %d", tc.name, derefF(tc.got), tc.want)

@@ -110,6 +110,8 @@ type StoreReference struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
 // +kubebuilder:validation:XValidation:rule="!has(self.keys) || !has(self.key) || size(self.key) == 0",message="set key or keys, not both: key is one alternative, keys a list of them",fieldPath=".keys"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.split) || !has(self.cost) || !has(self.cost.default) || self.cost.default * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.default"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.split) || !has(self.cost) || !has(self.cost.max) || self.cost.max * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.max"
 type Rule struct {
 	// Name identifies the rule within its policy: in metrics, in response
 	// headers and in the counter keys. Renaming a rule starts its counts
@@ -472,6 +474,8 @@ const MaxSlidingLogRequests = limiter.MaxLogRequests
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.algorithm in ['TokenBucket', 'GCRA']",message="burst is only valid with the TokenBucket and GCRA algorithms; the window algorithms count requests per period",fieldPath=".burst"
 // +kubebuilder:validation:XValidation:rule="self.algorithm != 'SlidingLog' || self.requests <= 100000",message="SlidingLog keeps one entry per admitted request, so requests must be at most 100000; use SlidingWindow for larger limits",fieldPath=".requests"
+// +kubebuilder:validation:XValidation:rule="!has(self.split) || self.split <= self.requests",message="split must not exceed requests: each sub-counter needs at least one request per period",fieldPath=".split"
+// +kubebuilder:validation:XValidation:rule="!has(self.split) || !has(self.burst) || self.burst == 0 || self.split <= self.burst",message="split must not exceed burst: each sub-counter needs a capacity of at least one",fieldPath=".split"
 type Limit struct {
 	// Requests is the number of requests admitted per period. It sets the
 	// rate for TokenBucket and GCRA and the count per window for the
@@ -503,7 +507,37 @@ type Limit struct {
 	// +optional
 	// +kubebuilder:default=TokenBucket
 	Algorithm Algorithm `json:"algorithm,omitempty"`
+
+	// Lease is Auto or Off. Auto (the default when unset) lets a sidecar
+	// that sees a key often take a batch of the key's tokens from the
+	// counter store in one call and admit against it locally: the shared
+	// count is never exceeded, but a request may not see what other
+	// sidecars spent a moment ago. Off decides every request on the shared
+	// count (strict). SlidingLog never leases.
+	// +optional
+	Lease LeaseMode `json:"lease,omitempty"`
+
+	// Split spreads each counter of the rule over this many sub-counters
+	// on different Redis slots (and masters), each holding 1/split of the
+	// limit, for a key whose traffic is more than one shard can answer. A
+	// request is decided on one sub-counter and borrows from the others
+	// when it is spent, so the total stays the limit. A request's cost
+	// must fit one sub-counter. When unset, 1 (no split).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	Split int32 `json:"split,omitempty"`
 }
+
+// LeaseMode says whether sidecars lease the tokens of hot keys.
+// +kubebuilder:validation:Enum=Auto;Off
+type LeaseMode string
+
+// The LeaseMode values.
+const (
+	LeaseAuto LeaseMode = "Auto"
+	LeaseOff  LeaseMode = "Off"
+)
 
 // Capacity returns the most a single key can spend at once: Burst, or
 // Requests when Burst is 0.

@@ -177,7 +177,7 @@ func validateRule(r *Rule, path *field.Path, ctx *ruleContext) field.ErrorList {
 
 	errs = append(errs, validateLimit(r.Limit, path.Child("limit"))...)
 	if r.Cost != nil {
-		errs = append(errs, validateCost(r.Cost, r.Limit.Capacity(), path.Child("cost"))...)
+		errs = append(errs, validateCost(r.Cost, r.Limit.Capacity()/int64(max(1, r.Limit.Split)), path.Child("cost"))...)
 	}
 	return errs
 }
@@ -404,7 +404,11 @@ var algorithms = []Algorithm{AlgorithmTokenBucket, AlgorithmGCRA, AlgorithmSlidi
 // the limits a sidecar loads: bounds, SlidingLog's size, whole
 // microseconds, and buckets that refill in time.
 func validateLimit(l Limit, path *field.Path) field.ErrorList {
-	_, problems := config.Limit{Requests: l.Requests, Per: l.Per, Burst: l.Burst, Algorithm: string(l.Algorithm)}.Check()
+	cl := config.Limit{Requests: l.Requests, Per: l.Per, Burst: l.Burst, Algorithm: string(l.Algorithm), Lease: string(l.Lease), Split: l.Split}
+	lim, problems := cl.Check()
+	if len(problems) == 0 {
+		problems = cl.CheckSpread(lim)
+	}
 	var errs field.ErrorList
 	for _, p := range problems {
 		switch p.Path {
@@ -416,6 +420,10 @@ func validateLimit(l Limit, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(path.Child("per"), l.Per.Duration.String(), p.Msg))
 		case "burst":
 			errs = append(errs, field.Invalid(path.Child("burst"), l.Burst, p.Msg))
+		case "lease":
+			errs = append(errs, field.NotSupported(path.Child("lease"), l.Lease, []LeaseMode{LeaseAuto, LeaseOff}))
+		case "split":
+			errs = append(errs, field.Invalid(path.Child("split"), l.Split, p.Msg))
 		default:
 			errs = append(errs, field.Invalid(path, field.OmitValueType{}, p.Msg))
 		}
@@ -432,7 +440,7 @@ func validateCost(c *Cost, capacity int64, path *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(path.Child("default"), c.Default, "must be at least 1"))
 	} else if c.Default > capacity {
 		errs = append(errs, field.Invalid(path.Child("default"), c.Default,
-			"cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied"))
+			"cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set), or every request would be denied"))
 	}
 	if c.Max < 0 {
 		errs = append(errs, field.Invalid(path.Child("max"), c.Max, "must be at least 1"))
@@ -443,7 +451,7 @@ func validateCost(c *Cost, capacity int64, path *field.Path) field.ErrorList {
 		}
 		if c.Max > capacity {
 			errs = append(errs, field.Invalid(path.Child("max"), c.Max,
-				"cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)"))
+				"cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set)"))
 		}
 		if c.Default > c.Max {
 			errs = append(errs, field.Invalid(path.Child("default"), c.Default, "default must not exceed max"))

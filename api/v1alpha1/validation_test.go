@@ -125,6 +125,17 @@ func TestValidateSemanticsRejects(t *testing.T) {
 		}, "spec.rules[0].limit.burst", "takes longer than"},
 		{"unknown algorithm", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Algorithm = "LeakyBucket" },
 			"spec.rules[0].limit.algorithm", "Unsupported value"},
+		{"unknown lease mode", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Lease = "Always" },
+			"spec.rules[0].limit.lease", "Unsupported value"},
+		{"split beyond the bound", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Split = 17 },
+			"spec.rules[0].limit.split", "between 1 and 16"},
+		{"split beyond requests", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = Limit{Requests: 2, Per: metav1.Duration{Duration: time.Second}, Split: 3}
+		}, "spec.rules[0].limit.split", "need at least 3 requests per period"},
+		{"cost beyond one sub-counter", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}, Split: 3}
+			p.Spec.Rules[0].Cost = &Cost{Default: 4}
+		}, "spec.rules[0].cost.default", "divided by limit.split"},
 		{"huge sliding log", func(p *RateLimitPolicy) {
 			p.Spec.Rules[1].Limit.Algorithm = AlgorithmSlidingLog
 			p.Spec.Rules[1].Limit.Requests = 100_001

@@ -414,6 +414,16 @@ type Limit struct {
 	// it stops a less specific rule from applying. Requests, Per, Burst and
 	// Algorithm must then be empty.
 	Unlimited bool `json:"unlimited,omitempty"`
+	// Lease is "Auto" (the default when empty): a sidecar that sees a key
+	// often takes a batch of its tokens from the store in one call and
+	// admits against it locally; or "Off": every request is decided on the
+	// shared count (strict). SlidingLog never leases.
+	Lease string `json:"lease,omitempty"`
+	// Split spreads each counter of the rule over this many sub-counters,
+	// each on its own Redis slot with 1/Split of the limit, for keys whose
+	// traffic exceeds what one shard can answer. 0 and 1 mean none; at
+	// most limiter.MaxSplit.
+	Split int32 `json:"split,omitempty"`
 }
 
 // Cost says what a request spends.

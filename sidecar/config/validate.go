@@ -393,6 +393,9 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	}
 	lim, problems := r.Limit.Check()
 	errs.addLimit(path+".limit", problems)
+	if len(problems) == 0 {
+		errs.addLimit(path+".limit", r.Limit.CheckSpread(lim))
+	}
 	c := r.Cost
 	if c.FromHeader != "" && !validToken(c.FromHeader) {
 		errs.add(path+".cost.fromHeader", "not a valid header name: %q", c.FromHeader)
@@ -404,12 +407,12 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 		errs.add(path+".cost.max", "must not be negative, got %d", c.Max)
 	}
 	if len(problems) == 0 {
-		capacity := lim.Capacity()
+		capacity := r.Limit.PartCapacity(lim)
 		if c.Default > capacity {
-			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d, so every request would be denied", c.Default, capacity)
+			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d%s, so every request would be denied", c.Default, capacity, r.Limit.splitNote())
 		}
 		if c.Max > capacity {
-			errs.add(path+".cost.max", "%d exceeds the rule's capacity %d", c.Max, capacity)
+			errs.add(path+".cost.max", "%d exceeds the rule's capacity %d%s", c.Max, capacity, r.Limit.splitNote())
 		}
 	}
 	if c.Max > 0 && c.Default > c.Max {
@@ -573,16 +576,23 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	l := r.Limit
 	switch {
 	case l.Unlimited:
-		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" {
-			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst or algorithm")
+		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" || l.Lease != "" || l.Split != 0 {
+			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst, algorithm, lease or split")
 		}
 	case l.Requests == 0:
 		// Denies every call; the limit still needs a valid period.
 		l.Requests = 1
+		if l.Split > 1 {
+			errs.add(path+".limit.split", "a rule of 0 requests denies every call and has nothing to split")
+			l.Split = 0
+		}
 		fallthrough
 	default:
-		_, problems := l.Check()
+		lim, problems := l.Check()
 		errs.addLimit(path+".limit", problems)
+		if len(problems) == 0 {
+			errs.addLimit(path+".limit", l.CheckSpread(lim))
+		}
 	}
 	r.validateModes(path, errs)
 }

@@ -14,6 +14,7 @@ type call struct {
 	hit   int
 	cost  int64
 	entry *denyEntry // the deny-cache entry the call was claimed on
+	lease leaseCall  // the lease the call takes, when it refreshes one
 	res   Result
 	err   error
 }
@@ -40,12 +41,20 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	denied, probing := false, false
 	for i := range hits {
 		h := &hits[i]
+		var lc leaseCall
+		if e.leases != nil && h.Rule.leases {
+			var kind leaseKind
+			if kind, lc = e.leases.lookup(h, now, &v.Results[i]); kind == leaseHit {
+				continue
+			}
+		}
 		// Never wait for another request's probe while holding one: two
 		// requests could otherwise wait on each other.
 		var l lookup
 		l, now = e.check(ctx, h, now, probing)
 		probing = probing || l.kind == lookupGo
 		if l.kind == lookupDeny {
+			e.leases.release(&lc)
 			v.Results[i] = Result{Decision: limiter.Decision{Limit: l.limit, RetryAfter: l.retry}, Source: FromDenyCache}
 			h.Rule.m.LocalDenials.Inc()
 			if h.Rule.Shadow {
@@ -56,7 +65,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 			}
 			continue
 		}
-		c := call{hit: i, cost: h.Cost, entry: l.entry}
+		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc}
 		if h.Rule.Shadow {
 			shadowCalls = append(shadowCalls, c)
 		} else {
@@ -66,7 +75,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	if denied {
 		// Another enforced rule is already known to deny: take nothing.
 		for i := range calls {
-			e.abandon(hits[calls[i].hit].Key, calls[i].entry)
+			e.abandon(hits[calls[i].hit].Key, &calls[i])
 		}
 		calls = calls[:0]
 	}
@@ -93,6 +102,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	for _, c := range shadowCalls {
 		v.Results[c.hit] = c.res
 	}
+	e.unspendDenied(hits, v)
 	e.count(hits, v)
 	e.conclude(hits, v)
 }
@@ -113,7 +123,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 		if p.res.Source == FromNowhere {
 			// A fail-closed rule cannot reach the store: take nothing.
 			for j := range calls {
-				e.abandon(hits[calls[j].hit].Key, calls[j].entry)
+				e.abandon(hits[calls[j].hit].Key, &calls[j])
 			}
 			v.Results[p.hit] = p.res
 			return
@@ -133,7 +143,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 			for j := range calls {
 				if j != short {
 					// Not taken: the request is denied by another rule.
-					e.abandon(hits[calls[j].hit].Key, calls[j].entry)
+					e.abandon(hits[calls[j].hit].Key, &calls[j])
 				}
 			}
 			return
@@ -168,10 +178,14 @@ func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) 
 	}
 }
 
-// abandon releases the claim of a call that was not sent.
-func (e *Engine) abandon(key string, entry *denyEntry) {
-	if entry != nil {
-		e.deny.release(key, entry)
+// abandon releases the claims of a call that was not sent.
+func (e *Engine) abandon(key string, c *call) {
+	if c.entry != nil {
+		e.deny.release(key, c.entry)
+		c.entry = nil
+	}
+	if e.leases != nil {
+		e.leases.release(&c.lease)
 	}
 }
 
@@ -195,6 +209,10 @@ func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Tim
 // take makes one store call, falls back when the store is unavailable, and
 // maintains the deny cache.
 func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
+	if c.lease.entry != nil || h.Rule.split != nil {
+		e.takeSpread(ctx, h, c, now)
+		return
+	}
 	d, shard, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: h.Rule.Limit, Cost: c.cost})
 	answered := e.o.Now()
 	sm := e.all

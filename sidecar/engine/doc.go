@@ -45,6 +45,43 @@
 // costs the store about one call per admitted request plus one probe per
 // replica per second.
 //
+// # Leases
+//
+// With Options.Leases and a store that can lease (limiter.Leaser), a key
+// whose local arrival rate reaches LeaseOptions.MinRate on a rule that
+// leases (Rule.Spread) is decided on a lease: one request's store call
+// takes a batch of the key's tokens (limiter.Params.LeaseSize: about
+// rate x Horizon, at most MaxFraction of the capacity, at most this
+// sidecar's share of what the key has left), and the next requests spend
+// them without a store call (Source FromLease). The request that finds a
+// quarter of the last grant or less left, or an expired lease, refreshes
+// it; the others go on spending what is left meanwhile, and a request
+// that finds too little and a refresh out decides as without a lease.
+// Every token is taken from the shared count before it is spent, so the
+// fleet never admits more than the limit over a key's life; in any
+// interval it admits at most what the key alone would plus what the
+// leases held at the interval's start. A lease lives LeaseOptions.TTL, or
+// to the end of its window for FixedWindow and SlidingWindow, whose tokens
+// count in one window only; its unused tokens then go back (the sweep, or
+// the refresh that follows), as they do on a policy change
+// (ForgetLocalState) and at shutdown (Close). A lease hit of a request that
+// another rule denies is put back. While the store is unreachable, a lease
+// is still spent until it runs out or expires (its tokens were paid for);
+// then each rule follows its failure mode, and the tokens that could not go
+// back are counted lost. SlidingLog never leases (limiter.Algorithm.
+// Leasable says why).
+//
+// # Split counters
+//
+// A rule spread over k sub-counters (Rule.Spread, limiter.SplitLimit)
+// decides each request, or lease, on one sub-counter, taken in turn, and
+// when that one denies borrows from the next ones; it denies only when all
+// deny, with the shortest wait. The sub-counters' keys come from the store
+// (limiter.Splitter: the Redis store puts them on different masters). A
+// split decision falls back to the failure mode only when no sub-counter
+// answered: while some are reachable, the rule keeps their share of its
+// limit.
+//
 // # Failure modes
 //
 // When the store is unavailable (its error wraps limiter.ErrUnavailable, as

@@ -29,6 +29,11 @@ type Rule struct {
 	params   *limiter.Params
 	interval time.Duration // Period / Requests: the refill spacing
 	m        *metrics.Rule
+	// Set by Spread: whether hot keys take leases, the sub-counters of a
+	// split rule, and the lease and split metrics.
+	leases bool
+	split  *splitRule
+	lm     *metrics.LeaseRule
 }
 
 // NewRule validates a rule's limit and derives its fallback limit for the

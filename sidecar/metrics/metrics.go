@@ -82,6 +82,8 @@ type Metrics struct {
 	// start, because its source (the API server) has not delivered one
 	// yet.
 	ConfigFromState prometheus.Gauge
+	// Lease holds the metrics of leases and split counters.
+	Lease *Leases
 
 	denyCacheSize func() float64
 }
@@ -173,6 +175,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
 		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal, m.PolicyFailed, m.ConfigFromState)
+	m.Lease = newLeases()
+	reg.MustRegister(m.Lease.collectors()...)
 	return m
 }
 
@@ -213,6 +217,7 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultAllowed)
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultDenied)
 	m.ExemptTotal.DeleteLabelValues(policy, rule)
+	m.Lease.forget(prometheus.Labels{"policy": policy, "rule": rule})
 }
 
 // RuleTotals are one rule's counters, by result, and its exempt count.

@@ -199,6 +199,9 @@ func prepare(p *config.Policy, r *config.Rule, share limiter.Share, m *metrics.M
 		if err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
 		}
+		if err := er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m); err != nil {
+			return nil, fmt.Errorf("limit: %w", err)
+		}
 		dr.Limit, dr.Engine = lim, er
 	}
 	return dr, nil

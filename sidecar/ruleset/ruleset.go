@@ -320,6 +320,9 @@ func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, s
 			continue
 		}
 		er, err := engine.NewSharedRule(p.Name, r.Name, lim, share, r.FailureMode == config.FailureClosed, r.Mode == config.ModeShadow, m)
+		if err == nil {
+			err = er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.limit: %w", rp, err))
 			continue
@@ -334,7 +337,7 @@ func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, s
 			cost.def = 1
 		}
 		if cost.maximum == 0 {
-			cost.maximum = lim.Capacity()
+			cost.maximum = r.Limit.PartCapacity(lim)
 		}
 		if r.Cost.FromHeader != "" {
 			cost.header = http.CanonicalHeaderKey(r.Cost.FromHeader)

@@ -318,8 +318,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	_ = admin.Shutdown(drainCtx)
 	r.mu.Lock()
-	st := r.store
+	st, eng := r.store, r.engine
 	r.mu.Unlock()
+	if eng != nil {
+		// Give back the unused tokens of every lease before the store
+		// closes, so that the other sidecars can spend them.
+		leaseCtx, cancelLeases := context.WithTimeout(context.WithoutCancel(ctx), leaseReturnTimeout)
+		if e := eng.Close(leaseCtx); e != nil {
+			err = errors.Join(err, fmt.Errorf("closing the engine: %w", e))
+		}
+		cancelLeases()
+	}
 	if st != nil && st.close != nil {
 		if e := st.close(); e != nil {
 			err = errors.Join(err, fmt.Errorf("closing store: %w", e))
@@ -329,6 +338,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-r.ev.Done()
 	r.log.Info("stopped")
 	return err
+}
+
+// leaseReturnTimeout bounds the return of the leases at shutdown.
+const leaseReturnTimeout = 2 * time.Second
+
+// leaseOptions are the engine's lease options: leases with the defaults
+// on a remote store, where they save a round trip per request, and none
+// on the memory store, which decides locally anyway.
+func leaseOptions(remote bool) *engine.LeaseOptions {
+	if !remote {
+		return nil
+	}
+	return &engine.LeaseOptions{}
 }
 
 func (r *Runner) proxyServer() *http.Server {
@@ -460,6 +482,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 	eng, err := engine.New(engine.Options{
 		Store: st.store, StoreName: sel.Type, Fallback: fallback,
 		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote, Now: r.clock,
+		Leases: leaseOptions(st.remote),
 	})
 	if err != nil {
 		_ = closeStore(st)

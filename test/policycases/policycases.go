@@ -42,6 +42,9 @@ const okRule = `
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`
 
+// unsupported is how the API server refuses a value outside an enum.
+const unsupported = "Unsupported value"
+
 // Schema are the inputs that the CRD's OpenAPI schema and CEL rules
 // refuse, RateLimitPolicies and CounterStores.
 var Schema = []Bad{
@@ -104,7 +107,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m, algorithm: LeakyBucket}`,
-		Want: []string{"spec.rules[0].limit.algorithm", "Unsupported value", "LeakyBucket"}},
+		Want: []string{"spec.rules[0].limit.algorithm", unsupported, "LeakyBucket"}},
 	{Name: "SlidingLog above 100000 requests", Doc: `
   podSelector: {}
   rules:
@@ -128,6 +131,50 @@ var Schema = []Bad{
     limit: {requests: 100, per: 1s, burst: 5}
     cost: {default: 6}`,
 		Want: []string{"spec.rules[0].cost.default", "must not exceed the rule's capacity"}},
+	{Name: "an unknown lease mode", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, lease: Always}`,
+		Want: []string{"spec.rules[0].limit.lease", unsupported, "Always"}},
+	{Name: "split above 16", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, split: 17}`,
+		Want: []string{"spec.rules[0].limit.split", "should be less than or equal to 16"}},
+	{Name: "split above requests", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 2, per: 1s, split: 3}`,
+		Want: []string{"spec.rules[0].limit.split", "split must not exceed requests"}},
+	{Name: "split above burst", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, burst: 2, split: 3}`,
+		Want: []string{"spec.rules[0].limit.split", "split must not exceed burst"}},
+	{Name: "cost.default above one sub-counter", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 3}
+    cost: {default: 4}`,
+		Want: []string{"spec.rules[0].cost.default", "cost.default must fit one sub-counter"}},
+	{Name: "cost.max above one sub-counter", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 2}
+    cost: {fromHeader: X-Cost, max: 6}`,
+		Want: []string{"spec.rules[0].cost.max", "cost.max must fit one sub-counter"}},
 	{Name: "cost.max without fromHeader", Doc: `
   podSelector: {}
   rules:
@@ -168,7 +215,7 @@ var Schema = []Bad{
     match: {methods: [FETCH]}
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].match.methods[0]", "Unsupported value", "FETCH"}},
+		Want: []string{"spec.rules[0].match.methods[0]", unsupported, "FETCH"}},
 	{Name: "key and keys", Doc: `
   podSelector: {}
   rules:
@@ -226,7 +273,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     failureMode: Maybe`,
-		Want: []string{"spec.rules[0].failureMode", "Unsupported value", "Maybe"}},
+		Want: []string{"spec.rules[0].failureMode", unsupported, "Maybe"}},
 	{Name: "unknown mode", Doc: `
   podSelector: {}
   rules:
@@ -234,7 +281,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     mode: Audit`,
-		Want: []string{"spec.rules[0].mode", "Unsupported value", "Audit"}},
+		Want: []string{"spec.rules[0].mode", unsupported, "Audit"}},
 	{Name: "a CIDR with host bits", Doc: `
   podSelector: {}
   trustedProxies: {cidrs: [10.1.2.3/8]}

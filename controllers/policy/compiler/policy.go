@@ -105,6 +105,8 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 			Per:       metav1.Duration{Duration: r.Limit.Per.Duration},
 			Burst:     r.Limit.Burst,
 			Algorithm: or(string(r.Limit.Algorithm), string(v1alpha1.AlgorithmTokenBucket)),
+			Lease:     string(r.Limit.Lease),
+			Split:     r.Limit.Split,
 		},
 		Cost:        config.Cost{Default: 1},
 		FailureMode: or(string(r.FailureMode), config.FailureOpen),

@@ -440,3 +440,17 @@ func TestEvictionPrefersIdleKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseConformance runs the lease suite against the memory store.
+func TestLeaseConformance(t *testing.T) {
+	t.Parallel()
+	limitertest.RunLease(t, func(t *testing.T, now func() time.Time) limitertest.LeaseStore { return newStore(t, clocked(now)...) })
+}
+
+// TestLeaseConformanceTinyShards runs the lease suite on one shard.
+func TestLeaseConformanceTinyShards(t *testing.T) {
+	t.Parallel()
+	limitertest.RunLease(t, func(t *testing.T, now func() time.Time) limitertest.LeaseStore {
+		return newStore(t, clocked(now, memstore.WithShards(1))...)
+	})
+}

@@ -128,6 +128,25 @@ func (sh *shard) take(h uint64, lp *limitParams, share limiter.Share, now, cost 
 	if isLogLimit(p) {
 		return sh.takeLog(h, i, found, lp, now, cost)
 	}
+	i, found, st, sp := sh.load(h, i, found, p)
+	var d limiter.Decision
+	var write bool
+	var err error
+	if share.Of > 1 {
+		d, write, err = p.TakeShare(&st, sp, share, now, cost)
+	} else {
+		d, write, err = p.Take(&st, sp, now, cost)
+	}
+	if err != nil || !write {
+		return d, err
+	}
+	sh.store(h, i, found, lp, now, st, d.ResetAfter)
+	return d, nil
+}
+
+// load reads the fixed-size state of h, at slot i when found, and the
+// Params it was written under (p when there is none).
+func (sh *shard) load(h uint64, i int, found bool, p *limiter.Params) (int, bool, limiter.State, *limiter.Params) {
 	var st limiter.State
 	sp := p
 	if found {
@@ -143,25 +162,19 @@ func (sh *shard) take(h uint64, lp *limitParams, share limiter.Share, now, cost 
 			st = unpack(e, sp)
 		}
 	}
-	var d limiter.Decision
-	var write bool
-	var err error
-	if share.Of > 1 {
-		d, write, err = p.TakeShare(&st, sp, share, now, cost)
-	} else {
-		d, write, err = p.Take(&st, sp, now, cost)
-	}
-	if err != nil || !write {
-		return d, err
-	}
+	return i, found, st, sp
+}
+
+// store writes st, computed under lp at now, as h's state, inserting h when
+// it was not found, with the expiry of a decision with resetAfter.
+func (sh *shard) store(h uint64, i int, found bool, lp *limitParams, now int64, st limiter.State, resetAfter time.Duration) {
 	if !found {
 		i = sh.insert(h, now)
 	}
 	e := &sh.table[i]
-	pack(e, p, st)
+	pack(e, lp.p, st)
 	e.setLimit(lp.id)
-	sh.setExpiry(e, expiresAt(now, d.ResetAfter))
-	return d, nil
+	sh.setExpiry(e, expiresAt(now, resetAfter))
 }
 
 // setExpiry sets e's expiry, keeping nextExpiry a lower bound.

@@ -37,6 +37,19 @@
 // parts. TestDifferentialExtremes holds the scripts to package limiter's
 // int64 arithmetic at those magnitudes.
 //
+// # Leases and split counters
+//
+// Lease (limiter.Leaser) runs a lease script (lua/lease_*.lua, one per
+// algorithm that can lease) on the same key as the algorithm's script: it
+// gives back a lease's unused tokens and takes a batch in one step
+// (ALGORITHMS.md section 9). Its reply has seven integers; its call
+// discipline is Take's, so a lease call that times out is never sent
+// again (its tokens may have been taken: the caller under-admits by at
+// most that batch, never over-admits). SplitKey names the sub-counters of
+// a split key so that they lie in the middle of equal parts of the slot
+// space, and so on different masters of a cluster with equal contiguous
+// slot ranges (ALGORITHMS.md section 10).
+//
 // # Call discipline
 //
 // Every call has a deadline (Options.Timeout, 50ms by default, or the

@@ -322,19 +322,40 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if err != nil {
 		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
+	o, addr, err := s.send(ctx, req.Key, la, req.Cost, nil)
+	if err != nil {
+		return limiter.Decision{}, addr, err // o may still be in flight: not reused
+	}
+	d, err := o.decision(la.p)
+	putOp(o)
+	return d, addr, err
+}
+
+// send checks a call's input, runs la's script for key on the master of
+// its slot and returns the answered op, for the caller to read and
+// recycle, with the address of the master that answered or failed. lease,
+// when set, is a lease call's arguments: they are checked as such and sent
+// after the limit's constants.
+func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64, lease *limiter.LeaseArgs) (*op, string, error) {
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
 	haveNow := s.opts.Now != nil
 	if haveNow {
 		nowUs = limiter.Micros(s.opts.Now())
 	}
-	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
-		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
+	var err error
+	if lease != nil {
+		err = limiter.CheckLease(la.p.Limit.Algorithm, nowUs, *lease)
+	} else {
+		err = limiter.CheckInput(nowUs, cost)
 	}
-	if req.Key == "" {
-		return limiter.Decision{}, UnknownShard, errors.New("redisstore: empty key")
+	if err != nil {
+		return nil, UnknownShard, fmt.Errorf("redisstore: %w", err)
+	}
+	if key == "" {
+		return nil, UnknownShard, errors.New("redisstore: empty key")
 	}
 	if s.closed.Load() {
-		return limiter.Decision{}, UnknownShard, unavailable("store", errors.New("store is closed"))
+		return nil, UnknownShard, unavailable("store", errors.New("store is closed"))
 	}
 
 	deadline := time.Now().Add(s.opts.Timeout)
@@ -343,23 +364,24 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	}
 	// The pipelined connection finishes every op by its deadline (see
 	// package pipe), so the hot path needs no timer of its own.
-	key := counterKey(req.Key, la.p.Limit.Algorithm)
-	sh, err := s.shardFor(ctx, deadline, key)
+	rkey := counterKey(key, la.p.Limit.Algorithm)
+	sh, err := s.shardFor(ctx, deadline, rkey)
 	if err != nil {
-		return limiter.Decision{}, UnknownShard, err
+		return nil, UnknownShard, err
 	}
 	o := getOp()
-	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, key, req.Cost
+	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, rkey, cost
+	if lease != nil {
+		o.lease, o.leased = [3]int64{lease.Want, lease.Return, lease.Window}, true
+	}
 	if haveNow {
 		o.now = strconv.FormatInt(nowUs, 10)
 	}
 	addr, err := sh.do(ctx, o)
 	if err != nil {
-		return limiter.Decision{}, addr, err // o may still be in flight: not reused
+		return nil, addr, err
 	}
-	d, err := o.decision(la.p)
-	putOp(o)
-	return d, addr, err
+	return o, addr, nil
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.
