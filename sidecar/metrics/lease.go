@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
 
 // Label names the lease metrics share with the others.
@@ -166,9 +168,19 @@ func (r *LeaseRule) Returned(reason string) prometheus.Counter {
 	return r.Expired
 }
 
-func (l *Leases) forget(labels prometheus.Labels) {
-	for _, v := range []*prometheus.CounterVec{l.HitsTotal, l.CallsTotal, l.GrantedTokensTotal, l.ReturnedTokensTotal,
-		l.LostTokensTotal, l.SplitCallsTotal, l.SplitBorrowsTotal} {
-		v.DeletePartialMatch(labels)
+// forget deletes a rule's series by their exact labels, so that
+// forgetting n rules costs O(n), as ForgetRule promises.
+func (l *Leases) forget(policy, rule string) {
+	for _, v := range []*prometheus.CounterVec{l.HitsTotal, l.GrantedTokensTotal, l.LostTokensTotal, l.SplitBorrowsTotal} {
+		v.DeleteLabelValues(policy, rule)
+	}
+	for _, result := range []string{LeaseGranted, LeaseDenied, LeaseError} {
+		l.CallsTotal.DeleteLabelValues(policy, rule, result)
+	}
+	for _, reason := range []string{ReturnExpiry, ReturnRenewal, ReturnPolicyChange, ReturnShutdown} {
+		l.ReturnedTokensTotal.DeleteLabelValues(policy, rule, reason)
+	}
+	for i := range limiter.MaxSplit {
+		l.SplitCallsTotal.DeleteLabelValues(policy, rule, strconv.Itoa(i))
 	}
 }

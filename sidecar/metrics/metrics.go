@@ -217,7 +217,7 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultAllowed)
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultDenied)
 	m.ExemptTotal.DeleteLabelValues(policy, rule)
-	m.Lease.forget(prometheus.Labels{"policy": policy, "rule": rule})
+	m.Lease.forget(policy, rule)
 }
 
 // RuleTotals are one rule's counters, by result, and its exempt count.
