@@ -39,8 +39,6 @@ const (
 	maxHosts        = config.MaxHosts
 	maxQueryMatches = config.MaxValueMatches
 	maxCIDRs        = config.MaxCIDRs
-	// maxExpressionLength bounds a CEL expression.
-	maxExpressionLength = config.MaxExpressionLength
 	// maxClusterRules bounds each rule list of a ClusterRateLimitPolicy.
 	maxClusterRules = 32
 )

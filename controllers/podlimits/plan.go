@@ -245,7 +245,7 @@ func policyFor(namespace string, pod *corev1.Pod, lbls map[string]string, store 
 		}
 	}
 	if errs := p.ValidateSemantics(); len(errs) > 0 {
-		return nil, fmt.Errorf("the annotations make an invalid policy: %v", errs.ToAggregate())
+		return nil, fmt.Errorf("the annotations make an invalid policy: %w", errs.ToAggregate())
 	}
 	return p, nil
 }

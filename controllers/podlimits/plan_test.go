@@ -137,7 +137,7 @@ func TestPolicyNames(t *testing.T) {
 	if got := policyName(long); len(got) > 63 || !strings.HasPrefix(got, "limit-www") {
 		t.Errorf("policyName(70 w) = %q", got)
 	}
-	if policyName(long) != policyName(long) || policyName(long) == policyName(long+"x") {
+	if first, again := policyName(long), policyName(long); first != again || first == policyName(long+"x") {
 		t.Error("shortened names are not stable and distinct")
 	}
 	bare := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "solo", Labels: map[string]string{"app": "solo"},

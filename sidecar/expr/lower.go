@@ -60,163 +60,193 @@ func lowerBool(a *ast.AST, e ast.Expr) (boolFn, bool) {
 		// has(request.headers.name), has(request.query.name)
 		return presence(a, sel.Operand(), sel.FieldName())
 	case ast.CallKind:
-	default:
-		return nil, false
+		return lowerCall(a, e.AsCall())
 	}
-	call := e.AsCall()
+	return nil, false
+}
+
+// lowerCall translates a call that computes a bool.
+func lowerCall(a *ast.AST, call ast.CallExpr) (boolFn, bool) {
 	args := call.Args()
 	switch fn := call.FunctionName(); {
 	case fn == operators.LogicalAnd || fn == operators.LogicalOr:
-		fs := make([]boolFn, len(args))
-		for i, arg := range args {
-			f, ok := lowerBool(a, arg)
-			if !ok {
-				return nil, false
-			}
-			fs[i] = f
-		}
-		if fn == operators.LogicalAnd {
-			return and(fs), true
-		}
-		return or(fs), true
+		return lowerLogical(a, fn, args)
 	case fn == operators.LogicalNot && len(args) == 1:
-		f, ok := lowerBool(a, args[0])
-		if !ok {
-			return nil, false
-		}
-		return func(in Input) tri {
-			switch f(in) {
-			case triTrue:
-				return triFalse
-			case triFalse:
-				return triTrue
-			}
-			return triErr
-		}, true
+		return lowerNot(a, args[0])
 	case (fn == operators.Equals || fn == operators.NotEquals) && len(args) == 2:
-		if !isString(a, args[0]) || !isString(a, args[1]) {
-			return nil, false
-		}
-		l, okL := lowerString(a, args[0])
-		r, okR := lowerString(a, args[1])
-		if !okL || !okR {
-			return nil, false
-		}
-		want := fn == operators.Equals
-		// The usual shape compares with a literal: one closure call less.
-		if lit, ok := stringLiteral(args[1]); ok {
-			return compareLiteral(l, lit, want), true
-		}
-		if lit, ok := stringLiteral(args[0]); ok {
-			return compareLiteral(r, lit, want), true
-		}
-		return func(in Input) tri {
-			x, ok := l(in)
-			if !ok {
-				return triErr
-			}
-			y, ok := r(in)
-			if !ok {
-				return triErr
-			}
-			return triOf((x == y) == want)
-		}, true
+		return lowerEquality(a, fn == operators.Equals, args[0], args[1])
 	case fn == operators.In && len(args) == 2:
-		// 'name' in request.headers, 'name' in request.query
-		if lit, ok := stringLiteral(args[0]); ok {
-			if f, ok := presence(a, args[1], lit); ok {
-				return f, true
-			}
-		}
-		// request.method in ['GET', 'HEAD']
-		if args[1].Kind() != ast.ListKind || !isString(a, args[0]) {
-			return nil, false
-		}
-		x, ok := lowerString(a, args[0])
+		return lowerIn(a, args[0], args[1])
+	case fn == overloads.StartsWith || fn == overloads.EndsWith || fn == overloads.Contains || fn == overloads.Matches:
+		return lowerStringTest(a, fn, call)
+	}
+	return nil, false
+}
+
+// lowerLogical translates && and ||.
+func lowerLogical(a *ast.AST, fn string, args []ast.Expr) (boolFn, bool) {
+	fs := make([]boolFn, len(args))
+	for i, arg := range args {
+		f, ok := lowerBool(a, arg)
 		if !ok {
 			return nil, false
 		}
-		var list []string
-		for _, el := range args[1].AsList().Elements() {
-			s, ok := stringLiteral(el)
-			if !ok {
-				return nil, false
-			}
-			list = append(list, s)
+		fs[i] = f
+	}
+	if fn == operators.LogicalAnd {
+		return and(fs), true
+	}
+	return or(fs), true
+}
+
+// lowerNot translates !.
+func lowerNot(a *ast.AST, arg ast.Expr) (boolFn, bool) {
+	f, ok := lowerBool(a, arg)
+	if !ok {
+		return nil, false
+	}
+	return func(in Input) tri {
+		switch f(in) {
+		case triTrue:
+			return triFalse
+		case triFalse:
+			return triTrue
 		}
-		if len(list) <= 8 {
-			// A few comparisons beat hashing the string.
-			return func(in Input) tri {
-				s, ok := x(in)
-				if !ok {
-					return triErr
-				}
-				for _, e := range list {
-					if s == e {
-						return triTrue
-					}
-				}
-				return triFalse
-			}, true
+		return triErr
+	}, true
+}
+
+// lowerEquality translates == (want true) and != (want false) of two
+// strings.
+func lowerEquality(a *ast.AST, want bool, left, right ast.Expr) (boolFn, bool) {
+	if !isString(a, left) || !isString(a, right) {
+		return nil, false
+	}
+	l, okL := lowerString(a, left)
+	r, okR := lowerString(a, right)
+	if !okL || !okR {
+		return nil, false
+	}
+	// The usual shape compares with a literal: one closure call less.
+	if lit, ok := stringLiteral(right); ok {
+		return compareLiteral(l, lit, want), true
+	}
+	if lit, ok := stringLiteral(left); ok {
+		return compareLiteral(r, lit, want), true
+	}
+	return func(in Input) tri {
+		x, ok := l(in)
+		if !ok {
+			return triErr
 		}
-		set := map[string]bool{}
-		for _, e := range list {
-			set[e] = true
+		y, ok := r(in)
+		if !ok {
+			return triErr
 		}
+		return triOf((x == y) == want)
+	}, true
+}
+
+// lowerIn translates 'name' in a map of the request, and a string in a
+// list of string literals.
+func lowerIn(a *ast.AST, elem, container ast.Expr) (boolFn, bool) {
+	// 'name' in request.headers, 'name' in request.query
+	if lit, ok := stringLiteral(elem); ok {
+		if f, ok := presence(a, container, lit); ok {
+			return f, true
+		}
+	}
+	// request.method in ['GET', 'HEAD']
+	if container.Kind() != ast.ListKind || !isString(a, elem) {
+		return nil, false
+	}
+	x, ok := lowerString(a, elem)
+	if !ok {
+		return nil, false
+	}
+	var list []string
+	for _, el := range container.AsList().Elements() {
+		s, ok := stringLiteral(el)
+		if !ok {
+			return nil, false
+		}
+		list = append(list, s)
+	}
+	if len(list) <= 8 {
+		// A few comparisons beat hashing the string.
 		return func(in Input) tri {
 			s, ok := x(in)
 			if !ok {
 				return triErr
 			}
-			return triOf(set[s])
-		}, true
-	case fn == overloads.StartsWith || fn == overloads.EndsWith || fn == overloads.Contains || fn == overloads.Matches:
-		// s.startsWith('lit') and matches('re') in both forms.
-		var target, arg ast.Expr
-		switch {
-		case call.IsMemberFunction() && len(args) == 1:
-			target, arg = call.Target(), args[0]
-		case !call.IsMemberFunction() && len(args) == 2 && fn == overloads.Matches:
-			target, arg = args[0], args[1]
-		default:
-			return nil, false
-		}
-		if !isString(a, target) {
-			return nil, false
-		}
-		lit, ok := stringLiteral(arg)
-		if !ok {
-			return nil, false
-		}
-		s, ok := lowerString(a, target)
-		if !ok {
-			return nil, false
-		}
-		var test func(string) bool
-		switch fn {
-		case overloads.StartsWith:
-			test = func(v string) bool { return strings.HasPrefix(v, lit) }
-		case overloads.EndsWith:
-			test = func(v string) bool { return strings.HasSuffix(v, lit) }
-		case overloads.Contains:
-			test = func(v string) bool { return strings.Contains(v, lit) }
-		case overloads.Matches:
-			// CEL's matches is RE2 and unanchored, as MatchString is.
-			re, err := regexp.Compile(lit)
-			if err != nil {
-				return nil, false
+			for _, e := range list {
+				if s == e {
+					return triTrue
+				}
 			}
-			test = re.MatchString
-		}
-		return func(in Input) tri {
-			v, ok := s(in)
-			if !ok {
-				return triErr
-			}
-			return triOf(test(v))
+			return triFalse
 		}, true
 	}
-	return nil, false
+	set := map[string]bool{}
+	for _, e := range list {
+		set[e] = true
+	}
+	return func(in Input) tri {
+		s, ok := x(in)
+		if !ok {
+			return triErr
+		}
+		return triOf(set[s])
+	}, true
+}
+
+// lowerStringTest translates s.startsWith('lit'), endsWith, contains and
+// matches('re') in both forms.
+func lowerStringTest(a *ast.AST, fn string, call ast.CallExpr) (boolFn, bool) {
+	args := call.Args()
+	var target, arg ast.Expr
+	switch {
+	case call.IsMemberFunction() && len(args) == 1:
+		target, arg = call.Target(), args[0]
+	case !call.IsMemberFunction() && len(args) == 2 && fn == overloads.Matches:
+		target, arg = args[0], args[1]
+	default:
+		return nil, false
+	}
+	if !isString(a, target) {
+		return nil, false
+	}
+	lit, ok := stringLiteral(arg)
+	if !ok {
+		return nil, false
+	}
+	s, ok := lowerString(a, target)
+	if !ok {
+		return nil, false
+	}
+	var test func(string) bool
+	switch fn {
+	case overloads.StartsWith:
+		test = func(v string) bool { return strings.HasPrefix(v, lit) }
+	case overloads.EndsWith:
+		test = func(v string) bool { return strings.HasSuffix(v, lit) }
+	case overloads.Contains:
+		test = func(v string) bool { return strings.Contains(v, lit) }
+	case overloads.Matches:
+		// CEL's matches is RE2 and unanchored, as MatchString is.
+		re, err := regexp.Compile(lit)
+		if err != nil {
+			return nil, false
+		}
+		test = re.MatchString
+	}
+	return func(in Input) tri {
+		v, ok := s(in)
+		if !ok {
+			return triErr
+		}
+		return triOf(test(v))
+	}, true
 }
 
 // and is CEL's &&: false when any side is false, else an error when any

@@ -88,13 +88,20 @@ type Metrics struct {
 	denyCacheSize func() float64
 }
 
+// The labels that name a rule, and the one of a decision's or call's result.
+const (
+	policyLabel = "policy"
+	ruleLabel   = "rule"
+	resultLabel = "result"
+)
+
 // NewMetrics creates the collectors and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		DecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Rate-limit decisions by policy, rule and result (allowed, denied, shadow_denied, unavailable).",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{policyLabel, ruleLabel, resultLabel}),
 		DecisionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "decision_duration_seconds",
 			Help:    "Time to decide one request over all its matching rules, store calls included.",
@@ -103,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		StoreOpsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "store_operations_total",
 			Help: "Counter store calls by store, shard and result (ok, unavailable, error).",
-		}, []string{"store", "shard", "result"}),
+		}, []string{"store", "shard", resultLabel}),
 		StoreOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "store_operation_duration_seconds",
 			Help:    "Counter store call latency by store and shard.",
@@ -112,11 +119,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LocalDenialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "local_denials_total",
 			Help: "Requests denied from the local deny cache without a store call, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{policyLabel, ruleLabel}),
 		FallbackDecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "fallback_decisions_total",
 			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{policyLabel, ruleLabel, resultLabel}),
 		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "fallback_active",
 			Help: "1 while the last call to some shard of the counter store failed, so rules on its keys follow their failure mode.",
@@ -128,7 +135,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ConfigLoadsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_loads_total",
 			Help: "Sidecar config loads by result (ok, error).",
-		}, []string{"result"}),
+		}, []string{resultLabel}),
 		ConfigErrorsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_errors_total",
 			Help: "Sidecar configs rejected as invalid; the last good config stays in force.",
@@ -148,7 +155,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ExemptTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "exempt_total",
 			Help: "Requests a rule matched but did not limit because they are exempt (its exempt section or its policy's), by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{policyLabel, ruleLabel}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
 			Help: "Requests handled by the sidecar, by outcome (proxied, denied, unavailable, rejected, upstream_error).",
@@ -236,11 +243,11 @@ func (m *Metrics) Totals() []RuleTotals {
 		var policy, rule, result string
 		for _, l := range labels {
 			switch l.GetName() {
-			case "policy":
+			case policyLabel:
 				policy = l.GetValue()
 			case "rule":
 				rule = l.GetValue()
-			case "result":
+			case resultLabel:
 				result = l.GetValue()
 			}
 		}

@@ -266,7 +266,7 @@ policies:
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
 	acme := map[string]string{"X-Org": "acme"}

@@ -80,7 +80,10 @@ func compileExempt(x *v1alpha1.Exempt) *config.Exempt {
 }
 
 func cidrs(in []v1alpha1.CIDR) []string {
-	var out []string
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(in))
 	for _, c := range in {
 		out = append(out, string(c))
 	}
@@ -88,7 +91,10 @@ func cidrs(in []v1alpha1.CIDR) []string {
 }
 
 func expressions(in []v1alpha1.Expression) []string {
-	var out []string
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(in))
 	for _, e := range in {
 		out = append(out, string(e))
 	}

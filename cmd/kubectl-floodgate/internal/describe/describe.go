@@ -328,7 +328,7 @@ func applies(m *config.Match) string {
 	} else if len(m.Hosts) == 0 && len(m.Query) == 0 && len(m.SourceCIDRs) == 0 && len(m.When) == 0 {
 		what = "all " + what
 	}
-	var with []string
+	with := make([]string, 0, len(m.Headers)+len(m.Query))
 	for _, h := range m.Headers {
 		with = append(with, valueMatch("header", h.Name, h.Value, h.Regex, h.Absent, h.Invert))
 	}
