@@ -350,7 +350,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		// 18): the lost shard's new keys wait for their replica's next
 		// token (429 with Retry-After), the others are counted in Redis.
 		Expect(open[503]).To(BeZero(), "the open rule never fails closed: %s", open)
-		Expect(open[200] + open[429]).To(Equal(60), "%s", open)
+		Expect(open[200]+open[429]).To(Equal(60), "%s", open)
 		Expect(open[429]).To(BeNumerically(">", 0), "the lost shard's new keys wait for their share: %s", open)
 		Expect(open[200]).To(BeNumerically(">", 0), "the other shards still serve: %s", open)
 		Expect(closed[503]).To(BeNumerically(">", 0), "the closed rule refuses the lost shard's users: %s", closed)
