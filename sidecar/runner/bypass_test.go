@@ -20,6 +20,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/configsource"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 // A policy whose JWT key file is missing is left out and reported; the
@@ -485,24 +487,46 @@ func TestLibraryLogsAreJSON(t *testing.T) {
 		slog.SetDefault(prev)
 		klog.ClearLogger()
 		grpclog.SetLoggerV2(grpcLogger{prev})
+		redisstore.RouteLogs(prev)
 	})
 	RouteLibraryLogs(slog.New(slog.NewJSONHandler(&buf, nil)))
 	stdlog.Print("from the log package")
 	klog.Warning("from klog")
 	grpclog.Warning("from grpclog")
 	klog.Flush()
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("%d lines, want 3:\n%s", len(lines), buf.String())
+	// go-redis logs a connection it cannot dial.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	closed := ln.Addr().String()
+	_ = ln.Close()
+	rc := redis.NewClient(&redis.Options{Addr: closed, MaxRetries: -1, DialTimeout: time.Second})
+	_ = rc.Ping(context.Background()).Err()
+	_ = rc.Close()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) < 4 {
+		t.Fatalf("%d lines, want at least 4:\n%s", len(lines), buf.String())
+	}
+	redisLines := 0
 	for _, l := range lines {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(l), &rec); err != nil {
 			t.Errorf("not a JSON record: %q", l)
 			continue
 		}
+		if rec["component"] == "redis" {
+			redisLines++
+			if !strings.Contains(fmt.Sprint(rec["msg"]), closed) {
+				t.Errorf("go-redis record %v does not name the address", rec)
+			}
+			continue
+		}
 		if !strings.HasPrefix(fmt.Sprint(rec["msg"]), "from ") {
 			t.Errorf("record %v", rec)
 		}
+	}
+	if redisLines == 0 {
+		t.Errorf("no record of go-redis's dial failure:\n%s", buf.String())
 	}
 }

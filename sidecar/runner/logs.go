@@ -9,17 +9,20 @@ import (
 
 	"google.golang.org/grpc/grpclog"
 	"k8s.io/klog/v2"
+
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 // RouteLibraryLogs sends what the libraries the sidecar links log on their
 // own (the standard library's log package, client-go's klog, grpc-go's
-// grpclog) to log, so that every line on stderr is a JSON record of the
+// grpclog, go-redis) to log, so that every line on stderr is a JSON record of the
 // sidecar's log instead of plain text among them. It changes process-wide
 // state; the sidecar's main calls it once.
 func RouteLibraryLogs(log *slog.Logger) {
 	slog.SetDefault(log)
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	grpclog.SetLoggerV2(grpcLogger{log.With("component", "grpc")})
+	redisstore.RouteLogs(log.With("component", "redis"))
 }
 
 // grpcLogger is a grpclog.LoggerV2 on slog. Info is logged at debug level:
