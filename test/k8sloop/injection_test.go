@@ -50,7 +50,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(c.Image).To(Equal(sidecarImage))
 		Expect(c.RestartPolicy).To(HaveValue(Equal(corev1.ContainerRestartPolicyAlways)))
 		Expect(c.Args).To(Equal([]string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080",
-			"--pod-labels-file=/etc/floodgate/podinfo/labels"}))
+			"--pod-labels-file=/etc/floodgate/podinfo/labels", "--state-dir=/var/run/floodgate/state"}))
 		Expect(c.Ports).To(ConsistOf(
 			corev1.ContainerPort{Name: "http", ContainerPort: 15080, Protocol: corev1.ProtocolTCP},
 			corev1.ContainerPort{Name: "fg-admin", ContainerPort: 9090, Protocol: corev1.ProtocolTCP},

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
 )
@@ -120,6 +121,9 @@ func startSidecar(ctx context.Context, pod *corev1.Pod, upstream string, grace t
 	Expect(rc.Kubernetes).To(BeTrue(), "the injected environment selects Kubernetes mode")
 	Expect(rc.Namespace).To(Equal(pod.Namespace))
 	Expect(rc.PodName).To(Equal(pod.Name))
+	// The state directory is the pod's emptyDir; here, one of the test's.
+	Expect(rc.StateDir).To(Equal(config.StateDir))
+	rc.StateDir = GinkgoT().TempDir()
 
 	cs, err := kubernetes.NewForConfig(podIdentity(pod.Namespace))
 	Expect(err).NotTo(HaveOccurred())
