@@ -90,11 +90,20 @@
 //
 // Each master address has a breaker. Options.BreakerFailures consecutive
 // unavailable calls open it; while open, decisions for its slots fail at
-// once with ErrUnavailable (and nudge a slot-map reload, so that after a
-// failover the slots route to the new master, whose breaker is closed).
-// After Options.BreakerCooldown one probe goes through; its success closes
-// the breaker, its failure opens it for another cooldown. A dead shard
-// costs a decision one map lookup and one atomic load.
+// once with ErrUnavailable. After a cooldown one probe goes through; its
+// success closes the breaker, its failure opens it for another cooldown.
+// Each cooldown is drawn at random between half and one and a half
+// Options.BreakerCooldown, so that the sidecars whose breakers opened
+// together, when a shard died, probe it at different instants and do not
+// all come back in the same millisecond. The breaker reloads the slot map
+// in the background when it opens and at each probe, so that after a
+// failover the slots route to the new master, whose breaker is closed. A
+// dead shard costs a decision one map lookup and one atomic load.
+//
+// A connection that fails (the node restarted, say) is dialled again after
+// a random pause of up to 100ms, for the same reason: every sidecar loses
+// its connection to a restarted node at the same instant. A call whose
+// deadline comes before the new connection can fails at once.
 //
 // Redis replicates asynchronously: a replica promoted by a failover may
 // lack the last few milliseconds of its master's writes, so counters can
