@@ -58,6 +58,9 @@ type storeHandle struct {
 	store  limiter.Store
 	remote bool
 	close  func() error
+	// setAddrs, when set, moves the store to new seed addresses without
+	// a restart (a Redis Cluster whose nodes were all replaced).
+	setAddrs func([]string) error
 }
 
 // openStore is the one place a counter store is built.

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -31,7 +32,9 @@ const paramsCacheSize = 4096
 // safe for concurrent use.
 type Store struct {
 	opts Options
-	cc   *redis.ClusterClient // slot map only; nil in single mode
+	// cc keeps the slot map only; nil in single mode. SetAddrs replaces
+	// it with one seeded from new addresses.
+	cc atomic.Pointer[redis.ClusterClient]
 	// route guards topology lookups: when no node can tell the slot map,
 	// it fails decisions fast like a shard breaker.
 	route *breaker
@@ -41,6 +44,12 @@ type Store struct {
 
 	pmu    sync.Mutex
 	params map[limiter.Limit]*limitArgs
+
+	// seedMu guards seeds (the addresses cc was built from, sorted) and
+	// reseed (the replacement being loaded, if any).
+	seedMu sync.Mutex
+	seeds  []string
+	reseed *reseed
 
 	// The first slot-map load is shared by the callers that arrive before
 	// it ends, instead of each loading it (go-redis would).
@@ -74,38 +83,136 @@ func New(opts Options) (*Store, error) {
 	empty := map[string]*shard{}
 	s.shards.Store(&empty)
 	if !o.Single {
-		s.cc = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:               o.Addrs,
-			CredentialsProvider: o.Credentials,
-			TLSConfig:           cloneTLS(o.TLS),
-			Protocol:            2,
-			// The cluster client only loads the slot map (CLUSTER
-			// SLOTS); the scripts go through the store's own pipelined
-			// connections. Still, nothing in it may retry.
-			MaxRedirects:          -1,
-			MaxRetries:            -1,
-			DialTimeout:           o.DialTimeout,
-			DialerRetries:         1,
-			ReadTimeout:           time.Second,
-			WriteTimeout:          time.Second,
-			ContextTimeoutEnabled: true,
-			PoolSize:              2,
-			DisableIdentity:       true,
-			// The name is a courtesy to whoever reads CLIENT LIST: a
-			// node that refuses it (ACLs) still serves the slot map,
-			// where go-redis's own ClientName would fail the connection.
-			OnConnect: func(ctx context.Context, cn *redis.Conn) error {
-				_ = cn.ClientSetName(ctx, o.ClientName).Err()
-				return nil
-			},
-			ClusterStateReloadInterval: 5 * time.Second,
-			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
+		s.seeds = sortedCopy(o.Addrs)
+		s.cc.Store(newClusterClient(o, o.Addrs))
 		// Start loading the slot map now; the first decisions wait for
 		// this load instead of starting their own.
 		go func() { _ = s.loadSlots(context.Background()) }()
 	}
 	return s, nil
+}
+
+// newClusterClient returns the go-redis client that keeps the slot map,
+// seeded with addrs.
+func newClusterClient(o Options, addrs []string) *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:               addrs,
+		CredentialsProvider: o.Credentials,
+		TLSConfig:           cloneTLS(o.TLS),
+		Protocol:            2,
+		// The cluster client only loads the slot map (CLUSTER
+		// SLOTS); the scripts go through the store's own pipelined
+		// connections. Still, nothing in it may retry.
+		MaxRedirects:          -1,
+		MaxRetries:            -1,
+		DialTimeout:           o.DialTimeout,
+		DialerRetries:         1,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		ContextTimeoutEnabled: true,
+		PoolSize:              2,
+		DisableIdentity:       true,
+		// The name is a courtesy to whoever reads CLIENT LIST: a
+		// node that refuses it (ACLs) still serves the slot map,
+		// where go-redis's own ClientName would fail the connection.
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			_ = cn.ClientSetName(ctx, o.ClientName).Err()
+			return nil
+		},
+		ClusterStateReloadInterval: 5 * time.Second,
+		MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+}
+
+func sortedCopy(a []string) []string {
+	out := append([]string(nil), a...)
+	sort.Strings(out)
+	return out
+}
+
+// reseed is one replacement of the slot map's client being loaded.
+type reseed struct {
+	cancel context.CancelFunc
+}
+
+// reseedRetry is the pause, jittered, between attempts to load the slot
+// map from new seed addresses that do not answer yet.
+const reseedRetry = time.Second
+
+// Seeds returns the seed addresses the slot map is loaded from, sorted.
+func (s *Store) Seeds() []string {
+	s.seedMu.Lock()
+	defer s.seedMu.Unlock()
+	if s.opts.Single {
+		return append([]string(nil), s.opts.Addrs...)
+	}
+	return append([]string(nil), s.seeds...)
+}
+
+// SetAddrs gives the store new seed addresses, as when every node of the
+// cluster was replaced and the old addresses answer no more: the slot map
+// is loaded from the new seeds in the background, retried until one of
+// them answers, and then replaces the old one, so that decisions route to
+// the new masters without a restart. Until then the old map stays in
+// use. Counts live in Redis, so nothing is lost by the switch. An
+// unchanged set of addresses (in any order) changes nothing. It is an
+// error in single mode, and for an address that is not host:port.
+func (s *Store) SetAddrs(addrs []string) error {
+	if s.opts.Single {
+		return errors.New("redisstore: a single-server store cannot change its address")
+	}
+	o := s.opts
+	o.Addrs = addrs
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	next := sortedCopy(addrs)
+	s.seedMu.Lock()
+	defer s.seedMu.Unlock()
+	if slices.Equal(next, s.seeds) || s.closed.Load() {
+		return nil
+	}
+	if s.reseed != nil {
+		s.reseed.cancel() // superseded
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &reseed{cancel: cancel}
+	s.reseed, s.seeds = r, next
+	go s.runReseed(ctx, r, newClusterClient(s.opts, next))
+	return nil
+}
+
+// runReseed loads the slot map with cc until it succeeds, then makes cc
+// the store's slot map client; it gives up, closing cc, when ctx ends (a
+// newer SetAddrs, or Close).
+func (s *Store) runReseed(ctx context.Context, r *reseed, cc *redis.ClusterClient) {
+	for {
+		lctx, cancel := context.WithTimeout(ctx, slotLoadTimeout)
+		_, err := cc.MasterForKey(lctx, "fg:{}")
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = cc.Close()
+			return
+		case <-time.After(jitterCooldown(reseedRetry)):
+		}
+	}
+	s.seedMu.Lock()
+	if s.reseed != r || s.closed.Load() {
+		s.seedMu.Unlock()
+		_ = cc.Close()
+		return
+	}
+	s.reseed = nil
+	old := s.cc.Swap(cc)
+	s.seedMu.Unlock()
+	s.loadMu.Lock()
+	s.loaded.Store(true)
+	s.loadMu.Unlock()
+	_ = old.Close()
 }
 
 func cloneTLS(c *tls.Config) *tls.Config {
@@ -121,13 +228,19 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.seedMu.Lock()
+	if s.reseed != nil {
+		s.reseed.cancel()
+		s.reseed = nil
+	}
+	s.seedMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sh := range *s.shards.Load() {
 		sh.close()
 	}
-	if s.cc != nil {
-		if err := s.cc.Close(); err != nil {
+	if cc := s.cc.Load(); cc != nil {
+		if err := cc.Close(); err != nil {
 			return fmt.Errorf("redisstore: close the slot map's client: %w", err)
 		}
 	}
@@ -210,7 +323,7 @@ func (s *Store) shardFor(ctx context.Context, deadline time.Time, key string) (*
 			return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
 		}
 	}
-	c, err := s.cc.MasterForKey(ctx, key)
+	c, err := s.cc.Load().MasterForKey(ctx, key)
 	if err != nil {
 		s.route.failure(probe, 1)
 		return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
@@ -239,7 +352,7 @@ func (s *Store) loadSlots(ctx context.Context) error {
 			lctx, cancel := context.WithTimeout(context.Background(), slotLoadTimeout)
 			defer cancel()
 			// MasterForKey loads the whole map when there is none.
-			_, err := s.cc.MasterForKey(lctx, "fg:{}")
+			_, err := s.cc.Load().MasterForKey(lctx, "fg:{}")
 			s.loadMu.Lock()
 			l.err = err
 			if err == nil {
@@ -263,8 +376,8 @@ func (s *Store) loadSlots(ctx context.Context) error {
 // background. Concurrent requests coalesce into one reload at a time, at
 // most one per 200ms.
 func (s *Store) reloadTopology() {
-	if s.cc != nil && !s.closed.Load() {
-		s.cc.ReloadState(context.Background())
+	if cc := s.cc.Load(); cc != nil && !s.closed.Load() {
+		cc.ReloadState(context.Background())
 	}
 }
 
