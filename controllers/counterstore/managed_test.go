@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -417,5 +418,80 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		_, _, nodes := topology(ctx, k)
 		Expect(nodes).To(HaveLen(6))
 		checkKeys(ctx)
+	})
+
+	It("keeps sidecars counting together when every Redis Pod is replaced at once", func(ctx SpecContext) {
+		ns := "fg-" + rand.String(8)
+		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(k8sClient.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		})
+		p := &v1alpha1.RateLimitPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shared"},
+			Spec: v1alpha1.RateLimitPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+				Rules: []v1alpha1.Rule{{
+					Name:        "per-key",
+					Key:         []v1alpha1.KeyPart{{Header: "X-API-Key"}},
+					Limit:       v1alpha1.Limit{Requests: 2, Per: metav1.Duration{Duration: time.Hour}},
+					FailureMode: v1alpha1.FailureModeClosed,
+				}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		var before []string
+		Eventually(func(g Gomega) {
+			var cm corev1.ConfigMap
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm)).To(Succeed())
+			doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(doc.Store.Addresses).NotTo(BeEmpty())
+			before = doc.Store.Addresses
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		// A generous call budget: this spec measures how soon counting
+		// resumes, and a loaded machine must not turn a slow answer into
+		// a 503.
+		creds := map[string]string{"password": password}
+		a := startSidecar(ctx, ns, "api-a", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
+		b := startSidecar(ctx, ns, "api-b", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
+		Eventually(func() []int { return shared(a, b, "warm-"+rand.String(6)) }).WithTimeout(30*time.Second).
+			Should(Equal([]int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests}))
+
+		By("deleting every Redis Pod at once; the StatefulSet and the kubelet bring them back at new IPs, empty")
+		var pods corev1.PodList
+		Expect(k8sClient.List(ctx, &pods, client.InNamespace(counterstore.DefaultNamespace), client.MatchingLabels(counterstore.SelectorLabels(storeName)))).To(Succeed())
+		Expect(pods.Items).To(HaveLen(6))
+		deleted := time.Now()
+		var wg sync.WaitGroup
+		for _, pod := range pods.Items {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				k.recreate(ctx, pod.Name)
+			})
+		}
+		wg.Wait()
+		recreated := time.Since(deleted)
+
+		var resumed time.Duration
+		var attempts int
+		Eventually(func() []int {
+			attempts++
+			got := shared(a, b, fmt.Sprintf("after-%d", attempts))
+			resumed = time.Since(deleted)
+			return got
+		}).WithTimeout(2 * time.Minute).WithPolling(100 * time.Millisecond).
+			Should(Equal([]int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests}))
+		nodeTimeout := getStore(ctx, storeName).Spec.Managed.NodeTimeout.Duration
+		AddReportEntry("every Redis Pod replaced -> sidecars count together again (bound nodeTimeout + 10s)",
+			fmt.Sprintf("%v (Pods recreated in %v; bound %v)", resumed.Round(time.Millisecond), recreated.Round(time.Millisecond), nodeTimeout+10*time.Second))
+		Expect(resumed).To(BeNumerically("<=", nodeTimeout+10*time.Second))
+
+		cs := getStore(ctx, storeName)
+		Expect(cs.Status.Endpoints).NotTo(ContainElements(before), "the masters are new Pods at new IPs")
+		for _, s := range []*sidecar{a, b} {
+			Expect(s.Status().Store.Addresses).To(ConsistOf(cs.Status.Endpoints), "the sidecar follows the published masters")
+			Expect(s.Status().StoreDrift).To(BeEmpty())
+		}
 	})
 })

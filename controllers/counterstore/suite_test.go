@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -31,6 +32,8 @@ var (
 	// k8sClient talks to the API server directly, so tests see what is
 	// stored.
 	k8sClient client.Client
+	// restConfig reaches the API server as envtest's admin.
+	restConfig *rest.Config
 	// storeMetrics is the suite's own registry of the CounterStore
 	// metrics, which the controller exports.
 	storeMetrics = prometheus.NewRegistry()
@@ -55,6 +58,7 @@ var _ = BeforeSuite(func() {
 	}
 	cfg, err := testEnv.Start()
 	Expect(err).NotTo(HaveOccurred())
+	restConfig = cfg
 
 	scheme, err := app.NewScheme()
 	Expect(err).NotTo(HaveOccurred())
