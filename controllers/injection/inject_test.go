@@ -193,8 +193,9 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	}
 	// Optional: the pod starts before the manager mirrors the Secret.
 	if v := vols[StoreAuthVolume]; v.Secret == nil || v.Secret.SecretName != StoreAuthSecret || v.Secret.Optional == nil || !*v.Secret.Optional ||
-		len(v.Secret.Items) != 1 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) {
-		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s key", v, StoreAuthSecret, config.StoreAuthKey)
+		len(v.Secret.Items) != 2 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) ||
+		v.Secret.Items[1] != (corev1.KeyToPath{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey}) {
+		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s and %s keys", v, StoreAuthSecret, config.StoreAuthKey, config.StoreAuthUserKey)
 	}
 }
 

@@ -62,12 +62,21 @@ const (
 	// StoreAuthFile is the store password's file, read for every new Redis
 	// connection through EnvRedisPasswordFile.
 	StoreAuthFile = StoreAuthDir + "/" + StoreAuthKey
+	// StoreAuthUserKey is the store user's key in the same Secret, when
+	// the store has users (Redis ACLs): a managed store's sidecar user.
+	// Without it the password is the default user's.
+	StoreAuthUserKey = "username"
+	// StoreAuthUserFile is the store user's file, read with the password
+	// through EnvRedisUsernameFile. A missing file means the default user.
+	StoreAuthUserFile = StoreAuthDir + "/" + StoreAuthUserKey
 
 	// EnvKubernetes ("true") selects the sidecar's Kubernetes mode: the
 	// ConfigMap watch and the pod condition.
 	EnvKubernetes = "FLOODGATE_KUBERNETES"
 	// EnvRedisPasswordFile is --redis-password-file's variable.
 	EnvRedisPasswordFile = "FLOODGATE_REDIS_PASSWORD_FILE"
+	// EnvRedisUsernameFile is --redis-username-file's variable.
+	EnvRedisUsernameFile = "FLOODGATE_REDIS_USERNAME_FILE"
 	// EnvPodNamespace and EnvPodName, set from the downward API, are the
 	// defaults of --namespace and --pod-name.
 	EnvPodNamespace = "POD_NAMESPACE"

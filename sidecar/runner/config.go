@@ -64,6 +64,7 @@ type Config struct {
 	RedisAddrs      string
 	RedisPassword   string
 	RedisPassFile   string
+	RedisUserFile   string
 	RedisTLS        bool
 	RedisTLSCAFile  string
 	RedisTLSServer  string
@@ -135,6 +136,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
+	fs.StringVar(&c.RedisUserFile, "redis-username-file", "", "file holding the Redis ACL user to authenticate as with the password, read with it for every new connection; a missing file means the default user")
 	fs.BoolVar(&c.RedisTLS, "redis-tls", false, "use TLS to Redis")
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
@@ -303,6 +305,9 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		if _, err := os.Stat(c.RedisPassFile); err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 			bad("redis-password-file", "%v", err)
 		}
+	}
+	if c.RedisUserFile != "" && c.RedisPassFile == "" {
+		bad("redis-username-file", "needs --redis-password-file")
 	}
 	if c.RedisTLSCAFile != "" {
 		if _, err := os.Stat(c.RedisTLSCAFile); err != nil {
