@@ -25,7 +25,12 @@ import (
 	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
+
+// passwordOverlap is how long the suite's manager keeps an old sidecar
+// password after a rotation.
+const passwordOverlap = 5 * time.Second
 
 var (
 	testEnv *envtest.Environment
@@ -73,18 +78,25 @@ var _ = BeforeSuite(func() {
 	// The manager is built as floodgate-manager builds it (same scheme
 	// and cache options) and runs both controllers, so a policy without a
 	// storeRef can be checked against the default store end to end.
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	// The manager runs as its own service account, with exactly the
+	// roles config/rbac grants it.
+	kubectl, err := kubetest.NewKubectl(testEnv, GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	managerCfg, err := kubetest.ManagerIdentity(ctx, kubectl, cfg, filepath.Join("..", ".."))
+	Expect(err).NotTo(HaveOccurred())
+	mgr, err := ctrl.NewManager(managerCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions(counterstore.DefaultNamespace),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	pr := &policy.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(app.Name)}
 	Expect(pr.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
-	// Production defaults, except a shorter dial timeout: a killed node on
-	// loopback refuses at once anyway.
-	Expect(counterstore.Setup(ctx, mgr, counterstore.NewMetrics(storeMetrics), counterstore.Options{DialTimeout: time.Second},
+	// Production defaults, except a shorter dial timeout (a killed node on
+	// loopback refuses at once anyway) and a shorter password overlap (the
+	// rotation spec plays the kubelet within a second).
+	Expect(counterstore.Setup(ctx, mgr, counterstore.NewMetrics(storeMetrics), counterstore.Options{DialTimeout: time.Second, PasswordOverlap: passwordOverlap},
 		controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

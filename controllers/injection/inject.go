@@ -27,7 +27,7 @@ const (
 	ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	// StoreAuthSecret is the per-namespace copy of the store password,
 	// under config.StoreAuthKey.
-	StoreAuthSecret = "floodgate-store-auth"
+	StoreAuthSecret = config.StoreAuthSecret
 	// StoreAuthVolume mounts StoreAuthSecret into the sidecar, optional,
 	// at config.StoreAuthDir: the sidecar reads config.StoreAuthFile for every new
 	// connection, so it starts before the manager has mirrored the
@@ -87,6 +87,20 @@ func HasSidecar(pod *corev1.Pod) bool {
 }
 
 func isSidecar(c corev1.Container) bool { return c.Name == config.ContainerName }
+
+// ReadsStoreUser reports whether pod's sidecar reads the store's ACL user
+// (config.EnvRedisUsernameFile): sidecars injected before stores had
+// users do not, and authenticate with the password alone.
+func ReadsStoreUser(pod *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			if isSidecar(c) {
+				return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == config.EnvRedisUsernameFile })
+			}
+		}
+	}
+	return false
+}
 
 // Inject returns a copy of pod with the sidecar injected, or pod itself
 // when it is not opted in or already has the sidecar. mounts are the

@@ -55,6 +55,9 @@ const (
 	// LabelsFile is the pod's labels, one key="value" per line, read with
 	// --pod-labels-file.
 	LabelsFile = PodInfoDir + "/labels"
+	// StoreAuthSecret is the Secret, in the sidecar's namespace, that
+	// holds the store credentials the sidecar uses; the manager keeps it.
+	StoreAuthSecret = "floodgate-store-auth"
 	// StoreAuthKey is the store password's key in its Secret.
 	StoreAuthKey = "password"
 	// StoreAuthDir is where the store password's Secret is mounted.
