@@ -103,15 +103,23 @@ func ReadsStoreUser(pod *corev1.Pod) bool {
 }
 
 // Inject returns a copy of pod with the sidecar injected, or pod itself
-// when it is not opted in or already has the sidecar. mounts are the
-// objects the namespace's policies reference. The error joins one
-// *AnnotationError per problem. Inject is pure and does not modify pod.
+// when it is not opted in or already has the sidecar Inject writes. mounts
+// are the objects the namespace's policies reference. An opted-in pod with
+// a floodgate-sidecar container that is not the injector's (VerifySidecar)
+// is an error. The error joins one *AnnotationError per problem. Inject is
+// pure and does not modify pod.
 func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, error) {
-	if !OptedIn(pod) || HasSidecar(pod) {
+	if !OptedIn(pod) {
 		return pod, Result{}, nil
 	}
 	if err := o.Validate(); err != nil {
 		return nil, Result{}, fmt.Errorf("injector options: %w", err)
+	}
+	if HasSidecar(pod) {
+		if err := VerifySidecar(pod, mounts, o); err != nil {
+			return nil, Result{}, err
+		}
+		return pod, Result{}, nil
 	}
 	out := pod.DeepCopy()
 	if out.Labels == nil {

@@ -61,7 +61,7 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 				{Key: config.StoreAuthKey, Path: config.StoreAuthKey},
 				{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey},
 			},
-			Optional:   ptr.To(true),
+			Optional: ptr.To(true),
 		}},
 	})
 	vms := []corev1.VolumeMount{
