@@ -77,10 +77,11 @@ func (sh *shard) close() {
 func (sh *shard) do(ctx context.Context, o *op) (string, error) {
 	ok, probe := sh.br.allow()
 	if !ok {
-		// The breaker reloads the slot map when it opens and at each
-		// probe (a failover may have moved the slots), not at every call
-		// it fails: a fleet of sidecars would otherwise keep asking the
-		// cluster for its map, every 200ms each, until the shard is back.
+		// A failover may have moved the slots to a replica: reload the
+		// slot map, at most every ~250ms (jittered) however many calls
+		// fail, so that a fleet waiting out an outage asks the cluster
+		// for its map at staggered times, not all at once.
+		sh.s.reloadWhileOpen()
 		return sh.addr, unavailable(sh.addr, errors.New("circuit breaker open; failing fast"))
 	}
 	o.probe = probe

@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -58,6 +60,9 @@ type Store struct {
 	inflight *slotLoad
 
 	closed atomic.Bool
+	// nextOpenReload is when (Unix ns) a call failed fast by an open
+	// breaker may next ask for a slot-map reload.
+	nextOpenReload atomic.Int64
 }
 
 // slotLoad is one slot-map load in flight.
@@ -121,7 +126,58 @@ func newClusterClient(o Options, addrs []string) *redis.ClusterClient {
 		},
 		ClusterStateReloadInterval: 5 * time.Second,
 		MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		Dialer:                     slotMapDialer(o),
 	})
+}
+
+// maxSlotMapDialPause bounds the random pause after a repeated failed
+// dial of the slot-map client.
+const maxSlotMapDialPause = time.Second
+
+// slotMapDialer dials a node for the slot-map client as go-redis would,
+// but reports the third and later failed dials in a row to a node only
+// after a random pause of up to maxSlotMapDialPause (or the dial's context
+// end). After two failures go-redis stops dialling the node for its
+// callers and retries it every second in the background; every sidecar
+// loses the node in the same instant, so without the pause their retries,
+// and the connections that follow them, would reach the node back in the
+// same millisecond. The first two failures are not delayed: a slot-map
+// load that meets a dead node moves on to the next one at once.
+func slotMapDialer(o Options) func(context.Context, string, string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 5 * time.Minute}
+	var td *tls.Dialer
+	if o.TLS != nil {
+		td = &tls.Dialer{NetDialer: nd, Config: cloneTLS(o.TLS)}
+	}
+	var mu sync.Mutex
+	failures := map[string]int{}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		var err error
+		if td != nil {
+			c, err = td.DialContext(ctx, network, addr)
+		} else {
+			c, err = nd.DialContext(ctx, network, addr)
+		}
+		mu.Lock()
+		n := 0
+		if err != nil {
+			failures[addr]++
+			n = failures[addr]
+		} else {
+			delete(failures, addr)
+		}
+		mu.Unlock()
+		if n > 2 {
+			t := time.NewTimer(rand.N(maxSlotMapDialPause))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		return c, err
+	}
 }
 
 func sortedCopy(a []string) []string {
@@ -370,6 +426,24 @@ func (s *Store) loadSlots(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// openReloadInterval is the mean spacing of the slot-map reloads that the
+// calls a breaker fails fast ask for (each spacing drawn between half and
+// one and a half of it): often enough that the sidecars find a promoted
+// replica a few hundred milliseconds after a failover, rarely enough that
+// a fleet waiting out an outage asks little of the cluster when it is back.
+const openReloadInterval = 250 * time.Millisecond
+
+// reloadWhileOpen reloads the slot map for a call that an open breaker
+// failed fast, at most once per jittered openReloadInterval.
+func (s *Store) reloadWhileOpen() {
+	now := time.Now().UnixNano()
+	next := s.nextOpenReload.Load()
+	if now < next || !s.nextOpenReload.CompareAndSwap(next, now+int64(jitterCooldown(openReloadInterval))) {
+		return
+	}
+	s.reloadTopology()
 }
 
 // reloadTopology asks the cluster client to reload the slot map in the
