@@ -124,6 +124,8 @@ var _ = BeforeSuite(func() {
 	managerCfg, err := kubetest.ManagerIdentity(ctx, kubectl, cfg, filepath.Join("..", ".."))
 	Expect(err).NotTo(HaveOccurred())
 	mgr, err := ctrl.NewManager(managerCfg, ctrl.Options{
+		// The conflict spec injects 409s into the manager's writes.
+		NewClient:              conflicting,
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
