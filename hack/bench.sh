@@ -3,7 +3,7 @@
 # Results go to stdout and, as JSON, into $BENCH_OUT (default bench/). Each
 # harness pins the process under test and its load to different cores with
 # taskset where it exists, and reports figures next to a reference measured
-# in the same run (x/time/rate, a direct call to the backend, a null
+# in the same run (x/time/rate, a direct call to the backend, nginx, a null
 # ShouldRateLimit server, redis-benchmark's EVALSHA ceiling).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,6 +11,42 @@ cd "$ROOT"
 OUT="${BENCH_OUT:-$ROOT/bench}"
 mkdir -p "$OUT"
 hack/redis-cluster.sh install
+
+# install_nginx installs Debian's nginx-light, the reference floodgate-bench
+# measures the sidecar beside, without starting its packaged service (a
+# policy-rc.d answering 101 keeps dpkg from starting it; the bench runs its
+# own nginx on loopback ports).
+install_nginx() {
+  if command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]]; then
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != 0 ]]; then
+    echo "bench.sh: nginx is missing and cannot be installed here (needs root and apt-get); floodgate-bench skips its nginx reference" >&2
+    return 0
+  fi
+  echo "bench.sh: installing nginx-light from Debian" >&2
+  local policy=/usr/sbin/policy-rc.d had_policy=0
+  if [[ -e "$policy" ]]; then had_policy=1; fi
+  if [[ "$had_policy" == 0 ]]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f '"$policy"'' EXIT
+  fi
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nginx-light >&2; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nginx-light >&2
+  fi
+  if [[ "$had_policy" == 0 ]]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
+  if [[ -x /etc/init.d/nginx ]]; then
+    /etc/init.d/nginx stop >/dev/null 2>&1 || true
+  fi
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    systemctl disable --now nginx.service >/dev/null 2>&1 || true
+  fi
+}
+install_nginx
 
 echo "== micro-benchmarks: limiter, memstore, engine (ns/op, allocs/op; x/time/rate reference)"
 go test -run '^$' -bench . -benchmem -benchtime 2000000x ./sidecar/limiter/ | tee "$OUT/micro.txt"
@@ -22,7 +58,7 @@ go test -run '^$' -bench . -benchmem ./sidecar/engine/ ./sidecar/match/ | tee -a
 echo "== counter store: decisions/s with 64 callers, batching on and off, EVALSHA ceiling"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-storebench | tee "$OUT/store.txt"
 
-echo "== sidecar: added latency, decisions/s for cold, hot allowed and hot denied keys, script calls in a flood"
+echo "== sidecar: beside nginx (CPU per request proxied and denied, added latency; ratios), then added latency, decisions/s for cold, hot allowed and hot denied keys, script calls in a flood"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-bench -duration 5s -out "$OUT/sidecar.json"
 
 echo "== Envoy ShouldRateLimit: decisions/s and CPU per decision against a null server"

@@ -50,9 +50,13 @@ type ManagedStore struct {
 	// +kubebuilder:validation:Maximum=5
 	ReplicasPerShard int32 `json:"replicasPerShard"`
 
-	// Image is the Redis server image. Redis 7.0 or later is required.
+	// Image is the Redis server image: Redis 7.0 or later, with sh,
+	// redis-cli, rm, grep and awk on its PATH (the start script and the
+	// probes run them), run as uid 999. The default is floodgate's Redis
+	// image, which `make images` builds from Debian's redis-server and
+	// which a release publishes with the chart's appVersion as its tag.
 	// +optional
-	// +kubebuilder:default="redis:7.4"
+	// +kubebuilder:default="ghcr.io/floodgate-dev/floodgate-redis:0.1.0"
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	Image string `json:"image,omitempty"`

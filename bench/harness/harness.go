@@ -42,6 +42,12 @@ type Options struct {
 	// machine too busy for the default 50ms budget, calls time out and
 	// rules fall back to local buckets, which the report shows.
 	RedisTimeout time.Duration
+	// Nginx is the nginx binary measured beside the sidecar (the
+	// reference phase); "" finds nginx on $PATH or /usr/sbin/nginx, "off"
+	// skips the phase.
+	Nginx string
+	// OnlyReference runs the reference phase alone.
+	OnlyReference bool
 	// Log receives progress and the human-readable table.
 	Log io.Writer
 }
@@ -52,6 +58,7 @@ type Report struct {
 	Latency    []Latency     `json:"latency"`
 	Throughput []Throughput  `json:"throughput"`
 	Flood      *Flood        `json:"flood,omitempty"`
+	Reference  *Reference    `json:"reference,omitempty"`
 	Acceptance []Requirement `json:"acceptance"`
 }
 
@@ -210,9 +217,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	} else {
 		rep.Machine.Pinning = "none (taskset missing or fewer than 2 CPUs); sidecars run with GOMAXPROCS=1"
 	}
+	if o.Nginx != "off" {
+		if o.Nginx = FindNginx(o.Nginx); o.Nginx != "" {
+			h.o.Nginx = o.Nginx
+			if err := h.reference(ctx, rep); err != nil {
+				return nil, fmt.Errorf("reference phase: %w", err)
+			}
+		} else {
+			h.logf("nginx not found: no reference phase (install nginx-light, as hack/bench.sh does)")
+		}
+	}
 	stores := []string{"memory"}
 	if o.Redis {
 		stores = append(stores, "redis")
+	}
+	if o.OnlyReference {
+		stores, o.Redis = nil, false
 	}
 	for _, store := range stores {
 		urls, _, err := h.sidecars(ctx, store, 1)
@@ -232,6 +252,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	h.accept(rep)
+	h.acceptReference(rep)
 	h.table(rep)
 	return rep, nil
 }
@@ -315,7 +336,7 @@ func (h *harness) start(ctx context.Context, cpu int, env []string, name string,
 // sidecars starts n sidecars on a store and returns their proxy and admin
 // URLs. The policy says there are n replicas. Sidecars of earlier
 // scenarios keep running but idle.
-func (h *harness) sidecars(ctx context.Context, store string, n int) (urls, admins []string, err error) {
+func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...string) (urls, admins []string, err error) {
 	uid := fmt.Sprintf("%s-%d", store, time.Now().UnixNano())
 	pf := filepath.Join(h.dir, "policy-"+uid+".yaml")
 	if err := os.WriteFile(pf, []byte(fmt.Sprintf(policyDoc, uid, n, h.o.FloodLimit)), 0o600); err != nil {
@@ -332,6 +353,7 @@ func (h *harness) sidecars(ctx context.Context, store string, n int) (urls, admi
 		}
 		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
 			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
+		args = append(args, extra...)
 		if store == "redis" {
 			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))
 			if h.o.RedisTimeout > 0 {
@@ -629,6 +651,7 @@ func (h *harness) table(rep *Report) {
 		printf("  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
 		printf("  sidecar store calls %.0f (failed %.0f), local denials %.0f, fallback decisions %.0f\n", f.SidecarStoreCalls, f.StoreUnavailable, f.LocalDenials, f.FallbackDecisions)
 	}
+	h.tableReference(rep)
 	printf("\nAcceptance\n")
 	for _, a := range rep.Acceptance {
 		mark := "PASS"

@@ -136,3 +136,40 @@ func TestPacerSleepsAtLeastTheDuration(t *testing.T) {
 		}
 	}
 }
+
+// The floors answer and proxy well-formed HTTP/1.1 that the load
+// generator reads back.
+func TestFloorsServe(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }))
+	t.Cleanup(backend.Close)
+	addrs := map[string]func(addr string) error{
+		"goroutines": func(a string) error { return ServeFloorAnswer(ctx, a, false) },
+		"epoll":      func(a string) error { return ServeFloorAnswer(ctx, a, true) },
+		"proxy":      func(a string) error { return ServeFloorProxy(ctx, a, strings.TrimPrefix(backend.URL, "http://")) },
+	}
+	for name, serve := range addrs {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := "127.0.0.1:" + port
+		go func() { _ = serve(addr) }()
+		if err := waitHTTP(ctx, "http://"+addr+"/", 0); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		s, err := ClosedLoop(ctx, NewClient(), Target{URLs: []string{"http://" + addr + "/x"}}, 200*time.Millisecond, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := s.Limited
+		if name == "proxy" {
+			want = s.OK
+		}
+		if s.Errors != 0 || want == 0 {
+			t.Errorf("%s: %+v", name, s)
+		}
+	}
+}

@@ -36,6 +36,9 @@ type Stats struct {
 	// Latency percentiles in microseconds. For an open-loop run they are
 	// measured from each request's scheduled send time.
 	P50, P90, P99, P999, Max float64
+	// CPUMicros is the CPU time the path's process (Path.PID) spent per
+	// completed request, when it was measured.
+	CPUMicros float64 `json:",omitempty"`
 }
 
 type recorder struct {
@@ -132,6 +135,9 @@ func OpenLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Dur
 type Path struct {
 	Client *Client
 	Target Target
+	// PID, when set, is the process whose CPU time per request the
+	// comparison reports (the service the path goes through).
+	PID int
 }
 
 // Interleaved compares two paths at the same open-loop rate. It runs them
@@ -141,25 +147,57 @@ type Path struct {
 // on both alike. Request numbering continues across slices, so keyed
 // targets see the same keys on both paths.
 func Interleaved(ctx context.Context, a, b Path, rate float64, slice, total time.Duration, workers int) (Stats, Stats, error) {
-	if slice <= 0 || total < slice {
-		return Stats{}, Stats{}, fmt.Errorf("interleaved: slice must be positive and at most the total")
+	st, err := InterleavedN(ctx, []Path{a, b}, rate, slice, total, workers)
+	if err != nil {
+		return Stats{}, Stats{}, err
 	}
-	var recs [2]recorder
-	var sent [2]int64
-	var elapsed [2]time.Duration
-	paths := [2]Path{a, b}
+	return st[0], st[1], nil
+}
+
+// InterleavedN is Interleaved over any number of paths, in turn. For a
+// path with a PID it also reports that process's CPU time per request,
+// read from /proc around each of the path's slices.
+func InterleavedN(ctx context.Context, paths []Path, rate float64, slice, total time.Duration, workers int) ([]Stats, error) {
+	if slice <= 0 || total < slice {
+		return nil, fmt.Errorf("interleaved: slice must be positive and at most the total")
+	}
+	recs := make([]recorder, len(paths))
+	sent := make([]int64, len(paths))
+	elapsed := make([]time.Duration, len(paths))
+	cpu := make([]time.Duration, len(paths))
 	for done := time.Duration(0); done < total; done += slice {
 		d := min(slice, total-done)
 		for i, p := range paths {
+			var c0 time.Duration
+			if p.PID > 0 {
+				var err error
+				if c0, err = ProcCPU(p.PID); err != nil {
+					return nil, err
+				}
+			}
 			n, e, err := openLoop(ctx, p.Client, p.Target, rate, d, workers, sent[i], &recs[i])
 			if err != nil {
-				return Stats{}, Stats{}, err
+				return nil, err
+			}
+			if p.PID > 0 {
+				c1, err := ProcCPU(p.PID)
+				if err != nil {
+					return nil, err
+				}
+				cpu[i] += c1 - c0
 			}
 			sent[i] += n
 			elapsed[i] += e
 		}
 	}
-	return recs[0].stats(sent[0], elapsed[0]), recs[1].stats(sent[1], elapsed[1]), nil
+	out := make([]Stats, len(paths))
+	for i := range paths {
+		out[i] = recs[i].stats(sent[i], elapsed[i])
+		if n := len(recs[i].lat); n > 0 && paths[i].PID > 0 {
+			out[i].CPUMicros = float64(cpu[i].Microseconds()) / float64(n)
+		}
+	}
+	return out, nil
 }
 
 // openLoop is one open-loop run into rec; requests are numbered from first.

@@ -63,6 +63,10 @@ const (
 	// password changes on the running nodes (ACL SETUSER), without a roll.
 	AuthHashAnnotation = "ratelimit.floodgate.dev/auth-hash"
 
+	// DefaultImage is the API's default spec.managed.image: floodgate's
+	// Redis image, built by `make images` (hack/images).
+	DefaultImage = "ghcr.io/floodgate-dev/floodgate-redis:0.1.0"
+
 	configDir = "/etc/redis"
 	dataDir   = "/data"
 )
@@ -357,7 +361,7 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 	podLabels := labelsFor(cs.Name, "redis")
 	image := m.Image
 	if image == "" {
-		image = "redis:7.4"
+		image = DefaultImage
 	}
 	probe := func(script string, period, failures, initial int32) *corev1.Probe {
 		return &corev1.Probe{
@@ -417,7 +421,7 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 		TerminationGracePeriodSeconds: ptr.To[int64](10),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot:   ptr.To(true),
-			RunAsUser:      ptr.To[int64](999), // the redis user of the official image
+			RunAsUser:      ptr.To[int64](999), // the redis user of floodgate's and the official image
 			RunAsGroup:     ptr.To[int64](999),
 			FSGroup:        ptr.To[int64](999),
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},

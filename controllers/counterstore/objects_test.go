@@ -31,7 +31,7 @@ func testStore() *v1alpha1.CounterStore {
 		Spec: v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{
 			Shards:           3,
 			ReplicasPerShard: 1,
-			Image:            "redis:7.4",
+			Image:            DefaultImage,
 			NodeTimeout:      &metav1.Duration{Duration: 2 * time.Second},
 			PodAntiAffinity:  v1alpha1.AntiAffinityPreferred,
 		}},
@@ -92,7 +92,7 @@ func TestDesiredStatefulSet(t *testing.T) {
 	}
 	pod := sts.Spec.Template.Spec
 	c := pod.Containers[0]
-	if c.Image != "redis:7.4" || len(c.Command) != 3 || c.Command[2] != StartScript("/etc/redis", "/data") {
+	if c.Image != DefaultImage || len(c.Command) != 3 || c.Command[2] != StartScript("/etc/redis", "/data") {
 		t.Errorf("container image %q command %q", c.Image, c.Command)
 	}
 	env := map[string]corev1.EnvVar{}

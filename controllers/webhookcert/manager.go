@@ -10,7 +10,9 @@
 // directory, and writes the caBundle into every webhook of the mutating
 // and validating webhook configurations. controller-runtime's webhook
 // server loads the files through its certwatcher, so a new certificate is
-// served without a restart.
+// served without a restart. The Secret is owned by the mutating webhook
+// configuration (which the chart installs), so that uninstalling removes
+// it with the configuration.
 //
 // # Rotation without failed admissions
 //
@@ -262,6 +264,14 @@ func (m *Manager) syncSecret(ctx context.Context) (Bundle, bool, error) {
 		}
 		changed = true
 	}
+	owner, err := m.owner(ctx)
+	if err != nil {
+		return Bundle{}, false, err
+	}
+	if owner != nil && !slices.ContainsFunc(s.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == owner.UID }) {
+		s.OwnerReferences = append(s.OwnerReferences, *owner)
+		changed = true
+	}
 	if !changed {
 		return b, false, nil
 	}
@@ -355,6 +365,31 @@ func (m *Manager) patchCABundles(ctx context.Context, bundle []byte) error {
 		}))
 	}
 	return errors.Join(errs...)
+}
+
+// owner returns the reference that makes the Secret a dependent of the
+// mutating webhook configuration, or nil when none is configured or it
+// does not exist. The configuration belongs to the installation (the
+// chart), the Secret to the manager; as a dependent, the Secret is
+// garbage-collected when `helm uninstall` deletes the configuration,
+// instead of staying behind in the release namespace.
+func (m *Manager) owner(ctx context.Context) (*metav1.OwnerReference, error) {
+	name := m.o.MutatingWebhookConfig
+	if name == "" {
+		return nil, nil
+	}
+	var c admissionregistrationv1.MutatingWebhookConfiguration
+	if err := m.o.Reader.Get(ctx, client.ObjectKey{Name: name}, &c); apierrors.IsNotFound(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("get webhook configuration %s: %w", name, err)
+	}
+	return &metav1.OwnerReference{
+		APIVersion: admissionregistrationv1.SchemeGroupVersion.String(),
+		Kind:       "MutatingWebhookConfiguration",
+		Name:       c.Name,
+		UID:        c.UID,
+	}, nil
 }
 
 func (m *Manager) patchOne(ctx context.Context, name string, obj client.Object, set func() bool) error {

@@ -137,6 +137,16 @@ type Request struct {
 	claims []jwt.MapClaims
 	jwtOK  []bool
 	buf    []byte
+	memo   [2]keyMemo
+}
+
+// keyMemo remembers a key computed with a Request: a Request kept for a
+// connection sees the same client's values request after request, and a
+// key that repeats is then neither hashed nor allocated again.
+type keyMemo struct {
+	e        *Extractor
+	material []byte
+	key      string
 }
 
 // Reset prepares r for a request under a set of npolicies policies.
@@ -243,8 +253,18 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 		buf = endField(buf, field)
 	}
 	r.buf = buf
+	for i := range r.memo {
+		if m := &r.memo[i]; m.e == e && string(m.material) == string(buf) {
+			return m.key, true, nil
+		}
+	}
 	h := Sum(buf)
-	return h.Key(e.prefix), true, nil
+	key = h.Key(e.prefix)
+	// Replace the older memo, reusing its buffer.
+	old := r.memo[1].material
+	r.memo[1] = r.memo[0]
+	r.memo[0] = keyMemo{e: e, material: append(old[:0], buf...), key: key}
+	return key, true, nil
 }
 
 // String names the part for error messages.

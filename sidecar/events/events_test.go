@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -125,5 +126,104 @@ func TestDeny(t *testing.T) {
 		if got != want {
 			t.Errorf("Deny(peer %q) = %+v, want %+v", tc.peer, got, want)
 		}
+	}
+}
+
+// A flood beyond the line budget is summed per key into one line a second,
+// and the counts of all lines add up to every event published.
+func TestFloodIsSummedWithExactCounts(t *testing.T) {
+	t.Parallel()
+	var buf lockedBuffer
+	logged := prometheus.NewCounter(prometheus.CounterOpts{Name: "logged", Help: "h"})
+	dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "h"})
+	q := NewQueue(4096, slog.New(slog.NewJSONHandler(&buf, nil)), logged, dropped)
+	ctx, cancel := context.WithCancel(context.Background())
+	go q.Run(ctx)
+	at := time.Now()
+	const n = 5000
+	for i := range n {
+		key := "uid:r:hot"
+		if i%2 == 1 {
+			key = "uid:r:other"
+		}
+		if !q.Publish(Event{Time: at, Policy: "p", Rule: "r", Key: key, Method: "GET", Path: "/x"}) {
+			t.Fatalf("publish %d dropped", i)
+		}
+	}
+	cancel()
+	<-q.Done()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	var sum, single int64
+	summaries := map[string]int64{}
+	for _, l := range lines {
+		var rec struct {
+			Msg   string `json:"msg"`
+			Key   string `json:"key"`
+			Count int64  `json:"count"`
+		}
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		if rec.Msg != "rate limit deny" {
+			t.Errorf("msg %q", rec.Msg)
+		}
+		sum += rec.Count
+		if rec.Count == 1 {
+			single++
+		} else {
+			summaries[rec.Key] += rec.Count
+		}
+	}
+	if sum != n {
+		t.Errorf("the counts of %d lines add up to %d, want %d", len(lines), sum, n)
+	}
+	if single != LinesPerSecond {
+		t.Errorf("%d single-event lines, want the budget of %d", single, LinesPerSecond)
+	}
+	if len(summaries) != 2 || summaries["uid:r:hot"] != summaries["uid:r:other"] {
+		t.Errorf("summaries %v, want one per key with equal counts", summaries)
+	}
+	if got := count(logged); got != n {
+		t.Errorf("logged = %v, want %d", got, n)
+	}
+	if got := count(dropped); got != 0 {
+		t.Errorf("dropped = %v, want 0", got)
+	}
+}
+
+// Below info, events are counted as unlogged and nothing is written.
+func TestEventsBelowLogLevelAreOnlyCounted(t *testing.T) {
+	t.Parallel()
+	var buf lockedBuffer
+	unlogged := prometheus.NewCounter(prometheus.CounterOpts{Name: "unlogged", Help: "h"})
+	q := NewQueue(8, slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})), nil, nil)
+	q.CountUnlogged(unlogged)
+	ctx, cancel := context.WithCancel(context.Background())
+	go q.Run(ctx)
+	for range 100 {
+		q.Publish(Event{Policy: "p", Rule: "r", Key: "k"})
+	}
+	cancel()
+	<-q.Done()
+	if got := count(unlogged); got != 100 {
+		t.Errorf("unlogged = %v, want 100", got)
+	}
+	if buf.String() != "" {
+		t.Errorf("lines written at warn: %q", buf.String())
+	}
+}
+
+// BenchmarkPublishFlood is the cost a denial pays for its event once the
+// line budget is spent: one map update under a lock.
+func BenchmarkPublishFlood(b *testing.B) {
+	q := NewQueue(4096, slog.New(slog.NewJSONHandler(io.Discard, nil)), nil, nil)
+	at := time.Now()
+	for range LinesPerSecond {
+		q.Publish(Event{Time: at, Policy: "p", Rule: "r", Key: "k"})
+	}
+	e := Event{Time: at, Policy: "p", Rule: "r", Key: "uid:r:0123456789abcdef0123456789abcdef", Method: "GET", Path: "/deny"}
+	b.ReportAllocs()
+	for b.Loop() {
+		q.Publish(e)
 	}
 }

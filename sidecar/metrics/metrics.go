@@ -57,7 +57,9 @@ type Metrics struct {
 	ConfigValid prometheus.Gauge
 	// ConfigLastSuccess is the Unix time of the last applied config.
 	ConfigLastSuccess prometheus.Gauge
-	// DenyEventsTotal counts deny events by outcome (logged, dropped).
+	// DenyEventsTotal counts deny events by outcome: logged (written alone
+	// or summed into a summary line), dropped (queue full) or unlogged
+	// (the log level is above info).
 	DenyEventsTotal *prometheus.CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
@@ -122,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		DenyEventsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "deny_events_total",
-			Help: "Deny events by outcome: logged, or dropped because the queue was full.",
+			Help: "Deny events by outcome: logged (alone or summed into a summary line), dropped because the queue was full, or unlogged because the log level is above info.",
 		}, []string{"outcome"}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",

@@ -41,10 +41,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
-	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -104,7 +102,7 @@ func New(o Options) (*Proxy, error) {
 		o.Transport = NewTransport(o.UpstreamH2C)
 	}
 	p := &Proxy{o: o}
-	p.pool.New = func() any { return new(state) }
+	p.pool.New = func() any { return new(State) }
 	up := o.Upstream
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -124,9 +122,9 @@ func New(o Options) (*Proxy, error) {
 				// The client went away; nobody is listening.
 				return
 			}
-			p.upstreamErr.Inc()
-			o.Log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
-			problem(w, http.StatusBadGateway, ProblemUpstream, "Bad Gateway", "the application did not answer", 0)
+			p.UpstreamFailed(err, r.Method, r.URL.Path)
+			ps := UpstreamError.problem()
+			problem(w, &ps)
 		},
 	}
 	rt := o.Metrics.RequestsTotal
@@ -166,108 +164,37 @@ func (p *Proxy) SetRules(s *ruleset.Set) { p.rules.Store(s) }
 // Rules returns the rule set in force, or nil.
 func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
 
-// state is the per-request scratch space, pooled.
-type state struct {
-	idx  []int
-	hits []engine.Hit
-	rule []int // set rule index of each hit
-	v    engine.Verdict
-	dreq descriptor.Request
-}
-
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	set := p.rules.Load()
-	if set == nil {
-		p.unavailable.Inc()
-		NotReady(w)
-		return
-	}
-	st := p.pool.Get().(*state)
+	st := p.pool.Get().(*State)
 	defer p.release(st)
-
-	path := match.CleanPath(r.URL.Path)
-	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
-	st.hits, st.rule = st.hits[:0], st.rule[:0]
-	if len(st.idx) > 0 {
-		st.dreq.Reset(r, path, set.Policies)
-		for _, i := range st.idx {
-			rule := &set.Rules[i]
-			key, ok, err := rule.Extract.Key(&st.dreq)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error()+" (rule "+rule.PolicyName+")", 0)
-				return
-			}
-			if !ok {
-				continue
-			}
-			cost, err := rule.Cost.Of(r.Header)
-			if err != nil {
-				p.rejected.Inc()
-				problem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", err.Error(), 0)
-				return
-			}
-			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
-			st.rule = append(st.rule, i)
-		}
-	}
-	if len(st.hits) == 0 {
-		p.proxied.Inc()
+	d := p.Check(r, st)
+	switch d.Outcome {
+	case Pass:
 		p.rp.ServeHTTP(w, r)
-		return
-	}
-	v := &st.v
-	p.o.Engine.Decide(r.Context(), st.hits, v)
-	p.publish(r, st, v)
-	if v.Outcome == engine.Allow {
-		if v.Binding >= 0 {
-			b := binding(&set.Rules[st.rule[v.Binding]], v)
-			setFields(w.Header(), &b)
+	case Allowed:
+		if d.Rule != nil {
+			setFields(w.Header(), &d.Binding)
 		}
-		p.proxied.Inc()
 		p.rp.ServeHTTP(w, r)
-		return
+	default:
+		ps := d.problem()
+		if d.Rule != nil {
+			refuse(w, &d.Binding, &ps)
+			return
+		}
+		problem(w, &ps)
 	}
-	rule := &set.Rules[st.rule[v.Binding]]
-	b := binding(rule, v)
-	if v.Outcome == engine.Deny {
-		p.denied.Inc()
-		refuse(w, &b, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
-			"rate limit of policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" exceeded")
-		return
-	}
-	p.unavailable.Inc()
-	refuse(w, &b, http.StatusServiceUnavailable, ProblemUnavailable, "Service Unavailable",
-		"the counter store for policy "+rule.Engine.Policy+", rule "+rule.Engine.Name+" is unreachable and the rule fails closed")
 }
 
-// binding is what the response fields report: the verdict's binding hit,
-// of rule.
-func binding(rule *ruleset.Rule, v *engine.Verdict) ratelimitheaders.Binding {
-	return ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
-}
-
-func (p *Proxy) release(st *state) {
-	st.dreq.Reset(nil, "", 0)
-	clear(st.hits)
+func (p *Proxy) release(st *State) {
+	st.reset()
 	p.pool.Put(st)
 }
 
-// publish queues a deny event for each denying hit, shadow ones included.
-func (p *Proxy) publish(r *http.Request, st *state, v *engine.Verdict) {
-	if p.o.Events == nil {
-		return
-	}
-	for i := range v.Results {
-		if events.Denied(&v.Results[i]) {
-			p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
-		}
-	}
-}
-
 // fieldNames are the response fields' names in http.Header's canonical
-// form, then Content-Length: the headers of a refusal, in the order their
+// form (the form net/http writes them in, which the lean front writes
+// too), then Content-Length: the headers of a refusal, in the order their
 // values are built.
 var fieldNames = func() (n [ratelimitheaders.NumFields + 1]string) {
 	for i, name := range ratelimitheaders.Names {
@@ -298,10 +225,11 @@ func setValues(h http.Header, all string, ends []int, names []string) {
 	}
 }
 
-// refuse answers a request that binding b refused: its response fields,
-// and a problem+json body whose retryAfter is the Retry-After field.
-func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, typ, title, detail string) {
-	body := problemBody(status, typ, title, detail, b.RetrySeconds())
+// refuse answers a request that binding b refused: its response fields
+// (Retry-After among them), and the problem+json body ps, whose
+// retryAfter is the Retry-After field.
+func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, ps *problemSpec) {
+	body := appendProblemBody(make([]byte, 0, 256), ps)
 	// The fields and Content-Length share one string and one backing
 	// array.
 	var buf [224]byte
@@ -317,47 +245,28 @@ func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, typ,
 	setValues(h, string(out), ends[:n+1], names[:n+1])
 	h["Content-Type"] = problemContentType
 	h["Cache-Control"] = noStore
-	w.WriteHeader(status)
+	w.WriteHeader(ps.status)
 	_, _ = w.Write(body)
 }
 
-// problem writes an RFC 9457 problem+json answer that no rule's fields
-// go with. retry > 0 adds a Retry-After of that many seconds.
-func problem(w http.ResponseWriter, status int, typ, title, detail string, retry int64) {
-	body := problemBody(status, typ, title, detail, retry)
+// problem writes an RFC 9457 problem+json answer that no rule's fields go
+// with; ps.secs > 0 adds a Retry-After of that many seconds.
+func problem(w http.ResponseWriter, ps *problemSpec) {
+	body := appendProblemBody(make([]byte, 0, 256), ps)
 	var buf [40]byte
 	out := strconv.AppendInt(buf[:0], int64(len(body)), 10)
 	ends := [2]int{len(out)}
 	n := 1
-	if retry > 0 {
-		out = strconv.AppendInt(out, retry, 10)
+	if ps.secs > 0 {
+		out = strconv.AppendInt(out, ps.secs, 10)
 		ends[1], n = len(out), 2
 	}
 	h := w.Header()
 	setValues(h, string(out), ends[:n], problemHeaders[:n])
 	h["Content-Type"] = problemContentType
 	h["Cache-Control"] = noStore
-	w.WriteHeader(status)
+	w.WriteHeader(ps.status)
 	_, _ = w.Write(body)
-}
-
-// problemBody returns an RFC 9457 problem+json body; retry > 0 adds
-// retryAfter, in seconds.
-func problemBody(status int, typ, title, detail string, retry int64) []byte {
-	b := make([]byte, 0, 256)
-	b = append(b, `{"type":`...)
-	b = strconv.AppendQuote(b, typ)
-	b = append(b, `,"title":`...)
-	b = strconv.AppendQuote(b, title)
-	b = append(b, `,"status":`...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, `,"detail":`...)
-	b = appendJSONString(b, detail)
-	if retry > 0 {
-		b = append(b, `,"retryAfter":`...)
-		b = strconv.AppendInt(b, retry, 10)
-	}
-	return append(b, "}\n"...)
 }
 
 // The constant header values of a problem answer, shared by all: their
@@ -368,15 +277,21 @@ var (
 	problemHeaders     = [2]string{"Content-Length", "Retry-After"}
 )
 
-// appendJSONString appends s as a JSON string. Valid UTF-8 is written as it
-// is, so a detail in any script reads as written; '"', '\\' and control
-// characters are escaped, and so are U+2028 and U+2029, which JavaScript
-// does not take raw in a string. Each byte of invalid UTF-8 becomes
-// U+FFFD, as encoding/json writes it. The output is valid JSON and valid
-// UTF-8 whatever s holds.
+// appendJSONString appends s as a JSON string (see appendJSONEscaped).
 func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	b = appendJSONEscaped(b, s)
+	return append(b, '"')
+}
+
+// appendJSONEscaped appends s escaped for a JSON string, without quotes.
+// Valid UTF-8 is written as it is, so a detail in any script reads as
+// written; '"', '\\' and control characters are escaped, and so are U+2028
+// and U+2029, which JavaScript does not take raw in a string. Each byte of
+// invalid UTF-8 becomes U+FFFD, as encoding/json writes it. The output is
+// valid JSON and valid UTF-8 whatever s holds.
+func appendJSONEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	start := 0 // s[start:i] is pending, to be copied as it is
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -417,8 +332,7 @@ func appendJSONString(b []byte, s string) []byte {
 		i += size
 		start = i
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }
 
 // bufferPool lends ReverseProxy its copy buffers.
@@ -435,5 +349,6 @@ func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 // NotReady answers a request that arrives before any config is loaded:
 // 503 with Retry-After, as a fail-closed sidecar should.
 func NotReady(w http.ResponseWriter) {
-	problem(w, http.StatusServiceUnavailable, ProblemNoConfig, "Service Unavailable", "the rate limiter has no configuration yet", 1)
+	ps := (&Decision{Outcome: NoConfig}).problem()
+	problem(w, &ps)
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	leanproxy "github.com/floodgate-dev/floodgate/sidecar/proxy/lean"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
@@ -221,8 +222,9 @@ func newQueue(t *testing.T) (*events.Queue, *syncBuffer, func()) {
 }
 
 // httpFront is the HTTP proxy on a loopback socket, in front of an
-// application that answers 200.
-func httpFront(t *testing.T) *front {
+// application that answers 200: the net/http front when lean is false,
+// else the lean HTTP/1.1 core.
+func httpFront(t *testing.T, lean bool) *front {
 	t.Helper()
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	t.Cleanup(app.Close)
@@ -237,18 +239,37 @@ func httpFront(t *testing.T) *front {
 		t.Fatal(err)
 	}
 	p.SetRules(set)
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return &front{name: "http", store: st, log: log, stop: stop,
+	name, base := "http", ""
+	if lean {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls := leanproxy.New(leanproxy.Options{Upstream: up.Host, Proxy: func() *proxy.Proxy { return p }, Log: slog.New(slog.DiscardHandler)})
+		go func() { _ = ls.Serve(ln) }()
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = ls.Shutdown(ctx)
+		})
+		name, base = "http-lean", "http://"+ln.Addr().String()
+	} else {
+		srv := httptest.NewServer(p)
+		t.Cleanup(srv.Close)
+		base = srv.URL
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	return &front{name: name, store: st, log: log, stop: stop,
 		call: func(t *testing.T, c *fieldCase, cost int64) (int, map[string][]string) {
 			t.Helper()
-			req, err := http.NewRequest("GET", srv.URL+"/"+c.name, nil)
+			req, err := http.NewRequest("GET", base+"/"+c.name, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			req.Header.Set("X-User", "alice")
 			req.Header.Set("X-Cost", strconv.FormatInt(cost, 10))
-			res, err := srv.Client().Do(req)
+			res, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,11 +333,11 @@ func grpcFront(t *testing.T) *front {
 		}}
 }
 
-// Both fronts answer every case of one table with the same fields, from
+// Every front (net/http, the lean HTTP/1.1 core, Envoy) answers every case of one table with the same fields, from
 // the same function, over real sockets.
 func TestFrontsAgree(t *testing.T) {
 	t.Parallel()
-	for _, f := range []*front{httpFront(t), grpcFront(t)} {
+	for _, f := range []*front{httpFront(t, false), httpFront(t, true), grpcFront(t)} {
 		t.Run(f.name, func(t *testing.T) {
 			for i := range fieldCases {
 				c := &fieldCases[i]
@@ -345,7 +366,7 @@ func TestFrontsAgree(t *testing.T) {
 	}
 }
 
-// Both fronts build deny events with one constructor: the same fields for
+// Every front builds deny events with one constructor: the same fields for
 // the same denial, apart from what the call was.
 func TestFrontsDenyEventsAgree(t *testing.T) {
 	t.Parallel()
@@ -356,7 +377,7 @@ func TestFrontsDenyEventsAgree(t *testing.T) {
 	}
 	c := &fieldCase{name: "cost-denied"}
 	got := map[string]event{}
-	for _, f := range []*front{httpFront(t), grpcFront(t)} {
+	for _, f := range []*front{httpFront(t, false), httpFront(t, true), grpcFront(t)} {
 		f.call(t, c, 2)
 		if status, _ := f.call(t, c, 3); status == 200 {
 			t.Fatalf("%s: the call of cost 3 was admitted", f.name)
@@ -400,7 +421,7 @@ func TestFrontsDenyEventsAgree(t *testing.T) {
 func TestFrontsKeyWithOneHash(t *testing.T) {
 	t.Parallel()
 	c := &fieldCase{name: "allowed"}
-	hf, gf := httpFront(t), grpcFront(t)
+	hf, gf := httpFront(t, false), grpcFront(t)
 	hf.call(t, c, 1)
 	gf.call(t, c, 1)
 

@@ -81,11 +81,18 @@ type Config struct {
 	RedisBreakerFailures int
 	RedisBreakerCooldown time.Duration
 	MaxHeaderBytes       int
-	DrainTimeout         time.Duration
-	DenyCacheKeys        int
-	LocalMaxKeys         int
-	EventQueue           int
-	LogLevel             string
+	// LeanHTTP1 serves keep-alive HTTP/1.1 with the lean proxy core
+	// (package proxy/lean); false sends every connection through
+	// net/http.
+	LeanHTTP1 bool
+	// ReadHeaderTimeout bounds the time from a request head's first byte
+	// to its last (slowloris).
+	ReadHeaderTimeout time.Duration
+	DrainTimeout      time.Duration
+	DenyCacheKeys     int
+	LocalMaxKeys      int
+	EventQueue        int
+	LogLevel          string
 	// GRPCListen, when set, serves Envoy's rate-limit service
 	// (ShouldRateLimit), gRPC health and reflection on this address.
 	GRPCListen string
@@ -105,6 +112,10 @@ type Config struct {
 	// CheckConfig, when set, validates and explains this policy file and
 	// exits without serving.
 	CheckConfig string
+
+	// debugClockStart is --debug-manual-clock, which only a build with
+	// DebugClockTag has (debugclock.go).
+	debugClockStart string
 
 	// set records the flags given on the command line or by environment.
 	set map[string]bool
@@ -150,6 +161,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
 		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted; larger gets 431")
+	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
+	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
 	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
@@ -162,6 +175,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
 	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
 	fs.StringVar(&c.CheckConfig, "check-config", "", "validate and explain a policy file (floodgate sidecar config or envoyproxy/ratelimit config, detected), then exit")
+	debugFlags(fs, c)
 }
 
 // Parse parses args into c: flags first, then, for each flag not given,
@@ -265,6 +279,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		bad("drain-timeout", "must not be negative")
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		bad("read-header-timeout", "must be positive, got %v", c.ReadHeaderTimeout)
 	}
 	if c.DenyCacheKeys < 1 {
 		bad("deny-cache-keys", "must be at least 1")

@@ -32,6 +32,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/proxy/lean"
 	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
@@ -61,6 +62,11 @@ type Runner struct {
 
 	px    atomic.Pointer[proxy.Proxy] // set once the first config is in
 	ready atomic.Bool
+
+	// clock is what decisions read: nil for the wall clock, or a debugging
+	// build's manual clock, moved by clockHandler (clock.go).
+	clock        func() time.Time
+	clockHandler http.Handler
 }
 
 // Status is what /debug/config shows.
@@ -112,10 +118,14 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
 	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
+	if r.clock, r.clockHandler, err = debugClock(cfg); err != nil {
+		return nil, err
+	}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
 		r.m.DenyEventsTotal.WithLabelValues("logged"), r.m.DenyEventsTotal.WithLabelValues("dropped"))
+	r.ev.CountUnlogged(r.m.DenyEventsTotal.WithLabelValues("unlogged"))
 	if r.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
 	}
@@ -186,7 +196,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	// config has opened the store and built the proxy.
 	srv := r.proxyServer()
 	proxyErr := make(chan error, 1)
-	go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+	ls := r.leanServer()
+	if ls != nil {
+		go func() { proxyErr <- ls.Serve(r.proxyLn) }()
+		go func() { _ = srv.Serve(ls.Handoff()) }()
+	} else {
+		go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+	}
 	// The Envoy rate-limit service serves from the start too: UNAVAILABLE
 	// and health NOT_SERVING until the first good config.
 	var gs *grpc.Server
@@ -221,7 +237,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	} else {
 		close(grpcDone)
 	}
+	leanDone := make(chan error, 1)
+	if ls != nil {
+		go func() { leanDone <- ls.Shutdown(drainCtx) }()
+	} else {
+		leanDone <- nil
+	}
 	if e := srv.Shutdown(drainCtx); e != nil {
+		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
+	}
+	if e := <-leanDone; e != nil {
 		err = errors.Join(err, fmt.Errorf("draining requests: %w", e))
 	}
 	if gs != nil {
@@ -255,11 +280,33 @@ func (r *Runner) proxyServer() *http.Server {
 	return &http.Server{
 		Handler:           http.HandlerFunc(r.serveProxy),
 		Protocols:         &ps,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
 	}
+}
+
+// leanServer returns the lean HTTP/1.1 core in front of the net/http
+// server, or nil when it is off or the upstream needs what only net/http
+// offers (https, h2c, a path prefix).
+func (r *Runner) leanServer() *lean.Server {
+	up, err := url.Parse(r.cfg.Upstream)
+	if !r.cfg.LeanHTTP1 || err != nil || r.cfg.UpstreamH2C || up.Scheme != "http" || (up.Path != "" && up.Path != "/") || up.RawQuery != "" {
+		return nil
+	}
+	host := up.Host
+	if up.Port() == "" {
+		host = net.JoinHostPort(up.Hostname(), "80")
+	}
+	return lean.New(lean.Options{
+		Upstream:          host,
+		Proxy:             r.px.Load,
+		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		Log:               r.log,
+	})
 }
 
 // serveProxy hands a request to the proxy, or answers 503 while no config
@@ -320,18 +367,21 @@ func (r *Runner) applyUpdate(u configsource.Update) {
 // and proxy. The caller holds r.mu.
 func (r *Runner) openLocked(c *config.Config) error {
 	sel := r.selectStore(c)
-	st, err := openStore(sel, r.cfg, r.reg, r.log)
+	if r.clock != nil && sel.Type != config.StoreMemory {
+		return fmt.Errorf("the manual clock needs the memory store: a %s store decides on its own clock", sel.Type)
+	}
+	st, err := openStore(sel, r.cfg, r.clock, r.reg, r.log)
 	if err != nil {
 		return fmt.Errorf("open %s store: %w", sel.Type, err)
 	}
-	fallback, err := memstore.New(memstore.WithMaxKeys(r.cfg.LocalMaxKeys))
+	fallback, err := memstore.New(memOptions(r.cfg, r.clock)...)
 	if err != nil {
 		_ = closeStore(st)
 		return fmt.Errorf("fallback store: %w", err)
 	}
 	eng, err := engine.New(engine.Options{
 		Store: st.store, StoreName: sel.Type, Fallback: fallback,
-		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote,
+		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote, Now: r.clock,
 	})
 	if err != nil {
 		_ = closeStore(st)
@@ -480,6 +530,9 @@ func (r *Runner) adminHandler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
 	})
+	if r.clockHandler != nil {
+		mux.Handle("/debug/clock", r.clockHandler)
+	}
 	if r.cfg.AdminPprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

@@ -37,6 +37,10 @@ spec:
 		Eventually(func() string { return condition(ctx, ns, "shared", "Accepted") }).WithContext(ctx).Should(Equal("True/Accepted"))
 		fleet := startFleet(ctx, ns, "fleet", "shared", 3)
 
+		fallbackAllowed := func() float64 {
+			return metricSum(ctx, fleet, "floodgate_sidecar_fallback_decisions_total", map[string]string{"policy": "shared", "rule": "per-tenant", "result": "allowed"})
+		}
+		fb0 := fallbackAllowed()
 		By(fmt.Sprintf("sending over-limit traffic for one tenant through all three sidecars for %s", window))
 		res := drive(ctx, fleet, loadSpec{
 			duration: window, workers: 1, pause: 15 * time.Millisecond,
@@ -49,6 +53,12 @@ spec:
 			},
 		})
 		admitted := res.byStatus[http.StatusOK]
+		// A store call that misses its budget (a loaded CI machine) is
+		// decided on the sidecar's fallback bucket of limit/replicas, as
+		// failureMode Open says. Those admissions are not the shared count's;
+		// the shared count alone must hold the exact bound.
+		onFallback := fallbackAllowed() - fb0
+		shared := float64(admitted) - onFallback
 		total := 0
 		for _, n := range res.byStatus {
 			total += n
@@ -61,14 +71,15 @@ spec:
 			per = append(per, fmt.Sprintf("%s: %d of %d", m.pod, res.perSidecar[i][http.StatusOK], res.perSidecar[i][http.StatusOK]+res.perSidecar[i][http.StatusTooManyRequests]))
 		}
 		AddReportEntry("three sidecars, one key, sustained load",
-			fmt.Sprintf("admitted %d of %d requests over %s; bound limit×window+burst = %d (nominal 30 s) / %.0f (measured span); floor 90%% of limit×window = %.0f; per sidecar %v",
-				admitted, total, res.span.Round(time.Millisecond), nominal, upper, lower, per))
+			fmt.Sprintf("admitted %d of %d requests over %s (%.0f on fallback buckets); bound limit×window+burst = %d (nominal 30 s) / %.0f (measured span); floor 90%% of limit×window = %.0f; per sidecar %v",
+				admitted, total, res.span.Round(time.Millisecond), onFallback, nominal, upper, lower, per))
 
 		Expect(res.transportErrors).To(BeZero())
 		Expect(res.check).NotTo(HaveOccurred())
 		Expect(res.byStatus).To(HaveLen(2), "only 200 and 429: %v", res.byStatus)
 		Expect(res.byStatus).To(HaveKey(http.StatusTooManyRequests), "the load must exceed the limit")
-		Expect(float64(admitted)).To(BeNumerically("<=", upper), "at most limit × window + burst")
+		Expect(shared).To(BeNumerically("<=", upper), "the shared count admits at most limit × window + burst")
+		Expect(onFallback).To(BeNumerically("<=", 0.05*float64(admitted)), "fallback decisions stay rare while the store answers")
 		Expect(float64(admitted)).To(BeNumerically(">=", lower), "at least 90%% of limit × window")
 		Expect(backendHits(fleet)).To(Equal(int64(admitted)), "the backends receive exactly the admitted requests")
 		for i, m := range fleet {

@@ -601,7 +601,7 @@ func TestDefaultCounterStore(t *testing.T) {
 		if m == nil || cs.Spec.External != nil {
 			t.Fatalf("spec = %+v, want managed only", cs.Spec)
 		}
-		if m.Shards != 3 || m.ReplicasPerShard != 1 || m.Image != "redis:7.4" || m.PodAntiAffinity != v1alpha1.AntiAffinityPreferred ||
+		if m.Shards != 3 || m.ReplicasPerShard != 1 || m.Image != "ghcr.io/floodgate-dev/floodgate-redis:0.1.0" || m.PodAntiAffinity != v1alpha1.AntiAffinityPreferred ||
 			m.NodeTimeout == nil || m.NodeTimeout.Duration.String() != "5s" || m.MaxMemory == nil || m.MaxMemory.String() != "256Mi" ||
 			m.Resources == nil || m.Resources.Limits.Memory().String() != "300Mi" {
 			t.Errorf("managed spec = %s", toYAML(t, m))

@@ -127,7 +127,7 @@ func TestInstallOnEnvtest(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Name: "default"}, &cs); err != nil {
 			t.Fatal(err)
 		}
-		if m := cs.Spec.Managed; m == nil || m.Shards != 3 || m.ReplicasPerShard != 1 || m.Image != "redis:7.4" {
+		if m := cs.Spec.Managed; m == nil || m.Shards != 3 || m.ReplicasPerShard != 1 || m.Image != "ghcr.io/floodgate-dev/floodgate-redis:0.1.0" {
 			t.Errorf("stored spec = %+v", cs.Spec)
 		}
 	})

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-dev/floodgate/bench/harness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -37,6 +38,9 @@ type Config struct {
 	Callers    int
 	Rounds     int
 	Out        string
+	// RatelimitBin, when set, is an envoyproxy/ratelimit binary measured
+	// beside the sidecar in the same rounds, on the same Redis Cluster.
+	RatelimitBin string
 	// CPUProfile, when set, is a directory that receives a CPU profile of
 	// the server under test for each measured case and round (see
 	// profile.go); the sidecar then runs in process in a re-exec of the
@@ -62,6 +66,7 @@ func (c *Config) Register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Callers, "callers", 64, "concurrent calls in flight (closed loop)")
 	fs.IntVar(&c.Rounds, "rounds", 3, "measurements of each case, interleaved; the report gives the median")
 	fs.StringVar(&c.Out, "out", "", "write the JSON report here")
+	fs.StringVar(&c.RatelimitBin, "ratelimit-bin", "", "envoyproxy/ratelimit binary (its service_cmd) to measure beside the sidecar, same cases and rounds; the report gives the same-run ratios")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "directory for a CPU profile of the server per case and round; the sidecar then runs in process in this harness's binary")
 	fs.StringVar(&c.ServeNull, "serve-null", "", "internal: serve the null server on this address")
 	fs.BoolVar(&c.ServeSidecar, "serve-sidecar", false, "internal: run the sidecar with the remaining arguments")
@@ -106,7 +111,7 @@ type Machine struct {
 // Case is one workload's median measurement.
 type Case struct {
 	Name string `json:"name"`
-	// Server is serverNull or serverFloodgate.
+	// Server is serverNull, serverFloodgate or serverPeer.
 	Server string `json:"server"`
 	// DecisionsPerSec is completed calls per second (closed loop).
 	DecisionsPerSec float64 `json:"decisionsPerSec"`
@@ -128,6 +133,11 @@ type Case struct {
 	// decision over the null server's in the same round: less moved by
 	// load from outside the run that drifts between rounds than OverNull.
 	RoundOverNull float64 `json:"cpuOverNullRoundMedian,omitempty"`
+	// PeerOverFloodgate, on an envoyproxy/ratelimit case, is its CPU per
+	// decision over floodgate's in the same case (median over median),
+	// and RoundPeerOverFloodgate the median of the per-round ratios.
+	PeerOverFloodgate      float64 `json:"peerOverFloodgate,omitempty"`
+	RoundPeerOverFloodgate float64 `json:"peerOverFloodgateRoundMedian,omitempty"`
 }
 
 // Requirement is one acceptance criterion.
@@ -163,6 +173,7 @@ func entry(k, v string) *rlcommonv3.RateLimitDescriptor {
 const (
 	serverNull      = "null"
 	serverFloodgate = "floodgate"
+	serverPeer      = "envoyproxy/ratelimit"
 )
 
 // Run runs the harness.
@@ -230,13 +241,13 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			_ = p.Wait()
 		}
 	}()
-	start := func(name string, args ...string) (*exec.Cmd, error) {
+	startEnv := func(env []string, name string, args ...string) (*exec.Cmd, error) {
 		if pin {
 			args = append([]string{"-c", "0", name}, args...)
 			name = "taskset"
 		}
 		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+		cmd.Env = append(append(os.Environ(), "GOMAXPROCS=1"), env...)
 		lf, err := os.Create(filepath.Join(dir, fmt.Sprintf("proc-%d.log", len(procs))))
 		if err != nil {
 			return nil, err
@@ -248,6 +259,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		procs = append(procs, cmd)
 		return cmd, nil
 	}
+	start := func(name string, args ...string) (*exec.Cmd, error) { return startEnv(nil, name, args...) }
 	sidecarAddr, nullAddr := "127.0.0.1:"+ports[0], "127.0.0.1:"+ports[3]
 	controls := map[string]string{}
 	self, err := os.Executable()
@@ -302,6 +314,11 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid}
 	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr}
+	closePeer, err := addPeer(ctx, cfg, dir, cluster, startEnv, conns, pids, addrs, &workloads)
+	defer closePeer()
+	if err != nil {
+		return nil, err
+	}
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
 		for wi, w := range workloads {
@@ -350,12 +367,116 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		}
 		c.RoundOverNull = roundRatio(c.Rounds, rep.Cases[0].Rounds)
 	}
+	rep.peerRatios()
 	rep.Acceptance = []Requirement{
 		{Name: "CPU per decision, one hot key (allowed), over the null server", Want: "<= 1.5", Got: rep.Cases[2].OverNull, Met: rep.Cases[2].OverNull <= 1.5},
 		{Name: "CPU per decision, one hot key (over its limit), over the null server", Want: "<= 1.5", Got: rep.Cases[3].OverNull, Met: rep.Cases[3].OverNull <= 1.5},
 		{Name: "CPU per decision, cold keys, over the null server", Want: "<= 2", Got: rep.Cases[1].OverNull, Met: rep.Cases[1].OverNull <= 2},
 	}
 	return rep, nil
+}
+
+// addPeer starts envoyproxy/ratelimit when cfg names its binary, connects
+// to it and adds its cases; the returned func closes the connections.
+func addPeer(ctx context.Context, cfg Config, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error),
+	conns map[string][]*grpc.ClientConn, pids map[string]int, addrs map[string]string, workloads *[]workload) (func(), error) {
+	if cfg.RatelimitBin == "" {
+		return func() {}, nil
+	}
+	p, cs, err := startPeer(ctx, cfg.RatelimitBin, dir, cluster, start, cfg.Conns)
+	closeAll := func() {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	if err != nil {
+		return closeAll, err
+	}
+	conns[p.addr] = cs
+	pids[serverPeer], addrs[serverPeer] = p.pid, p.addr
+	*workloads = withPeer(*workloads)
+	return closeAll, nil
+}
+
+// withPeer adds floodgate's cases (the workloads after the null server's)
+// again for the peer, to run in the same rounds.
+func withPeer(ws []workload) []workload {
+	for _, w := range ws[1:4] {
+		w.name, w.short, w.server = serverPeer+": "+w.name, "peer-"+w.short, serverPeer
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// peerRatios sets, on each envoyproxy/ratelimit case (after the null
+// server and floodgate's three), its CPU per decision over floodgate's in
+// the same case.
+func (r *Report) peerRatios() {
+	for i := 4; i < len(r.Cases); i++ {
+		c, fg := &r.Cases[i], r.Cases[i-3]
+		if fg.CPUMicrosPerDecision > 0 {
+			c.PeerOverFloodgate = c.CPUMicrosPerDecision / fg.CPUMicrosPerDecision
+		}
+		c.RoundPeerOverFloodgate = roundRatio(c.Rounds, fg.Rounds)
+	}
+}
+
+// peer is a running envoyproxy/ratelimit.
+type peer struct {
+	addr string
+	pid  int
+}
+
+// startPeer starts envoyproxy/ratelimit on the harness's policy (it is
+// written in that service's format) and Redis Cluster, pinned like the
+// sidecar, and returns it with conns client connections to it once it
+// serves.
+func startPeer(ctx context.Context, bin, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error), conns int) (peer, []*grpc.ClientConn, error) {
+	p, err := startPeerProcess(bin, dir, cluster, start)
+	if err != nil {
+		return p, nil, err
+	}
+	var cs []*grpc.ClientConn
+	for range conns {
+		c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return p, cs, err
+		}
+		cs = append(cs, c)
+	}
+	if err := waitServing(ctx, cs[0]); err != nil {
+		return p, cs, fmt.Errorf("envoyproxy/ratelimit on %s (logs in %s): %w", p.addr, dir, err)
+	}
+	return p, cs, nil
+}
+
+func startPeerProcess(bin, dir string, cluster *redistest.Cluster, start func([]string, string, ...string) (*exec.Cmd, error)) (peer, error) {
+	root := filepath.Join(dir, "peer-runtime")
+	if err := os.MkdirAll(filepath.Join(root, "ratelimit", "config"), 0o755); err != nil {
+		return peer{}, err
+	}
+	if err := os.WriteFile(filepath.Join(root, "ratelimit", "config", "bench.yaml"), []byte(policy), 0o600); err != nil {
+		return peer{}, err
+	}
+	var ports [3]string
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return peer{}, err
+		}
+		ports[i] = p
+	}
+	env := []string{"USE_STATSD=false", "LOG_LEVEL=warn", "HOST=127.0.0.1", "PORT=" + ports[0], "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + ports[1],
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2], "RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+		"RUNTIME_IGNOREDOTFILES=true", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=cluster", "REDIS_URL=" + strings.Join(cluster.Addrs(), ",")}
+	if pw := cluster.Password(); pw != "" {
+		env = append(env, "REDIS_AUTH="+pw)
+	}
+	cmd, err := start(env, bin)
+	if err != nil {
+		return peer{}, err
+	}
+	return peer{addr: "127.0.0.1:" + ports[1], pid: cmd.Process.Pid}, nil
 }
 
 // measurement is one timed closed-loop run.
@@ -439,67 +560,20 @@ func waitServing(ctx context.Context, c *grpc.ClientConn) error {
 	return last
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times; 100 on
-// Linux on every architecture Go supports.
-const clockTicks = 100
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times.
+const clockTicks = harness.ClockTicks
 
 // procCPU returns a process's user plus system CPU time.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("cpu time of %d: %w", pid, err)
-	}
-	return parseStatCPU(string(b))
-}
+func procCPU(pid int) (time.Duration, error) { return harness.ProcCPU(pid) }
 
-// parseStatCPU reads utime and stime (fields 14 and 15) from a
-// /proc/<pid>/stat line. The command name (field 2) may hold spaces and
-// parentheses, so fields are counted after its last ')'.
-func parseStatCPU(s string) (time.Duration, error) {
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("proc stat: no command field")
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); utime is field 14, stime 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("proc stat: %d fields after the command", len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("proc stat: %w", err)
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
-}
+// parseStatCPU reads utime and stime from a /proc/<pid>/stat line.
+func parseStatCPU(s string) (time.Duration, error) { return harness.ParseStatCPU(s) }
 
 // roundRatio returns the median over rounds of xs[i] / floor[i], skipping
 // rounds without a floor.
-func roundRatio(xs, floor []float64) float64 {
-	var rs []float64
-	for i := range min(len(xs), len(floor)) {
-		if floor[i] > 0 {
-			rs = append(rs, xs[i]/floor[i])
-		}
-	}
-	return median(rs)
-}
+func roundRatio(xs, floor []float64) float64 { return harness.RoundRatio(xs, floor) }
 
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
+func median(xs []float64) float64 { return harness.Median(xs) }
 
 func freePort() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -544,15 +618,24 @@ func (r *Report) Write(w io.Writer) error {
 	if r.Machine.Profiling != "" {
 		fmt.Fprintf(&b, "%s\n", r.Machine.Profiling)
 	}
-	fmt.Fprintf(&b, "%-58s %12s %14s %8s %12s %14s\n", "case", "decisions/s", "CPU µs/decision", "core", "vs null", "per round")
+	width := 58
+	for _, c := range r.Cases {
+		width = max(width, len(c.Name))
+	}
+	fmt.Fprintf(&b, "%-*s %12s %14s %8s %12s %14s\n", width, "case", "decisions/s", "CPU µs/decision", "core", "vs null", "per round")
 	for _, c := range r.Cases {
 		vs, vr := "1.00 (floor)", ""
 		if c.Server != serverNull {
 			vs, vr = fmt.Sprintf("%.2f", c.OverNull), fmt.Sprintf("%.2f", c.RoundOverNull)
 		}
-		fmt.Fprintf(&b, "%-58s %12.0f %14.1f %7.0f%% %12s %14s\n", c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs, vr)
+		fmt.Fprintf(&b, "%-*s %12.0f %14.1f %7.0f%% %12s %14s\n", width, c.Name, c.DecisionsPerSec, c.CPUMicrosPerDecision, 100*c.CoreUtilisation, vs, vr)
 	}
 	fmt.Fprintf(&b, "vs null: median over median; per round: median of the ratios to the null server of the same round\n")
+	for _, c := range r.Cases {
+		if c.Server == serverPeer {
+			fmt.Fprintf(&b, "same run: %s uses %.2fx floodgate's CPU per decision (median of per-round ratios %.2fx)\n", c.Name, c.PeerOverFloodgate, c.RoundPeerOverFloodgate)
+		}
+	}
 	for _, a := range r.Acceptance {
 		fmt.Fprintf(&b, "%s: %.2f, want %s: met=%v\n", a.Name, a.Got, a.Want, a.Met)
 	}

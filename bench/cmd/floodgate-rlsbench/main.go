@@ -8,6 +8,12 @@
 //
 //	go run ./bench/cmd/floodgate-rlsbench -duration 5s -out rlsbench.json
 //
+// With -ratelimit-bin PATH, envoyproxy/ratelimit (its service_cmd) runs
+// beside the sidecar on the same Redis Cluster and policy (written in its
+// format), pinned the same way, in the same rounds, and the report gives
+// its CPU per decision over floodgate's in each case: only such same-run
+// ratios are comparable, as the peer's cost moves from run to run.
+//
 // With -cpuprofile DIR each server profiles itself during each measured
 // case and round, into DIR/<case>-r<round>.pprof (null, cold, hot-allowed,
 // hot-denied); the sidecar then runs its runner in a re-exec of this

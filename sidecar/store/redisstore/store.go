@@ -117,10 +117,15 @@ func newClusterClient(o Options, addrs []string) *redis.ClusterClient {
 		ContextTimeoutEnabled: true,
 		PoolSize:              2,
 		DisableIdentity:       true,
-		// The name is a courtesy to whoever reads CLIENT LIST: a
-		// node that refuses it (ACLs) still serves the slot map,
-		// where go-redis's own ClientName would fail the connection.
+		// A connection that is not authenticated when the node wants
+		// it to be is refused here (checkAuth) rather than pooled. The
+		// name is a courtesy to whoever reads CLIENT LIST: a node that
+		// refuses it (ACLs) still serves the slot map, where go-redis's
+		// own ClientName would fail the connection.
 		OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			if err := checkAuth(ctx, cn); err != nil {
+				return err
+			}
 			_ = cn.ClientSetName(ctx, o.ClientName).Err()
 			return nil
 		},
@@ -277,6 +282,14 @@ func cloneTLS(c *tls.Config) *tls.Config {
 	}
 	return c.Clone()
 }
+
+// checkAuth sends PING on a new connection of the slot map's client, so
+// that a node that wants a password the connection did not send refuses
+// it (NOAUTH) before it enters the pool. go-redis keeps a connection after
+// a server error, so one dialled before the password existed (a sidecar
+// that starts before the kubelet fills its optional Secret volume) would
+// otherwise fail every later call, even once the password is there.
+func checkAuth(ctx context.Context, cn *redis.Conn) error { return cn.Ping(ctx).Err() }
 
 // Close closes every connection. Decisions after Close fail with
 // limiter.ErrUnavailable.

@@ -586,3 +586,58 @@ func TestRotatedPasswordWithoutRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestPasswordThatAppearsAfterStart: a store started before its password
+// exists (an injected sidecar whose optional Secret volume the kubelet
+// fills in a moment after the container starts) connects without one,
+// is refused, and authenticates once the password is there: no connection
+// dialled without it stays in use.
+func TestPasswordThatAppearsAfterStart(t *testing.T) {
+	t.Parallel()
+	pw, err := redistest.NewCluster(redistest.Options{Masters: 1, Password: "late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pw.Close)
+	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "late"})
+	for _, tc := range []struct {
+		name   string
+		single bool
+		addrs  []string
+		window time.Duration
+	}{
+		{"cluster", false, pw.Addrs(), redisstore.DefaultBatchWindow},
+		{"cluster-nowindow", false, pw.Addrs(), 0},
+		{"single", true, []string{srv.Addr()}, redisstore.DefaultBatchWindow},
+		{"single-nowindow", true, []string{srv.Addr()}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			var current atomic.Pointer[string]
+			none, late := "", "late"
+			current.Store(&none)
+			s, err := redisstore.New(redisstore.Options{BatchWindow: tc.window, Addrs: tc.addrs, Single: tc.single, Timeout: time.Second,
+				BreakerCooldown: 50 * time.Millisecond,
+				Credentials:     func() (string, string) { return "", *current.Load() }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = s.Close() }()
+			req := limiter.Request{Key: "k-" + tc.name, Limit: limiter.Limit{Algorithm: limiter.GCRA, Requests: 1000, Period: time.Minute}, Cost: 1}
+			if _, _, err := s.Take(ctx, req); !errors.Is(err, limiter.ErrUnavailable) {
+				t.Fatalf("take before the password exists: %v, want ErrUnavailable", err)
+			}
+			current.Store(&late)
+			var lastErr error
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				if _, _, lastErr = s.Take(ctx, req); lastErr == nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Fatalf("the store never authenticated once the password appeared: %v", lastErr)
+		})
+	}
+}

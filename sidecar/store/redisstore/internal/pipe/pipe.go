@@ -199,7 +199,8 @@ func Dial(cfg Config) (*Conn, error) {
 	return c, nil
 }
 
-// handshake authenticates on nc and names the connection, in one round
+// handshake authenticates on nc (or, without a password, checks with PING
+// that the node wants none) and names the connection, in one round
 // trip, within ctx's deadline.
 func handshake(ctx context.Context, nc net.Conn, cfg Config) error {
 	var user, password string
@@ -209,17 +210,19 @@ func handshake(ctx context.Context, nc net.Conn, cfg Config) error {
 	var b []byte
 	switch {
 	case password == "":
+		// PING stands in for AUTH: a node that wants a password answers
+		// NOAUTH, and the connection is refused here instead of failing
+		// every script (a sidecar can start before the kubelet fills its
+		// optional password volume, and dial again once it has).
+		b = append(b, resp.Command("PING")...)
 	case user != "":
 		b = append(b, resp.Command("AUTH", user, password)...)
 	default:
 		b = append(b, resp.Command("AUTH", password)...)
 	}
-	auth := len(b) > 0
+	auth := password != ""
 	if cfg.ClientName != "" {
 		b = append(b, resp.Command("CLIENT", "SETNAME", cfg.ClientName)...)
-	}
-	if len(b) == 0 {
-		return nil
 	}
 	dl, _ := ctx.Deadline()
 	_ = nc.SetDeadline(dl)
@@ -233,6 +236,8 @@ func handshake(ctx context.Context, nc net.Conn, cfg Config) error {
 		if err := expectOK(r, "AUTH", false); err != nil {
 			return fmt.Errorf("auth: %w", err)
 		}
+	} else if err := expectPong(r); err != nil {
+		return fmt.Errorf("ping: %w", err)
 	}
 	if cfg.ClientName != "" {
 		if err := expectOK(r, "CLIENT SETNAME", true); err != nil {
@@ -243,6 +248,21 @@ func handshake(ctx context.Context, nc net.Conn, cfg Config) error {
 		return fmt.Errorf("%w: data after the handshake replies", resp.ErrProtocol)
 	}
 	_ = nc.SetDeadline(time.Time{})
+	return nil
+}
+
+// expectPong reads the reply to PING.
+func expectPong(r *bufio.Reader) error {
+	v, err := resp.ReadValue(r)
+	if err != nil {
+		return err
+	}
+	if re, ok := v.(resp.Error); ok {
+		return re
+	}
+	if v != "PONG" {
+		return fmt.Errorf("%w: PING answered %v", resp.ErrProtocol, v)
+	}
 	return nil
 }
 

@@ -1,0 +1,285 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/events"
+	"github.com/floodgate-dev/floodgate/sidecar/match"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
+)
+
+// Outcome is what the sidecar does with a request.
+type Outcome uint8
+
+// The outcomes of Check.
+const (
+	// Pass proxies a request that no rule keyed, without response fields.
+	Pass Outcome = iota
+	// Allowed proxies a request the rules admitted, with the fields of
+	// the binding rule.
+	Allowed
+	// Denied answers 429.
+	Denied
+	// Unavailable answers 503: a fail-closed rule's store is unreachable.
+	Unavailable
+	// Rejected answers 400: a key part a rule requires, or the cost, is
+	// missing or malformed.
+	Rejected
+	// NoConfig answers 503: no config has been loaded yet.
+	NoConfig
+)
+
+// Decision is the result of Check. It lives in a State and is valid until
+// the State is used again.
+type Decision struct {
+	Outcome Outcome
+	// Rule is the binding rule whose fields the response carries, or nil.
+	Rule *ruleset.Rule
+	// Result is the binding rule's result.
+	Result engine.Result
+	// Binding is what the response fields report, set with Rule.
+	Binding ratelimitheaders.Binding
+	// Detail explains a Rejected request.
+	Detail string
+}
+
+// State is the scratch space of one request's check. It is not safe for
+// concurrent use; a connection may keep one and reuse it for each of its
+// requests.
+type State struct {
+	idx  []int
+	hits []engine.Hit
+	rule []int // set rule index of each hit
+	v    engine.Verdict
+	dreq descriptor.Request
+	d    Decision
+}
+
+func (st *State) reset() {
+	st.dreq.Reset(nil, "", 0)
+	clear(st.hits)
+	st.d = Decision{}
+}
+
+// Check matches r to the rules in force, keys it, asks the engine, counts
+// the outcome in requests_total and queues the deny events. It is the
+// decision of ServeHTTP, open to another HTTP front: r needs only Method,
+// URL.Path, URL.RawQuery, Header (with canonical names), Host and
+// RemoteAddr. The returned Decision lives in st.
+func (p *Proxy) Check(r *http.Request, st *State) *Decision {
+	d := &st.d
+	*d = Decision{}
+	set := p.rules.Load()
+	if set == nil {
+		p.unavailable.Inc()
+		d.Outcome = NoConfig
+		return d
+	}
+	path := match.CleanPath(r.URL.Path)
+	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
+	st.hits, st.rule = st.hits[:0], st.rule[:0]
+	if len(st.idx) > 0 {
+		st.dreq.Reset(r, path, set.Policies)
+		for _, i := range st.idx {
+			rule := &set.Rules[i]
+			key, ok, err := rule.Extract.Key(&st.dreq)
+			if err != nil {
+				p.rejected.Inc()
+				d.Outcome, d.Detail = Rejected, err.Error()+" (rule "+rule.PolicyName+")"
+				return d
+			}
+			if !ok {
+				continue
+			}
+			cost, err := rule.Cost.Of(r.Header)
+			if err != nil {
+				p.rejected.Inc()
+				d.Outcome, d.Detail = Rejected, err.Error()
+				return d
+			}
+			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
+			st.rule = append(st.rule, i)
+		}
+	}
+	if len(st.hits) == 0 {
+		p.proxied.Inc()
+		d.Outcome = Pass
+		return d
+	}
+	v := &st.v
+	p.o.Engine.Decide(r.Context(), st.hits, v)
+	if v.Binding >= 0 {
+		rule := &set.Rules[st.rule[v.Binding]]
+		d.Rule, d.Result = rule, v.Results[v.Binding]
+		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, d.Result.Decision, v.Outcome != engine.Allow)
+	}
+	p.publish(r, st, v)
+	switch v.Outcome {
+	case engine.Allow:
+		p.proxied.Inc()
+		d.Outcome = Allowed
+	case engine.Deny:
+		p.denied.Inc()
+		d.Outcome = Denied
+	default:
+		p.unavailable.Inc()
+		d.Outcome = Unavailable
+	}
+	return d
+}
+
+// publish queues a deny event for each denying hit, shadow ones included.
+// When the log would not write them, the events are counted, not built.
+func (p *Proxy) publish(r *http.Request, st *State, v *engine.Verdict) {
+	if p.o.Events == nil {
+		return
+	}
+	logging := p.o.Events.Logging()
+	for i := range v.Results {
+		if !events.Denied(&v.Results[i]) {
+			continue
+		}
+		if !logging {
+			p.o.Events.Publish(events.Event{})
+			continue
+		}
+		p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
+	}
+}
+
+// UpstreamFailed counts and logs a request the application did not
+// answer; the caller answers it with AppendProblem's 502.
+func (p *Proxy) UpstreamFailed(err error, method, path string) {
+	p.upstreamErr.Inc()
+	p.o.Log.Warn("upstream request failed", "err", err, "method", method, "path", path)
+}
+
+// problemSpec is the problem answer of a decision.
+type problemSpec struct {
+	status             int
+	typ, title         string
+	d0, d1, d2, d3, d4 string // the detail, in parts
+	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
+}
+
+// problem is the problem answer of a decision that is not proxied.
+func (d *Decision) problem() problemSpec {
+	switch d.Outcome {
+	case Denied:
+		r := d.Rule.Engine
+		return problemSpec{status: http.StatusTooManyRequests, typ: ProblemRateLimited, title: "Too Many Requests",
+			d0: "rate limit of policy ", d1: r.Policy, d2: ", rule ", d3: r.Name, d4: " exceeded", secs: d.Binding.RetrySeconds()}
+	case Unavailable:
+		r := d.Rule.Engine
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: "Service Unavailable",
+			d0: "the counter store for policy ", d1: r.Policy, d2: ", rule ", d3: r.Name,
+			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
+	case Rejected:
+		return problemSpec{status: http.StatusBadRequest, typ: ProblemBadRequest, title: "Bad Request", d0: d.Detail}
+	case NoConfig:
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: "Service Unavailable",
+			d0: "the rate limiter has no configuration yet", secs: ratelimitheaders.RetrySeconds(time.Second)}
+	}
+	return problemSpec{status: http.StatusBadGateway, typ: ProblemUpstream, title: "Bad Gateway", d0: "the application did not answer"}
+}
+
+// UpstreamError is the Decision whose AppendProblem is the 502 answer to a
+// request the application did not answer.
+var UpstreamError = Decision{Outcome: 0xff}
+
+// AppendFields appends the binding rule's response fields, each as a
+// "Name: value\r\n" line (Retry-After among them when the rule refused the
+// request), or nothing when the decision has no binding rule.
+func AppendFields(b []byte, d *Decision) []byte {
+	if d.Rule == nil {
+		return b
+	}
+	var vals [192]byte
+	v, ends, n := ratelimitheaders.Append(vals[:0], &d.Binding)
+	begin := 0
+	for i, end := range ends[:n] {
+		b = append(b, fieldNames[i]...)
+		b = append(b, ": "...)
+		b = append(b, v[begin:end]...)
+		b = append(b, "\r\n"...)
+		begin = end
+	}
+	return b
+}
+
+// AppendProblem appends the whole HTTP/1.1 answer of a decision that is
+// not proxied (Denied, Unavailable, Rejected, NoConfig, or UpstreamError):
+// status line, the problem fields, the rate-limit fields, date (an HTTP
+// date, or nil for none), "Connection: close" when closing, and the
+// problem+json body. It allocates nothing when b has room.
+func AppendProblem(b []byte, d *Decision, date []byte, closing bool) []byte {
+	ps := d.problem()
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(ps.status), 10)
+	b = append(b, ' ')
+	b = append(b, ps.title...)
+	b = append(b, "\r\nCache-Control: no-store\r\nContent-Type: application/problem+json\r\n"...)
+	if d.Rule != nil {
+		b = AppendFields(b, d) // Retry-After among them
+	} else if ps.secs > 0 {
+		b = append(b, "Retry-After: "...)
+		b = strconv.AppendInt(b, ps.secs, 10)
+		b = append(b, "\r\n"...)
+	}
+	if date != nil {
+		b = append(b, "Date: "...)
+		b = append(b, date...)
+		b = append(b, "\r\n"...)
+	}
+	if closing {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	b = append(b, "Content-Length: "...)
+	// The body goes after the head; its length is known once it is
+	// written, so it is appended first at the end and the length put in
+	// front of it by one move.
+	lenAt := len(b)
+	b = appendProblemBody(b, &ps)
+	bodyLen := len(b) - lenAt
+	var nb [20]byte
+	n := strconv.AppendInt(nb[:0], int64(bodyLen), 10)
+	shift := len(n) + 4 // the digits and "\r\n\r\n"
+	for range shift {
+		b = append(b, 0)
+	}
+	copy(b[lenAt+shift:], b[lenAt:lenAt+bodyLen])
+	copy(b[lenAt:], n)
+	copy(b[lenAt+len(n):], "\r\n\r\n")
+	return b
+}
+
+// appendProblemBody appends the RFC 9457 body of a problem answer.
+func appendProblemBody(b []byte, ps *problemSpec) []byte {
+	b = append(b, `{"type":`...)
+	b = strconv.AppendQuote(b, ps.typ)
+	b = append(b, `,"title":`...)
+	b = strconv.AppendQuote(b, ps.title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(ps.status), 10)
+	b = append(b, `,"detail":`...)
+	b = appendJSONParts(b, ps.d0, ps.d1, ps.d2, ps.d3, ps.d4)
+	if ps.secs > 0 {
+		b = append(b, `,"retryAfter":`...)
+		b = strconv.AppendInt(b, ps.secs, 10)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendJSONParts appends the concatenation of parts as one JSON string.
+func appendJSONParts(b []byte, parts ...string) []byte {
+	b = append(b, '"')
+	for _, s := range parts {
+		b = appendJSONEscaped(b, s)
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,532 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+const (
+	appNS = "shop"
+	app   = "checkout"
+	// perKey is the per-API-key limit per hour of the open rule; the live
+	// edit raises it to perKeyEdited.
+	perKey       = 20
+	perKeyEdited = 40
+)
+
+// values are the release's values: the chart's defaults, with a smaller
+// Redis per node and a shorter node timeout, so that six Redis nodes fit a
+// 2-core test node and a failover takes seconds.
+const values = `defaultStore:
+  managed:
+    resources:
+      requests: {cpu: 50m, memory: 64Mi}
+      limits: {memory: 256Mi}
+    maxMemory: 64Mi
+    nodeTimeout: 2s
+`
+
+// policy is the application's RateLimitPolicy: an open rule per API key,
+// and a closed rule for logins per user.
+func policy(ns string, perKey int) string {
+	return fmt.Sprintf(`apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {name: %[2]s, namespace: %[1]s}
+spec:
+  podSelector: {matchLabels: {app: %[2]s}}
+  rules:
+  - name: per-api-key
+    match: {path: {type: Prefix, value: /api/}}
+    key: [{header: X-API-Key}]
+    limit: {requests: %[3]d, per: 1h, algorithm: TokenBucket}
+    failureMode: Open
+  - name: login
+    match: {path: {type: Exact, value: /login}, methods: [POST]}
+    key: [{header: X-User}]
+    limit: {requests: 1000, per: 1h, algorithm: GCRA}
+    failureMode: Closed
+`, ns, app, perKey)
+}
+
+// workload is the annotated sample Deployment and its Service, which
+// targets the app port by name, so that the injected sidecar takes it
+// over.
+func workload(ns string, replicas int) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %[2]s, namespace: %[1]s}
+spec:
+  replicas: %[3]d
+  selector: {matchLabels: {app: %[2]s}}
+  template:
+    metadata:
+      labels: {app: %[2]s}
+      annotations: {floodgate.dev/inject: "true"}
+    spec:
+      containers:
+      - name: app
+        image: %[4]s
+        ports:
+        - {name: http, containerPort: 8080}
+        - {name: stats, containerPort: 8081}
+        readinessProbe:
+          httpGet: {path: /healthz, port: stats}
+          periodSeconds: 2
+        resources:
+          requests: {cpu: 10m, memory: 16Mi}
+        securityContext:
+          runAsNonRoot: true
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {drop: [ALL]}
+          seccompProfile: {type: RuntimeDefault}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: %[2]s, namespace: %[1]s}
+spec:
+  selector: {app: %[2]s}
+  ports: [{name: http, port: 80, targetPort: http}]
+`, ns, app, replicas, image("floodgate-sample-backend"))
+}
+
+// serviceURL returns the ClusterIP URL of the app's Service.
+func serviceURL(ctx context.Context, ns string) string {
+	GinkgoHelper()
+	var svc corev1.Service
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: app}, &svc)).To(Succeed())
+	return "http://" + svc.Spec.ClusterIP
+}
+
+var _ = Describe("floodgate on a real node", Ordered, func() {
+	var url string
+
+	It("installs the chart with helm, from the images of make images", func(ctx SpecContext) {
+		valuesFile := filepath.Join(helmHome, "values.yaml")
+		Expect(os.WriteFile(valuesFile, []byte(values), 0o600)).To(Succeed())
+		start := time.Now()
+		helm(ctx, "install", release, filepath.Join(root, "charts", "floodgate"), "-n", releaseNS, "--create-namespace",
+			"-f", valuesFile, "--wait", "--timeout", "5m")
+		AddReportEntry("helm install --wait", time.Since(start).Round(time.Millisecond).String())
+
+		var d appsv1.Deployment
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: release + "-manager"}, &d)).To(Succeed())
+		Expect(d.Status.ReadyReplicas).To(Equal(int32(2)))
+		c := d.Spec.Template.Spec.Containers[0]
+		Expect(c.Image).To(Equal(image("floodgate-manager")))
+		Expect(c.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent))
+		Expect(c.Args).To(ContainElement("--sidecar-image=" + image("floodgate-sidecar")))
+		By("the manager runs as the image's non-root user")
+		expectRunAs("/floodgate-manager", 2, 65532)
+	}, SpecTimeout(8*time.Minute))
+
+	It("forms the managed Redis Cluster through the real StatefulSet", func(ctx SpecContext) {
+		var cs v1alpha1.CounterStore
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
+			g.Expect(meta(cs.Status.Conditions, "Ready")).To(Equal(metav1.ConditionTrue))
+			g.Expect(cs.Status.SlotsCovered).To(Equal(int32(16384)))
+			g.Expect(names(readyPods(ctx, releaseNS, counterstore.SelectorLabels("default")))).To(HaveLen(6), "ready Redis pods")
+		}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		Expect(cs.Spec.Managed.Image).To(Equal(image("floodgate-redis")), "the chart's default store runs the Redis image of make images")
+
+		pods := readyPods(ctx, releaseNS, counterstore.SelectorLabels("default"))
+		Expect(pods).To(HaveLen(6))
+		podIPs := map[string]bool{}
+		for _, p := range pods {
+			podIPs[p.Status.PodIP+":6379"] = true
+		}
+		for _, e := range cs.Status.Endpoints {
+			Expect(podIPs).To(HaveKey(e), "the store publishes its pods' IPs")
+		}
+		By("asking a Redis node itself, with the store's password")
+		rc := redisClient(ctx, pods[0].Status.PodIP+":6379")
+		info, err := rc.ClusterInfo(ctx).Result()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info).To(ContainSubstring("cluster_state:ok"))
+		Expect(info).To(ContainSubstring("cluster_known_nodes:6"))
+		Expect(info).To(ContainSubstring("cluster_size:3"))
+		expectRunAs("redis-server", 6, 999)
+	}, SpecTimeout(4*time.Minute))
+
+	It("holds an injected pod out of its Service until its policy is loaded (readiness gate)", func(ctx SpecContext) {
+		// No RateLimitPolicy exists yet in the namespace, so the manager
+		// writes no ConfigMap, and the sidecars wait for it.
+		kubectl(ctx, "create", "namespace", appNS)
+		apply(ctx, workload(appNS, 3))
+		url = serviceURL(ctx, appNS)
+		var list corev1.PodList
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.List(ctx, &list, client.InNamespace(appNS), client.MatchingLabels{"app": app})).To(Succeed())
+			g.Expect(list.Items).To(HaveLen(3))
+			for _, p := range list.Items {
+				g.Expect(p.Status.ContainerStatuses).To(ContainElement(And(
+					HaveField("Name", "app"), HaveField("Ready", true))), "the app container of %s is not ready yet", p.Name)
+				g.Expect(condition(&p, config.ConditionPolicyLoaded)).To(Equal(corev1.ConditionFalse))
+			}
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		for _, p := range list.Items {
+			Expect(condition(&p, corev1.PodReady)).To(Equal(corev1.ConditionFalse), "pod %s is Ready without its policy", p.Name)
+			for _, c := range p.Status.Conditions {
+				if c.Type == config.ConditionPolicyLoaded {
+					Expect(c.Reason).To(Equal(config.ReasonWaitingForConfigMap))
+				}
+			}
+		}
+		Expect(readyEndpoints(ctx, appNS)).To(BeEmpty())
+		a := send(ctx, http.MethodGet, url+"/api/orders", map[string]string{"X-API-Key": "early"})
+		Expect(a.Err).To(HaveOccurred(), "the Service answered with no ready pod: %d %s", a.Status, a.Body)
+		Expect(pathHits(ctx, list.Items, "/api/orders")).To(BeZero())
+
+		By("applying the RateLimitPolicy")
+		start := time.Now()
+		apply(ctx, policy(appNS, perKey))
+		waitRollout(ctx, appNS, app, 3, 2*time.Minute)
+		AddReportEntry("policy applied to 3 pods Ready", time.Since(start).Round(time.Millisecond).String())
+		Eventually(func() []string { return readyEndpoints(ctx, appNS) }).WithContext(ctx).
+			WithTimeout(30 * time.Second).Should(HaveLen(3))
+	}, SpecTimeout(5*time.Minute))
+
+	It("runs the injected native sidecar as the kubelet sees it", func(ctx SpecContext) {
+		pods := readyPods(ctx, appNS, map[string]string{"app": app})
+		Expect(pods).To(HaveLen(3))
+		for _, p := range pods {
+			sc := sidecarOf(&p)
+			Expect(sc).NotTo(BeNil(), "pod %s has no sidecar", p.Name)
+			Expect(sc.Image).To(Equal(image("floodgate-sidecar")))
+			Expect(sc.RestartPolicy).To(Equal(ptr.To(corev1.ContainerRestartPolicyAlways)))
+			Expect(p.Spec.ReadinessGates).To(ContainElement(corev1.PodReadinessGate{ConditionType: config.ConditionPolicyLoaded}))
+			Expect(p.Status.InitContainerStatuses).NotTo(BeEmpty())
+			st := p.Status.InitContainerStatuses[0]
+			Expect(st.Name).To(Equal(config.ContainerName))
+			Expect(st.Started).To(Equal(ptr.To(true)))
+			Expect(st.Ready).To(BeTrue(), "the sidecar of %s is not ready", p.Name)
+			Expect(st.RestartCount).To(BeZero(), "the sidecar of %s restarted", p.Name)
+			cfg, err := debugConfig(ctx, p.Status.PodIP)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cfg.Config.Policies).To(HaveLen(1))
+		}
+		expectRunAs("/floodgate-sidecar", 3, 65532)
+	})
+
+	It("counts exactly across the 3 replicas behind the Service, and answers 429 with its headers", func(ctx SpecContext) {
+		pods := readyPods(ctx, appNS, map[string]string{"app": app})
+		Expect(pods).To(HaveLen(3))
+		By("waiting for kube-proxy to route to the 3 pods (a path no rule matches)")
+		seen := map[string]bool{}
+		Eventually(func() map[string]bool {
+			if a := send(ctx, http.MethodGet, url+"/warm", nil); a.Status == http.StatusOK {
+				seen[podOf(a)] = true
+			}
+			return seen
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(50 * time.Millisecond).Should(HaveLen(3))
+		const sent = perKey + 10
+		t := tally{}
+		served := map[string]int{}
+		var denied answer
+		for i := 0; i < sent; i++ {
+			a := send(ctx, http.MethodGet, url+"/api/exact", map[string]string{"X-API-Key": "alice"})
+			t[a.Status]++
+			if a.Status == http.StatusOK {
+				served[podOf(a)]++
+			}
+			if a.Status == http.StatusTooManyRequests {
+				denied = a
+			}
+		}
+		AddReportEntry("30 requests for one key through the Service", fmt.Sprintf("%s; served by %v", t, served))
+		Expect(t[200]).To(Equal(perKey), "%s", t)
+		Expect(t[429]).To(Equal(sent-perKey), "%s", t)
+		Expect(len(served)).To(BeNumerically(">=", 2), "kube-proxy sent every request to one pod: %v", served)
+		Expect(pathHits(ctx, pods, "/api/exact")).To(Equal(int64(perKey)), "the app received exactly the allowed requests")
+
+		Expect(denied.Header.Get("Content-Type")).To(Equal("application/problem+json"))
+		Expect(denied.Header.Get("Retry-After")).NotTo(BeEmpty())
+		Expect(denied.Header.Get("X-RateLimit-Limit")).To(Equal(strconv.Itoa(perKey)))
+		Expect(denied.Header.Get("X-RateLimit-Remaining")).To(Equal("0"))
+		Expect(denied.Header.Get("RateLimit")).To(HavePrefix(`"checkout.per-api-key";r=0;t=`))
+		Expect(denied.Header.Get("RateLimit-Policy")).To(Equal(fmt.Sprintf(`"checkout.per-api-key";q=%d;w=3600`, perKey)))
+		Expect(denied.Body).To(ContainSubstring(`"status":429`))
+	})
+
+	It("shows the policy Programmed with 3 of 3 pods enforcing in kubectl get rlp", func(ctx SpecContext) {
+		Eventually(func(g Gomega) {
+			out := kubectl(ctx, "-n", appNS, "get", "rlp", app, "--no-headers")
+			g.Expect(strings.Fields(out)[:4]).To(Equal([]string{app, "True", "True", "3"}))
+			got := kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", "jsonpath={.status.enforcingPods}/{.status.targetedPods}")
+			g.Expect(got).To(Equal("3/3"))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		AddReportEntry("kubectl get rlp", kubectl(ctx, "-n", appNS, "get", "rlp"))
+	})
+
+	It("enforces a live policy edit within 2 s on every pod", func(ctx SpecContext) {
+		pods := readyPods(ctx, appNS, map[string]string{"app": app})
+		var rlp v1alpha1.RateLimitPolicy
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: appNS, Name: app}, &rlp)).To(Succeed())
+		Expect(rlp.Spec.Rules[0].Name).To(Equal("per-api-key"))
+		rlp.Spec.Rules[0].Limit.Requests = perKeyEdited
+		// Timed from the write to the API server, not from a kubectl
+		// process start (its discovery alone can take seconds after the
+		// chart added CRDs).
+		start := time.Now()
+		Expect(k8s.Update(ctx, &rlp)).To(Succeed())
+		var wg sync.WaitGroup
+		took := make([]time.Duration, len(pods))
+		for i, p := range pods {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer GinkgoRecover()
+				for time.Since(start) < 10*time.Second {
+					a := send(ctx, http.MethodGet, "http://"+p.Status.PodIP+":15080/api/edit", map[string]string{"X-API-Key": "edit-" + p.Name})
+					if a.Header.Get("X-RateLimit-Limit") == strconv.Itoa(perKeyEdited) {
+						took[i] = time.Since(start)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		}
+		wg.Wait()
+		AddReportEntry("live edit enforced, per pod", fmt.Sprint(took))
+		for i, d := range took {
+			Expect(d).NotTo(BeZero(), "pod %s never enforced the edit", pods[i].Name)
+			Expect(d).To(BeNumerically("<", 2*time.Second), "pod %s", pods[i].Name)
+		}
+	})
+
+	It("fails open and closed as documented while a Redis master is gone, and heals", func(ctx SpecContext) {
+		pods := readyPods(ctx, releaseNS, counterstore.SelectorLabels("default"))
+		var master *corev1.Pod
+		for i := range pods {
+			role, err := redisClient(ctx, pods[i].Status.PodIP+":6379").Do(ctx, "ROLE").Slice()
+			Expect(err).NotTo(HaveOccurred())
+			if role[0] == "master" {
+				master = &pods[i]
+				break
+			}
+		}
+		Expect(master).NotTo(BeNil())
+		By("deleting Redis master pod " + master.Name)
+		Expect(k8s.Delete(ctx, master, client.GracePeriodSeconds(0))).To(Succeed())
+
+		// 60 users and 60 API keys: about a third hash to the lost shard.
+		round := func(tag string) (open, closed tally) {
+			open, closed = tally{}, tally{}
+			for i := range 60 {
+				open[send(ctx, http.MethodGet, url+"/api/outage", map[string]string{"X-API-Key": fmt.Sprintf("%s-key-%d", tag, i)}).Status]++
+				closed[send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("%s-user-%d", tag, i)}).Status]++
+			}
+			return open, closed
+		}
+		open, closed := round("outage")
+		AddReportEntry("while the master is gone", fmt.Sprintf("open rule: %s; closed rule: %s", open, closed))
+		Expect(open[200]).To(Equal(60), "the open rule answers from local buckets: %s", open)
+		Expect(closed[503]).To(BeNumerically(">", 0), "the closed rule refuses the lost shard's users: %s", closed)
+		Expect(closed[200]).To(BeNumerically(">", 0), "the other shards still serve: %s", closed)
+		Expect(closed[200] + closed[503]).To(Equal(60))
+
+		By("waiting for the store to heal: a replica promoted, the new pod a replica again")
+		start := time.Now()
+		Eventually(func(g Gomega) {
+			var cs v1alpha1.CounterStore
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
+			g.Expect(meta(cs.Status.Conditions, "Ready")).To(Equal(metav1.ConditionTrue))
+			g.Expect(meta(cs.Status.Conditions, "Degraded")).To(Equal(metav1.ConditionFalse))
+			g.Expect(cs.Status.SlotsCovered).To(Equal(int32(16384)))
+			g.Expect(names(readyPods(ctx, releaseNS, counterstore.SelectorLabels("default")))).To(HaveLen(6))
+			open, closed := round("healed")
+			g.Expect(closed[200]).To(Equal(60), "closed rule after healing: %s", closed)
+			g.Expect(open[200]).To(Equal(60), "open rule after healing: %s", open)
+		}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		AddReportEntry("store healed after", time.Since(start).Round(time.Second).String())
+	}, SpecTimeout(5*time.Minute))
+
+	It("follows a scale from 3 to 6 replicas with the fallback share", func(ctx SpecContext) {
+		kubectl(ctx, "-n", appNS, "scale", "deployment", app, "--replicas=6")
+		waitRollout(ctx, appNS, app, 6, 3*time.Minute)
+		Eventually(func(g Gomega) {
+			for _, p := range readyPods(ctx, appNS, map[string]string{"app": app}) {
+				cfg, err := debugConfig(ctx, p.Status.PodIP)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(cfg.Config.Policies).To(HaveLen(1))
+				g.Expect(cfg.Config.Policies[0].Replicas).To(Equal(int32(6)), "pod %s", p.Name)
+			}
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		Eventually(func() string {
+			return kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", "jsonpath={.status.enforcingPods}/{.status.targetedPods}")
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Equal("6/6"))
+	}, SpecTimeout(4*time.Minute))
+
+	It("loses no request and fails no admission while helm upgrade restarts the manager", func(ctx SpecContext) {
+		pods := readyPods(ctx, appNS, map[string]string{"app": app})
+		before := pathHits(ctx, pods, "/api/upgrade")
+		stop := make(chan struct{})
+		var sent, ok atomic.Int64
+		var mu sync.Mutex
+		failures := []string{}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { // traffic, each request under its own key
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent.Add(1)
+				a := send(ctx, http.MethodGet, url+"/api/upgrade", map[string]string{"X-API-Key": "upgrade-" + strconv.Itoa(i)})
+				if a.Status == http.StatusOK {
+					ok.Add(1)
+				} else {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("request %d: %d %v", i, a.Status, a.Err))
+					mu.Unlock()
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		var created atomic.Int64
+		go func() { // admissions: opted-in pods, created while the manager rolls
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := admissionPod(fmt.Sprintf("admit-%d", i))
+				if err := k8s.Create(ctx, p); err != nil {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("admission of pod %d: %v", i, err))
+					mu.Unlock()
+				} else {
+					created.Add(1)
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+		}()
+		time.Sleep(2 * time.Second)
+		start := time.Now()
+		helm(ctx, "upgrade", release, filepath.Join(root, "charts", "floodgate"), "-n", releaseNS, "--reuse-values",
+			"--set-string", "podAnnotations.restartedAt="+strconv.FormatInt(time.Now().Unix(), 10), "--wait", "--timeout", "5m")
+		waitRollout(ctx, releaseNS, release+"-manager", 2, 3*time.Minute)
+		AddReportEntry("helm upgrade (manager rollout)", time.Since(start).Round(time.Millisecond).String())
+		time.Sleep(2 * time.Second)
+		close(stop)
+		wg.Wait()
+		AddReportEntry("during the upgrade", fmt.Sprintf("%d requests, %d answered 200; %d opted-in pods admitted", sent.Load(), ok.Load(), created.Load()))
+		Expect(failures).To(BeEmpty())
+		Expect(created.Load()).To(BeNumerically(">", 10))
+		Expect(pathHits(ctx, pods, "/api/upgrade") - before).To(Equal(ok.Load()))
+		var admitted corev1.PodList
+		Expect(k8s.List(ctx, &admitted, client.InNamespace(appNS), client.MatchingLabels{"admission": "probe"})).To(Succeed())
+		for _, p := range admitted.Items {
+			Expect(sidecarOf(&p)).NotTo(BeNil(), "pod %s was admitted without its sidecar", p.Name)
+		}
+		Expect(k8s.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(appNS), client.MatchingLabels{"admission": "probe"}, client.GracePeriodSeconds(0))).To(Succeed())
+	}, SpecTimeout(8*time.Minute))
+
+	It("leaves nothing behind that the chart created after helm uninstall", func(ctx SpecContext) {
+		kubectl(ctx, "delete", "namespace", appNS, "--wait=true", "--timeout=2m")
+		helm(ctx, "uninstall", release, "-n", releaseNS, "--wait", "--timeout", "3m")
+		Eventually(func(g Gomega) {
+			out := kubectl(ctx, "get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,counterstores,"+
+				"clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations",
+				"-A", "-l", "app.kubernetes.io/instance="+release, "-o", "name")
+			g.Expect(strings.TrimSpace(out)).To(BeEmpty())
+			var list corev1.PodList
+			g.Expect(k8s.List(ctx, &list, client.InNamespace(releaseNS))).To(Succeed())
+			g.Expect(list.Items).To(BeEmpty(), "pods left in %s", releaseNS)
+			out = kubectl(ctx, "get", "all,configmaps,secrets,roles,rolebindings,poddisruptionbudgets", "-n", releaseNS, "-o", "name")
+			left := slices.DeleteFunc(strings.Fields(out), func(s string) bool {
+				// Kubernetes' own objects of every namespace.
+				return s == "configmap/kube-root-ca.crt"
+			})
+			g.Expect(left).To(BeEmpty(), "objects left in %s", releaseNS)
+			out = kubectl(ctx, "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles,clusterrolebindings", "-o", "name")
+			g.Expect(out).NotTo(ContainSubstring("floodgate"))
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+	}, SpecTimeout(6*time.Minute))
+})
+
+// admissionPod is a minimal opted-in pod, for the admission probe.
+func admissionPod(name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: appNS,
+			Labels:      map[string]string{"admission": "probe"},
+			Annotations: map[string]string{"floodgate.dev/inject": "true"},
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "app", Image: image("floodgate-sample-backend"),
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+			}},
+			// Admission is what is probed: the pods never run.
+			NodeSelector: map[string]string{"floodgate.dev/no-such-node": "true"},
+		},
+	}
+}
+
+// readyEndpoints returns the addresses of the app Service's ready
+// endpoints.
+func readyEndpoints(ctx context.Context, ns string) []string {
+	GinkgoHelper()
+	var slices discoveryv1.EndpointSliceList
+	Expect(k8s.List(ctx, &slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: app})).To(Succeed())
+	var out []string
+	for _, s := range slices.Items {
+		for _, e := range s.Endpoints {
+			if ptr.Deref(e.Conditions.Ready, false) {
+				out = append(out, e.Addresses...)
+			}
+		}
+	}
+	return out
+}
+
+// meta returns the status of a condition in a list of metav1.Conditions.
+func meta(conds []metav1.Condition, t string) metav1.ConditionStatus {
+	for _, c := range conds {
+		if c.Type == t {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// redisClient returns a client of one Redis node of the default store,
+// with its password, closed at the end of the spec.
+func redisClient(ctx context.Context, addr string) *redis.Client {
+	GinkgoHelper()
+	var s corev1.Secret
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: counterstore.AuthSecretName("default")}, &s)).To(Succeed())
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: string(s.Data[counterstore.PasswordKey]), DialTimeout: 2 * time.Second})
+	DeferCleanup(c.Close)
+	return c
+}
