@@ -336,9 +336,12 @@ func CredentialsFrom(s *corev1.Secret) (c Credentials, rotate string, err error)
 		Rotated:  s.Annotations[RotatedAnnotation],
 	}
 	if c.Previous != "" {
-		if c.PreviousExpires, err = time.Parse(time.RFC3339, s.Annotations[PreviousExpiresAnnotation]); err != nil {
+		expires, perr := time.Parse(time.RFC3339, s.Annotations[PreviousExpiresAnnotation])
+		if perr != nil {
 			// Unreadable: drop the previous password at once.
-			c.Previous, c.PreviousExpires, err = "", time.Time{}, nil
+			c.Previous = ""
+		} else {
+			c.PreviousExpires = expires
 		}
 	}
 	for _, kv := range [][2]string{{PasswordKey, c.Admin}, {SidecarPasswordKey, c.Sidecar}, {PreviousSidecarPasswordKey, c.Previous}} {

@@ -76,7 +76,7 @@ spec:
 		m, err := stack.StartManagerReplica(ctx, "floodgate-manager-2", true)
 		Expect(err).NotTo(HaveOccurred())
 		manager = m
-		Consistently(func() float64 { return leads(m) }).WithContext(ctx).WithTimeout(2 * time.Second).Should(BeZero(), "the standby keeps the lead")
+		Consistently(func() float64 { return leads(m) }).WithContext(ctx).WithTimeout(2*time.Second).Should(BeZero(), "the standby keeps the lead")
 
 		By("reconciling under the new leader, observedGeneration included")
 		apply(ctx, "leader-policy.yaml", policy(20))

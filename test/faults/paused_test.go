@@ -46,7 +46,7 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 		sidecars = 3
 		rate     = 200
 		budget   = redisstore.DefaultTimeout
-		slackMS  = 10 * time.Millisecond
+		slack    = 10 * time.Millisecond
 	)
 	lim := exactCounter
 	var fleet []*sidecar
@@ -98,7 +98,7 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 	n.end()
 	ds := rec.all()
 
-	bound := budget + slackMS
+	bound := budget + slack
 	over := 0
 	for _, d := range ds {
 		if d.took > bound {
@@ -106,7 +106,7 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 		}
 		if late := n.excuse(d.at, d.took); d.took > bound+late {
 			t.Errorf("sidecar %d: a decision at %+v from the pause took %v: more than the call budget %v + %v, and the machine's delays around it excuse only %v; store calls %v",
-				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, slackMS, late, fleet[d.sidecar].calls.between(d.at.Add(-time.Millisecond), d.at.Add(time.Millisecond)))
+				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, slack, late, fleet[d.sidecar].calls.between(d.at.Add(-time.Millisecond), d.at.Add(time.Millisecond)))
 		}
 	}
 	var during []decision

@@ -33,7 +33,7 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 		sidecars = 4
 		rate     = 500 // per sidecar per second
 		budget   = redisstore.DefaultTimeout
-		fewMS    = 5 * time.Millisecond
+		few      = 5 * time.Millisecond
 	)
 	// A real limit, far below the offered 2000/s: the key is over it, so
 	// the deny cache gates it with probes.
@@ -81,7 +81,7 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 			during = append(during, d)
 		}
 	}
-	bound := budget + fewMS
+	bound := budget + few
 	over100, excused := 0, 0
 	var worstExcess time.Duration
 	for _, d := range during {
@@ -97,13 +97,13 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 		if excess := d.took - bound - late; excess > 0 {
 			worstExcess = max(worstExcess, excess)
 			t.Errorf("sidecar %d: a decision at %+v took %v: more than one call budget (%v) + %v, and the machine's delays around it excuse only %v",
-				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, fewMS, late)
+				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, few, late)
 		}
 	}
 	t.Logf("%d decisions while the master was stopped (%v): max %v, p99 %v, p50 %v, %d over 100ms; %v",
 		len(during), resumed.Sub(paused).Round(time.Millisecond), maxTook(during), percentile(during, .99), percentile(during, .5), over100, counts(during))
 	t.Logf("bound: budget %v + %v = %v, plus the machine's lateness during each decision (worst over the run %v); %d decisions took longer than %v",
-		budget, fewMS, bound, n.worst(), excused, bound)
+		budget, few, bound, n.worst(), excused, bound)
 	if len(during) < sidecars*rate*4 {
 		t.Fatalf("only %d decisions in 5s of 4x500/s: the load did not run", len(during))
 	}

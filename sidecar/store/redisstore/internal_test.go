@@ -169,7 +169,6 @@ func TestBreakerJitter(t *testing.T) {
 	const cooldown = 500 * time.Millisecond
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	opened := clk.t
-	var probes []time.Duration
 	var buckets [10]int
 	for range 1000 {
 		b := newBreaker(1, cooldown, clk.now, nil)
@@ -189,7 +188,6 @@ func TestBreakerJitter(t *testing.T) {
 		if wait < cooldown/2 || wait > cooldown*3/2 {
 			t.Fatalf("probe after %v, want within [%v, %v]", wait, cooldown/2, cooldown*3/2)
 		}
-		probes = append(probes, wait)
 		buckets[min(9, int((wait-cooldown/2)*10/cooldown))]++
 	}
 	for i, n := range buckets {
