@@ -115,6 +115,37 @@ func newSidecar(t testing.TB, name string, c *redistest.Cluster, opts redisstore
 	return &sidecar{name: name, store: s, calls: calls, eng: e, m: m}
 }
 
+// newFleet builds n sidecars, named prefix-0 to prefix-n-1, on cluster c
+// with opts, and the rule each enforces as one of n replicas sharing the
+// fail-open limit lim.
+func newFleet(t testing.TB, c *redistest.Cluster, prefix string, n int, opts redisstore.Options, lim limiter.Limit) ([]*sidecar, []*engine.Rule) {
+	t.Helper()
+	fleet := make([]*sidecar, n)
+	rules := make([]*engine.Rule, n)
+	for i := range n {
+		fleet[i] = newSidecar(t, fmt.Sprintf("%s-%d", prefix, i), c, opts)
+		rules[i] = fleet[i].rule(t, lim, int32(n), false)
+	}
+	return fleet, rules
+}
+
+// warmUp has every sidecar of fleet decide on each key until the store
+// answers, so that a test starts with every connection up.
+func warmUp(t testing.TB, fleet []*sidecar, rules []*engine.Rule, keys ...string) {
+	t.Helper()
+	for i, sc := range fleet {
+		for _, k := range keys {
+			deadline := time.Now().Add(10 * time.Second)
+			for sc.decide(t.Context(), i, rules[i], k, nil).source != engine.FromStore {
+				if time.Now().After(deadline) {
+					t.Fatal("the store never answered the warm-up")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
 // rule builds the rule every replica of a fleet of replicas enforces.
 func (sc *sidecar) rule(t testing.TB, lim limiter.Limit, replicas int32, failClosed bool) *engine.Rule {
 	t.Helper()

@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -68,24 +67,10 @@ func TestKilledMasterBounds(t *testing.T) {
 		rate     = 100 // per sidecar per second: 300/s against a limit of 100/s
 	)
 	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second, Burst: 20}
-	var fleet []*sidecar
-	var rules []*engine.Rule
-	for i := range sidecars {
-		// A budget a loaded machine meets, so that calls time out only
-		// when the master is gone; the breaker as shipped.
-		sc := newSidecar(t, fmt.Sprintf("killed-%d", i), c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: 250 * time.Millisecond})
-		fleet = append(fleet, sc)
-		rules = append(rules, sc.rule(t, lim, sidecars, false))
-	}
-	for i, sc := range fleet {
-		deadline := time.Now().Add(10 * time.Second)
-		for sc.decide(ctx, i, rules[i], key, nil).source != engine.FromStore {
-			if time.Now().After(deadline) {
-				t.Fatal("the store never answered the warm-up")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	// A budget a loaded machine meets, so that calls time out only
+	// when the master is gone; the breaker as shipped.
+	fleet, rules := newFleet(t, c, "killed", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: 250 * time.Millisecond}, lim)
+	warmUp(t, fleet, rules, key)
 	// Let the bucket drain, so the run starts from an empty bucket...
 	time.Sleep(time.Second)
 

@@ -3,7 +3,6 @@
 package faults
 
 import (
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -39,23 +38,9 @@ func TestLongOutage(t *testing.T) {
 		rate     = 100 // per sidecar per second: 500/s offered
 	)
 	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second, Burst: 20}
-	var fleet []*sidecar
-	var rules []*engine.Rule
-	for i := range sidecars {
-		sc := newSidecar(t, fmt.Sprintf("outage-%d", i), c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow})
-		fleet = append(fleet, sc)
-		rules = append(rules, sc.rule(t, lim, sidecars, false))
-	}
+	fleet, rules := newFleet(t, c, "outage", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow}, lim)
 	key := "long-outage"
-	for i, sc := range fleet {
-		deadline := time.Now().Add(10 * time.Second)
-		for sc.decide(ctx, i, rules[i], key, nil).source != engine.FromStore {
-			if time.Now().After(deadline) {
-				t.Fatal("the store never answered the warm-up")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	warmUp(t, fleet, rules, key)
 	rec := &record{}
 	stop := make(chan struct{})
 	wg := drive(ctx, fleet, rules, key, rate, rec, stop)

@@ -49,22 +49,8 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 		slack    = 10 * time.Millisecond
 	)
 	lim := exactCounter
-	var fleet []*sidecar
-	var rules []*engine.Rule
-	for i := range sidecars {
-		sc := newSidecar(t, fmt.Sprintf("paused-%d", i), c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow})
-		fleet = append(fleet, sc)
-		rules = append(rules, sc.rule(t, lim, sidecars, false))
-	}
-	for i, sc := range fleet {
-		deadline := time.Now().Add(10 * time.Second)
-		for sc.decide(ctx, i, rules[i], key, nil).source != engine.FromStore {
-			if time.Now().After(deadline) {
-				t.Fatal("the store never answered the warm-up")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	fleet, rules := newFleet(t, c, "paused", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow}, lim)
+	warmUp(t, fleet, rules, key)
 	before := remaining(t, c, key, lim)
 
 	rec := &record{}

@@ -2,7 +2,6 @@ package faults
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -67,26 +65,10 @@ func TestScriptFlushThenFailover(t *testing.T) {
 	keys := []string{keyOn(t, c, victim, "a"), keyOn(t, c, victim, "b"), keyOn(t, c, masters[1], "c"), keyOn(t, c, masters[2], "d")}
 	lim := limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 1_000_000, Period: time.Hour}
 	const sidecars, rate = 3, 300
-	var fleet []*sidecar
-	var rules []*engine.Rule
-	for i := range sidecars {
-		// A budget no slow answer of a loaded machine reaches: the test is
-		// about the answers, not the deadline.
-		sc := newSidecar(t, fmt.Sprintf("flush-%d", i), c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: 2 * time.Second})
-		fleet = append(fleet, sc)
-		rules = append(rules, sc.rule(t, lim, sidecars, false))
-	}
-	for i, sc := range fleet {
-		for _, k := range keys {
-			deadline := time.Now().Add(10 * time.Second)
-			for sc.decide(ctx, i, rules[i], k, nil).source != engine.FromStore {
-				if time.Now().After(deadline) {
-					t.Fatal("the store never answered the warm-up")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-		}
-	}
+	// A budget no slow answer of a loaded machine reaches: the test is
+	// about the answers, not the deadline.
+	fleet, rules := newFleet(t, c, "flush", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: 2 * time.Second}, lim)
+	warmUp(t, fleet, rules, keys...)
 	before := errorStats(t, c.Nodes(), "NOSCRIPT", "MOVED")
 
 	rec := &record{}

@@ -1,11 +1,9 @@
 package faults
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -38,22 +36,8 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 	// A real limit, far below the offered 2000/s: the key is over it, so
 	// the deny cache gates it with probes.
 	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 200, Period: time.Second, Burst: 50}
-	var fleet []*sidecar
-	var rules []*engine.Rule
-	for i := range sidecars {
-		sc := newSidecar(t, fmt.Sprintf("stalled-%d", i), c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow})
-		fleet = append(fleet, sc)
-		rules = append(rules, sc.rule(t, lim, sidecars, false))
-	}
-	for i, sc := range fleet {
-		deadline := time.Now().Add(10 * time.Second)
-		for sc.decide(ctx, i, rules[i], key, nil).source != engine.FromStore {
-			if time.Now().After(deadline) {
-				t.Fatal("the store never answered the warm-up")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	fleet, rules := newFleet(t, c, "stalled", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow}, lim)
+	warmUp(t, fleet, rules, key)
 
 	rec := &record{}
 	stop := make(chan struct{})
