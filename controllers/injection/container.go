@@ -45,6 +45,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 			fieldEnv(config.EnvPodName, "metadata.name"),
 			fieldEnv(config.EnvPodNamespace, "metadata.namespace"),
 			{Name: config.EnvRedisPasswordFile, Value: config.StoreAuthFile},
+			{Name: config.EnvRedisUsernameFile, Value: config.StoreAuthUserFile},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: res.PortName, ContainerPort: res.ListenPort, Protocol: corev1.ProtocolTCP},

@@ -62,8 +62,11 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 		Name: StoreAuthVolume,
 		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: StoreAuthSecret,
-			Items:      []corev1.KeyToPath{{Key: config.StoreAuthKey, Path: config.StoreAuthKey}},
-			Optional:   ptr.To(true),
+			Items: []corev1.KeyToPath{
+				{Key: config.StoreAuthKey, Path: config.StoreAuthKey},
+				{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey},
+			},
+			Optional: ptr.To(true),
 		}},
 	})
 	// The sidecar's own state: small (one config document), in memory so

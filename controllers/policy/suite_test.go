@@ -79,7 +79,7 @@ var _ = BeforeSuite(func() {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions("floodgate-system"),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	r := &policy.Reconciler{

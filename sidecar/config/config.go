@@ -59,7 +59,9 @@ type Store struct {
 	// Addresses are the Redis Cluster seed addresses, host:port.
 	Addresses []string `json:"addresses,omitempty"`
 	// AuthSecretName names the Secret, in the sidecar's namespace, that
-	// holds the store password under the key "password".
+	// holds the store password under the key "password" (and the store
+	// user, if any, under "username"): StoreAuthSecret, or empty for a
+	// store without a password.
 	AuthSecretName string `json:"authSecretName,omitempty"`
 	// TLS enables TLS to the store.
 	TLS *TLS `json:"tls,omitempty"`

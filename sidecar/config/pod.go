@@ -64,6 +64,9 @@ const (
 	// LabelsFile is the pod's labels, one key="value" per line, read with
 	// --pod-labels-file.
 	LabelsFile = PodInfoDir + "/labels"
+	// StoreAuthSecret is the Secret, in the sidecar's namespace, that
+	// holds the store credentials the sidecar uses; the manager keeps it.
+	StoreAuthSecret = "floodgate-store-auth"
 	// StoreAuthKey is the store password's key in its Secret.
 	StoreAuthKey = "password"
 	// StoreAuthDir is where the store password's Secret is mounted.
@@ -76,12 +79,21 @@ const (
 	// when its container restarts, enforces it until the API server
 	// answers.
 	StateDir = "/var/run/floodgate/state"
+	// StoreAuthUserKey is the store user's key in the same Secret, when
+	// the store has users (Redis ACLs): a managed store's sidecar user.
+	// Without it the password is the default user's.
+	StoreAuthUserKey = "username"
+	// StoreAuthUserFile is the store user's file, read with the password
+	// through EnvRedisUsernameFile. A missing file means the default user.
+	StoreAuthUserFile = StoreAuthDir + "/" + StoreAuthUserKey
 
 	// EnvKubernetes ("true") selects the sidecar's Kubernetes mode: the
 	// ConfigMap watch and the pod condition.
 	EnvKubernetes = "FLOODGATE_KUBERNETES"
 	// EnvRedisPasswordFile is --redis-password-file's variable.
 	EnvRedisPasswordFile = "FLOODGATE_REDIS_PASSWORD_FILE"
+	// EnvRedisUsernameFile is --redis-username-file's variable.
+	EnvRedisUsernameFile = "FLOODGATE_REDIS_USERNAME_FILE"
 	// EnvPodNamespace and EnvPodName, set from the downward API, are the
 	// defaults of --namespace and --pod-name.
 	EnvPodNamespace = "POD_NAMESPACE"

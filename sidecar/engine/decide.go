@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,9 +16,16 @@ type call struct {
 	cost  int64
 	entry *denyEntry // the deny-cache entry the call was claimed on
 	lease leaseCall  // the lease the call takes, when it refreshes one
-	res   Result
-	err   error
+	// failed: the store call this request waited for on its key failed;
+	// the call is decided by the rule's failure mode without a store call.
+	failed bool
+	res    Result
+	err    error
 }
+
+// errSharedFailure is the error of a call decided on the failed outcome of
+// the call its request waited for.
+var errSharedFailure = fmt.Errorf("the store call this request waited for on its key failed: %w", limiter.ErrUnavailable)
 
 // Decide decides hits into v, whose Results it reuses. ctx bounds the
 // waits and store calls.
@@ -65,7 +73,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 			}
 			continue
 		}
-		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc}
+		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc, failed: l.kind == lookupFailed}
 		if h.Rule.Shadow {
 			shadowCalls = append(shadowCalls, c)
 		} else {
@@ -111,7 +119,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls []call, now time.Time, v *Verdict) {
 	peeks := make([]call, 0, len(calls)+len(shadowCalls))
 	for _, c := range calls {
-		peeks = append(peeks, call{hit: c.hit, cost: 0})
+		peeks = append(peeks, call{hit: c.hit, cost: 0, failed: c.failed})
 	}
 	peeks = append(peeks, shadowCalls...)
 	e.run(ctx, hits, peeks, now)
@@ -159,22 +167,32 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 }
 
 // check consults the deny cache for a hit and returns the clock after any
-// wait. While other calls on the key
-// are in flight and it holds no room, it waits for their answers, unless
-// noWait; every call in flight ends within the store's deadline, and each
-// answer either denies the key or lets at least one waiter through, so the
-// wait is a few store round trips at most. A cancelled request stops
-// waiting and is left to the store call, which fails at once.
+// wait. While other calls on the key are in flight and it holds no room,
+// it waits for their answers, unless noWait; every call in flight ends
+// within the store's deadline, and each answer either denies the key, lets
+// at least one waiter through, or fails. A failure ends the wait of every
+// waiter at once (lookupFailed): they fall back instead of sending calls
+// one after the other, each of which would wait its own deadline on a
+// stalled shard. So no request waits for the store longer than one call
+// deadline. A cancelled request stops waiting and is left to the store
+// call, which fails at once.
 func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) (lookup, time.Time) {
 	for {
 		l := e.deny.lookup(h.Key, h.Cost, now)
 		if l.kind != lookupWait {
 			return l, now
 		}
-		if noWait || e.deny.wait(ctx, l.ch) != nil {
+		if noWait {
+			return lookup{kind: lookupMiss}, now
+		}
+		failed, err := e.deny.wait(ctx, l.round)
+		if err != nil {
 			return lookup{kind: lookupMiss}, now
 		}
 		now = e.o.Now()
+		if failed {
+			return lookup{kind: lookupFailed}, now
+		}
 	}
 }
 
@@ -209,6 +227,11 @@ func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Tim
 // take makes one store call, falls back when the store is unavailable, and
 // maintains the deny cache.
 func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
+	if c.failed {
+		c.err = errSharedFailure
+		e.fallBack(ctx, h, c)
+		return
+	}
 	if c.lease.entry != nil || h.Rule.split != nil {
 		e.takeSpread(ctx, h, c, now)
 		return

@@ -37,7 +37,11 @@
 // entry expires it keeps gating the key: as many requests go to the store
 // at once as the store last said the key had left, and when that is none,
 // one probe goes while the others wait for its answer, so a burst of
-// concurrent requests on an exhausted key cannot all reach the store. When several replicas share a flooded key, their
+// concurrent requests on an exhausted key cannot all reach the store. When
+// that answer is a failure (the shard is unavailable), the waiters share
+// it: they follow the rule's failure mode at once instead of sending calls
+// of their own one after the other, so no request waits for the store
+// longer than one call deadline. When several replicas share a flooded key, their
 // probes race for each token and the losers are denied; a replica's
 // consecutive denials double its local hold up to MaxDenyBackoff, so a
 // losing replica probes about once a second while the winners keep spending

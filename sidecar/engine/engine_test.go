@@ -430,6 +430,62 @@ func TestProbeGatesConcurrentRequests(t *testing.T) {
 	}
 }
 
+// TestWaitersShareAFailedProbe holds the probe of an exhausted key in
+// flight while 8 more requests arrive, then fails it: the waiters decide
+// on their fallback buckets at once, on the probe's outcome, instead of
+// sending store calls of their own one after the other (each of which
+// would wait its own deadline on a stalled shard).
+func TestWaitersShareAFailedProbe(t *testing.T) {
+	t.Parallel()
+	for _, failClosed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failClosed=%v", failClosed), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, true)
+			r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 2, failClosed, false)
+			for range 4 {
+				f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+			}
+			f.clock.Add(time.Minute) // the deny entry has expired: the next request probes
+			before, fbBefore := f.store.calls.Load(), f.fallback.calls.Load()
+			f.store.gate = make(chan struct{})
+			f.store.fail.Store(true)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			got := map[string]int{}
+			for range 9 {
+				wg.Go(func() {
+					v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+					mu.Lock()
+					got[v.Outcome.String()+"/"+v.Results[0].Source.String()]++
+					mu.Unlock()
+				})
+			}
+			for f.store.calls.Load() == before {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond) // the other 8 queue behind the probe
+			close(f.store.gate)
+			wg.Wait()
+			if n := f.store.calls.Load() - before; n != 1 {
+				t.Errorf("%d store calls, want 1: the waiters must share the probe's failure", n)
+			}
+			if failClosed {
+				if got["unavailable/unavailable"] != 9 {
+					t.Errorf("outcomes %v, want all 9 unavailable", got)
+				}
+				if n := f.fallback.calls.Load() - fbBefore; n != 0 {
+					t.Errorf("%d fallback calls for a fail-closed rule", n)
+				}
+				return
+			}
+			// The fallback bucket is limit/replicas: 1 of the 3.
+			if got["allow/fallback"] != 1 || got["deny/fallback"] != 8 {
+				t.Errorf("outcomes %v, want 1 allow and 8 deny, all from the fallback bucket", got)
+			}
+		})
+	}
+}
+
 func TestFloodCostsAboutOneStoreCallPerAdmission(t *testing.T) {
 	t.Parallel()
 	c := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}

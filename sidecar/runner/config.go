@@ -64,6 +64,7 @@ type Config struct {
 	RedisAddrs      string
 	RedisPassword   string
 	RedisPassFile   string
+	RedisUserFile   string
 	RedisTLS        bool
 	RedisTLSCAFile  string
 	RedisTLSServer  string
@@ -152,6 +153,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
+	fs.StringVar(&c.RedisUserFile, "redis-username-file", "", "file holding the Redis ACL user to authenticate as with the password, read with it for every new connection; a missing file means the default user")
 	fs.BoolVar(&c.RedisTLS, "redis-tls", false, "use TLS to Redis")
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
@@ -163,7 +165,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RedisBreakerFailures, "redis-breaker-failures", redisstore.DefaultBreakerFailures,
 		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode)")
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
-		"how long an open breaker fails fast before one probe call tests the shard again")
+		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
@@ -333,6 +335,9 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		if _, err := os.Stat(c.RedisPassFile); err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 			bad("redis-password-file", "%v", err)
 		}
+	}
+	if c.RedisUserFile != "" && c.RedisPassFile == "" {
+		bad("redis-username-file", "needs --redis-password-file")
 	}
 	if c.RedisTLSCAFile != "" {
 		if _, err := os.Stat(c.RedisTLSCAFile); err != nil {

@@ -539,8 +539,7 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""
 	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
-		r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
-		r.log.Warn("store section changed; it takes effect at restart", "type", want.Type, "addresses", want.Addresses)
+		r.followStoreLocked(want)
 	}
 	first := !r.ready.Load()
 	r.mu.Unlock()
@@ -576,6 +575,27 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 
 func sameStore(sel storeSelection, s StoreStatus) bool {
 	return sel.Type == s.Type && reflect.DeepEqual(sel.Addresses, s.Addresses)
+}
+
+// followStoreLocked handles a config whose store section differs from the
+// store in use. New addresses of the same Redis store (every node of a
+// managed store replaced, or its masters changed) are followed at once:
+// the store loads the slot map from them and switches to it. Another
+// store type or TLS setting takes effect at restart. r.mu is held.
+func (r *Runner) followStoreLocked(want storeSelection) {
+	cur := r.status.Store
+	if want.Type == cur.Type && want.Type == config.StoreRedis && (want.TLS != nil) == cur.TLS && r.store.setAddrs != nil {
+		if err := r.store.setAddrs(want.Addresses); err != nil {
+			r.status.StoreDrift = fmt.Sprintf("the policy file names the store at %v, which cannot be used: %v", want.Addresses, err)
+			r.log.Warn("the store's new addresses cannot be used; keeping the old ones", "addresses", want.Addresses, "err", err)
+			return
+		}
+		r.log.Info("following the store to new addresses", "from", cur.Addresses, "to", want.Addresses)
+		r.status.Store.Addresses = want.Addresses
+		return
+	}
+	r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
+	r.log.Warn("store section changed; it takes effect at restart", "type", want.Type, "addresses", want.Addresses)
 }
 
 // forgetSets is a change of rule set whose removed rules' metrics are to

@@ -381,6 +381,70 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		AddReportEntry("store healed after", time.Since(start).Round(time.Second).String())
 	}, SpecTimeout(5*time.Minute))
 
+	It("follows the store when every Redis pod is replaced at once, without restarting a sidecar", func(ctx SpecContext) {
+		type started struct {
+			uid      string
+			restarts int32
+			id       string
+		}
+		sidecars := func() map[string]started {
+			GinkgoHelper()
+			out := map[string]started{}
+			for _, p := range readyPods(ctx, appNS, map[string]string{"app": app}) {
+				for _, st := range p.Status.InitContainerStatuses {
+					if st.Name == config.ContainerName {
+						out[p.Name] = started{uid: string(p.UID), restarts: st.RestartCount, id: st.ContainerID}
+					}
+				}
+			}
+			return out
+		}
+		before := sidecars()
+		Expect(before).To(HaveLen(3))
+		var cs v1alpha1.CounterStore
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
+		oldEndpoints := cs.Status.Endpoints
+		nodeTimeout := 5 * time.Second // the API default
+		if cs.Spec.Managed != nil && cs.Spec.Managed.NodeTimeout != nil {
+			nodeTimeout = cs.Spec.Managed.NodeTimeout.Duration
+		}
+
+		By("deleting every Redis pod at once")
+		Expect(k8s.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(releaseNS),
+			client.MatchingLabels(counterstore.SelectorLabels("default")), client.GracePeriodSeconds(0))).To(Succeed())
+		deleted := time.Now()
+
+		round := 0
+		closedRound := func() tally {
+			round++
+			closed := tally{}
+			for i := range 30 {
+				closed[send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("replaced-%d-%d", round, i)}).Status]++
+			}
+			return closed
+		}
+		By("seeing the fail-closed rule refuse while the store is gone")
+		Eventually(func(g Gomega) {
+			closed := closedRound()
+			g.Expect(closed[503]).To(BeNumerically(">", 0), "closed rule: %s", closed)
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		By("waiting until the fail-closed rule, which only the shared count can answer, admits every user again")
+		var resumed time.Duration
+		Eventually(func(g Gomega) {
+			closed := closedRound()
+			g.Expect(closed[200]).To(Equal(30), "closed rule: %s", closed)
+			resumed = time.Since(deleted)
+		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
+		AddReportEntry("every Redis pod deleted at once -> shared counting again on every sidecar, none restarted",
+			fmt.Sprintf("%s (bound node timeout %v + 10s; the real StatefulSet recreates the six pods and the manager re-forms them); endpoints %v -> %v",
+				resumed.Round(time.Millisecond), nodeTimeout, oldEndpoints, cs.Status.Endpoints))
+		Expect(resumed).To(BeNumerically("<=", nodeTimeout+10*time.Second), "shared counting resumes within the node timeout + 10s")
+		Expect(cs.Status.Endpoints).NotTo(ConsistOf(oldEndpoints), "the new pods have new IPs")
+		Expect(sidecars()).To(Equal(before), "no sidecar was restarted")
+	}, SpecTimeout(6*time.Minute))
+
 	It("follows a scale from 3 to 6 replicas with the fallback share", func(ctx SpecContext) {
 		kubectl(ctx, "-n", appNS, "scale", "deployment", app, "--replicas=6")
 		waitRollout(ctx, appNS, app, 6, 3*time.Minute)

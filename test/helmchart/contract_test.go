@@ -558,6 +558,25 @@ func TestCustomValues(t *testing.T) {
 	if objs.Find("ClusterRole", "ratelimit-metrics-auth") != nil {
 		t.Error("metrics auth ClusterRole rendered with metrics.secure false")
 	}
+	// The manager may patch its own webhook configurations only, by the
+	// names the values give them.
+	var role rbacv1.ClusterRole
+	fromUnstructured(t, objs.Get(t, "ClusterRole", "ratelimit-manager"), &role)
+	webhookRules := 0
+	for _, r := range role.Rules {
+		if slices.Contains(r.APIGroups, "admissionregistration.k8s.io") {
+			webhookRules++
+			if !slices.Equal(r.ResourceNames, []string{"platform-floodgate-injector", "platform-floodgate-validator"}) {
+				t.Errorf("webhook configuration rule %+v, want it limited to the configured names", r)
+			}
+		}
+	}
+	if webhookRules != 1 {
+		t.Errorf("%d rules on webhook configurations, want 1", webhookRules)
+	}
+	if d.Spec.Template.Labels["ratelimit.floodgate.dev/store-client"] != "true" {
+		t.Errorf("the manager pods lack the label the stores' NetworkPolicies admit: %v", d.Spec.Template.Labels)
+	}
 	for _, o := range objs {
 		if o.GetLabels()["team"] != "platform" {
 			t.Errorf("%s %s lacks the commonLabels", o.GetKind(), o.GetName())

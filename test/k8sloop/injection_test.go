@@ -74,6 +74,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(env["POD_NAMESPACE"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.namespace"))
 		Expect(env).NotTo(HaveKey("FLOODGATE_REDIS_PASSWORD"), "the password comes from a file that follows rotations")
 		Expect(env["FLOODGATE_REDIS_PASSWORD_FILE"].Value).To(Equal("/etc/floodgate/store-auth/password"))
+		Expect(env["FLOODGATE_REDIS_USERNAME_FILE"].Value).To(Equal("/etc/floodgate/store-auth/username"))
 		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.PodInfoVolume, MountPath: "/etc/floodgate/podinfo", ReadOnly: true}))
 		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.StoreAuthVolume, MountPath: "/etc/floodgate/store-auth", ReadOnly: true}))
 

@@ -36,6 +36,7 @@ var _ = Describe("the policy loop", func() {
 			g.Expect(string(s.Data["password"])).To(Equal("s3cret"))
 			var b rbacv1.RoleBinding
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}, &b)).To(Succeed())
+			g.Expect(b.Subjects).To(ContainElement(HaveField("Name", "default")), "the pod's service account is bound")
 		}).Should(Succeed())
 		Eventually(func() string { return revision(ctx, ns) }).ShouldNot(BeEmpty())
 
@@ -163,9 +164,10 @@ var _ = Describe("the policy loop", func() {
 	It("does not load a document before its sidecar has access, and reports why", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		pod := injectedPod(ctx, ns, "api-0")
-		Eventually(func() error {
+		Eventually(func(g Gomega) {
 			var b rbacv1.RoleBinding
-			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}, &b)
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}, &b)).To(Succeed())
+			g.Expect(b.Subjects).To(ContainElement(HaveField("Name", "default")))
 		}).Should(Succeed(), "an opted-in pod alone gets its namespace sidecar access")
 		// The namespace has no policy, so no store and no password
 		// mirror: start the sidecar with an empty one.

@@ -221,7 +221,8 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 		"--pod-labels-file", labels,
 	)
 	if password != "" {
-		args = append(args, "--redis-password-file", password)
+		args = append(args, "--redis-password-file", password,
+			"--redis-username-file", filepath.Join(filepath.Dir(password), config.StoreAuthUserKey))
 	}
 	p, err := s.StartProcess(o.Name, env, bin, args...)
 	if err != nil {
@@ -290,6 +291,13 @@ func (s *Stack) writeStoreAuth(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	path := filepath.Join(dir, config.StoreAuthKey)
 	if err := os.WriteFile(path, v, 0o600); err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	// The user, when the store has one for the sidecars, sits beside it;
+	// without it the sidecar authenticates as the default user.
+	if u, ok := sec.Data[config.StoreAuthUserKey]; ok {
+		if err := os.WriteFile(filepath.Join(dir, config.StoreAuthUserKey), u, 0o600); err != nil {
+			return "", fmt.Errorf("writing the store user: %w", err)
+		}
 	}
 	return path, nil
 }

@@ -18,7 +18,10 @@ import (
 	"os"
 	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -192,7 +195,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		RenewDeadline:                 &o.RenewDeadline,
 		RetryPeriod:                   &o.RetryPeriod,
 		GracefulShutdownTimeout:       &graceful,
-		Cache:                         CacheOptions(),
+		Cache:                         CacheOptions(o.Webhook.Namespace),
 		WebhookServer:                 webhookServer(&o, tlsOpts),
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
@@ -221,17 +224,26 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 	return mgr, nil
 }
 
-// CacheOptions keeps the cache to what the controllers need: ConfigMaps
-// only with the policy controller's label, no managedFields on any object.
-// A component that needs other ConfigMaps adds its own label selector
-// here.
-func CacheOptions() cache.Options {
+// CacheOptions keeps the cache to what the controllers need, and to what
+// the manager's RBAC lets it watch: ConfigMaps only with the policy
+// controller's label; Secrets, StatefulSets, Services,
+// PodDisruptionBudgets and NetworkPolicies only in the manager's own
+// namespace (managerNamespace), where the managed stores and the webhook
+// certificate live; no managedFields on any object. A component that needs
+// other ConfigMaps adds its own label selector here.
+func CacheOptions(managerNamespace string) cache.Options {
+	own := cache.ByObject{Namespaces: map[string]cache.Config{managerNamespace: {}}}
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.ConfigMap{}: {
 				Label: labels.SelectorFromSet(labels.Set{policy.ManagedByLabel: policy.ManagedByValue}),
 			},
+			&corev1.Secret{}:                {Namespaces: own.Namespaces},
+			&corev1.Service{}:               {Namespaces: own.Namespaces},
+			&appsv1.StatefulSet{}:           {Namespaces: own.Namespaces},
+			&policyv1.PodDisruptionBudget{}: {Namespaces: own.Namespaces},
+			&networkingv1.NetworkPolicy{}:   {Namespaces: own.Namespaces},
 		},
 	}
 }

@@ -68,6 +68,20 @@ type Options struct {
 	skipNameValidation bool
 }
 
+// Leader election defaults. When the leader dies without releasing its
+// Lease (SIGKILL, a lost node), a standby takes over once the Lease has
+// gone unrenewed for LeaseDuration as the standby saw it; the standby
+// looks every RetryPeriod, stretched by up to 120% of jitter, so it may see
+// the last renewal up to 2.2 periods late and act up to 2.2 periods after
+// the expiry: at worst LeaseDuration + 4.4 RetryPeriods, 12.4s, typically
+// about 9s. A leader that cannot renew for RenewDeadline (the API server
+// down that long) stops leading and exits, to be restarted.
+const (
+	DefaultLeaseDuration = 8 * time.Second
+	DefaultRenewDeadline = 6 * time.Second
+	DefaultRetryPeriod   = time.Second
+)
+
 // DefaultOptions returns the options the flags default to.
 func DefaultOptions() Options {
 	return Options{
@@ -75,9 +89,9 @@ func DefaultOptions() Options {
 		SecureMetrics:     true,
 		ProbeAddr:         ":8081",
 		LeaderElectionID:  "floodgate-manager.ratelimit.floodgate.dev",
-		LeaseDuration:     15 * time.Second,
-		RenewDeadline:     10 * time.Second,
-		RetryPeriod:       2 * time.Second,
+		LeaseDuration:     DefaultLeaseDuration,
+		RenewDeadline:     DefaultRenewDeadline,
+		RetryPeriod:       DefaultRetryPeriod,
 		PolicyConcurrency: 4,
 		GracefulShutdown:  30 * time.Second,
 		UsageInterval:     10 * time.Second,
