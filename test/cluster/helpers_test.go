@@ -86,6 +86,29 @@ func pathHits(ctx context.Context, pods []corev1.Pod, path string) int64 {
 	return n
 }
 
+// fallbackDenied sums, over pods, the sidecars' fail-open denials
+// (floodgate_sidecar_fallback_decisions_total{result="denied"}): requests
+// a rule's local share answered 429 because a store call failed.
+func fallbackDenied(ctx context.Context, pods []corev1.Pod) int64 {
+	GinkgoHelper()
+	var n int64
+	for _, p := range pods {
+		a := send(ctx, http.MethodGet, "http://"+p.Status.PodIP+":9090/metrics", nil)
+		Expect(a.Err).NotTo(HaveOccurred())
+		Expect(a.Status).To(Equal(http.StatusOK))
+		for _, line := range strings.Split(a.Body, "\n") {
+			if !strings.HasPrefix(line, "floodgate_sidecar_fallback_decisions_total{") || !strings.Contains(line, `result="denied"`) {
+				continue
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			Expect(err).NotTo(HaveOccurred(), line)
+			n += int64(v)
+		}
+	}
+	return n
+}
+
 // readyPods returns the Running, Ready, not terminating pods of a
 // namespace that match labels.
 func readyPods(ctx context.Context, ns string, labels map[string]string) []corev1.Pod {
