@@ -212,6 +212,12 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 	if err != nil {
 		return nil, err
 	}
+	// The pod's state emptyDir: a directory per sidecar that outlives a
+	// restart of its process, as the emptyDir outlives a container restart.
+	state := filepath.Join(s.opts.Work, "state", o.Name)
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", state, err)
+	}
 	// Later flags win, so the overrides follow the injected arguments.
 	args := append(append([]string{}, sc.Args...),
 		"--listen", listen,
@@ -219,6 +225,7 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 		"--upstream", o.Upstream,
 		"--kubeconfig", s.Kubectl.Kubeconfig,
 		"--pod-labels-file", labels,
+		"--state-dir", state,
 	)
 	if password != "" {
 		args = append(args, "--redis-password-file", password,
