@@ -377,30 +377,36 @@ func Compile(in Input) (Output, error) {
 	// Entries exist only with a store section: fresh ones need a usable
 	// store, carried ones the previous document's.
 	out := Output{Policies: results, Clusters: cresults}
-	switch {
-	case len(entries) == 0:
+	if len(entries) == 0 {
 		out.Action = Delete
-	default:
-		slices.SortFunc(entries, func(a, b config.Policy) int { return cmp.Compare(a.Name, b.Name) })
-		out.Action = Apply
-		for {
-			out.Config = &config.Config{APIVersion: config.APIVersion, Store: *store, Policies: entries}
-			placeReplicas(out.Config, in.Pods)
-			data, err := Marshal(out.Config)
-			if err != nil {
-				return Output{}, err
-			}
-			out.Data = data
-			if len(data) <= MaxDocumentBytes || len(entries) == 1 {
-				break
-			}
-			// The document does not fit in the ConfigMap: leave out the
-			// policy created last, so that one policy too many never keeps
-			// the others from being written.
-			entries = dropNewest(entries, live, results)
-		}
+		return out, nil
+	}
+	if err := out.assemble(entries, *store, in.Pods, live); err != nil {
+		return Output{}, err
 	}
 	return out, nil
+}
+
+// assemble sets out's document to entries under store, leaving out the
+// policy created last (live is ordered by creation) for as long as the
+// document does not fit in the ConfigMap, so that one policy too many
+// never keeps the others from being written.
+func (out *Output) assemble(entries []config.Policy, store config.Store, pods []corev1.Pod, live []*v1alpha1.RateLimitPolicy) error {
+	slices.SortFunc(entries, func(a, b config.Policy) int { return cmp.Compare(a.Name, b.Name) })
+	out.Action = Apply
+	for {
+		out.Config = &config.Config{APIVersion: config.APIVersion, Store: store, Policies: entries}
+		placeReplicas(out.Config, pods)
+		data, err := Marshal(out.Config)
+		if err != nil {
+			return err
+		}
+		out.Data = data
+		if len(data) <= MaxDocumentBytes || len(entries) == 1 {
+			return nil
+		}
+		entries = dropNewest(entries, live, out.Policies)
+	}
 }
 
 // applyReplacements decides, for each default rule of cluster policy c,
