@@ -28,9 +28,10 @@ type Outcome struct {
 	// Err is nil when the update was applied, and the reason it was
 	// rejected otherwise.
 	Err error
-	// Failed names the policies of the revision in force that this
-	// sidecar could not compile and does not enforce; each policy
-	// compiles on its own, and the others are in force.
+	// Failed names (by name within the namespace, as the manager's
+	// Programmed condition looks them up) the policies of the revision in
+	// force that this sidecar could not compile and does not enforce;
+	// each policy compiles on its own, and the others are in force.
 	Failed []string
 }
 

@@ -15,6 +15,7 @@ import (
 	"net/http/pprof"
 	"net/url"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -421,7 +422,13 @@ func (r *Runner) apply(u configsource.Update) {
 			o.Err = errors.New(st.LastError)
 		}
 		for _, f := range st.FailedPolicies {
-			o.Failed = append(o.Failed, f.Policy)
+			// The pod condition names policies as the manager does, by
+			// name within the namespace: "ns/name" is reported as "name".
+			name := f.Policy
+			if i := strings.LastIndexByte(name, '/'); i >= 0 {
+				name = name[i+1:]
+			}
+			o.Failed = append(o.Failed, name)
 		}
 		u.Result(o)
 	}
