@@ -340,6 +340,11 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		Expect(master).NotTo(BeNil())
 		By("deleting Redis master pod " + master.Name)
 		Expect(k8s.Delete(ctx, master, client.GracePeriodSeconds(0))).To(Succeed())
+		// The API answers the delete before the kubelet has stopped the
+		// container: the outage starts when the master stops answering.
+		gone := redisClient(ctx, master.Status.PodIP+":6379")
+		Eventually(func() error { return gone.Ping(ctx).Err() }).WithContext(ctx).
+			WithTimeout(30*time.Second).WithPolling(50*time.Millisecond).ShouldNot(Succeed(), "the deleted master still answers")
 
 		// 60 users and 60 API keys: about a third hash to the lost shard.
 		round := func(tag string) (open, closed tally) {
