@@ -38,15 +38,16 @@ const (
 )
 
 // values are the release's values: the chart's defaults, with a smaller
-// Redis per node and a shorter node timeout, so that six Redis nodes fit a
-// 2-core test node and a failover takes seconds.
+// Redis per node, so that six Redis nodes fit a 2-core test node, and a
+// node timeout that leaves the outage spec a window of seconds between a
+// master's loss and its replica's promotion.
 const values = `defaultStore:
   managed:
     resources:
       requests: {cpu: 50m, memory: 64Mi}
       limits: {memory: 256Mi}
     maxMemory: 64Mi
-    nodeTimeout: 2s
+    nodeTimeout: 8s
 `
 
 // policy is the application's RateLimitPolicy: an open rule per API key,
@@ -341,10 +342,15 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		By("deleting Redis master pod " + master.Name)
 		Expect(k8s.Delete(ctx, master, client.GracePeriodSeconds(0))).To(Succeed())
 		// The API answers the delete before the kubelet has stopped the
-		// container: the outage starts when the master stops answering.
-		gone := redisClient(ctx, master.Status.PodIP+":6379")
-		Eventually(func() error { return gone.Ping(ctx).Err() }).WithContext(ctx).
-			WithTimeout(30*time.Second).WithPolling(50*time.Millisecond).ShouldNot(Succeed(), "the deleted master still answers")
+		// container: the outage starts when the sidecars lose the master,
+		// which the fail-closed rule shows first (the node timeout, 8s,
+		// leaves that long before a replica takes over).
+		probe := 0
+		Eventually(func() int {
+			probe++
+			return send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("probe-%d", probe)}).Status
+		}).WithContext(ctx).WithTimeout(8*time.Second).WithPolling(20*time.Millisecond).Should(Equal(http.StatusServiceUnavailable),
+			"no request for the lost master's slots was refused")
 
 		// 60 users and 60 API keys: about a third hash to the lost shard.
 		round := func(tag string) (open, closed tally) {
