@@ -173,6 +173,23 @@ func NewExtractor(pol *Policy, p *config.Policy, r *config.Rule) (*Extractor, er
 // Prefix returns the fixed start of the rule's keys, "<uid>:<rule>:".
 func (e *Extractor) Prefix() string { return e.prefix }
 
+// AppendNormalizedPath appends to dst the form in which rules compare a
+// cleaned path (match.CleanPath) and a path key part counts it: ASCII
+// lower case, without a trailing slash ("/" stays "/").
+func AppendNormalizedPath(dst []byte, p string) []byte {
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
 // Request is one request being keyed, with the values several rules share
 // computed once. It is not safe for concurrent use; reuse it with Reset.
 type Request struct {
@@ -355,19 +372,9 @@ func (e *Extractor) appendAlt(r *Request, alt []part, buf []byte, shared bool) (
 				bad = err
 			}
 		case kindPath:
-			// As rules match it: ASCII lower case, no trailing slash, so
-			// that "/Login/" and "/login" share a counter.
-			p := r.Path
-			if len(p) > 1 && p[len(p)-1] == '/' {
-				p = p[:len(p)-1]
-			}
-			for i := 0; i < len(p); i++ {
-				c := p[i]
-				if 'A' <= c && c <= 'Z' {
-					c += 'a' - 'A'
-				}
-				buf = append(buf, c)
-			}
+			// As rules match it, so that "/Login/" and "/login" share a
+			// counter.
+			buf = AppendNormalizedPath(buf, r.Path)
 		case kindMethod:
 			buf = append(buf, r.HTTP.Method...)
 		case kindExpression:

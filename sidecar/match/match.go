@@ -132,7 +132,7 @@ func New(rules []Rule) (*Matcher, error) {
 				if pre := r.when.PathPrefix(); strings.HasPrefix(pre, "/") {
 					// The trie holds paths as they are compared: lower
 					// case.
-					n = m.root.descend(string(normalize(nil, pre[:strings.LastIndexByte(pre, '/')+1])))
+					n = m.root.descend(string(descriptor.AppendNormalizedPath(nil, pre[:strings.LastIndexByte(pre, '/')+1])))
 				}
 			}
 			n.rules = append(n.rules, i)
@@ -140,10 +140,10 @@ func New(rules []Rule) (*Matcher, error) {
 		}
 		switch cm.Path.Type {
 		case config.PathExact:
-			v := string(normalize(nil, cm.Path.Value))
+			v := string(descriptor.AppendNormalizedPath(nil, cm.Path.Value))
 			m.exact[v] = append(m.exact[v], i)
 		case config.PathPrefix:
-			n := m.root.descend(string(normalize(nil, cm.Path.Value)))
+			n := m.root.descend(string(descriptor.AppendNormalizedPath(nil, cm.Path.Value)))
 			n.rules = append(n.rules, i)
 		case config.PathRegularExpression:
 			re, lit, err := compileRegex(cm.Path.Value)
@@ -260,7 +260,7 @@ func (m *Matcher) Match(r *descriptor.Request, dst []int) []int {
 	start := len(dst)
 	bit := methodBit(r.Method())
 	var stack [256]byte
-	norm := normalize(stack[:0], r.Path)
+	norm := descriptor.AppendNormalizedPath(stack[:0], r.Path)
 	for _, i := range m.exact[string(norm)] {
 		dst = m.appendIf(dst, i, r, bit)
 	}
@@ -471,33 +471,6 @@ func (h *Hosts) Match(host string) bool {
 		}
 	}
 	return false
-}
-
-// normalize appends to dst the form in which a cleaned path is compared:
-// ASCII lower case, without a trailing slash (but "/" stays "/").
-func normalize(dst []byte, p string) []byte {
-	if len(p) > 1 && p[len(p)-1] == '/' {
-		p = p[:len(p)-1]
-	}
-	for i := 0; i < len(p); i++ {
-		dst = append(dst, lower(p[i]))
-	}
-	return dst
-}
-
-// NormalizedPath returns the form in which a cleaned path is compared
-// (ASCII lower case, no trailing slash), the value a path key part counts
-// by. It does not allocate when p is already in that form.
-func NormalizedPath(p string) string {
-	if len(p) > 1 && p[len(p)-1] == '/' {
-		p = p[:len(p)-1]
-	}
-	for i := 0; i < len(p); i++ {
-		if c := p[i]; 'A' <= c && c <= 'Z' {
-			return string(normalize(make([]byte, 0, len(p)), p))
-		}
-	}
-	return p
 }
 
 func lower(c byte) byte {

@@ -113,8 +113,10 @@ func TestMatchIgnoresCaseAndTrailingSlash(t *testing.T) {
 			t.Errorf("Match(%q) = %v, want %v", tc.path, got, tc.want)
 		}
 	}
-	if got := NormalizedPath("/Login/"); got != "/login" {
-		t.Errorf("NormalizedPath = %q", got)
+	for in, want := range map[string]string{"/Login/": "/login", "/": "/", "/A/b/C": "/a/b/c"} {
+		if got := string(descriptor.AppendNormalizedPath(nil, in)); got != want {
+			t.Errorf("AppendNormalizedPath(%q) = %q, want %q", in, got, want)
+		}
 	}
 	dst := make([]int, 0, 4)
 	r := request("GET", "/ADMIN/Users/42", nil, 1)

@@ -15,7 +15,6 @@ import (
 	"net/http/pprof"
 	"net/url"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +128,9 @@ type ConditionStatus struct {
 type FailedPolicy struct {
 	Policy string `json:"policy"`
 	Error  string `json:"error"`
+	// name is the policy's name within its namespace, as the pod
+	// condition names it for the manager.
+	name string
 }
 
 // StoreStatus describes the store in use; it never holds the password.
@@ -422,13 +424,7 @@ func (r *Runner) apply(u configsource.Update) {
 			o.Err = errors.New(st.LastError)
 		}
 		for _, f := range st.FailedPolicies {
-			// The pod condition names policies as the manager does, by
-			// name within the namespace: "ns/name" is reported as "name".
-			name := f.Policy
-			if i := strings.LastIndexByte(name, '/'); i >= 0 {
-				name = name[i+1:]
-			}
-			o.Failed = append(o.Failed, name)
+			o.Failed = append(o.Failed, f.name)
 		}
 		u.Result(o)
 	}
@@ -541,7 +537,7 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	r.status.FromState = fromState
 	r.status.FailedPolicies = nil
 	for _, f := range set.Failed {
-		r.status.FailedPolicies = append(r.status.FailedPolicies, FailedPolicy{Policy: f.ID(), Error: f.Err.Error()})
+		r.status.FailedPolicies = append(r.status.FailedPolicies, FailedPolicy{Policy: f.ID(), Error: f.Err.Error(), name: f.Name})
 	}
 	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""

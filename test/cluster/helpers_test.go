@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 // answer is what a request got.
@@ -91,22 +92,14 @@ func pathHits(ctx context.Context, pods []corev1.Pod, path string) int64 {
 // a rule's local share answered 429 because a store call failed.
 func fallbackDenied(ctx context.Context, pods []corev1.Pod) int64 {
 	GinkgoHelper()
-	var n int64
+	var n float64
 	for _, p := range pods {
-		a := send(ctx, http.MethodGet, "http://"+p.Status.PodIP+":9090/metrics", nil)
-		Expect(a.Err).NotTo(HaveOccurred())
-		Expect(a.Status).To(Equal(http.StatusOK))
-		for _, line := range strings.Split(a.Body, "\n") {
-			if !strings.HasPrefix(line, "floodgate_sidecar_fallback_decisions_total{") || !strings.Contains(line, `result="denied"`) {
-				continue
-			}
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			Expect(err).NotTo(HaveOccurred(), line)
-			n += int64(v)
-		}
+		v, err := simnode.MetricSum(ctx, "http://"+p.Status.PodIP+":9090/metrics",
+			"floodgate_sidecar_fallback_decisions_total", map[string]string{"result": "denied"})
+		Expect(err).NotTo(HaveOccurred())
+		n += v
 	}
-	return n
+	return int64(n)
 }
 
 // readyPods returns the Running, Ready, not terminating pods of a
