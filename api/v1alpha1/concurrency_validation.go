@@ -21,9 +21,15 @@ func validateRuleKind(r *Rule, path *field.Path) field.ErrorList {
 		PriorityCritical, PriorityDefault, PrioritySheddable)...)
 	rate := r.Limit != (Limit{})
 	switch {
+	case r.Concurrency != nil && r.Limit.Split != 0:
+		errs = append(errs, field.Invalid(path.Child("limit", "split"), r.Limit.Split,
+			"does not apply to a concurrency rule: its slots are one count per key, held for the request's life"))
+	case r.Concurrency != nil && r.Limit.Lease != "":
+		errs = append(errs, field.Invalid(path.Child("limit", "lease"), r.Limit.Lease,
+			"does not apply to a concurrency rule: each request takes its own slot from the store"))
 	case rate && r.Concurrency != nil:
 		errs = append(errs, field.Invalid(path.Child("concurrency"), field.OmitValueType{},
-			"set limit (a rate) or concurrency (requests in flight), not both; use two rules for both"))
+			"set limit (a rate) or concurrency (requests in flight), not both; use two rules for both; limit.split does not apply to a concurrency cap"))
 	case r.Concurrency != nil:
 		c := r.Concurrency
 		if c.Max < 1 || c.Max > maxConcurrency {

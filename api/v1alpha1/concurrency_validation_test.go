@@ -38,6 +38,8 @@ func TestValidateSemanticsAcceptsConcurrencyAndShedding(t *testing.T) {
 	// The bounds pass, and every default may be left to the API server.
 	p := admissionPolicy()
 	p.Spec.Rules[2].Concurrency = &Concurrency{Max: 100_000}
+	// A concurrency rule with no key caps every request it matches together.
+	p.Spec.Rules[2].Key = nil
 	p.Spec.LoadShedding = &LoadShedding{}
 	if errs := p.ValidateSemantics(); len(errs) != 0 {
 		t.Fatalf("ValidateSemantics() with the bounds and defaults = %v, want no errors", errs.ToAggregate())
@@ -57,8 +59,10 @@ func TestValidateSemanticsRejectsBadConcurrencyAndShedding(t *testing.T) {
 			"spec.rules[0].concurrency", "not both"},
 		{"neither limit, concurrency nor priority", func(p *RateLimitPolicy) { p.Spec.Rules[2].Concurrency = nil },
 			"spec.rules[2]", "needs a limit, a concurrency cap, or a priority"},
-		{"concurrency without a key", func(p *RateLimitPolicy) { p.Spec.Rules[2].Key = nil },
-			"spec.rules[2].key", "at least one key part"},
+		{"concurrency with limit.split", func(p *RateLimitPolicy) { p.Spec.Rules[2].Limit = Limit{Split: 3} },
+			"spec.rules[2].limit.split", "does not apply to a concurrency rule"},
+		{"concurrency with limit.lease", func(p *RateLimitPolicy) { p.Spec.Rules[2].Limit = Limit{Lease: LeaseOff} },
+			"spec.rules[2].limit.lease", "does not apply to a concurrency rule"},
 		{"max 0", func(p *RateLimitPolicy) { p.Spec.Rules[2].Concurrency.Max = 0 },
 			"spec.rules[2].concurrency.max", "between 1 and 100000"},
 		{"max above the bound", func(p *RateLimitPolicy) { p.Spec.Rules[2].Concurrency.Max = 100_001 },

@@ -120,6 +120,12 @@ func (r *Rule) validateKind(path string, errs *errList) (rate bool) {
 	}
 	rate = r.IsRate()
 	switch {
+	case rate && r.Concurrency != nil && r.Limit.Split != 0:
+		errs.add(path+".limit.split", "does not apply to a concurrency rule: its slots are one count per key, held for the request's life")
+		return false
+	case rate && r.Concurrency != nil && r.Limit.Lease != "":
+		errs.add(path+".limit.lease", "does not apply to a concurrency rule: each request takes its own slot from the store")
+		return false
 	case rate && r.Concurrency != nil:
 		errs.add(path, "set limit (a rate) or concurrency (requests in flight), not both; use two rules for both")
 		return false

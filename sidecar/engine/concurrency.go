@@ -83,7 +83,7 @@ func NewConcurrencyRule(policy, name string, maxN int64, ttl time.Duration, repl
 	r := &ConcurrencyRule{Policy: policy, Name: name, Max: maxN, Fallback: fb, LeaseTTL: ttl,
 		FailClosed: failClosed, Shadow: shadow, m: m.ForRule(policy, name),
 		inFlight: m.ConcurrencyInFlight.WithLabelValues(policy, name)}
-	for i, res := range [...]string{"renewed", "lost", "error"} {
+	for i, res := range [...]string{metrics.RenewalRenewed, metrics.RenewalLost, metrics.RenewalError} {
 		r.renewals[i] = m.LeaseRenewalsTotal.WithLabelValues(policy, name, res)
 	}
 	return r, nil

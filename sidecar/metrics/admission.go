@@ -4,13 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The label names shared by the sidecar's per-rule metrics.
-const (
-	labelPolicy = "policy"
-	labelRule   = "rule"
-	labelResult = "result"
-)
-
 // Priorities, the values of the "priority" label of the shedder's metrics.
 const (
 	PriorityCritical  = "Critical"
@@ -56,11 +49,11 @@ func newAdmission(reg prometheus.Registerer) Admission {
 		ConcurrencyInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "concurrency_in_flight",
 			Help: "Requests of this sidecar that hold a slot of a concurrency rule, by policy and rule.",
-		}, []string{labelPolicy, labelRule}),
+		}, []string{policyLabel, ruleLabel}),
 		LeaseRenewalsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "concurrency_lease_renewals_total",
 			Help: "Renewals of the slot leases of long requests, by policy, rule and result (renewed, lost, error).",
-		}, []string{labelPolicy, labelRule, labelResult}),
+		}, []string{policyLabel, ruleLabel, resultLabel}),
 		SheddingLimit: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "shedding_limit",
 			Help: "The load shedder's adaptive limit on requests in flight to the application.",
@@ -91,8 +84,19 @@ func newAdmission(reg prometheus.Registerer) Admission {
 	return a
 }
 
-// forgetAdmission deletes the concurrency series of a rule.
-func (m *Metrics) forgetAdmission(labels prometheus.Labels) {
-	m.ConcurrencyInFlight.DeletePartialMatch(labels)
-	m.LeaseRenewalsTotal.DeletePartialMatch(labels)
+// Results of a lease renewal, the values of the "result" label of
+// LeaseRenewalsTotal.
+const (
+	RenewalRenewed = "renewed"
+	RenewalLost    = "lost"
+	RenewalError   = "error"
+)
+
+// forgetAdmission deletes the concurrency series of a rule by their exact
+// labels, as ForgetRule does the others.
+func (m *Metrics) forgetAdmission(policy, rule string) {
+	m.ConcurrencyInFlight.DeleteLabelValues(policy, rule)
+	for _, result := range []string{RenewalRenewed, RenewalLost, RenewalError} {
+		m.LeaseRenewalsTotal.DeleteLabelValues(policy, rule, result)
+	}
 }

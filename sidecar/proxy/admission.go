@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -115,13 +117,13 @@ func (p *Proxy) Shedder() *shedder.Shedder { return p.adm.shed }
 // classify gives the request its priority and sheds it at once when its
 // priority is shed now, before any rule spends anything on it. It reports
 // whether the request goes on.
-func (p *Proxy) classify(set *ruleset.Set, r *http.Request, path string, st *State, d *Decision) bool {
+func (p *Proxy) classify(set *ruleset.Set, st *State, d *Decision) bool {
 	a := &st.adm
 	sh := set.Shedding
 	if sh == nil || !p.adm.shed.Enabled() {
 		return true
 	}
-	a.prio, a.cidx = sh.Classify(path, r.Method, r.Header, a.cidx)
+	a.prio, a.cidx = sh.Classify(&st.Request, a.cidx)
 	a.shedding = true
 	if p.adm.shed.Admits(a.prio) {
 		return true
@@ -133,28 +135,31 @@ func (p *Proxy) classify(set *ruleset.Set, r *http.Request, path string, st *Sta
 	return false
 }
 
-// keySlots appends the request's concurrency hits. It reports false, with
-// d Rejected, when a key part a rule requires is missing or malformed.
-func (p *Proxy) keySlots(set *ruleset.Set, r *http.Request, path string, st *State, d *Decision) bool {
+// keySlots appends the request's concurrency hits: each concurrency rule
+// that matches it, does not exempt it and has a key for it. It reports
+// false, with d Rejected, when a key part a rule requires is missing or
+// malformed.
+func (p *Proxy) keySlots(set *ruleset.Set, st *State, d *Decision) bool {
 	a := &st.adm
 	if set.ConcurrencyMatcher == nil {
 		return true
 	}
-	a.cidx = set.ConcurrencyMatcher.Match(path, r.Method, r.Header, a.cidx[:0])
-	if len(a.cidx) == 0 {
-		return true
-	}
-	if len(st.idx) == 0 {
-		// The rate rules did not read the request: set it up for keying.
-		st.dreq.Reset(r, path, set.Policies)
-	}
+	a.cidx = set.ConcurrencyMatcher.Match(&st.Request, a.cidx[:0])
 	a.slotRule = a.slotRule[:0]
 	for _, i := range a.cidx {
 		rule := &set.Concurrency[i]
-		key, ok, err := rule.Extract.Key(&st.dreq)
+		if rule.Exempt.Holds(&st.Request) {
+			rule.Exempted.Inc()
+			continue
+		}
+		key, ok, err := rule.Extract.Key(&st.Request)
 		if err != nil {
 			p.rejected.Inc()
 			d.Outcome, d.Detail = Rejected, err.Error()+" (rule "+rule.PolicyName+")"
+			var bad *descriptor.InvalidTokenError
+			if errors.As(err, &bad) {
+				d.Outcome = Unauthorized
+			}
 			return false
 		}
 		if !ok {

@@ -2,7 +2,8 @@ package ruleset
 
 import (
 	"fmt"
-	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
@@ -16,6 +17,11 @@ import (
 type ConcurrencyRule struct {
 	Engine  *engine.ConcurrencyRule
 	Extract *descriptor.Extractor
+	// Exempt leaves some of the requests the rule matches alone: they
+	// take no slot. nil exempts nothing.
+	Exempt *match.Exemption
+	// Exempted counts the requests Exempt left alone.
+	Exempted prometheus.Counter
 	// PolicyName is "<policy>.<rule>".
 	PolicyName string
 	// Namespace is the policy's namespace.
@@ -36,15 +42,14 @@ type Shedding struct {
 	Priorities []shedder.Priority
 }
 
-// Classify returns the priority of a request with the given cleaned path,
-// method and headers: the first rule in order that matches it and sets a
-// priority decides, and a request no such rule matches is Default. idx is
-// scratch space, returned for reuse.
-func (s *Shedding) Classify(path, method string, h http.Header, idx []int) (shedder.Priority, []int) {
+// Classify returns the priority of request r: the first rule in order
+// that matches it and sets a priority decides, and a request no such rule
+// matches is Default. idx is scratch space, returned for reuse.
+func (s *Shedding) Classify(r *descriptor.Request, idx []int) (shedder.Priority, []int) {
 	if s.Classes == nil {
 		return shedder.Default, idx
 	}
-	idx = s.Classes.Match(path, method, h, idx[:0])
+	idx = s.Classes.Match(r, idx[:0])
 	if len(idx) == 0 {
 		return shedder.Default, idx
 	}
@@ -52,11 +57,12 @@ func (s *Shedding) Classify(path, method string, h http.Header, idx []int) (shed
 }
 
 // admissionBuilder gathers the concurrency rules, the priorities and the
-// shedder's settings while Compile walks the policies that select the pod.
+// shedder's settings while Compile walks the policies that select the pod:
+// one builder per policy, merged into the set's when the policy compiles.
 type admissionBuilder struct {
 	rules   []ConcurrencyRule
-	matches []config.Match
-	classes []config.Match
+	matches []match.Rule
+	classes []match.Rule
 	prios   []shedder.Priority
 	shed    *Shedding
 }
@@ -76,8 +82,20 @@ func (b *admissionBuilder) policy(p *config.Policy) {
 	}}
 }
 
-// priority records the priority a rule sets, if any.
-func (b *admissionBuilder) priority(r *config.Rule) error {
+// merge appends what o gathered to b; b's loadShedding, when it has one,
+// stays in force.
+func (b *admissionBuilder) merge(o *admissionBuilder) {
+	b.rules = append(b.rules, o.rules...)
+	b.matches = append(b.matches, o.matches...)
+	b.classes = append(b.classes, o.classes...)
+	b.prios = append(b.prios, o.prios...)
+	if b.shed == nil {
+		b.shed = o.shed
+	}
+}
+
+// priority records the priority a rule of policy pol sets, if any.
+func (b *admissionBuilder) priority(r *config.Rule, pol *descriptor.Policy) error {
 	if r.Priority == "" {
 		return nil
 	}
@@ -85,7 +103,7 @@ func (b *admissionBuilder) priority(r *config.Rule) error {
 	if err != nil {
 		return fmt.Errorf("priority: %w", err)
 	}
-	b.classes = append(b.classes, r.Match)
+	b.classes = append(b.classes, match.Rule{Match: r.Match, Policy: pol})
 	b.prios = append(b.prios, prio)
 	return nil
 }
@@ -103,8 +121,16 @@ func (b *admissionBuilder) concurrency(pol *descriptor.Policy, p *config.Policy,
 	if err != nil {
 		return err
 	}
-	b.rules = append(b.rules, ConcurrencyRule{Engine: er, Extract: ex, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace})
-	b.matches = append(b.matches, r.Match)
+	exempt, err := match.NewExemption(pol, p.Exempt, r.Exempt)
+	if err != nil {
+		return err
+	}
+	cr := ConcurrencyRule{Engine: er, Extract: ex, Exempt: exempt, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace}
+	if exempt != nil {
+		cr.Exempted = m.ExemptTotal.WithLabelValues(p.Name, r.Name)
+	}
+	b.rules = append(b.rules, cr)
+	b.matches = append(b.matches, match.Rule{Match: r.Match, Policy: pol})
 	return nil
 }
 

@@ -21,12 +21,14 @@ var admissionSchema = []Bad{
   - name: r
     key: [{clientIP: {}}]`,
 		Want: []string{"spec.rules[0]", "a rule needs a limit, a concurrency cap, or a priority"}},
-	{Name: "a concurrency rule without a key", Doc: `
+	{Name: "limit.split on a concurrency rule", Doc: `
   podSelector: {}
   rules:
   - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 2}
     concurrency: {max: 5}`,
-		Want: []string{"spec.rules[0].key", "key is required for a rule with a limit or a concurrency cap"}},
+		Want: []string{"spec.rules[0].limit.split", "does not apply to a concurrency rule"}},
 	{Name: "concurrency max 0", Doc: `
   podSelector: {}
   rules:

@@ -26,7 +26,7 @@ func compileKind(r *v1alpha1.Rule, out *config.Rule) {
 		return
 	}
 	// Only a priority: matching is all the sidecar does with the rule.
-	out.Key, out.OnMissingKey, out.FailureMode, out.Mode = out.Key[:0], "", "", ""
+	out.Key, out.Keys, out.OnMissingKey, out.FailureMode, out.Mode = out.Key[:0], nil, "", "", ""
 }
 
 // compileLoadShedding writes the shedder's settings out with every default
