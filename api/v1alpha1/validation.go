@@ -88,6 +88,7 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	if tp := p.Spec.TrustedProxies; tp != nil {
 		errs = append(errs, validateTrustedProxies(tp, spec.Child("trustedProxies"))...)
 	}
+	errs = append(errs, p.validateTarget(spec)...)
 	if p.Spec.JWT != nil {
 		errs = append(errs, validateJWT(p.Spec.JWT, spec.Child("jwt"))...)
 	} else if usesJWT {

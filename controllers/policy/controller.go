@@ -236,7 +236,7 @@ func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReferenc
 	refs := make([]metav1.OwnerReference, 0, len(policies))
 	for i := range policies {
 		p := &policies[i]
-		if p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil || p.GatewayEnforced() {
 			continue
 		}
 		refs = append(refs, metav1.OwnerReference{
