@@ -37,6 +37,9 @@ type Set struct {
 	// Descriptors holds the descriptor rules (match.descriptors), which
 	// the Envoy rate-limit service front evaluates; they are not in Rules.
 	Descriptors *Descriptors
+	// Requests indexes Rules by policy, for the request descriptors of
+	// the Envoy rate-limit service front.
+	Requests *Requests
 }
 
 // Rule is one compiled rule.
@@ -159,6 +162,9 @@ func Compile(c *config.Config, podLabels labels.Set, m *metrics.Metrics) (*Set, 
 		return nil, err
 	}
 	if s.Matcher, err = match.New(matches); err != nil {
+		return nil, err
+	}
+	if s.Requests, err = newRequests(s.Rules, matches); err != nil {
 		return nil, err
 	}
 	return s, nil
