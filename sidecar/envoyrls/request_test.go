@@ -323,4 +323,3 @@ func newCheckProxy(t *testing.T, doc string) *proxy.Proxy {
 	px.SetRules(set)
 	return px
 }
-
