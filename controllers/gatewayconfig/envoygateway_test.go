@@ -221,13 +221,13 @@ func TestEnvoyGatewayPatchesApply(t *testing.T) {
 	}
 	// Each route has the policies that apply to it.
 	want := map[string][]string{
-		"http-80 httproute/shop/api/rule/0/match/0/api_example_com":           {"infra/edge", "shop/api-limits"},
-		"http-80 httproute/shop/api/rule/1/match/0/api_example_com":           {"infra/edge", "shop/api-limits"},
-		"http-80 httproute/shop/api/rule/10/match/0/api_example_com":          {"infra/edge"},
-		"http-80 httproute/shop/api.v2/rule/0/match/0/api_example_com":        {"infra/edge"},
-		"http-80 httproute/other/web/rule/0/match/0/api_example_com":          {"infra/edge"},
-		"http-80 httproute/other/redirect/rule/0/match/0/api_example_com":     nil,
-		"infra/public/https httproute/shop/api/rule/0/match/0/api_example_com": {"infra/edge", "infra/tls-only", "shop/api-limits"},
+		"http-80 httproute/shop/api/rule/0/match/0/api_example_com":             {"infra/edge", "shop/api-limits"},
+		"http-80 httproute/shop/api/rule/1/match/0/api_example_com":             {"infra/edge", "shop/api-limits"},
+		"http-80 httproute/shop/api/rule/10/match/0/api_example_com":            {"infra/edge"},
+		"http-80 httproute/shop/api.v2/rule/0/match/0/api_example_com":          {"infra/edge"},
+		"http-80 httproute/other/web/rule/0/match/0/api_example_com":            {"infra/edge"},
+		"http-80 httproute/other/redirect/rule/0/match/0/api_example_com":       nil,
+		"infra/public/https httproute/shop/api/rule/0/match/0/api_example_com":  {"infra/edge", "infra/tls-only", "shop/api-limits"},
 		"infra/public/https httproute/other/web/rule/0/match/0/api_example_com": {"infra/edge", "infra/tls-only"},
 	}
 	for k, w := range want {
