@@ -13,6 +13,11 @@ BIN ?= bin
 GO ?= go
 GO_TEST_FLAGS ?= -race -shuffle=on -timeout 30m
 PKGS ?= ./...
+# The Go client's modules (client/, client/grpcclient/): modules of their own
+# so that programs using them take no dependency of floodgate's. make test,
+# vet, lint and verify cover them when PKGS is the whole tree.
+CLIENT_MODULES := client client/grpcclient
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 CONTROLLER_GEN = $(shell hack/tools.sh controller-gen)
 HELM = $(shell hack/tools.sh helm)
@@ -42,24 +47,31 @@ fmt: ## Run gofmt on the tree.
 	gofmt -s -w $$(git ls-files '*.go')
 
 .PHONY: vet
-vet: ## Run go vet.
+vet: ## Run go vet (and on the client modules).
 	$(GO) vet $(PKGS)
+ifeq ($(PKGS),./...)
+	for m in $(CLIENT_MODULES); do (cd $$m && $(GO) vet ./...); done
+endif
 
 .PHONY: lint
-lint: ## Run golangci-lint (config in .golangci.yml).
+lint: ## Run golangci-lint (config in .golangci.yml), on the client modules too.
 	$(GOLANGCI_LINT) run --timeout 15m --allow-parallel-runners $(PKGS)
+ifeq ($(PKGS),./...)
+	for m in $(CLIENT_MODULES); do (cd $$m && $(GOLANGCI_LINT) run --timeout 15m --allow-parallel-runners ./...); done
+endif
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod/go.sum drift.
 	$(GO) mod tidy
 	cd hack/tools && $(GO) mod tidy
+	for m in $(CLIENT_MODULES); do (cd $$m && $(GO) mod tidy); done
 	@test -z "$$(gofmt -s -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -s -l $$(git ls-files '*.go'); exit 1; }
-	git diff --exit-code -- api config go.mod go.sum hack/tools/go.mod hack/tools/go.sum charts
+	git diff --exit-code -- api config go.mod go.sum hack/tools/go.mod hack/tools/go.sum charts client/go.mod client/grpcclient/go.mod client/grpcclient/go.sum
 	@untracked=$$(git ls-files --others --exclude-standard -- api config charts); \
 	  if [ -n "$$untracked" ]; then echo "untracked generated files:"; echo "$$untracked"; exit 1; fi
 
 .PHONY: build
-build: ## Build floodgate-manager and floodgate-sidecar into bin/.
+build: ## Build floodgate-manager, floodgate-sidecar and kubectl-floodgate into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
 ##@ Images and a real node
@@ -77,6 +89,10 @@ cluster-up: images ## Start one real Kubernetes node here (root): etcd, apiserve
 cluster-down: ## Stop the node and remove every trace: processes, mounts, netns, iptables chains, cgroups.
 	hack/cluster.sh down
 
+.PHONY: plugin-release
+plugin-release: ## Build kubectl-floodgate's release archives and krew manifest into bin/release (VERSION=vX.Y.Z).
+	hack/plugin-release.sh $(VERSION) $(BIN)/release
+
 ##@ Test
 
 .PHONY: test-deps
@@ -92,6 +108,9 @@ test: test-unit test-cluster ## Run go vet, every unit, envtest and real-Redis s
 test-unit: test-deps vet ## Run the unit, envtest and real-Redis suites (everything but test/cluster).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
 		hack/with-reaper.sh $(GO) test $(GO_TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v /test/cluster)
+ifeq ($(PKGS),./...)
+	for m in $(CLIENT_MODULES); do (cd $$m && $(GO) test $(GO_TEST_FLAGS) ./...); done
+endif
 
 .PHONY: test-cluster
 test-cluster: test-deps images ## Run the real-node suite (test/cluster) on a node that hack/cluster.sh starts, then removes (root).

@@ -167,8 +167,7 @@ type problemSpec struct {
 	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
 }
 
-func (ps *problemSpec) detail() string { return ps.d0 + ps.d1 + ps.d2 + ps.d3 + ps.d4 }
-
+// problem is the problem answer of a decision that is not proxied.
 func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
 	case Denied:

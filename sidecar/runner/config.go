@@ -116,6 +116,10 @@ type Config struct {
 	// exits without serving.
 	CheckConfig string
 
+	// debugClockStart is --debug-manual-clock, which only a build with
+	// DebugClockTag has (debugclock.go).
+	debugClockStart string
+
 	// set records the flags given on the command line or by environment.
 	set map[string]bool
 }
@@ -174,6 +178,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
 	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
 	fs.StringVar(&c.CheckConfig, "check-config", "", "validate and explain a policy file (floodgate sidecar config or envoyproxy/ratelimit config, detected), then exit")
+	debugFlags(fs, c)
 }
 
 // Parse parses args into c: flags first, then, for each flag not given,

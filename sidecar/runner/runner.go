@@ -62,6 +62,11 @@ type Runner struct {
 
 	px    atomic.Pointer[proxy.Proxy] // set once the first config is in
 	ready atomic.Bool
+
+	// clock is what decisions read: nil for the wall clock, or a debugging
+	// build's manual clock, moved by clockHandler (clock.go).
+	clock        func() time.Time
+	clockHandler http.Handler
 }
 
 // Status is what /debug/config shows.
@@ -113,6 +118,9 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
 	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
+	if r.clock, r.clockHandler, err = debugClock(cfg); err != nil {
+		return nil, err
+	}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.m = metrics.NewMetrics(r.reg)
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
@@ -359,18 +367,21 @@ func (r *Runner) applyUpdate(u configsource.Update) {
 // and proxy. The caller holds r.mu.
 func (r *Runner) openLocked(c *config.Config) error {
 	sel := r.selectStore(c)
-	st, err := openStore(sel, r.cfg, r.reg, r.log)
+	if r.clock != nil && sel.Type != config.StoreMemory {
+		return fmt.Errorf("the manual clock needs the memory store: a %s store decides on its own clock", sel.Type)
+	}
+	st, err := openStore(sel, r.cfg, r.clock, r.reg, r.log)
 	if err != nil {
 		return fmt.Errorf("open %s store: %w", sel.Type, err)
 	}
-	fallback, err := memstore.New(memstore.WithMaxKeys(r.cfg.LocalMaxKeys))
+	fallback, err := memstore.New(memOptions(r.cfg, r.clock)...)
 	if err != nil {
 		_ = closeStore(st)
 		return fmt.Errorf("fallback store: %w", err)
 	}
 	eng, err := engine.New(engine.Options{
 		Store: st.store, StoreName: sel.Type, Fallback: fallback,
-		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote,
+		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote, Now: r.clock,
 	})
 	if err != nil {
 		_ = closeStore(st)
@@ -499,6 +510,9 @@ func (r *Runner) adminHandler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
 	})
+	if r.clockHandler != nil {
+		mux.Handle("/debug/clock", r.clockHandler)
+	}
 	if r.cfg.AdminPprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

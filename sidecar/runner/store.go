@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -60,18 +61,29 @@ type storeHandle struct {
 	close  func() error
 }
 
-// openStore is the one place a counter store is built.
-func openStore(sel storeSelection, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*storeHandle, error) {
+// openStore is the one place a counter store is built. clock, when set,
+// is the memory store's clock (a debugging build's manual clock).
+func openStore(sel storeSelection, cfg Config, clock func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*storeHandle, error) {
 	switch sel.Type {
 	case config.StoreRedis:
 		return openRedis(sel, cfg, reg, log)
 	default:
-		s, err := memstore.New(memstore.WithMaxKeys(cfg.LocalMaxKeys))
+		s, err := memstore.New(memOptions(cfg, clock)...)
 		if err != nil {
 			return nil, err
 		}
 		return &storeHandle{store: s}, nil
 	}
+}
+
+// memOptions are the options of an in-memory store: the key bound and,
+// when set, the clock.
+func memOptions(cfg Config, clock func() time.Time) []memstore.Option {
+	opts := []memstore.Option{memstore.WithMaxKeys(cfg.LocalMaxKeys)}
+	if clock != nil {
+		opts = append(opts, memstore.WithClock(clock))
+	}
+	return opts
 }
 
 // credentials returns the Redis credentials source. With

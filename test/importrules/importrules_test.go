@@ -68,6 +68,8 @@ func TestRulesCatchForbiddenEdges(t *testing.T) {
 			m("controllers/policy"):    {m("api/v1alpha1"), m("sidecar/config")},
 			m("cmd/floodgate-manager"): {m("controllers/policy")},
 			m("cmd/floodgate-sidecar"): {m("sidecar/proxy")},
+			m("cmd/kubectl-floodgate"): {m("sidecar/proxy"), m("controllers/policy")},
+			m("sidecar/runner"):        {m("sidecar/proxy")},
 			m("test/redistest"):        {"os/exec"},
 			m("bench/harness"):         {"net/http"},
 		}
@@ -97,6 +99,10 @@ func TestRulesCatchForbiddenEdges(t *testing.T) {
 			"cmd/floodgate-manager -> bench/harness"},
 		{m("api/v1alpha1"), m("sidecar/store/redis"), "floodgate-manager links none of the sidecar's runtime, gRPC or JWT",
 			"cmd/floodgate-manager -> controllers/policy -> api/v1alpha1 -> sidecar/store/redis"},
+		{m("sidecar/proxy"), m("sidecar/runner"), "kubectl-floodgate decides offline: no Redis, no sidecar runtime or Kubernetes source",
+			"cmd/kubectl-floodgate -> sidecar/proxy -> sidecar/runner"},
+		{m("sidecar/proxy"), "github.com/redis/go-redis/v9", "kubectl-floodgate decides offline: no Redis, no sidecar runtime or Kubernetes source",
+			"cmd/kubectl-floodgate -> sidecar/proxy -> github.com/redis/go-redis/v9"},
 	} {
 		g := clean()
 		g[tc.from] = append(g[tc.from], tc.to)

@@ -136,6 +136,12 @@ var Rules = []Rule{
 		Forbidden: Any(Local("test", true), Local("bench", true)),
 	},
 	{
+		Name:    "kubectl-floodgate decides offline: no Redis, no sidecar runtime or Kubernetes source",
+		Applies: Local("cmd/kubectl-floodgate", true),
+		Forbidden: Any(Local("sidecar/store/redisstore", true), Local("sidecar/runner", true),
+			Local("sidecar/kubesource", true), Local("sidecar/envoyrls", true), Prefix("github.com/redis")),
+	},
+	{
 		Name:    "floodgate-manager links none of the sidecar's runtime, gRPC or JWT",
 		Applies: Local("cmd/floodgate-manager", true),
 		Forbidden: Any(All(Local("sidecar", true), Not(dataPlaneContract)),

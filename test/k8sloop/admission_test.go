@@ -6,6 +6,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/floodgate-dev/floodgate/test/policycases"
 )
 
 // policyYAML is a RateLimitPolicy manifest whose one rule has the given
@@ -24,88 +26,14 @@ spec:
 var _ = Describe("the RateLimitPolicy validator", func() {
 	It("rejects what CEL cannot check, with messages that name the field", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
-		cases := []struct {
-			what, spec string
-			want       []string
-		}{{
-			"a regular expression that does not compile",
-			`  rules:
-  - name: api
-    match: {path: {type: RegularExpression, value: "/api/(v1"}}
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1m}
-`,
-			[]string{`spec.rules[0].match.path.value: Invalid value: "/api/(v1": not a valid RE2 regular expression`},
-		}, {
-			"a label selector with an unknown operator",
-			`  podSelector: {matchExpressions: [{key: tier, operator: Near, values: [a]}]}
-  rules:
-  - name: api
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1m}
-`,
-			[]string{`spec.podSelector.matchExpressions[0].operator: Invalid value: "Near"`},
-		}, {
-			"a period the limiter cannot represent",
-			`  rules:
-  - name: api
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1.0000005s}
-`,
-			[]string{`spec.rules[0].limit.per: Invalid value: "1.0000005s": must be a whole number of microseconds`},
-		}, {
-			"a bucket that takes more than a century to refill",
-			`  rules:
-  - name: api
-    key: [{clientIP: {}}]
-    limit: {requests: 1, per: 8784h, burst: 1000}
-`,
-			[]string{`spec.rules[0].limit.burst: Invalid value: 1000: a capacity of 1000 at 1 per 8784h0m0s takes longer than`},
-		}, {
-			"several problems at once",
-			`  rules:
-  - name: a
-    match: {path: {type: RegularExpression, value: "["}}
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1m}
-  - name: b
-    match: {path: {type: RegularExpression, value: "(?<"}}
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1m}
-`,
-			[]string{"spec.rules[0].match.path.value", "spec.rules[1].match.path.value"},
-		}, {
-			"a jwtClaim key without a verified key source (caught by the CRD's CEL rule first)",
-			`  rules:
-  - name: api
-    key: [{jwtClaim: sub}]
-    limit: {requests: 10, per: 1m}
-`,
-			[]string{"spec.jwt", "jwt must be set when a rule keys on a jwtClaim"},
-		}}
-		for i, tc := range cases {
-			manifest := policyYAML(ns, fmt.Sprintf("bad-%d", i), tc.spec)
-			if strings.HasPrefix(tc.spec, "  podSelector") {
-				manifest = strings.Replace(manifest, "  podSelector: {matchLabels: {app: api}}\n", "", 1)
+		for _, tc := range policycases.Webhook {
+			out, err := kubectl.RunWithInput(ctx, []byte(policycases.Manifest(tc)), "apply", "-n", ns, "-f", "-")
+			Expect(err).To(HaveOccurred(), "kubectl accepted %s", tc.Name)
+			for _, w := range tc.Want {
+				Expect(out).To(ContainSubstring(w), tc.Name)
 			}
-			out, err := kubectl.RunWithInput(ctx, []byte(manifest), "apply", "-f", "-")
-			Expect(err).To(HaveOccurred(), "kubectl accepted %s", tc.what)
-			for _, w := range tc.want {
-				Expect(out).To(ContainSubstring(w), tc.what)
-			}
-			AddReportEntry("policy rejection: "+tc.what, out)
+			AddReportEntry("policy rejection: "+tc.Name, out)
 		}
-
-		By("rejecting a name the compiled document cannot carry (the compiler's own check)")
-		long := strings.Repeat("a", 70)
-		out, err := kubectl.RunWithInput(ctx, []byte(policyYAML(ns, long, `  rules:
-  - name: api
-    key: [{clientIP: {}}]
-    limit: {requests: 10, per: 1m}
-`)), "apply", "-f", "-")
-		Expect(err).To(HaveOccurred())
-		Expect(out).To(ContainSubstring(`The RateLimitPolicy "` + long + `" is invalid: spec: Invalid value: the compiled policy fails the sidecar's validation: policies[0].name: must be 1-63`))
-		AddReportEntry("policy rejection: a 70-character name", out)
 	})
 
 	It("admits a valid policy with warnings about what is not yet right", func(ctx SpecContext) {

@@ -124,28 +124,14 @@ type Node struct {
 // cannot be formed.
 func StartCluster(tb TB, opts Options) *Cluster {
 	tb.Helper()
-	c, err := newCluster(opts, tb.TempDir(), false)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(c.Close)
-	return c
+	return startFor(tb, func(dir string, ownDir bool) (*Cluster, error) { return newCluster(opts, dir, ownDir) })
 }
 
 // NewCluster starts and forms a cluster outside any test, for TestMain.
 // The caller must call Close. Even without Close, the nodes die with the
 // process.
 func NewCluster(opts Options) (*Cluster, error) {
-	dir, err := os.MkdirTemp("", "redistest-cluster-")
-	if err != nil {
-		return nil, fmt.Errorf("redistest: temp dir: %w", err)
-	}
-	c, err := newCluster(opts, dir, true)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	return c, nil
+	return startOwned("redistest-cluster-", func(dir string, ownDir bool) (*Cluster, error) { return newCluster(opts, dir, ownDir) })
 }
 
 // Main starts one cluster for a whole test package: call it from TestMain.

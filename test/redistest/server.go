@@ -70,27 +70,41 @@ type Server struct {
 // not start.
 func StartServer(tb TB, opts ServerOptions) *Server {
 	tb.Helper()
-	s, err := newServer(opts, tb.TempDir(), false)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(s.Close)
-	return s
+	return startFor(tb, func(dir string, ownDir bool) (*Server, error) { return newServer(opts, dir, ownDir) })
 }
 
 // NewServer starts a standalone redis-server outside any test, for
 // TestMain. The caller must call Close.
 func NewServer(opts ServerOptions) (*Server, error) {
-	dir, err := os.MkdirTemp("", "redistest-server-")
+	return startOwned("redistest-server-", func(dir string, ownDir bool) (*Server, error) { return newServer(opts, dir, ownDir) })
+}
+
+// startFor starts what newFn starts in tb's temporary directory, and
+// registers its Close with tb.Cleanup. It fails tb when newFn fails.
+func startFor[T interface{ Close() }](tb TB, newFn func(dir string, ownDir bool) (T, error)) T {
+	tb.Helper()
+	v, err := newFn(tb.TempDir(), false)
 	if err != nil {
-		return nil, fmt.Errorf("redistest: temp dir: %w", err)
+		tb.Fatal(err)
 	}
-	s, err := newServer(opts, dir, true)
+	tb.Cleanup(v.Close)
+	return v
+}
+
+// startOwned starts what newFn starts in a new temporary directory that the
+// result owns (its Close removes it), outside any test.
+func startOwned[T any](prefix string, newFn func(dir string, ownDir bool) (T, error)) (T, error) {
+	var zero T
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return zero, fmt.Errorf("redistest: temp dir: %w", err)
+	}
+	v, err := newFn(dir, true)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, err
+		return zero, err
 	}
-	return s, nil
+	return v, nil
 }
 
 func newServer(opts ServerOptions, dir string, owned bool) (*Server, error) {

@@ -1,0 +1,3 @@
+module github.com/floodgate-dev/floodgate/client
+
+go 1.22

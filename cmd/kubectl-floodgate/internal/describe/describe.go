@@ -1,0 +1,347 @@
+// Package describe says in words what each rule of a sidecar config
+// limits: which requests, counted per what, how many per how long, what a
+// request costs, and what happens when the store is unreachable, for
+// example
+//
+//	each X-API-Key: 5 requests per 10 s, burst 5, TokenBucket; fails open
+//	to 1 request per 10 s per replica on 5 replicas
+//
+// The numbers come from the sidecar's own code: the limit as the sidecar
+// parses it (config.Limit.Limiter) and the fail-open share as the engine
+// derives it (engine.NewRule).
+package describe
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+)
+
+// Policy is one policy's rules in words.
+type Policy struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace,omitempty"`
+	// Replicas is the replica count the fail-open share is computed for.
+	Replicas int32 `json:"replicas"`
+	// Selects says which pods enforce the policy.
+	Selects string `json:"selects"`
+	Rules   []Rule `json:"rules"`
+}
+
+// Rule is one rule in words, with its numbers.
+type Rule struct {
+	Name string `json:"name"`
+	// Summary is the one-sentence account: counter, limit, failure mode.
+	Summary string `json:"summary"`
+	// Applies says which requests the rule applies to.
+	Applies string `json:"applies"`
+	// Counter says what a counter is kept per.
+	Counter string `json:"counter"`
+	// Limit is the rule's limit; nil for an unlimited descriptor rule.
+	Limit *Limit `json:"limit,omitempty"`
+	// Cost says what a request spends.
+	Cost string `json:"cost,omitempty"`
+	// MissingKey says what happens to a request without the key parts.
+	MissingKey string `json:"missingKey,omitempty"`
+	// Failure says what happens when the store is unreachable.
+	Failure string `json:"failure"`
+	// Fallback is the local limit of each replica when the store is
+	// unreachable and the rule fails open.
+	Fallback *Limit `json:"fallback,omitempty"`
+	// Shadow rules are counted and reported but never deny.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// Limit is a limit's numbers.
+type Limit struct {
+	Requests int64 `json:"requests"`
+	// Per is the period, as a Go duration ("1m0s").
+	Per       string `json:"per"`
+	Burst     int64  `json:"burst,omitempty"`
+	Algorithm string `json:"algorithm"`
+}
+
+// Config describes every rule of every policy of c, whatever pods they
+// select.
+func Config(c *config.Config) ([]Policy, error) {
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	out := make([]Policy, 0, len(c.Policies))
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		dp := Policy{Name: p.Name, Namespace: p.Namespace, Replicas: max(p.Replicas, 1), Selects: selects(p)}
+		for j := range p.Rules {
+			r, err := rule(p, &p.Rules[j], m)
+			if err != nil {
+				return nil, fmt.Errorf("policy %s, rule %s: %w", p.Name, p.Rules[j].Name, err)
+			}
+			dp.Rules = append(dp.Rules, r)
+		}
+		out = append(out, dp)
+	}
+	return out, nil
+}
+
+func selects(p *config.Policy) string {
+	s := p.PodSelector
+	if s == nil || (len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0) {
+		return "every pod of the namespace"
+	}
+	var parts []string
+	for _, k := range sortedKeys(s.MatchLabels) {
+		parts = append(parts, k+"="+s.MatchLabels[k])
+	}
+	for _, e := range s.MatchExpressions {
+		parts = append(parts, fmt.Sprintf("%s %s %s", e.Key, strings.ToLower(string(e.Operator)), strings.Join(e.Values, ",")))
+	}
+	return "pods with " + strings.Join(parts, ", ")
+}
+
+func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
+	out := Rule{Name: r.Name, Shadow: r.Mode == config.ModeShadow}
+	if d := r.Match.Descriptors; d != nil {
+		return descriptorRule(p, r, out, m)
+	}
+	out.Applies = applies(&r.Match)
+	out.Counter = counter(r.Key)
+	lim, err := limited(&out, p, r, m)
+	if err != nil {
+		return Rule{}, err
+	}
+	out.Cost = cost(r.Cost, lim.Capacity())
+	out.MissingKey = missingKey(r)
+	return out, nil
+}
+
+// limited fills the limit, the failure mode and the summary of a counted
+// rule, from the limit as the sidecar parses it and the fallback the
+// engine derives.
+func limited(out *Rule, p *config.Policy, r *config.Rule, m *metrics.Metrics) (limiter.Limit, error) {
+	lim, err := r.Limit.Limiter()
+	if err != nil {
+		return limiter.Limit{}, err
+	}
+	er, err := engine.NewRule(p.Name, r.Name, lim, p.Replicas, r.FailureMode == config.FailureClosed, out.Shadow, m)
+	if err != nil {
+		return limiter.Limit{}, err
+	}
+	out.Limit = limitOf(er.Limit)
+	out.Failure, out.Fallback = failure(er, p.Replicas)
+	out.Summary = summary(out.Counter, er.Limit, out.Failure, out.Shadow)
+	return lim, nil
+}
+
+func descriptorRule(p *config.Policy, r *config.Rule, out Rule, m *metrics.Metrics) (Rule, error) {
+	d := r.Match.Descriptors
+	var parts []string
+	counted := false
+	for _, e := range d.Entries {
+		switch {
+		case e.Value == "":
+			parts = append(parts, e.Key+"=any")
+			counted = true
+		case strings.HasSuffix(e.Value, "*"):
+			parts = append(parts, e.Key+"="+e.Value)
+			counted = true
+		default:
+			parts = append(parts, e.Key+"="+e.Value)
+		}
+	}
+	out.Applies = fmt.Sprintf("Envoy rate-limit calls in domain %q with descriptor %s", d.Domain, strings.Join(parts, ", "))
+	if len(d.Replaces) > 0 {
+		out.Applies += "; replaces " + strings.Join(d.Replaces, ", ")
+	}
+	out.Counter = "the descriptor"
+	if counted {
+		out.Counter = "each distinct descriptor value"
+	}
+	out.Cost = "the call's hits_addend"
+	switch {
+	case r.Limit.Unlimited:
+		out.Failure = "never counted"
+		out.Summary = out.Counter + ": unlimited (matches and answers OK without counting)"
+		return out, nil
+	case r.Limit.Requests == 0:
+		out.Failure = "denies without the store"
+		out.Summary = out.Counter + ": every call denied (requests_per_unit 0)"
+		return out, nil
+	}
+	if _, err := limited(&out, p, r, m); err != nil {
+		return Rule{}, err
+	}
+	return out, nil
+}
+
+func summary(counter string, l limiter.Limit, failure string, shadow bool) string {
+	s := counter + ": " + limitWords(l) + "; " + failure
+	if shadow {
+		s += "; shadow: counted and reported, never denies"
+	}
+	return s
+}
+
+// limitWords is "5 requests per 10 s, burst 5, TokenBucket".
+func limitWords(l limiter.Limit) string {
+	s := requests(l.Requests) + " per " + period(l.Period)
+	switch l.Algorithm {
+	case limiter.TokenBucket, limiter.GCRA:
+		s += ", burst " + strconv.FormatInt(l.Capacity(), 10)
+	}
+	return s + ", " + l.Algorithm.String()
+}
+
+func limitOf(l limiter.Limit) *Limit {
+	out := &Limit{Requests: l.Requests, Per: l.Period.String(), Algorithm: l.Algorithm.String()}
+	switch l.Algorithm {
+	case limiter.TokenBucket, limiter.GCRA:
+		out.Burst = l.Capacity()
+	}
+	return out
+}
+
+func failure(er *engine.Rule, replicas int32) (string, *Limit) {
+	if er.FailClosed {
+		return "fails closed: 503 while the store is unreachable", nil
+	}
+	n := max(replicas, 1)
+	s := fmt.Sprintf("fails open to %s per %s per replica on %d %s", requests(er.Fallback.Requests), period(er.Fallback.Period), n, plural(int64(n), "replica", "replicas"))
+	if b := er.Fallback.Burst; b > 0 && b != er.Fallback.Requests {
+		s += fmt.Sprintf(" (burst %d)", b)
+	}
+	return s, limitOf(er.Fallback)
+}
+
+func requests(n int64) string {
+	return strconv.FormatInt(n, 10) + " " + plural(n, "request", "requests")
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// period writes a period in the largest unit it is a whole number of:
+// "second", "10 s", "minute", "2 min", "hour", "3 h", "day", "7 d".
+func period(d time.Duration) string {
+	for _, u := range []struct {
+		d         time.Duration
+		one, many string
+	}{{24 * time.Hour, "day", "d"}, {time.Hour, "hour", "h"}, {time.Minute, "minute", "min"}, {time.Second, "second", "s"}} {
+		if d >= u.d && d%u.d == 0 {
+			if d == u.d {
+				return u.one
+			}
+			return strconv.FormatInt(int64(d/u.d), 10) + " " + u.many
+		}
+	}
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + " s"
+}
+
+func applies(m *config.Match) string {
+	var what string
+	if len(m.Methods) > 0 {
+		what = strings.Join(m.Methods, " and ") + " requests"
+	} else {
+		what = "requests"
+	}
+	if p := m.Path; p != nil {
+		switch p.Type {
+		case config.PathExact:
+			what += " to " + p.Value
+		case config.PathPrefix:
+			what += " to paths under " + p.Value
+		default:
+			what += " to paths matching " + p.Value
+		}
+	} else {
+		what = "all " + what
+	}
+	for i, h := range m.Headers {
+		if i == 0 {
+			what += " with"
+		} else {
+			what += " and"
+		}
+		if h.Value == "" {
+			what += " a " + h.Name + " header"
+		} else {
+			what += fmt.Sprintf(" header %s: %s", h.Name, h.Value)
+		}
+	}
+	return what
+}
+
+func counter(key []config.KeyPart) string {
+	if len(key) == 0 {
+		return "all of them together (one counter)"
+	}
+	parts := make([]string, 0, len(key))
+	for _, k := range key {
+		parts = append(parts, keyPart(k))
+	}
+	return "each " + strings.Join(parts, " and ")
+}
+
+func keyPart(k config.KeyPart) string {
+	switch {
+	case k.Header != "":
+		return k.Header
+	case k.Query != "":
+		return "query parameter " + k.Query
+	case k.ClientIP != nil:
+		return "client IP"
+	case k.JWTClaim != "":
+		return "JWT claim " + k.JWTClaim
+	case k.Path != nil:
+		return "path"
+	case k.Method != nil:
+		return "method"
+	}
+	return "?"
+}
+
+func cost(c config.Cost, capacity int64) string {
+	def := max(c.Default, 1)
+	if c.FromHeader == "" {
+		return fmt.Sprintf("%d per request", def)
+	}
+	maximum := c.Max
+	if maximum == 0 {
+		maximum = capacity
+	}
+	return fmt.Sprintf("the %s header's value (1 to %d; other values are answered 400), %d without it", c.FromHeader, maximum, def)
+}
+
+func missingKey(r *config.Rule) string {
+	// The client IP, the path and the method are always there.
+	var names []string
+	for _, k := range r.Key {
+		if k.Header != "" || k.Query != "" || k.JWTClaim != "" {
+			names = append(names, keyPart(k))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	without := "requests without " + strings.Join(names, " or ")
+	switch r.OnMissingKey {
+	case config.OnMissingKeyShared:
+		return without + " share one counter"
+	case config.OnMissingKeyReject:
+		return without + " are answered 400"
+	}
+	return without + " are not limited by this rule"
+}
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,0 +1,121 @@
+package describe
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+func per(d time.Duration) metav1.Duration { return metav1.Duration{Duration: d} }
+
+func TestRuleSummaries(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		replicas int32
+		rule     config.Rule
+		summary  string
+		applies  string
+		cost     string
+		missing  string
+	}{{
+		name:     "the issue's example",
+		replicas: 5,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{Header: "X-API-Key"}},
+			Limit: config.Limit{Requests: 5, Per: per(10 * time.Second), Burst: 5}},
+		summary: "each X-API-Key: 5 requests per 10 s, burst 5, TokenBucket; fails open to 1 request per 10 s per replica on 5 replicas",
+		applies: "all requests",
+		cost:    "1 per request",
+		missing: "requests without X-API-Key are not limited by this rule",
+	}, {
+		name:     "a burst that divides into a different share",
+		replicas: 4,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{JWTClaim: "sub"}}, OnMissingKey: config.OnMissingKeyReject,
+			Match: config.Match{Path: &config.PathMatch{Type: config.PathPrefix, Value: "/api/"}, Methods: []string{"GET", "POST"},
+				Headers: []config.HeaderMatch{{Name: "X-Tier", Value: "free"}, {Name: "X-Trial"}}},
+			Limit: config.Limit{Requests: 100, Per: per(time.Minute), Burst: 40, Algorithm: "GCRA"}},
+		summary: "each JWT claim sub: 100 requests per minute, burst 40, GCRA; fails open to 25 requests per minute per replica on 4 replicas (burst 10)",
+		applies: "GET and POST requests to paths under /api/ with header X-Tier: free and a X-Trial header",
+		cost:    "1 per request",
+		missing: "requests without JWT claim sub are answered 400",
+	}, {
+		name:     "a window algorithm that fails closed",
+		replicas: 1,
+		rule: config.Rule{Name: "r", Key: []config.KeyPart{{ClientIP: &struct{}{}}, {Method: &struct{}{}}}, FailureMode: config.FailureClosed,
+			Match: config.Match{Path: &config.PathMatch{Type: config.PathExact, Value: "/login"}},
+			Limit: config.Limit{Requests: 3, Per: per(90 * time.Second), Algorithm: "SlidingWindow"}},
+		summary: "each client IP and method: 3 requests per 90 s, SlidingWindow; fails closed: 503 while the store is unreachable",
+		applies: "requests to /login",
+		cost:    "1 per request",
+	}, {
+		name:     "one shared counter, a cost header, shadow mode",
+		replicas: 2,
+		rule: config.Rule{Name: "r", Mode: config.ModeShadow,
+			Match: config.Match{Path: &config.PathMatch{Type: config.PathRegularExpression, Value: "/v[12]/.*"}},
+			Cost:  config.Cost{FromHeader: "X-Cost", Default: 2},
+			Limit: config.Limit{Requests: 1000, Per: per(24 * time.Hour), Algorithm: "FixedWindow"}},
+		summary: "all of them together (one counter): 1000 requests per day, FixedWindow; fails open to 500 requests per day per replica on 2 replicas; shadow: counted and reported, never denies",
+		applies: "requests to paths matching /v[12]/.*",
+		cost:    "the X-Cost header's value (1 to 1000; other values are answered 400), 2 without it",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := &config.Config{APIVersion: config.APIVersion, Policies: []config.Policy{{Name: "p", UID: "u", Replicas: tt.replicas, Rules: []config.Rule{tt.rule}}}}
+			ps, err := Config(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := ps[0].Rules[0]
+			for _, f := range []struct{ name, got, want string }{
+				{"Summary", r.Summary, tt.summary}, {"Applies", r.Applies, tt.applies}, {"Cost", r.Cost, tt.cost}, {"MissingKey", r.MissingKey, tt.missing},
+			} {
+				if f.got != f.want {
+					t.Errorf("%s = %q, want %q", f.name, f.got, f.want)
+				}
+			}
+		})
+	}
+}
+
+func TestDescriptorRules(t *testing.T) {
+	t.Parallel()
+	d := func(entries []config.DescriptorEntry, l config.Limit) config.Rule {
+		return config.Rule{Name: "r", Match: config.Match{Descriptors: &config.DescriptorMatch{Domain: "edge", Entries: entries}}, Limit: l}
+	}
+	for _, tt := range []struct {
+		rule    config.Rule
+		summary string
+	}{
+		{d([]config.DescriptorEntry{{Key: "remote_address"}}, config.Limit{Requests: 10, Per: per(time.Hour), Algorithm: "FixedWindow"}),
+			"each distinct descriptor value: 10 requests per hour, FixedWindow; fails open to 10 requests per hour per replica on 1 replica"},
+		{d([]config.DescriptorEntry{{Key: "remote_address", Value: "50.0.0.5"}}, config.Limit{Per: per(time.Second)}),
+			"the descriptor: every call denied (requests_per_unit 0)"},
+		{d([]config.DescriptorEntry{{Key: "k", Value: "internal*"}}, config.Limit{Unlimited: true}),
+			"each distinct descriptor value: unlimited (matches and answers OK without counting)"},
+	} {
+		c := &config.Config{APIVersion: config.APIVersion, Policies: []config.Policy{{Name: "p", UID: "u", Rules: []config.Rule{tt.rule}}}}
+		ps, err := Config(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ps[0].Rules[0].Summary; got != tt.summary {
+			t.Errorf("Summary = %q, want %q", got, tt.summary)
+		}
+	}
+}
+
+func TestPeriod(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		time.Second: "second", 10 * time.Second: "10 s", 1500 * time.Millisecond: "1.5 s", time.Minute: "minute",
+		90 * time.Second: "90 s", 2 * time.Minute: "2 min", time.Hour: "hour", 36 * time.Hour: "36 h", 24 * time.Hour: "day", 7 * 24 * time.Hour: "7 d",
+	} {
+		if got := period(d); got != want {
+			t.Errorf("period(%v) = %q, want %q", d, got, want)
+		}
+	}
+}

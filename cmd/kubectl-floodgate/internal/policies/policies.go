@@ -1,0 +1,187 @@
+// Package policies turns kubectl floodgate's input into the one sidecar
+// config that explain and simulate work on: RateLimitPolicies, validated
+// as admission would and compiled by floodgate's own policy compiler, or a
+// sidecar or envoyproxy/ratelimit config loaded as the sidecar loads it.
+package policies
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/admit"
+	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/load"
+	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
+)
+
+// Options say how to compile.
+type Options struct {
+	// Namespace is the namespace of RateLimitPolicies that name none.
+	Namespace string
+	// Replicas, when positive, replaces every policy's replica count, which
+	// sets the fail-open share (limit / replicas). Compiled
+	// RateLimitPolicies otherwise count 1.
+	Replicas int32
+	// MountDir, when set, replaces the directory under which the compiled
+	// config expects Secret and ConfigMap keys (compiler.MountDir), so
+	// that JWT keys can be read from a local copy.
+	MountDir string
+}
+
+// Set is the compiled config and where it came from.
+type Set struct {
+	Config *config.Config
+	// From describes the input: "RateLimitPolicy" or a config format.
+	From string
+	// Sources are the files it was read from.
+	Sources []string
+	// Format and Mapping describe an envoyproxy/ratelimit input.
+	Format  rlsimport.Format
+	Mapping *rlsimport.Mapping
+}
+
+// FromRateLimitPolicies is Set.From for compiled RateLimitPolicies.
+const FromRateLimitPolicies = "RateLimitPolicy"
+
+// Compile builds the Set of docs. The documents must hold either
+// RateLimitPolicies (of one namespace; CounterStores and other objects are
+// ignored) or exactly one sidecar or envoyproxy/ratelimit config.
+func Compile(docs []load.Doc, v *admit.Validator, o Options) (*Set, error) {
+	var rlps []load.Doc
+	var configs []load.Doc
+	for _, d := range docs {
+		switch {
+		case d.Format != load.Manifest:
+			configs = append(configs, d)
+		case d.GVK.GroupKind() == v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind():
+			rlps = append(rlps, d)
+		}
+	}
+	var set *Set
+	var err error
+	switch {
+	case len(rlps) > 0 && len(configs) > 0, len(configs) > 1:
+		return nil, fmt.Errorf("give either RateLimitPolicies or one sidecar or envoyproxy/ratelimit config, not both or several; got %d RateLimitPolicies and %d configs", len(rlps), len(configs))
+	case len(configs) == 1:
+		set, err = loadConfig(configs[0])
+	case len(rlps) > 0:
+		set, err = compileRateLimitPolicies(rlps, v, o.Namespace)
+	default:
+		return nil, errors.New("no RateLimitPolicy, sidecar config or envoyproxy/ratelimit config in the input")
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range set.Config.Policies {
+		p := &set.Config.Policies[i]
+		if o.Replicas > 0 {
+			p.Replicas = o.Replicas
+		}
+		if o.MountDir != "" && p.JWT != nil {
+			p.JWT.HMACSecretFile = remount(p.JWT.HMACSecretFile, o.MountDir)
+			p.JWT.JWKSFile = remount(p.JWT.JWKSFile, o.MountDir)
+		}
+	}
+	return set, nil
+}
+
+func remount(path, dir string) string {
+	if rest, ok := strings.CutPrefix(path, compiler.MountDir); ok {
+		return strings.TrimSuffix(dir, "/") + rest
+	}
+	return path
+}
+
+func loadConfig(d load.Doc) (*Set, error) {
+	c, f, m, err := rlsimport.LoadAny(d.Data, rlsimport.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a valid %s:\n%w", d.Source, d.Format, err)
+	}
+	return &Set{Config: c, From: f.String(), Sources: []string{d.Source}, Format: f, Mapping: m}, nil
+}
+
+// simulationEpoch orders the policies by their place in the input, as
+// creation times order them in a cluster.
+var simulationEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func compileRateLimitPolicies(docs []load.Doc, v *admit.Validator, namespace string) (*Set, error) {
+	set := &Set{From: FromRateLimitPolicies}
+	policies := make([]v1alpha1.RateLimitPolicy, 0, len(docs))
+	ns := ""
+	for i, d := range docs {
+		u, err := v.Create(d.JSON, namespace)
+		if err != nil {
+			return nil, fmt.Errorf("%s: RateLimitPolicy %q would be rejected: %w", d.Where(), d.Name, err)
+		}
+		var p v1alpha1.RateLimitPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+			return nil, fmt.Errorf("%s: %w", d.Where(), err)
+		}
+		if ns != "" && p.Namespace != ns {
+			return nil, fmt.Errorf("%s: RateLimitPolicy %q is in namespace %q, the others in %q: a namespace's policies compile together, give one namespace's", d.Where(), p.Name, p.Namespace, ns)
+		}
+		ns = p.Namespace
+		// The identity a cluster would give, made up and stable; the store
+		// is irrelevant offline, so no store can conflict.
+		p.UID = types.UID("offline-" + p.Name)
+		p.Generation = 1
+		p.CreationTimestamp = metav1.NewTime(simulationEpoch.Add(time.Duration(i) * time.Second))
+		p.Spec.StoreRef = nil
+		policies = append(policies, p)
+		set.Sources = appendOnce(set.Sources, d.Source)
+	}
+	out, err := compiler.Compile(compiler.Input{
+		Namespace: ns,
+		Policies:  policies,
+		Stores:    map[string]*v1alpha1.CounterStore{v1alpha1.DefaultCounterStoreName: standInStore()},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, r := range out.Policies {
+		if len(r.Invalid) > 0 {
+			errs = append(errs, fmt.Errorf("RateLimitPolicy %q does not compile: %w", r.Name,
+				apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind(), r.Name, r.Invalid)))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if out.Config == nil {
+		return nil, errors.New("the policies compiled to no config")
+	}
+	out.Config.Store = config.Store{Type: config.StoreMemory}
+	set.Config = out.Config
+	return set, nil
+}
+
+func appendOnce(s []string, v string) []string {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
+}
+
+// standInStore is a Ready CounterStore: offline, the policies are decided
+// in memory.
+func standInStore() *v1alpha1.CounterStore {
+	return &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.DefaultCounterStoreName},
+		Status: v1alpha1.CounterStoreStatus{
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Offline"}},
+			Endpoints:  []string{"offline.invalid:6379"},
+		},
+	}
+}
