@@ -108,3 +108,10 @@ func cmpOr(v, def string) string {
 	}
 	return v
 }
+
+// RateLimitServicePodLabel is set to "true" on the pods of the central
+// rate-limit service (the chart's floodgate-ratelimit Deployment).
+// floodgate-manager reads the policy-loaded condition of these pods for
+// the Programmed condition of policies with a targetRef, and counts the
+// ready ones for a fail-open rule's local share.
+const RateLimitServicePodLabel = "floodgate.dev/ratelimit-service"

@@ -34,11 +34,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 )
 
@@ -60,6 +62,7 @@ var components = []component{
 	{name: "webhook certificate", setup: setupWebhookCert},
 	{name: "webhooks", setup: setupWebhooks},
 	{name: sidecaraccess.ControllerName, setup: setupSidecarAccess},
+	{name: ratelimitservice.ControllerName, setup: setupRateLimitService},
 }
 
 // storeMetrics are the CounterStore metrics, registered on
@@ -71,6 +74,19 @@ var storeMetrics = sync.OnceValue(func() *counterstore.Metrics { return counters
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
 	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
+}
+
+// setupRateLimitService runs the central rate-limit service's controller
+// when --ratelimit-service is set.
+func setupRateLimitService(_ context.Context, mgr ctrl.Manager, o *Options) error {
+	if !o.RateLimitService {
+		return nil
+	}
+	r := &ratelimitservice.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name),
+		Namespace: o.Webhook.Namespace,
+	}
+	return r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1})
 }
 
 // Main runs the manager with the command line args, and returns the exit
@@ -135,6 +151,9 @@ func NewScheme() (*runtime.Scheme, error) {
 	}
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("add %s to the scheme: %w", v1alpha1.GroupVersion, err)
+	}
+	if err := gatewayv1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("add %s to the scheme: %w", gatewayv1.GroupVersion, err)
 	}
 	return s, nil
 }

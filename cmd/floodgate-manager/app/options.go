@@ -42,6 +42,10 @@ type Options struct {
 	// PolicyConcurrency is how many namespaces the policy controller
 	// reconciles at once.
 	PolicyConcurrency int
+	// RateLimitService runs the controller that compiles the policies
+	// with a targetRef for the central rate-limit service
+	// (floodgate-ratelimit), which runs in the manager's namespace.
+	RateLimitService bool
 	// GracefulShutdown bounds how long the manager waits for running
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
@@ -107,6 +111,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"How often leader-election clients retry.")
 	fs.IntVar(&o.PolicyConcurrency, "policy-concurrency", o.PolicyConcurrency,
 		"Number of namespaces the RateLimitPolicy controller reconciles concurrently.")
+	fs.BoolVar(&o.RateLimitService, "ratelimit-service", o.RateLimitService,
+		"Compile RateLimitPolicies with a targetRef into the central rate-limit service's ConfigMap floodgate-ratelimit-policies, in --namespace, and report their status.")
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
