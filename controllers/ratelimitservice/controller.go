@@ -22,6 +22,7 @@
 package ratelimitservice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
+	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
@@ -61,6 +63,7 @@ const (
 )
 
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;gateways,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;patch
 
 // Reconciler compiles the central rate-limit service's document and the
 // status of the policies in it. Its fields are set before
@@ -190,6 +193,9 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigM
 		log.FromContext(ctx).Info("deleted the central rate-limit service's ConfigMap: no policy has an entry")
 		return nil
 	}
+	if err := r.mirrorPassword(ctx, out.Config.Store); err != nil {
+		return err
+	}
 	if existing != nil && existing.DeletionTimestamp == nil &&
 		existing.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
 		existing.Annotations[policy.RevisionAnnotation] == out.Config.Revision &&
@@ -204,6 +210,36 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigM
 		return fmt.Errorf("apply ConfigMap %s: %w", key, err)
 	}
 	log.FromContext(ctx).Info("applied the central rate-limit service's ConfigMap", "revision", out.Config.Revision, "policies", len(out.Config.Policies))
+	return nil
+}
+
+// mirrorPassword copies the password of the document's store into the
+// Secret config.RateLimitServiceStoreAuthSecret of the service's
+// namespace, which its pods mount (an empty password for a store without
+// one), before the document that needs it is written.
+func (r *Reconciler) mirrorPassword(ctx context.Context, store config.Store) error {
+	password, err := sidecaraccess.StorePassword(ctx, r.Client, r.APIReader, r.Namespace, store)
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKey{Namespace: r.Namespace, Name: config.RateLimitServiceStoreAuthSecret}
+	var s corev1.Secret
+	switch err := r.APIReader.Get(ctx, key, &s); {
+	case err == nil && s.DeletionTimestamp == nil && s.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
+		s.Annotations[sidecaraccess.StoreAnnotation] == store.Name && bytes.Equal(s.Data[config.StoreAuthKey], password) && len(s.Data) == 1:
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return fmt.Errorf("get Secret %s: %w", key, err)
+	}
+	desired := corev1ac.Secret(key.Name, key.Namespace).
+		WithLabels(map[string]string{policy.ManagedByLabel: policy.ManagedByValue}).
+		WithAnnotations(map[string]string{sidecaraccess.StoreAnnotation: store.Name}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{config.StoreAuthKey: password})
+	if err := r.Client.Apply(ctx, desired, client.FieldOwner(policy.FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply Secret %s: %w", key, err)
+	}
+	log.FromContext(ctx).Info("mirrored the store password for the central rate-limit service", "store", store.Name)
 	return nil
 }
 

@@ -286,13 +286,20 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	return nil
 }
 
-// password reads the password of store: an external store's
-// passwordSecretRef, else the Secret the store publishes in the manager's
-// namespace, else none.
+// password reads the password of store (StorePassword).
 func (r *Reconciler) password(ctx context.Context, store config.Store) ([]byte, error) {
-	ref := struct{ ns, name, key string }{r.ManagerNamespace, store.AuthSecretName, PasswordKey}
+	return StorePassword(ctx, r.Client, r.APIReader, r.ManagerNamespace, store)
+}
+
+// StorePassword reads the password of a compiled document's store: an
+// external store's passwordSecretRef, else the Secret the store publishes
+// in the manager's namespace managerNS, else none (an empty password). c
+// reads the CounterStore (a cache will do); apiReader reads the Secret
+// from the API server, as the manager caches no Secrets.
+func StorePassword(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) ([]byte, error) {
+	ref := struct{ ns, name, key string }{managerNS, store.AuthSecretName, PasswordKey}
 	var cs v1alpha1.CounterStore
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); err == nil {
+	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); err == nil {
 		if ext := cs.Spec.External; ext != nil && ext.PasswordSecretRef != nil {
 			ref.ns, ref.name, ref.key = ext.PasswordSecretRef.Namespace, ext.PasswordSecretRef.Name, ext.PasswordSecretRef.Key
 		}
@@ -303,7 +310,7 @@ func (r *Reconciler) password(ctx context.Context, store config.Store) ([]byte, 
 		return []byte{}, nil
 	}
 	var s corev1.Secret
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ref.ns, Name: ref.name}, &s); err != nil {
+	if err := apiReader.Get(ctx, client.ObjectKey{Namespace: ref.ns, Name: ref.name}, &s); err != nil {
 		return nil, fmt.Errorf("read the password of CounterStore %s from Secret %s/%s: %w", store.Name, ref.ns, ref.name, err)
 	}
 	pw, ok := s.Data[ref.key]

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -49,6 +51,15 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 	Expect(k8sClient.Status().Update(ctx, pod)).To(Succeed())
 	DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pod))).To(Succeed()) })
 
+	// The chart mounts the password the manager mirrors for the service.
+	var auth corev1.Secret
+	Eventually(func() error {
+		return k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceStoreAuthSecret}, &auth)
+	}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+	passwordFile := filepath.Join(GinkgoT().TempDir(), config.StoreAuthKey)
+	Expect(os.WriteFile(passwordFile, auth.Data[config.StoreAuthKey], 0o600)).To(Succeed())
+	env := map[string]string{config.EnvRedisPasswordFile: passwordFile}
+
 	var rc runner.Config
 	fs := flag.NewFlagSet("floodgate-sidecar", flag.ContinueOnError)
 	Expect(rc.Parse(fs, []string{
@@ -56,7 +67,7 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 		"--configmap-name", config.RateLimitServiceConfigMapName,
 		"--pod-labels", config.RateLimitServicePodLabel + "=true",
 		"--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0", "--grpc-listen=127.0.0.1:0", "--drain-timeout=1s",
-	}, func(string) (string, bool) { return "", false })).To(Succeed())
+	}, func(k string) (string, bool) { v, ok := env[k]; return v, ok })).To(Succeed())
 	Expect(rc.Validate()).To(Succeed())
 
 	cs, err := kubernetes.NewForConfig(cfg)
@@ -92,10 +103,16 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		redis = redistest.StartCluster(GinkgoT(), redistest.Options{Masters: 3})
+		redis = redistest.StartCluster(GinkgoT(), redistest.Options{Masters: 3, Password: "gateway-secret"})
 		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 
 		store = "gateway-store"
+		// The store's password, published in the manager's namespace as
+		// the CounterStore controller publishes it.
+		Expect(k8sClient.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: store + "-auth", Namespace: serviceNamespace},
+			Data:       map[string][]byte{config.StoreAuthKey: []byte(redis.Password())},
+		})).To(Succeed())
 		cs := &v1alpha1.CounterStore{
 			ObjectMeta: metav1.ObjectMeta{Name: store},
 			Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{v1alpha1.HostPort(redis.Addrs()[0])}}},
@@ -105,8 +122,9 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			ObservedGeneration: cs.Generation,
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready",
 				Message: "test store", LastTransitionTime: metav1.Now(), ObservedGeneration: cs.Generation}},
-			SlotsCovered: v1alpha1.RedisClusterSlots,
-			Endpoints:    redis.Addrs(),
+			SlotsCovered:   v1alpha1.RedisClusterSlots,
+			Endpoints:      redis.Addrs(),
+			AuthSecretName: store + "-auth",
 		}
 		Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
 
