@@ -43,6 +43,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
@@ -80,6 +81,10 @@ type Reconciler struct {
 	// Namespace is the central service's namespace: where its ConfigMap
 	// is written and its pods run.
 	Namespace string
+	// Service is where gateways reach the central service, for the
+	// configuration the manager generates for them (GatewayConfigMapName).
+	// With an empty Name, none is generated.
+	Service gatewayconfig.Service
 	// GatewayAPI is true when the cluster serves Gateway API HTTPRoutes
 	// and Gateways; without them every target is reported missing.
 	// SetupWithManager sets it from the API server's discovery.
@@ -252,16 +257,22 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInp
 		results[types.NamespacedName{Namespace: res.Namespace, Name: res.Name}] = res
 	}
 	var errs []error
+	var atts []attachment
 	for i := range in.Policies {
 		p := &in.Policies[i]
 		res, ok := results[client.ObjectKeyFromObject(p)]
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
-		target, err := r.target(ctx, p)
+		compiled, isCompiled := compiledPolicy(out.Config, p.Namespace, p.Name)
+		target, pAtts, err := r.target(ctx, p, compiled)
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if isCompiled && r.Service.Name != "" {
+			atts = append(atts, pAtts...)
+			target.GatewayConfig = gatewayConfigKeys(target.Gateways)
 		}
 		status := DesiredStatus(p, res, target, in.Pods, out.Config, specErr)
 		if equality.Semantic.DeepEqual(p.Status, status) {
@@ -274,34 +285,45 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInp
 			errs = append(errs, fmt.Errorf("update the status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
 		}
 	}
+	if r.Service.Name != "" && r.GatewayAPI {
+		if err := r.publishGatewayConfig(ctx, atts); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// target reads the object p's targetRef names.
-func (r *Reconciler) target(ctx context.Context, p *v1alpha1.RateLimitPolicy) (v1alpha1.TargetStatus, error) {
+// target reads the object p's targetRef names, and returns its status and
+// the policy's attachments to Gateways, with pol as the gateway's view of
+// its compiled entry.
+func (r *Reconciler) target(ctx context.Context, p *v1alpha1.RateLimitPolicy, pol gatewayconfig.Policy) (v1alpha1.TargetStatus, []attachment, error) {
 	ref := *p.Spec.TargetRef
 	key := client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}
 	switch {
 	case !r.GatewayAPI:
-		return v1alpha1.TargetStatus{Ref: ref.String()}, nil
+		return v1alpha1.TargetStatus{Ref: ref.String()}, nil, nil
 	case ref.Kind == v1alpha1.KindHTTPRoute:
 		var route gatewayv1.HTTPRoute
 		switch err := r.Client.Get(ctx, key, &route); {
 		case apierrors.IsNotFound(err):
-			return RouteTarget(ref, nil), nil
+			return RouteTarget(ref, nil), nil, nil
 		case err != nil:
-			return v1alpha1.TargetStatus{}, fmt.Errorf("get HTTPRoute %s: %w", key, err)
+			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get HTTPRoute %s: %w", key, err)
 		}
-		return RouteTarget(ref, &route), nil
+		return RouteTarget(ref, &route), routeAttachments(ref, pol, &route), nil
 	default:
 		var gw gatewayv1.Gateway
 		switch err := r.Client.Get(ctx, key, &gw); {
 		case apierrors.IsNotFound(err):
-			return GatewayTarget(ref, nil), nil
+			return GatewayTarget(ref, nil), nil, nil
 		case err != nil:
-			return v1alpha1.TargetStatus{}, fmt.Errorf("get Gateway %s: %w", key, err)
+			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get Gateway %s: %w", key, err)
 		}
-		return GatewayTarget(ref, &gw), nil
+		st := GatewayTarget(ref, &gw)
+		if !st.Found {
+			return st, nil, nil
+		}
+		return st, []attachment{{gateway: key, Attachment: gatewayconfig.Attachment{Policy: pol, Listener: ref.SectionName}}}, nil
 	}
 }
 

@@ -61,7 +61,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 				return !okOld || !okNew || !equalStoreStatus(old, now)
 			}}))).
 		Watches(&corev1.ConfigMap{}, one, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return o.GetNamespace() == r.Namespace && o.GetName() == config.RateLimitServiceConfigMapName
+			return o.GetNamespace() == r.Namespace &&
+				(o.GetName() == config.RateLimitServiceConfigMapName || o.GetName() == GatewayConfigMapName)
 		})))
 	if served {
 		b = b.Watches(&gatewayv1.HTTPRoute{}, one, builder.WithPredicates(targetChanged())).

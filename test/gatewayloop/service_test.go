@@ -2,6 +2,7 @@ package gatewayloop
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"log/slog"
 	"net/http"
@@ -10,11 +11,13 @@ import (
 	"path/filepath"
 	"time"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,9 +25,11 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
+	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
@@ -86,6 +91,41 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 		Eventually(done, 20*time.Second).Should(Receive(BeNil()))
 	})
 	return r
+}
+
+// routeRateLimits returns the rate_limits of the HTTP_ROUTE patches of a
+// generated EnvoyFilter, decoded into go-control-plane's type.
+func routeRateLimits(envoyFilter string) []*routev3.RateLimit {
+	var ef struct {
+		Kind string `json:"kind"`
+		Spec struct {
+			ConfigPatches []struct {
+				ApplyTo string `json:"applyTo"`
+				Patch   struct {
+					Value struct {
+						Route json.RawMessage `json:"route"`
+					} `json:"value"`
+				} `json:"patch"`
+			} `json:"configPatches"`
+		} `json:"spec"`
+	}
+	Expect(yaml.Unmarshal([]byte(envoyFilter), &ef)).To(Succeed())
+	Expect(ef.Kind).To(Equal("EnvoyFilter"))
+	var out []*routev3.RateLimit
+	for _, p := range ef.Spec.ConfigPatches {
+		if p.ApplyTo != "HTTP_ROUTE" {
+			continue
+		}
+		var action routev3.RouteAction
+		Expect(protojson.Unmarshal(p.Patch.Value.Route, &action)).To(Succeed())
+		// A MERGE patch carries only rate_limits; the route Istio builds
+		// has the cluster. Each entry is validated on its own.
+		for _, rl := range action.GetRateLimits() {
+			Expect(rl.ValidateAll()).To(Succeed())
+			out = append(out, rl)
+		}
+	}
+	return out
 }
 
 func condition(p *v1alpha1.RateLimitPolicy, typ string) metav1.Condition {
@@ -203,6 +243,7 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(p.Status.TargetedPods).To(BeZero())
 			g.Expect(p.Status.Target).To(Equal(&v1alpha1.TargetStatus{
 				Ref: "HTTPRoute/api", Found: true, Gateways: []string{ns + "/public"}, Hostnames: []string{"api.example.com"},
+				GatewayConfig: []string{"shop.public.istio.yaml", "shop.public.envoy-gateway.yaml"},
 			}))
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 	})
@@ -218,14 +259,18 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(p.Status.EnforcingPods).To(Equal(int32(2)))
 		}).WithContext(ctx).WithTimeout(60 * time.Second).Should(Succeed())
 
-		// The route actions floodgate generates for the policy (the same
-		// entries the EnvoyFilter and EnvoyPatchPolicy carry), turned into
-		// descriptors by the model of Envoy's filter.
-		var cm corev1.ConfigMap
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceConfigMapName}, &cm)).To(Succeed())
-		doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
-		Expect(err).NotTo(HaveOccurred())
-		rls := gatewayconfig.RateLimits([]gatewayconfig.Policy{gatewayconfig.PolicyFor(&doc.Policies[0])})
+		// The route actions of the EnvoyFilter the manager generates for
+		// the Gateway, turned into descriptors by the model of Envoy's
+		// filter.
+		var published corev1.ConfigMap
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: ratelimitservice.GatewayConfigMapName}, &published)).To(Succeed())
+			g.Expect(published.Data).To(HaveKey("shop.public.istio.yaml"))
+			g.Expect(published.Data).To(HaveKey("shop.public.envoy-gateway.yaml"))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(getPolicy(ctx).Status.Target.GatewayConfig).To(Equal([]string{"shop.public.istio.yaml", "shop.public.envoy-gateway.yaml"}))
+		rls := routeRateLimits(published.Data["shop.public.istio.yaml"])
+		Expect(rls).To(HaveLen(1), "one policy on the route: one rate_limits entry")
 
 		clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
 		for i, r := range replicas {

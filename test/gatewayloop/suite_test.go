@@ -31,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 )
@@ -100,6 +101,7 @@ var _ = BeforeSuite(func() {
 	rr := &ratelimitservice.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(app.Name),
 		Namespace: serviceNamespace,
+		Service:   gatewayconfig.Service{Name: "floodgate-ratelimit", Namespace: serviceNamespace, Port: 8082},
 	}
 	Expect(rr.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	Expect(rr.GatewayAPI).To(BeTrue(), "envtest serves the Gateway API CRDs")

@@ -38,6 +38,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
@@ -85,6 +86,9 @@ func setupRateLimitService(_ context.Context, mgr ctrl.Manager, o *Options) erro
 	r := &ratelimitservice.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name),
 		Namespace: o.Webhook.Namespace,
+		Service: gatewayconfig.Service{
+			Name: o.RateLimitServiceName, Namespace: o.Webhook.Namespace, Port: int32(o.RateLimitServicePort),
+		},
 	}
 	return r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1})
 }
