@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/floodgate-dev/floodgate/bench/harness"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -111,6 +112,8 @@ type Machine struct {
 // Case is one workload's median measurement.
 type Case struct {
 	Name string `json:"name"`
+	// ID is the case's short name (cold, hot-allowed, central-cold, ...).
+	ID string `json:"id"`
 	// Server is serverNull, serverFloodgate or serverPeer.
 	Server string `json:"server"`
 	// DecisionsPerSec is completed calls per second (closed loop).
@@ -138,6 +141,12 @@ type Case struct {
 	// and RoundPeerOverFloodgate the median of the per-round ratios.
 	PeerOverFloodgate      float64 `json:"peerOverFloodgate,omitempty"`
 	RoundPeerOverFloodgate float64 `json:"peerOverFloodgateRoundMedian,omitempty"`
+	// CentralOverSidecar, on a central service case, is its CPU per
+	// decision over the sidecar's RLS mode in the same case (median over
+	// median), and RoundCentralOverSidecar the median of the per-round
+	// ratios.
+	CentralOverSidecar      float64 `json:"centralOverSidecar,omitempty"`
+	RoundCentralOverSidecar float64 `json:"centralOverSidecarRoundMedian,omitempty"`
 }
 
 // Requirement is one acceptance criterion.
@@ -159,6 +168,40 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 `
 
+// centralPolicy is the central rate-limit service's config, in floodgate's
+// format: the policies a gateway's request descriptors name, keyed on a
+// request header, with the same limits as policy's descriptors.
+const centralPolicy = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: gw
+  uid: gw-1
+  rules:
+  - name: per-key
+    match: {path: {type: Prefix, value: /api}}
+    key: [{header: X-Api-Key}]
+    limit: {requests: 1000000000, per: 1h}
+- name: flood
+  uid: flood-1
+  rules:
+  - name: per-key
+    key: [{header: X-Api-Key}]
+    limit: {requests: 10, per: 1h}
+`
+
+// requestDescriptor is the descriptor a gateway sends, with floodgate's
+// generated route actions, for GET https://api.example.com/api/items from
+// 203.0.113.7 with X-Api-Key: key, for the standalone policy name.
+func requestDescriptor(policy, key string) *rlcommonv3.RateLimitDescriptor {
+	return &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{
+		{Key: config.PolicyEntryKey, Value: config.PolicyEntryValue("", policy)},
+		{Key: config.AuthorityEntryKey, Value: "api.example.com"},
+		{Key: config.MethodEntryKey, Value: "GET"},
+		{Key: config.PathEntryKey, Value: "/api/items?page=2"},
+		{Key: config.RemoteAddressEntryKey, Value: "203.0.113.7"},
+		{Key: config.HeaderEntryKey("X-Api-Key"), Value: key},
+	}}
+}
+
 // workload makes the descriptor of call i.
 type workload struct {
 	name, short, server string
@@ -174,6 +217,9 @@ const (
 	serverNull      = "null"
 	serverFloodgate = "floodgate"
 	serverPeer      = "envoyproxy/ratelimit"
+	// serverCentral is floodgate-sidecar as the central rate-limit
+	// service: request descriptors decided on HTTP rules.
+	serverCentral = "central"
 )
 
 // Run runs the harness.
@@ -228,7 +274,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err := os.WriteFile(pf, []byte(policy), 0o600); err != nil {
 		return nil, err
 	}
-	ports := make([]string, 6)
+	ports := make([]string, 9)
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return nil, err
@@ -287,9 +333,25 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The central rate-limit service: the same binary and store, the
+	// policies in floodgate's format, asked with request descriptors.
+	cpf := filepath.Join(dir, "central.yaml")
+	if err := os.WriteFile(cpf, []byte(centralPolicy), 0o600); err != nil {
+		return nil, err
+	}
+	centralAddr := "127.0.0.1:" + ports[6]
+	centralBin := cfg.SidecarBin
+	if centralBin == "" {
+		centralBin = filepath.Join(dir, "floodgate-sidecar")
+	}
+	central, err := start(centralBin, "--grpc-listen", centralAddr, "--listen", "127.0.0.1:"+ports[7], "--admin-listen", "127.0.0.1:"+ports[8],
+		"--policy-file", cpf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
 
 	conns := map[string][]*grpc.ClientConn{}
-	for _, addr := range []string{sidecarAddr, nullAddr} {
+	for _, addr := range []string{sidecarAddr, nullAddr, centralAddr} {
 		for range cfg.Conns {
 			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -312,13 +374,24 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		{"one hot key, allowed (every call a Redis call)", "hot-allowed", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
 		{"one hot key, over its limit (local deny cache)", "hot-denied", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
 	}
-	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid}
-	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr}
+	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid, serverCentral: central.Process.Pid}
+	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr, serverCentral: centralAddr}
 	closePeer, err := addPeer(ctx, cfg, dir, cluster, startEnv, conns, pids, addrs, &workloads)
 	defer closePeer()
 	if err != nil {
 		return nil, err
 	}
+	workloads = append(workloads,
+		workload{"central service: cold keys (request descriptors)", "central-cold", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
+		}},
+		workload{"central service: one hot key, allowed", "central-hot-allowed", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "hot")
+		}},
+		workload{"central service: one hot key, over its limit", "central-hot-denied", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("flood", "hot")
+		}},
+	)
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
 		for wi, w := range workloads {
@@ -347,7 +420,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 	for wi, w := range workloads {
 		ms := rounds[wi]
-		c := Case{Name: w.name, Server: w.server}
+		c := Case{Name: w.name, ID: w.short, Server: w.server}
 		var cpu, rate, util []float64
 		for _, m := range ms {
 			cpu, rate, util = append(cpu, m.cpuMicros), append(rate, m.rate), append(util, m.util)
@@ -368,6 +441,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		c.RoundOverNull = roundRatio(c.Rounds, rep.Cases[0].Rounds)
 	}
 	rep.peerRatios()
+	rep.centralRatios()
 	rep.Acceptance = []Requirement{
 		{Name: "CPU per decision, one hot key (allowed), over the null server", Want: "<= 1.5", Got: rep.Cases[2].OverNull, Met: rep.Cases[2].OverNull <= 1.5},
 		{Name: "CPU per decision, one hot key (over its limit), over the null server", Want: "<= 1.5", Got: rep.Cases[3].OverNull, Met: rep.Cases[3].OverNull <= 1.5},
@@ -413,11 +487,38 @@ func withPeer(ws []workload) []workload {
 // the same case.
 func (r *Report) peerRatios() {
 	for i := 4; i < len(r.Cases); i++ {
+		if r.Cases[i].Server != serverPeer {
+			continue
+		}
 		c, fg := &r.Cases[i], r.Cases[i-3]
 		if fg.CPUMicrosPerDecision > 0 {
 			c.PeerOverFloodgate = c.CPUMicrosPerDecision / fg.CPUMicrosPerDecision
 		}
 		c.RoundPeerOverFloodgate = roundRatio(c.Rounds, fg.Rounds)
+	}
+}
+
+// centralRatios sets, on each central service case, its CPU per
+// decision over the sidecar's RLS mode in the matching case of the same
+// run (cold, hot-allowed, hot-denied).
+func (r *Report) centralRatios() {
+	byID := map[string]Case{}
+	for _, c := range r.Cases {
+		byID[c.ID] = c
+	}
+	for i := range r.Cases {
+		c := &r.Cases[i]
+		if c.Server != serverCentral {
+			continue
+		}
+		sc, ok := byID[strings.TrimPrefix(c.ID, "central-")]
+		if !ok {
+			continue
+		}
+		if sc.CPUMicrosPerDecision > 0 {
+			c.CentralOverSidecar = c.CPUMicrosPerDecision / sc.CPUMicrosPerDecision
+		}
+		c.RoundCentralOverSidecar = roundRatio(c.Rounds, sc.Rounds)
 	}
 }
 
@@ -634,6 +735,9 @@ func (r *Report) Write(w io.Writer) error {
 	for _, c := range r.Cases {
 		if c.Server == serverPeer {
 			fmt.Fprintf(&b, "same run: %s uses %.2fx floodgate's CPU per decision (median of per-round ratios %.2fx)\n", c.Name, c.PeerOverFloodgate, c.RoundPeerOverFloodgate)
+		}
+		if c.Server == serverCentral {
+			fmt.Fprintf(&b, "same run: %s uses %.2fx the sidecar's RLS mode CPU per decision (median of per-round ratios %.2fx)\n", c.Name, c.CentralOverSidecar, c.RoundCentralOverSidecar)
 		}
 	}
 	for _, a := range r.Acceptance {
