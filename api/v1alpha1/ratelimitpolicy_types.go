@@ -176,7 +176,23 @@ type RuleMatch struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Headers []HeaderMatch `json:"headers,omitempty"`
+
+	// Hosts, when set, restricts the rule to requests for these hosts
+	// (the Host header, or :authority, without its port, compared without
+	// case): an exact name such as api.example.com, or a wildcard
+	// *.example.com, which matches any name under example.com (one label
+	// or more) but not example.com itself, as Gateway API hostnames do.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	Hosts []Hostname `json:"hosts,omitempty"`
 }
+
+// Hostname is a DNS name, or a wildcard "*." followed by one.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:Pattern=`^(\*\.)?[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*$`
+type Hostname string
 
 // HTTPMethod is an HTTP request method.
 // +kubebuilder:validation:Enum=GET;HEAD;POST;PUT;PATCH;DELETE;OPTIONS;CONNECT;TRACE

@@ -161,6 +161,11 @@ type Match struct {
 	Methods []string `json:"methods,omitempty"`
 	// Headers must all match.
 	Headers []HeaderMatch `json:"headers,omitempty"`
+	// Hosts, when non-empty, lists the accepted request hosts, lower-case:
+	// exact names, or wildcards "*.example.com" matching any name below
+	// example.com. The request's host is its Host (:authority) without
+	// the port, compared without case.
+	Hosts []string `json:"hosts,omitempty"`
 	// Descriptors, when set, makes the rule a descriptor rule: it applies
 	// to Envoy rate-limit service calls (ShouldRateLimit on the sidecar's
 	// gRPC listener), never to HTTP requests through the proxy. Path,

@@ -330,8 +330,8 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 // validateDescriptorRule checks a rule with match.descriptors.
 func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	m := &r.Match
-	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 {
-		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods and headers must be empty")
+	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 || len(m.Hosts) > 0 {
+		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods, headers and hosts must be empty")
 	}
 	m.Descriptors.validate(path+".match.descriptors", errs)
 	if len(r.Key) > 0 {
@@ -389,6 +389,11 @@ func (m *Match) validate(path string, errs *errList) {
 			}
 		default:
 			errs.add(path+".path.type", "must be %s, %s or %s, got %q", PathExact, PathPrefix, PathRegularExpression, pm.Type)
+		}
+	}
+	for i, h := range m.Hosts {
+		if !ValidHostPattern(h) {
+			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "must be a lower-case DNS name or a wildcard *.<name>, got %q", h)
 		}
 	}
 	for i, meth := range m.Methods {
@@ -476,6 +481,26 @@ func validToken(s string) bool {
 		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
 		default:
 			return false
+		}
+	}
+	return true
+}
+
+// ValidHostPattern reports whether h is a lower-case DNS name, or "*."
+// followed by one: a match.hosts entry.
+func ValidHostPattern(h string) bool {
+	h = strings.TrimPrefix(h, "*.")
+	if h == "" || len(h) > 253 || strings.ToLower(h) != h {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+				return false
+			}
 		}
 	}
 	return true

@@ -119,7 +119,7 @@ func (s *Server) requestHits(st *state, i int, d *rlcommonv3.RateLimitDescriptor
 	hv := &sc.http
 	hv.fill(d)
 	path := match.CleanPath(hv.u.Path)
-	hv.idx = pol.Matcher.Match(path, hv.r.Method, hv.h, hv.idx[:0])
+	hv.idx = pol.Matcher.Match(path, hv.r.Method, hv.r.Host, hv.h, hv.idx[:0])
 	if len(hv.idx) == 0 {
 		return false
 	}

@@ -323,3 +323,55 @@ func newCheckProxy(t *testing.T, doc string) *proxy.Proxy {
 	px.SetRules(set)
 	return px
 }
+
+// TestHostsMatchInBothModes runs a rule restricted to match.hosts, exact
+// and wildcard, through the proxy and as request descriptors: each host
+// that matches is limited (one request an hour), in both, and the others
+// never are.
+func TestHostsMatchInBothModes(t *testing.T) {
+	t.Parallel()
+	doc := `
+apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: edge
+  namespace: shop
+  uid: edge-shop
+  rules:
+  - name: per-host
+    match: {hosts: [api.example.com, "*.shop.example.com"]}
+    key: [{header: X-Client}]
+    limit: {requests: 1, per: 1h}
+`
+	r := newRLS(t, doc, setup{})
+	px := newCheckProxy(t, doc)
+	for _, tc := range []struct {
+		host    string
+		limited bool
+	}{
+		{"api.example.com", true},
+		{"API.Example.com:8443", true},
+		{"a.shop.example.com", true},
+		{"b.c.shop.example.com", true},
+		{"shop.example.com", false},
+		{"xshop.example.com", false},
+		{"api.example.com.evil", false},
+		{"other.example.com", false},
+	} {
+		for n := range 2 {
+			wantOK := !tc.limited || n == 0
+			hr := httptest.NewRequest("GET", "/x", nil)
+			hr.Host = tc.host
+			hr.Header.Set("X-Client", tc.host) // a counter per case
+			var st proxy.State
+			dec := px.Check(hr, &st)
+			if gotOK := dec.Outcome == proxy.Pass || dec.Outcome == proxy.Allowed; gotOK != wantOK {
+				t.Errorf("proxy: request %d to %s: outcome %v, want admitted %v", n+1, tc.host, dec.Outcome, wantOK)
+			}
+			out := r.call(t, req(config.GatewayDomain, d(config.PolicyEntryKey+"=shop/edge", config.AuthorityEntryKey+"="+tc.host,
+				config.MethodEntryKey+"=GET", config.PathEntryKey+"=/x", config.RemoteAddressEntryKey+"=10.0.0.1", "x-client="+tc.host)))
+			if gotOK := out.OverallCode == ok; gotOK != wantOK {
+				t.Errorf("request descriptor %d for %s: %v, want admitted %v", n+1, tc.host, out.OverallCode, wantOK)
+			}
+		}
+	}
+}

@@ -1,5 +1,5 @@
 // Package match selects the rules that apply to a request: by path (Exact,
-// Prefix, RegularExpression), method and headers.
+// Prefix, RegularExpression), method, headers and host.
 //
 // Rules are indexed so that the number of rules does not dominate the cost
 // of a match: exact paths sit in a map, prefixes in a trie of path
@@ -39,6 +39,7 @@ type rule struct {
 	methods uint16   // bit set of well-known methods
 	other   []string // methods outside the bit set
 	headers []header
+	hosts   []string // exact names, or ".example.com" for *.example.com
 }
 
 type header struct {
@@ -62,6 +63,9 @@ func New(ms []config.Match) (*Matcher, error) {
 		}
 		for _, h := range cm.Headers {
 			r.headers = append(r.headers, header{name: http.CanonicalHeaderKey(h.Name), value: h.Value})
+		}
+		for _, h := range cm.Hosts {
+			r.hosts = append(r.hosts, strings.ToLower(strings.TrimPrefix(h, "*")))
 		}
 		if cm.Path == nil {
 			m.root.rules = append(m.root.rules, i)
@@ -165,22 +169,24 @@ func (n *node) descend(prefix string) *node {
 func (m *Matcher) Len() int { return len(m.rules) }
 
 // Match appends to dst, in ascending order, the indices of the rules that
-// match a request with the given cleaned path (see CleanPath), method and
-// headers, and returns the extended slice.
-func (m *Matcher) Match(p, method string, h http.Header, dst []int) []int {
+// match a request with the given cleaned path (see CleanPath), method,
+// headers and host (the Host header or :authority, with or without its
+// port), and returns the extended slice.
+func (m *Matcher) Match(p, method, host string, h http.Header, dst []int) []int {
+	host = hostName(host)
 	start := len(dst)
 	bit := methodBit(method)
 	for _, i := range m.exact[p] {
-		dst = m.appendIf(dst, i, p, method, bit, h)
+		dst = m.appendIf(dst, i, p, method, host, bit, h)
 	}
 	n := m.root
 	rest := p
 	for n != nil {
 		for _, i := range n.rules {
-			dst = m.appendIf(dst, i, p, method, bit, h)
+			dst = m.appendIf(dst, i, p, method, host, bit, h)
 		}
 		for _, i := range n.regexes {
-			dst = m.appendIf(dst, i, p, method, bit, h)
+			dst = m.appendIf(dst, i, p, method, host, bit, h)
 		}
 		// Next path element.
 		for len(rest) > 0 && rest[0] == '/' {
@@ -208,8 +214,11 @@ func (m *Matcher) Match(p, method string, h http.Header, dst []int) []int {
 	return dst
 }
 
-func (m *Matcher) appendIf(dst []int, i int, p, method string, bit uint16, h http.Header) []int {
+func (m *Matcher) appendIf(dst []int, i int, p, method, host string, bit uint16, h http.Header) []int {
 	r := &m.rules[i]
+	if r.hosts != nil && !hostMatches(r.hosts, host) {
+		return dst
+	}
 	if r.methods != 0 || r.other != nil {
 		ok := bit != 0 && r.methods&bit != 0
 		for _, o := range r.other {
@@ -282,4 +291,32 @@ func CleanPath(p string) string {
 		return c + "/"
 	}
 	return c
+}
+
+// hostName is the name part of a Host header: without the port and a
+// trailing dot. IPv6 literals keep their brackets. Case is left to
+// hostMatches.
+func hostName(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i]
+	}
+	return strings.TrimSuffix(host, ".")
+}
+
+// hostMatches reports whether host matches one of hosts: an exact name,
+// or a suffix ".example.com" (a wildcard *.example.com) that host ends in
+// after at least one label. The comparison ignores case.
+func hostMatches(hosts []string, host string) bool {
+	for _, h := range hosts {
+		if h[0] == '.' {
+			if len(host) > len(h) && strings.EqualFold(host[len(host)-len(h):], h) {
+				return true
+			}
+			continue
+		}
+		if strings.EqualFold(host, h) {
+			return true
+		}
+	}
+	return false
 }

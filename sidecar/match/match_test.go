@@ -50,7 +50,7 @@ func TestMatch(t *testing.T) {
 		{"/x", "GET", http.Header{"X-Tier": {"paid"}, "X-Key": {"k"}}, []int{0, 7}},
 		{"/x", "GET", http.Header{"X-Tier": {"free"}}, []int{0, 7}},
 	} {
-		got := m.Match(tc.path, tc.method, tc.h, nil)
+		got := m.Match(tc.path, tc.method, "", tc.h, nil)
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("Match(%q, %s, %v) = %v, want %v", tc.path, tc.method, tc.h, got, tc.want)
 		}
@@ -106,11 +106,42 @@ func BenchmarkMatch(b *testing.B) {
 			dst := make([]int, 0, 8)
 			b.ReportAllocs()
 			for b.Loop() {
-				dst = m.Match("/svc4/items/17", "GET", nil, dst[:0])
+				dst = m.Match("/svc4/items/17", "GET", "", nil, dst[:0])
 			}
 			if len(dst) != 1 {
 				b.Fatalf("matched %v", dst)
 			}
 		})
+	}
+}
+
+func TestMatchHosts(t *testing.T) {
+	t.Parallel()
+	m, err := New([]config.Match{
+		0: {Hosts: []string{"api.example.com", "*.shop.example.com"}},
+		1: {},
+		2: {Hosts: []string{"[::1]"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host string
+		want []int
+	}{
+		{"api.example.com", []int{0, 1}},
+		{"API.EXAMPLE.COM:443", []int{0, 1}},
+		{"api.example.com.", []int{0, 1}},
+		{"a.shop.example.com", []int{0, 1}},
+		{"a.b.shop.example.com:80", []int{0, 1}},
+		{"shop.example.com", []int{1}},
+		{"xshop.example.com", []int{1}},
+		{"api.example.com.evil", []int{1}},
+		{"", []int{1}},
+		{"[::1]:8080", []int{1, 2}},
+	} {
+		if got := m.Match("/x", "GET", tc.host, nil, nil); !slices.Equal(got, tc.want) {
+			t.Errorf("Match(host %q) = %v, want %v", tc.host, got, tc.want)
+		}
 	}
 }

@@ -81,7 +81,7 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		return d
 	}
 	path := match.CleanPath(r.URL.Path)
-	st.idx = set.Matcher.Match(path, r.Method, r.Header, st.idx[:0])
+	st.idx = set.Matcher.Match(path, r.Method, r.Host, r.Header, st.idx[:0])
 	st.hits, st.rule = st.hits[:0], st.rule[:0]
 	if len(st.idx) > 0 {
 		st.dreq.Reset(r, path, set.Policies)

@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"slices"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -88,6 +89,12 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 		for _, h := range m.Headers {
 			out.Match.Headers = append(out.Match.Headers, config.HeaderMatch{Name: h.Name, Value: h.Value})
 		}
+		for _, h := range m.Hosts {
+			out.Match.Hosts = append(out.Match.Hosts, strings.ToLower(string(h)))
+		}
+		// A set, like methods.
+		slices.Sort(out.Match.Hosts)
+		out.Match.Hosts = slices.Compact(out.Match.Hosts)
 	}
 	for _, k := range r.Key {
 		out.Key = append(out.Key, compileKeyPart(k))
