@@ -14,6 +14,12 @@ const (
 	EnvoyGatewayKind       = "EnvoyPatchPolicy"
 )
 
+// Keys of the generated objects that recur.
+const (
+	keyName      = "name"
+	keyOperation = "operation"
+)
+
 // The xDS resource types an EnvoyPatchPolicy patches.
 const (
 	typeListener    = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -85,14 +91,14 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 		return nil, err
 	}
 	patches := []any{map[string]any{
-		"type": typeCluster, "name": ClusterName,
-		"operation": map[string]any{"op": "add", "value": cv},
+		"type": typeCluster, keyName: ClusterName,
+		keyOperation: map[string]any{"op": "add", "value": cv},
 	}}
 	all := gw.listenersOf(nil)
 	for _, name := range egNames(gw, all, scheme, egListenerName) {
 		patches = append(patches, map[string]any{
-			"type": typeListener, "name": name,
-			"operation": map[string]any{
+			"type": typeListener, keyName: name,
+			keyOperation: map[string]any{
 				"op":       "add",
 				"jsonPath": "..http_filters[?(@.name=='" + RouterFilter + "')]",
 				"value":    fv,
@@ -104,13 +110,13 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 		return nil, err
 	}
 	patches = append(patches, routePatches...)
-	meta := map[string]any{"name": objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
+	meta := map[string]any{keyName: objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": EnvoyGatewayAPIVersion,
 		"kind":       EnvoyGatewayKind,
 		"metadata":   meta,
 		"spec": map[string]any{
-			"targetRef":   map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.Name},
+			"targetRef":   map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", keyName: gw.Name},
 			"type":        "JSONPatch",
 			"jsonPatches": patches,
 		},
@@ -177,8 +183,8 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 			return nil, err
 		}
 		out = append(out, map[string]any{
-			"type": typeRouteConfig, "name": c,
-			"operation": map[string]any{"op": "add", "jsonPath": "..routes[?(@.route)]", "path": "/route/rate_limits", "value": v},
+			"type": typeRouteConfig, keyName: c,
+			keyOperation: map[string]any{"op": "add", "jsonPath": "..routes[?(@.route)]", "path": "/route/rate_limits", "value": v},
 		})
 	}
 	for _, k := range ruleOrder {
@@ -188,8 +194,8 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 		}
 		prefix := fmt.Sprintf("^httproute/%s/%s/rule/%d/", k.namespace, k.name, k.index)
 		out = append(out, map[string]any{
-			"type": typeRouteConfig, "name": k.config,
-			"operation": map[string]any{
+			"type": typeRouteConfig, keyName: k.config,
+			keyOperation: map[string]any{
 				"op": "add", "jsonPath": "..routes[?(@.name =~ '" + regexLiteral(prefix) + "')]",
 				"path": "/route/rate_limits", "value": v,
 			},

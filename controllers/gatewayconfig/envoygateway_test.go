@@ -178,7 +178,7 @@ func TestEnvoyGatewayPatchesApply(t *testing.T) {
 			if p.Operation.Path != nil {
 				ptr += *p.Operation.Path
 			}
-			op := []map[string]any{{"op": p.Operation.Op, "path": ptr, "value": json.RawMessage(p.Operation.Value)}}
+			op := []map[string]any{{"op": p.Operation.Op, "path": ptr, "value": p.Operation.Value}}
 			opJSON, _ := json.Marshal(op)
 			patch, err := jsonpatch.DecodePatch(opJSON)
 			if err != nil {

@@ -134,15 +134,16 @@ func RateLimit(p Policy) *routev3.RateLimit {
 				HeaderName: config.HeaderEntryKey(name), DescriptorKey: config.HeaderEntryKey(name), SkipIfAbsent: true,
 			}}}
 	}
-	actions := []*routev3.RateLimit_Action{
-		{ActionSpecifier: &routev3.RateLimit_Action_GenericKey_{GenericKey: &routev3.RateLimit_Action_GenericKey{
+	actions := make([]*routev3.RateLimit_Action, 0, 5+len(p.Headers))
+	actions = append(actions,
+		&routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_GenericKey_{GenericKey: &routev3.RateLimit_Action_GenericKey{
 			DescriptorKey: config.PolicyEntryKey, DescriptorValue: config.PolicyEntryValue(p.Namespace, p.Name),
 		}}},
 		header(config.AuthorityEntryKey),
 		header(config.MethodEntryKey),
 		header(config.PathEntryKey),
-		{ActionSpecifier: &routev3.RateLimit_Action_RemoteAddress_{RemoteAddress: &routev3.RateLimit_Action_RemoteAddress{}}},
-	}
+		&routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RemoteAddress_{RemoteAddress: &routev3.RateLimit_Action_RemoteAddress{}}},
+	)
 	for _, h := range p.Headers {
 		actions = append(actions, header(h))
 	}

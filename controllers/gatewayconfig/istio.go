@@ -51,10 +51,10 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 		"match": map[string]any{
 			"context": "GATEWAY",
 			"listener": map[string]any{"filterChain": map[string]any{"filter": map[string]any{
-				"name": HCMFilter, "subFilter": map[string]any{"name": RouterFilter},
+				keyName: HCMFilter, "subFilter": map[string]any{keyName: RouterFilter},
 			}}},
 		},
-		"patch": map[string]any{"operation": "INSERT_BEFORE", "value": fv},
+		"patch": map[string]any{keyOperation: "INSERT_BEFORE", "value": fv},
 	}}
 	atts := slices.Clone(gw.Attachments)
 	slices.SortStableFunc(atts, func(a, b Attachment) int { return comparePolicies(a.Policy, b.Policy) })
@@ -67,18 +67,18 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 		if err != nil {
 			return nil, err
 		}
-		merge := map[string]any{"operation": "MERGE", "value": map[string]any{"route": map[string]any{"rate_limits": []any{value}}}}
+		merge := map[string]any{keyOperation: "MERGE", "value": map[string]any{"route": map[string]any{"rate_limits": []any{value}}}}
 		for _, m := range istioRouteMatches(gw, a) {
 			patches = append(patches, map[string]any{"applyTo": "HTTP_ROUTE", "match": m, "patch": merge})
 		}
 	}
-	meta := map[string]any{"name": objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
+	meta := map[string]any{keyName: objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": IstioAPIVersion,
 		"kind":       IstioKind,
 		"metadata":   meta,
 		"spec": map[string]any{
-			"targetRefs":    []any{map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.Name}},
+			"targetRefs":    []any{map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", keyName: gw.Name}},
 			"configPatches": patches,
 		},
 	}}, nil

@@ -108,7 +108,7 @@ func routeAttachments(ref v1alpha1.TargetReference, pol gatewayconfig.Policy, ro
 func listeners(gw *gatewayv1.Gateway) []gatewayconfig.Listener {
 	out := make([]gatewayconfig.Listener, 0, len(gw.Spec.Listeners))
 	for _, l := range gw.Spec.Listeners {
-		out = append(out, gatewayconfig.Listener{Name: string(l.Name), Port: int32(l.Port), Protocol: string(l.Protocol)})
+		out = append(out, gatewayconfig.Listener{Name: string(l.Name), Port: l.Port, Protocol: string(l.Protocol)})
 	}
 	return out
 }

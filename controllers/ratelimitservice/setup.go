@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -77,7 +78,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 // gateway.networking.k8s.io/v1 are served.
 func servesGatewayAPI(m meta.RESTMapper) (bool, error) {
 	for _, kind := range []string{v1alpha1.KindHTTPRoute, v1alpha1.KindGateway} {
-		_, err := m.RESTMapping(gatewayv1.SchemeGroupVersion.WithKind(kind).GroupKind(), gatewayv1.GroupVersion.Version)
+		_, err := m.RESTMapping(schema.GroupKind{Group: gatewayv1.GroupName, Kind: kind}, gatewayv1.GroupVersion.Version)
 		if meta.IsNoMatchError(err) {
 			return false, nil
 		}

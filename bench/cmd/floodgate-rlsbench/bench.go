@@ -188,6 +188,37 @@ policies:
     limit: {requests: 10, per: 1h}
 `
 
+// startCentral starts the central rate-limit service: the same binary
+// and store as the sidecar under test, the policies in floodgate's
+// format (centralPolicy), on ports[0] (gRPC), ports[1] and ports[2].
+func startCentral(dir, bin string, cluster *redistest.Cluster, ports []string, start func(string, ...string) (*exec.Cmd, error)) (*exec.Cmd, string, error) {
+	pf := filepath.Join(dir, "central.yaml")
+	if err := os.WriteFile(pf, []byte(centralPolicy), 0o600); err != nil {
+		return nil, "", err
+	}
+	addr := "127.0.0.1:" + ports[0]
+	cmd, err := start(bin, "--grpc-listen", addr, "--listen", "127.0.0.1:"+ports[1], "--admin-listen", "127.0.0.1:"+ports[2],
+		"--policy-file", pf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
+	return cmd, addr, err
+}
+
+// centralWorkloads are the central service's cases, asked with the
+// request descriptors a gateway sends: the sidecar's three, by id with a
+// "central-" prefix.
+func centralWorkloads() []workload {
+	return []workload{
+		{"central service: cold keys (request descriptors)", "central-cold", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
+		}},
+		{"central service: one hot key, allowed", "central-hot-allowed", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "hot")
+		}},
+		{"central service: one hot key, over its limit", "central-hot-denied", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("flood", "hot")
+		}},
+	}
+}
+
 // requestDescriptor is the descriptor a gateway sends, with floodgate's
 // generated route actions, for GET https://api.example.com/api/items from
 // 203.0.113.7 with X-Api-Key: key, for the standalone policy name.
@@ -333,19 +364,11 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The central rate-limit service: the same binary and store, the
-	// policies in floodgate's format, asked with request descriptors.
-	cpf := filepath.Join(dir, "central.yaml")
-	if err := os.WriteFile(cpf, []byte(centralPolicy), 0o600); err != nil {
-		return nil, err
-	}
-	centralAddr := "127.0.0.1:" + ports[6]
 	centralBin := cfg.SidecarBin
 	if centralBin == "" {
 		centralBin = filepath.Join(dir, "floodgate-sidecar")
 	}
-	central, err := start(centralBin, "--grpc-listen", centralAddr, "--listen", "127.0.0.1:"+ports[7], "--admin-listen", "127.0.0.1:"+ports[8],
-		"--policy-file", cpf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
+	central, centralAddr, err := startCentral(dir, centralBin, cluster, ports[6:9], start)
 	if err != nil {
 		return nil, err
 	}
@@ -366,14 +389,15 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 
 	var runID atomic.Int64
-	workloads := []workload{
+	workloads := make([]workload, 0, 10)
+	workloads = append(workloads, []workload{
 		{"null server (answers OK at once)", serverNull, serverNull, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
 		{"cold keys (a new counter every call, each a Redis call)", "cold", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
 			return entry("user", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
 		}},
 		{"one hot key, allowed (every call a Redis call)", "hot-allowed", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
 		{"one hot key, over its limit (local deny cache)", "hot-denied", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
-	}
+	}...)
 	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid, serverCentral: central.Process.Pid}
 	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr, serverCentral: centralAddr}
 	closePeer, err := addPeer(ctx, cfg, dir, cluster, startEnv, conns, pids, addrs, &workloads)
@@ -381,17 +405,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	workloads = append(workloads,
-		workload{"central service: cold keys (request descriptors)", "central-cold", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
-			return requestDescriptor("gw", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
-		}},
-		workload{"central service: one hot key, allowed", "central-hot-allowed", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
-			return requestDescriptor("gw", "hot")
-		}},
-		workload{"central service: one hot key, over its limit", "central-hot-denied", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
-			return requestDescriptor("flood", "hot")
-		}},
-	)
+	workloads = append(workloads, centralWorkloads()...)
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
 		for wi, w := range workloads {

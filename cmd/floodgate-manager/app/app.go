@@ -156,7 +156,7 @@ func NewScheme() (*runtime.Scheme, error) {
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("add %s to the scheme: %w", v1alpha1.GroupVersion, err)
 	}
-	if err := gatewayv1.AddToScheme(s); err != nil {
+	if err := gatewayv1.Install(s); err != nil {
 		return nil, fmt.Errorf("add %s to the scheme: %w", gatewayv1.GroupVersion, err)
 	}
 	return s, nil
