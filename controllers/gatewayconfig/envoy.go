@@ -20,6 +20,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// appCluster names the application's cluster, virtual host and route in
+// the bootstrap Envoy generates.
+const appCluster = "app"
+
 // EnvoyOptions shape the plain Envoy bootstrap.
 type EnvoyOptions struct {
 	// ListenPort is the port Envoy takes requests on.
@@ -58,13 +62,13 @@ func Envoy(policies []Policy, svc Service, o EnvoyOptions) (*bootstrapv3.Bootstr
 		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 			Name: "local",
 			VirtualHosts: []*routev3.VirtualHost{{
-				Name:    "app",
+				Name:    appCluster,
 				Domains: []string{"*"},
 				Routes: []*routev3.Route{{
-					Name:  "app",
+					Name:  appCluster,
 					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "app"},
+						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: appCluster},
 						RateLimits:       RateLimits(policies),
 					}},
 				}},
@@ -90,11 +94,11 @@ func Envoy(policies []Policy, svc Service, o EnvoyOptions) (*bootstrapv3.Bootstr
 				}}}},
 			}},
 			Clusters: []*clusterv3.Cluster{{
-				Name:                 "app",
+				Name:                 appCluster,
 				ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
 				ConnectTimeout:       durationpb.New(time.Second),
 				LoadAssignment: &endpointv3.ClusterLoadAssignment{
-					ClusterName: "app",
+					ClusterName: appCluster,
 					Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
 						HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socket(o.UpstreamHost, o.UpstreamPort)}},
 					}}}},

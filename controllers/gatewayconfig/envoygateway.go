@@ -18,6 +18,8 @@ const (
 const (
 	keyName      = "name"
 	keyOperation = "operation"
+	keyType      = "type"
+	keyValue     = "value"
 )
 
 // The xDS resource types an EnvoyPatchPolicy patches.
@@ -91,17 +93,17 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 		return nil, err
 	}
 	patches := []any{map[string]any{
-		"type": typeCluster, keyName: ClusterName,
-		keyOperation: map[string]any{"op": "add", "value": cv},
+		keyType: typeCluster, keyName: ClusterName,
+		keyOperation: map[string]any{"op": "add", keyValue: cv},
 	}}
 	all := gw.listenersOf(nil)
 	for _, name := range egNames(gw, all, scheme, egListenerName) {
 		patches = append(patches, map[string]any{
-			"type": typeListener, keyName: name,
+			keyType: typeListener, keyName: name,
 			keyOperation: map[string]any{
 				"op":       "add",
 				"jsonPath": "..http_filters[?(@.name=='" + RouterFilter + "')]",
-				"value":    fv,
+				keyValue:   fv,
 			},
 		})
 	}
@@ -117,7 +119,7 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 		"metadata":   meta,
 		"spec": map[string]any{
 			"targetRef":   map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", keyName: gw.Name},
-			"type":        "JSONPatch",
+			keyType:       "JSONPatch",
 			"jsonPatches": patches,
 		},
 	}}, nil
@@ -183,8 +185,8 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 			return nil, err
 		}
 		out = append(out, map[string]any{
-			"type": typeRouteConfig, keyName: c,
-			keyOperation: map[string]any{"op": "add", "jsonPath": "..routes[?(@.route)]", "path": "/route/rate_limits", "value": v},
+			keyType: typeRouteConfig, keyName: c,
+			keyOperation: map[string]any{"op": "add", "jsonPath": "..routes[?(@.route)]", "path": "/route/rate_limits", keyValue: v},
 		})
 	}
 	for _, k := range ruleOrder {
@@ -194,10 +196,10 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 		}
 		prefix := fmt.Sprintf("^httproute/%s/%s/rule/%d/", k.namespace, k.name, k.index)
 		out = append(out, map[string]any{
-			"type": typeRouteConfig, keyName: k.config,
+			keyType: typeRouteConfig, keyName: k.config,
 			keyOperation: map[string]any{
 				"op": "add", "jsonPath": "..routes[?(@.name =~ '" + regexLiteral(prefix) + "')]",
-				"path": "/route/rate_limits", "value": v,
+				"path": "/route/rate_limits", keyValue: v,
 			},
 		})
 	}

@@ -54,7 +54,7 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 				keyName: HCMFilter, "subFilter": map[string]any{keyName: RouterFilter},
 			}}},
 		},
-		"patch": map[string]any{keyOperation: "INSERT_BEFORE", "value": fv},
+		"patch": map[string]any{keyOperation: "INSERT_BEFORE", keyValue: fv},
 	}}
 	atts := slices.Clone(gw.Attachments)
 	slices.SortStableFunc(atts, func(a, b Attachment) int { return comparePolicies(a.Policy, b.Policy) })
@@ -67,7 +67,7 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 		if err != nil {
 			return nil, err
 		}
-		merge := map[string]any{keyOperation: "MERGE", "value": map[string]any{"route": map[string]any{"rate_limits": []any{value}}}}
+		merge := map[string]any{keyOperation: "MERGE", keyValue: map[string]any{"route": map[string]any{"rate_limits": []any{value}}}}
 		for _, m := range istioRouteMatches(gw, a) {
 			patches = append(patches, map[string]any{"applyTo": "HTTP_ROUTE", "match": m, "patch": merge})
 		}

@@ -188,6 +188,32 @@ policies:
     limit: {requests: 10, per: 1h}
 `
 
+// dialAll opens n connections to each address and waits until each
+// server answers; the returned func closes them all.
+func dialAll(ctx context.Context, n int, logDir string, addrs ...string) (map[string][]*grpc.ClientConn, func(), error) {
+	conns := map[string][]*grpc.ClientConn{}
+	closeAll := func() {
+		for _, cs := range conns {
+			for _, c := range cs {
+				_ = c.Close()
+			}
+		}
+	}
+	for _, addr := range addrs {
+		for range n {
+			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, closeAll, err
+			}
+			conns[addr] = append(conns[addr], c)
+		}
+		if err := waitServing(ctx, conns[addr][0]); err != nil {
+			return nil, closeAll, fmt.Errorf("server on %s (logs in %s): %w", addr, logDir, err)
+		}
+	}
+	return conns, closeAll, nil
+}
+
 // startCentral starts the central rate-limit service: the same binary
 // and store as the sidecar under test, the policies in floodgate's
 // format (centralPolicy), on ports[0] (gRPC), ports[1] and ports[2].
@@ -301,6 +327,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			return nil, fmt.Errorf("go build floodgate-sidecar: %w: %s", err, out)
 		}
 	}
+	sidecarBin := bin // bin may become this binary, with -cpuprofile
 	pf := filepath.Join(dir, "ratelimit.yaml")
 	if err := os.WriteFile(pf, []byte(policy), 0o600); err != nil {
 		return nil, err
@@ -364,28 +391,15 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	centralBin := cfg.SidecarBin
-	if centralBin == "" {
-		centralBin = filepath.Join(dir, "floodgate-sidecar")
-	}
-	central, centralAddr, err := startCentral(dir, centralBin, cluster, ports[6:9], start)
+	central, centralAddr, err := startCentral(dir, sidecarBin, cluster, ports[6:9], start)
 	if err != nil {
 		return nil, err
 	}
 
-	conns := map[string][]*grpc.ClientConn{}
-	for _, addr := range []string{sidecarAddr, nullAddr, centralAddr} {
-		for range cfg.Conns {
-			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, err
-			}
-			defer func() { _ = c.Close() }()
-			conns[addr] = append(conns[addr], c)
-		}
-		if err := waitServing(ctx, conns[addr][0]); err != nil {
-			return nil, fmt.Errorf("server on %s (logs in %s): %w", addr, dir, err)
-		}
+	conns, closeConns, err := dialAll(ctx, cfg.Conns, dir, sidecarAddr, nullAddr, centralAddr)
+	defer closeConns()
+	if err != nil {
+		return nil, err
 	}
 
 	var runID atomic.Int64
