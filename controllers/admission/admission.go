@@ -31,7 +31,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -177,6 +179,7 @@ func (v *Validator) warnings(ctx context.Context, old, p *v1alpha1.RateLimitPoli
 	case err == nil && !meta.IsStatusConditionTrue(cs.Status.Conditions, v1alpha1.ConditionReady):
 		w = append(w, fmt.Sprintf("spec.storeRef.name: CounterStore %q is not Ready; the policy is not enforced until it is", store))
 	}
+	w = append(w, v.meshWarnings(ctx, p)...)
 	var others v1alpha1.RateLimitPolicyList
 	if err := v.Reader.List(ctx, &others, client.InNamespace(p.Namespace)); err == nil {
 		var first *v1alpha1.RateLimitPolicy
@@ -205,4 +208,64 @@ func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
 		return a.CreationTimestamp.Before(&b.CreationTimestamp)
 	}
 	return a.Name < b.Name
+}
+
+// istioProxy is the name of the container Istio injects.
+const istioProxy = "istio-proxy"
+
+// meshWarnings warns when p keys a rule on clientIP without
+// trustedProxies and selects pods that run Istio's sidecar: Istio's
+// inbound proxy connects to the pod from 127.0.0.6, so every client would
+// share one counter.
+func (v *Validator) meshWarnings(ctx context.Context, p *v1alpha1.RateLimitPolicy) cradmission.Warnings {
+	if p.GatewayEnforced() || p.Spec.TrustedProxies != nil || !keysOnClientIP(p) {
+		return nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := v.Reader.List(ctx, &pods, client.InNamespace(p.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil
+	}
+	meshed := MeshedPods(pods.Items)
+	if len(meshed) == 0 {
+		return nil
+	}
+	if len(meshed) > 3 {
+		meshed = append(meshed[:3], fmt.Sprintf("and %d more", len(meshed)-3))
+	}
+	return cradmission.Warnings{fmt.Sprintf("spec.rules: a rule keys on clientIP, and selected pods run Istio's sidecar (%s): "+
+		"Istio's inbound proxy connects from 127.0.0.6, so every client would share one counter; "+
+		"set spec.trustedProxies to read the client from X-Forwarded-For, or key on something else (docs/gateways.md)",
+		strings.Join(meshed, ", "))}
+}
+
+func keysOnClientIP(p *v1alpha1.RateLimitPolicy) bool {
+	for _, r := range p.Spec.Rules {
+		for _, k := range r.Key {
+			if k.ClientIP != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// MeshedPods returns the names of the pods that run Istio's sidecar (an
+// istio-proxy container, or a native sidecar init container of that name).
+func MeshedPods(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		pod := &pods[i]
+		for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
+			if c.Name == istioProxy {
+				out = append(out, pod.Name)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -2,10 +2,12 @@ package admission
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -155,5 +157,24 @@ func TestValidateUpdate(t *testing.T) {
 	}
 	if w, err := v.ValidateDelete(ctx, bad); err != nil || len(w) != 0 {
 		t.Errorf("ValidateDelete = %v, %v", w, err)
+	}
+}
+
+func TestMeshedPods(t *testing.T) {
+	t.Parallel()
+	always := corev1.ContainerRestartPolicyAlways
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "web-b"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "istio-proxy"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "floodgate-sidecar"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "web-a"}, Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: "istio-proxy", RestartPolicy: &always}},
+			Containers:     []corev1.Container{{Name: "app"}},
+		}},
+	}
+	if got, want := MeshedPods(pods), []string{"web-a", "web-b"}; !slices.Equal(got, want) {
+		t.Errorf("MeshedPods = %v, want %v", got, want)
+	}
+	if got := MeshedPods(pods[1:2]); got != nil {
+		t.Errorf("MeshedPods of an unmeshed pod = %v, want none", got)
 	}
 }
