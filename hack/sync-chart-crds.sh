@@ -4,6 +4,10 @@
 #   config/rbac/role.yaml   -> charts/floodgate/files/manager-role.yaml
 #                              (the rules of the manager's ClusterRoles and
 #                              of the metrics reader role)
+#   config/rbac/sidecar_pod_status_policy.yaml
+#                           -> charts/floodgate/files/sidecar-pod-status-policy.yaml
+#                              (the ValidatingAdmissionPolicy that keeps each
+#                              sidecar to its own pod's condition)
 # Run it after `make manifests`. With --check it changes nothing and exits 1
 # when the chart's copies differ from the generated files, naming them.
 # test/helmchart fails on the same drift.
@@ -29,6 +33,7 @@ for src in "${crds[@]}"; do
   pairs+=("$src" "$CHART/crds/$(basename "$src")")
 done
 pairs+=("$ROOT/config/rbac/role.yaml" "$CHART/files/manager-role.yaml")
+pairs+=("$ROOT/config/rbac/sidecar_pod_status_policy.yaml" "$CHART/files/sidecar-pod-status-policy.yaml")
 
 drift=()
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do

@@ -6,8 +6,9 @@ const (
 	// message names every invalid field, and the last accepted generation,
 	// if any, keeps running.
 	ConditionAccepted = "Accepted"
-	// ConditionResolvedRefs is True when the policy's CounterStore exists
-	// and is Ready.
+	// ConditionResolvedRefs is True when every object the policy names
+	// resolves: its CounterStore exists and is Ready, and the Secret or
+	// ConfigMap of its JWT keys exists.
 	ConditionResolvedRefs = "ResolvedRefs"
 	// ConditionProgrammed is True when the targeted sidecars enforce the
 	// policy's current generation.
@@ -34,6 +35,9 @@ const (
 	// earlier, uses a different CounterStore. A namespace's sidecars share
 	// one store.
 	ReasonStoreConflict = "StoreConflict"
+	// ReasonRefNotFound: the Secret or ConfigMap that holds the policy's
+	// JWT keys does not exist. The message names the field.
+	ReasonRefNotFound = "RefNotFound"
 
 	// ReasonWaitingForSidecars: the policy is compiled into the
 	// namespace's ConfigMap, and the sidecars have not yet reported it

@@ -109,7 +109,28 @@ type ManagedStore struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// NetworkPolicy, Enabled by default, makes the manager keep a
+	// NetworkPolicy that lets only the injected sidecars (pods labelled
+	// floodgate.dev/injected=true, in any namespace), the manager's pods
+	// (labelled ratelimit.floodgate.dev/store-client=true in the
+	// manager's namespace) and the store's own Pods reach the Redis
+	// Pods. It takes effect only where the cluster's network plugin
+	// enforces NetworkPolicies. Disabled removes it.
+	// +optional
+	// +kubebuilder:default=Enabled
+	NetworkPolicy NetworkPolicyMode `json:"networkPolicy,omitempty"`
 }
+
+// NetworkPolicyMode turns a managed store's NetworkPolicy on or off.
+// +kubebuilder:validation:Enum=Enabled;Disabled
+type NetworkPolicyMode string
+
+// The NetworkPolicyMode values.
+const (
+	NetworkPolicyEnabled  NetworkPolicyMode = "Enabled"
+	NetworkPolicyDisabled NetworkPolicyMode = "Disabled"
+)
 
 // AntiAffinityMode says how strongly the nodes of a shard are spread.
 // +kubebuilder:validation:Enum=Preferred;Required;None
@@ -237,10 +258,12 @@ type CounterStoreStatus struct {
 	// +kubebuilder:validation:MaxItems=32
 	Endpoints []string `json:"endpoints,omitempty"`
 
-	// AuthSecretName names the Secret that holds the store password under
-	// the key "password". Sidecars read it from their own namespace, so the
-	// store controller keeps a copy of it in each namespace whose policies
-	// use the store. Empty when the store takes no password.
+	// AuthSecretName names the Secret, in each namespace whose policies
+	// use the store, that holds the sidecars' credentials: the password
+	// under the key "password" and, for a managed store, its restricted
+	// sidecar user under "username". The manager keeps that one copy per
+	// namespace (floodgate-store-auth). Empty when the store takes no
+	// password.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	AuthSecretName string `json:"authSecretName,omitempty"`

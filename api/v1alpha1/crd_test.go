@@ -62,9 +62,27 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 		{"spec.rules maxItems", at(spec, "rules").MaxItems, maxRules},
 		{"spec.rules[].name maxLength", at(rule, "name").MaxLength, config.MaxNameLength},
 		{"spec.rules[].key maxItems", at(rule, "key").MaxItems, config.MaxKeyParts},
+		{"spec.rules[].keys maxItems", at(rule, "keys").MaxItems, config.MaxKeyAlternatives},
+		{"spec.rules[].keys[] maxItems", at(rule, "keys", "[]").MaxItems, config.MaxKeyParts},
 		{"spec.rules[].match.headers maxItems", at(rule, "match", "headers").MaxItems, maxHeaderMatches},
 		{"spec.rules[].match.path.value maxLength", at(rule, "match", "path", "value").MaxLength, config.MaxRegexLength},
 		{"spec.trustedProxies.cidrs maxItems", at(spec, "trustedProxies", "cidrs").MaxItems, maxTrustedCIDRs},
+		{"spec.rules[].match.headers maxItems (sidecar)", at(rule, "match", "headers").MaxItems, config.MaxValueMatches},
+		{"spec.rules[].match.headers[].regex maxLength", at(rule, "match", "headers", "[]", "regex").MaxLength, config.MaxRegexLength},
+		{"spec.rules[].match.headers[].value maxLength", at(rule, "match", "headers", "[]", "value").MaxLength, config.MaxMatchValueLength},
+		{"spec.rules[].match.query maxItems", at(rule, "match", "query").MaxItems, config.MaxValueMatches},
+		{"spec.rules[].match.query[].name maxLength", at(rule, "match", "query", "[]", "name").MaxLength, config.MaxMatchNameLength},
+		{"spec.rules[].match.query[].regex maxLength", at(rule, "match", "query", "[]", "regex").MaxLength, config.MaxRegexLength},
+		{"spec.rules[].match.hosts maxItems", at(rule, "match", "hosts").MaxItems, config.MaxHosts},
+		{"spec.rules[].match.hosts[] maxLength", at(rule, "match", "hosts", "[]").MaxLength, config.MaxHostLength},
+		{"spec.rules[].match.sourceCIDRs maxItems", at(rule, "match", "sourceCIDRs").MaxItems, config.MaxCIDRs},
+		{"spec.rules[].match.when maxItems", at(rule, "match", "when").MaxItems, config.MaxConditions},
+		{"spec.rules[].match.when[] maxLength", at(rule, "match", "when", "[]").MaxLength, config.MaxExpressionLength},
+		{"spec.rules[].key[].expression maxLength", at(rule, "key", "[]", "expression").MaxLength, config.MaxExpressionLength},
+		{"spec.rules[].exempt.when maxItems", at(rule, "exempt", "when").MaxItems, config.MaxConditions},
+		{"spec.exempt.sourceCIDRs maxItems", at(spec, "exempt", "sourceCIDRs").MaxItems, config.MaxCIDRs},
+		{"spec.exempt.when maxItems", at(spec, "exempt", "when").MaxItems, config.MaxConditions},
+		{"spec.exempt.when[] maxLength", at(spec, "exempt", "when", "[]").MaxLength, config.MaxExpressionLength},
 	} {
 		if tc.got == nil || *tc.got != tc.want {
 			t.Errorf("%s = %v, want %d", tc.name, deref(tc.got), tc.want)
@@ -81,6 +99,8 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 		{"spec.rules[].cost.default maximum", at(rule, "cost", "default").Maximum, limiter.MaxRequests},
 		{"spec.rules[].cost.max maximum", at(rule, "cost", "max").Maximum, limiter.MaxRequests},
 		{"spec.trustedProxies.hops maximum", at(spec, "trustedProxies", "hops").Maximum, config.MaxHops},
+		{"spec.rules[].limit.split maximum", at(limit, "split").Maximum, limiter.MaxSplit},
+		{"spec.rules[].limit.split minimum", at(limit, "split").Minimum, 1},
 	} {
 		if tc.got == nil || *tc.got != float64(tc.want) {
 			t.Errorf("%s = %v, want %d", tc.name, derefF(tc.got), tc.want)
@@ -120,6 +140,47 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 	}
 	if got, want := int64(MaxSlidingLogRequests), int64(limiter.MaxLogRequests); got != want {
 		t.Errorf("MaxSlidingLogRequests = %d, want the limiter's %d", got, want)
+	}
+}
+
+// The ClusterRateLimitPolicy's rules are the RateLimitPolicy's rules: the
+// same schema, with the same bounds and CEL rules, so that a rule moves
+// between the two unchanged. Its name bound keeps "cluster.<name>" within
+// the sidecar config's names.
+func TestClusterCRDSharesTheRuleSchema(t *testing.T) {
+	t.Parallel()
+	load := func(file string) apiextensionsv1.JSONSchemaProps {
+		t.Helper()
+		data, err := os.ReadFile("../../config/crd/bases/" + file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.Unmarshal(data, &crd); err != nil {
+			t.Fatal(err)
+		}
+		return *crd.Spec.Versions[0].Schema.OpenAPIV3Schema
+	}
+	rlp := load("ratelimit.floodgate.dev_ratelimitpolicies.yaml")
+	crlp := load("ratelimit.floodgate.dev_clusterratelimitpolicies.yaml")
+	want := rlp.Properties["spec"].Properties["rules"].Items.Schema
+	for _, list := range []string{"defaults", "overrides"} {
+		got := crlp.Properties["spec"].Properties[list].Properties["rules"].Items.Schema
+		a, _ := yaml.Marshal(got)
+		b, _ := yaml.Marshal(want)
+		if string(a) != string(b) {
+			t.Errorf("spec.%s.rules[] differs from the RateLimitPolicy's spec.rules[]", list)
+		}
+	}
+	if got, want := len(ClusterPolicyPrefix)+MaxClusterPolicyNameLength, config.MaxNameLength; got != want {
+		t.Errorf("a compiled cluster policy name is up to %d characters, want the sidecar's %d", got, want)
+	}
+	found := false
+	for _, v := range crlp.XValidations {
+		found = found || strings.Contains(v.Rule, "self.metadata.name.size() <= "+strconv.Itoa(MaxClusterPolicyNameLength))
+	}
+	if !found {
+		t.Errorf("no CEL rule bounds metadata.name at %d", MaxClusterPolicyNameLength)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package v1alpha1 is the ratelimit.floodgate.dev/v1alpha1 API: the
-// namespaced RateLimitPolicy that users write, and the cluster-scoped
-// CounterStore that holds the shared counters.
+// namespaced RateLimitPolicy that users write, the cluster-scoped
+// ClusterRateLimitPolicy that platform teams write for many namespaces, and
+// the cluster-scoped CounterStore that holds the shared counters.
 //
 // Validation happens in layers. The OpenAPI schema and the CEL rules
 // (x-kubernetes-validations) generated from the markers in this package
@@ -36,6 +37,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&RateLimitPolicy{}, &RateLimitPolicyList{},
 		&CounterStore{}, &CounterStoreList{},
+		&ClusterRateLimitPolicy{}, &ClusterRateLimitPolicyList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -13,8 +13,8 @@ const DefaultCounterStoreName = "default"
 // RateLimitPolicySpec is what a user asks for: which pods enforce which
 // limits, and where the shared counts live.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, r.key.all(k, !has(k.jwtClaim)))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
-// +kubebuilder:validation:XValidation:rule="has(self.podSelector) != has(self.targetRef)",message="set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef (a Gateway API HTTPRoute or Gateway whose gateway enforces it)"
+// +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, (!has(r.key) || r.key.all(k, !has(k.jwtClaim))) && (!has(r.keys) || r.keys.all(a, a.all(k, !has(k.jwtClaim)))))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
+// +kubebuilder:validation:XValidation:rule="has(self.podSelector) != has(self.targetRef)",message="set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef (a Gateway API HTTPRoute or Gateway whose gateway enforces it)",fieldPath=".podSelector"
 type RateLimitPolicySpec struct {
 	// PodSelector selects the pods, in the policy's namespace, whose
 	// sidecars enforce this policy. The empty selector {} selects every pod
@@ -55,10 +55,55 @@ type RateLimitPolicySpec struct {
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
 
 	// JWT says how bearer tokens are verified before their claims may key
-	// a rule. It is required when any rule has a jwtClaim key part.
+	// a rule. It is required when any rule has a jwtClaim key part or
+	// reads auth.claims in a CEL expression.
 	// +optional
 	JWT *JWT `json:"jwt,omitempty"`
+
+	// Exempt lists requests that none of the policy's rules limit: health
+	// checks, internal callers. Exempt requests are counted in the
+	// sidecar's floodgate_sidecar_exempt_total and spend nothing.
+	// +optional
+	Exempt *Exempt `json:"exempt,omitempty"`
 }
+
+// Exempt lists requests that are never limited: those from the client
+// networks in SourceCIDRs, and those for which every condition in When
+// holds. Either is enough.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.sourceCIDRs) && size(self.sourceCIDRs) > 0) || (has(self.when) && size(self.when) > 0)",message="set sourceCIDRs, when, or both"
+type Exempt struct {
+	// SourceCIDRs are client networks, the client IP read as
+	// trustedProxies says.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	SourceCIDRs []CIDR `json:"sourceCIDRs,omitempty"`
+
+	// When are CEL conditions over the request (see match.when); the
+	// request is exempt when all of them hold.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	When []Expression `json:"when,omitempty"`
+}
+
+// Expression is a CEL expression over the request. Its variables are
+// request.method, request.path, request.host, request.headers (lower-case
+// names), request.query, source.address and auth.claims; the
+// validating webhook compiles it and checks its cost.
+//
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=2048
+type Expression string
+
+// Hostname is a DNS name in lower case, or a wildcard whose first label is
+// "*" (such as *.example.com), as in the Gateway API.
+//
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:Pattern=`^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+type Hostname string
 
 // StoreReference names a cluster-scoped CounterStore.
 type StoreReference struct {
@@ -74,6 +119,9 @@ type StoreReference struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.keys) || !has(self.key) || size(self.key) == 0",message="set key or keys, not both: key is one alternative, keys a list of them",fieldPath=".keys"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.split) || !has(self.cost) || !has(self.cost.default) || self.cost.default * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.default"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.split) || !has(self.cost) || !has(self.cost.max) || self.cost.max * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.max"
 type Rule struct {
 	// Name identifies the rule within its policy: in metrics, in response
 	// headers and in the counter keys. Renaming a rule starts its counts
@@ -90,18 +138,35 @@ type Rule struct {
 	Match *RuleMatch `json:"match,omitempty"`
 
 	// Key lists the descriptor parts whose values identify a counter: one
-	// counter per distinct combination of values.
-	// +required
+	// counter per distinct combination of values. It is one key
+	// alternative; see Keys for several. A rule with no key part at all
+	// (neither key nor keys) has one counter for every request: a global
+	// limit.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Key []KeyPart `json:"key,omitempty"`
+
+	// Keys, instead of Key, lists key alternatives in order: each request
+	// is keyed by the first alternative whose parts it all carries, for
+	// example a verified JWT sub, else the X-API-Key header, else the
+	// client IP. A request that carries none of them gets OnMissingKey.
+	// An empty alternative ([]) keys every request to one shared counter;
+	// it may only be the last.
+	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
-	Key []KeyPart `json:"key"`
+	// +kubebuilder:validation:items:MaxItems=8
+	Keys [][]KeyPart `json:"keys,omitempty"`
 
-	// OnMissingKey says what happens when a key part cannot be read from a
-	// request: Skip (the rule does not apply), Shared (all such requests
-	// share one counter) or Reject (answer 400).
+	// OnMissingKey says what happens to a request that carries no
+	// complete key alternative: Shared (all such requests share one
+	// counter; the default), Reject (answer 400) or Skip (the rule does
+	// not apply to it, which lets such requests past the rule; admission
+	// warns about it).
 	// +optional
-	// +kubebuilder:default=Skip
+	// +kubebuilder:default=Shared
 	OnMissingKey OnMissingKey `json:"onMissingKey,omitempty"`
 
 	// Limit is the rate.
@@ -125,6 +190,20 @@ type Rule struct {
 	// +optional
 	// +kubebuilder:default=Enforce
 	Mode Mode `json:"mode,omitempty"`
+
+	// Exempt lists requests the rule matches but never limits. The
+	// policy's exempt section applies too.
+	// +optional
+	Exempt *Exempt `json:"exempt,omitempty"`
+}
+
+// KeyAlternatives returns the rule's key alternatives: Keys, or Key as the
+// only one (which may be empty: a global rule).
+func (r *Rule) KeyAlternatives() [][]KeyPart {
+	if len(r.Keys) > 0 {
+		return r.Keys
+	}
+	return [][]KeyPart{r.Key}
 }
 
 // OnMissingKey is the behaviour when a key part is absent from a request.
@@ -170,29 +249,47 @@ type RuleMatch struct {
 	// +kubebuilder:validation:MaxItems=9
 	Methods []HTTPMethod `json:"methods,omitempty"`
 
-	// Headers, when set, must all be present on the request, with the
-	// given value where one is given.
+	// Headers, when set, must all match: present, with the given value or
+	// a value the regex matches, or absent; each may be inverted.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Headers []HeaderMatch `json:"headers,omitempty"`
 
-	// Hosts, when set, restricts the rule to requests for these hosts
-	// (the Host header, or :authority, without its port, compared without
-	// case): an exact name such as api.example.com, or a wildcard
-	// *.example.com, which matches any name under example.com (one label
-	// or more) but not example.com itself, as Gateway API hostnames do.
+	// Hosts, when set, restricts the rule to these hosts (the Host
+	// header, or :authority, without its port, compared
+	// case-insensitively). A wildcard such as *.example.com matches every
+	// name ending in .example.com, however many labels precede it, but
+	// not example.com itself.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=16
 	Hosts []Hostname `json:"hosts,omitempty"`
-}
 
-// Hostname is a DNS name, or a wildcard "*." followed by one.
-// +kubebuilder:validation:MinLength=1
-// +kubebuilder:validation:MaxLength=253
-// +kubebuilder:validation:Pattern=`^(\*\.)?[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*$`
-type Hostname string
+	// Query, when set, must all match the request's query parameters, as
+	// headers match headers.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Query []QueryMatch `json:"query,omitempty"`
+
+	// SourceCIDRs, when set, restricts the rule to clients in these
+	// networks, the client IP read as trustedProxies says.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	SourceCIDRs []CIDR `json:"sourceCIDRs,omitempty"`
+
+	// When are CEL conditions over the request, all of which must hold,
+	// such as "request.headers['x-tier'] == 'free'" or
+	// "request.path.startsWith('/api/') && request.method != 'GET'". A
+	// condition that cannot be evaluated on a request (it reads a header
+	// the request lacks, say) does not hold. See docs/matching.md.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	When []Expression `json:"when,omitempty"`
+}
 
 // HTTPMethod is an HTTP request method.
 // +kubebuilder:validation:Enum=GET;HEAD;POST;PUT;PATCH;DELETE;OPTIONS;CONNECT;TRACE
@@ -226,7 +323,11 @@ type PathMatch struct {
 	Value string `json:"value"`
 }
 
-// HeaderMatch matches one request header.
+// HeaderMatch matches one request header. At most one of value, regex
+// and absent is set; with none, the header only has to be present.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && size(self.value) > 0, has(self.regex) && size(self.regex) > 0, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the header, leave both unset",fieldPath=".invert"
 type HeaderMatch struct {
 	// Name is the header name, matched case-insensitively.
 	// +required
@@ -235,17 +336,64 @@ type HeaderMatch struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
 	Name string `json:"name"`
 
-	// Value, when set, must equal the header's value exactly. When unset,
-	// the header only has to be present.
+	// Value, when set, must equal one of the header's values exactly.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Value string `json:"value,omitempty"`
+
+	// Regex, when set, is an RE2 regular expression (Go's regexp syntax)
+	// that must match one of the header's values whole.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Regex string `json:"regex,omitempty"`
+
+	// Absent requires the header to be missing.
+	// +optional
+	Absent bool `json:"absent,omitempty"`
+
+	// Invert negates the match: with value or regex, the header matches
+	// when it is missing or none of its values match; alone, when it is
+	// missing.
+	// +optional
+	Invert bool `json:"invert,omitempty"`
+}
+
+// QueryMatch matches one query parameter, on its decoded values. At most
+// one of value, regex and absent is set; with none, the parameter only
+// has to be present.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.value) && size(self.value) > 0, has(self.regex) && size(self.regex) > 0, has(self.absent) && self.absent].filter(x, x).size() <= 1",message="set at most one of value, regex and absent"
+// +kubebuilder:validation:XValidation:rule="!(has(self.absent) && self.absent && has(self.invert) && self.invert)",message="invert cannot go with absent; to require the parameter, leave both unset",fieldPath=".invert"
+type QueryMatch struct {
+	// Name is the parameter's name, matched exactly.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+
+	// Value, when set, must equal one of the parameter's values.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Value string `json:"value,omitempty"`
+
+	// Regex, when set, must match one of the parameter's values whole.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Regex string `json:"regex,omitempty"`
+
+	// Absent requires the parameter to be missing.
+	// +optional
+	Absent bool `json:"absent,omitempty"`
+
+	// Invert negates the match, as for headers.
+	// +optional
+	Invert bool `json:"invert,omitempty"`
 }
 
 // KeyPart is one descriptor part of a counter key. Exactly one field is
 // set.
 //
-// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.query), has(self.clientIP), has(self.jwtClaim), has(self.path), has(self.method)].filter(x, x).size() == 1",message="exactly one of header, query, clientIP, jwtClaim, path or method must be set in each key part"
+// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.query), has(self.clientIP), has(self.jwtClaim), has(self.path), has(self.method), has(self.expression)].filter(x, x).size() == 1",message="exactly one of header, query, clientIP, jwtClaim, path, method or expression must be set in each key part"
 type KeyPart struct {
 	// Header keys on the value of this request header.
 	// +optional
@@ -277,11 +425,35 @@ type KeyPart struct {
 	// Method keys on the request method.
 	// +optional
 	Method *MethodKey `json:"method,omitempty"`
+
+	// Expression keys on the value of a CEL expression over the request
+	// (see match.when), for keys the other parts cannot express, such as
+	// "request.headers['x-org'] + '/' + request.path.split('/')[1]". It
+	// must compute a string, a number or a bool. Its value is hashed like
+	// every other part; an expression that fails on a request, or computes
+	// more than 4096 bytes, is a missing part.
+	// +optional
+	Expression Expression `json:"expression,omitempty"`
 }
 
-// ClientIPKey selects the client IP as a key part. It has no fields; write
-// it as {}.
-type ClientIPKey struct{}
+// ClientIPKey selects the client IP as a key part. {} keys IPv4 clients by
+// address and IPv6 clients by /64.
+type ClientIPKey struct {
+	// IPv4PrefixLength keys IPv4 clients by their network of this many
+	// bits. When unset, by address (32).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	IPv4PrefixLength int32 `json:"ipv4PrefixLength,omitempty"`
+
+	// IPv6PrefixLength keys IPv6 clients by their network of this many
+	// bits. When unset, 64: one host commonly holds a whole /64, and would
+	// otherwise have 2^64 counters.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	IPv6PrefixLength int32 `json:"ipv6PrefixLength,omitempty"`
+}
 
 // PathKey selects the request path as a key part. It has no fields; write it
 // as {}.
@@ -312,6 +484,8 @@ const MaxSlidingLogRequests = limiter.MaxLogRequests
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.burst) || self.algorithm in ['TokenBucket', 'GCRA']",message="burst is only valid with the TokenBucket and GCRA algorithms; the window algorithms count requests per period",fieldPath=".burst"
 // +kubebuilder:validation:XValidation:rule="self.algorithm != 'SlidingLog' || self.requests <= 100000",message="SlidingLog keeps one entry per admitted request, so requests must be at most 100000; use SlidingWindow for larger limits",fieldPath=".requests"
+// +kubebuilder:validation:XValidation:rule="!has(self.split) || self.split <= self.requests",message="split must not exceed requests: each sub-counter needs at least one request per period",fieldPath=".split"
+// +kubebuilder:validation:XValidation:rule="!has(self.split) || !has(self.burst) || self.burst == 0 || self.split <= self.burst",message="split must not exceed burst: each sub-counter needs a capacity of at least one",fieldPath=".split"
 type Limit struct {
 	// Requests is the number of requests admitted per period. It sets the
 	// rate for TokenBucket and GCRA and the count per window for the
@@ -343,7 +517,37 @@ type Limit struct {
 	// +optional
 	// +kubebuilder:default=TokenBucket
 	Algorithm Algorithm `json:"algorithm,omitempty"`
+
+	// Lease is Auto or Off. Auto (the default when unset) lets a sidecar
+	// that sees a key often take a batch of the key's tokens from the
+	// counter store in one call and admit against it locally: the shared
+	// count is never exceeded, but a request may not see what other
+	// sidecars spent a moment ago. Off decides every request on the shared
+	// count (strict). SlidingLog never leases.
+	// +optional
+	Lease LeaseMode `json:"lease,omitempty"`
+
+	// Split spreads each counter of the rule over this many sub-counters
+	// on different Redis slots (and masters), each holding 1/split of the
+	// limit, for a key whose traffic is more than one shard can answer. A
+	// request is decided on one sub-counter and borrows from the others
+	// when it is spent, so the total stays the limit. A request's cost
+	// must fit one sub-counter. When unset, 1 (no split).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	Split int32 `json:"split,omitempty"`
 }
+
+// LeaseMode says whether sidecars lease the tokens of hot keys.
+// +kubebuilder:validation:Enum=Auto;Off
+type LeaseMode string
+
+// The LeaseMode values.
+const (
+	LeaseAuto LeaseMode = "Auto"
+	LeaseOff  LeaseMode = "Off"
+)
 
 // Capacity returns the most a single key can spend at once: Burst, or
 // Requests when Burst is 0.
@@ -384,12 +588,16 @@ type Cost struct {
 }
 
 // TrustedProxies configures how the client IP is read from
-// X-Forwarded-For.
+// X-Forwarded-For, or from a header that trusted proxies set. Nothing a
+// client sends is believed unless the connection comes from a peer inside
+// CIDRs.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.cidrs) && size(self.cidrs) > 0) || (has(self.hops) && self.hops > 0)",message="set cidrs, hops, or both"
+// +kubebuilder:validation:XValidation:rule="has(self.cidrs) && size(self.cidrs) > 0",message="cidrs is required: X-Forwarded-For is believed only from peers inside them; without them any client could name any address (hops alone is not enough)",fieldPath=".cidrs"
+// +kubebuilder:validation:XValidation:rule="!has(self.header) || !has(self.hops) || self.hops == 0",message="header holds one address: it excludes hops",fieldPath=".header"
 type TrustedProxies struct {
-	// CIDRs are the proxies whose X-Forwarded-For entries are believed.
-	// The client IP is the right-most address not in these ranges.
+	// CIDRs are the proxies whose X-Forwarded-For entries (or Header) are
+	// believed. The client IP is the right-most address not in these
+	// ranges. Required.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
@@ -397,11 +605,20 @@ type TrustedProxies struct {
 
 	// Hops, when non-zero, trusts exactly this many proxies in front of
 	// the pod: the client IP is the Hops-th address from the right of
-	// X-Forwarded-For.
+	// X-Forwarded-For. The peer must still be inside CIDRs.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=32
 	Hops int32 `json:"hops,omitempty"`
+
+	// Header, when set, names a header that the trusted proxies set to the
+	// client's address alone, such as X-Real-IP or True-Client-IP: it is
+	// read, from trusted peers only, instead of X-Forwarded-For.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	Header string `json:"header,omitempty"`
 }
 
 // CIDR is an IPv4 or IPv6 network in CIDR notation with no host bits set,
@@ -450,7 +667,27 @@ type JWT struct {
 	// signature.
 	// +optional
 	UpstreamVerified bool `json:"upstreamVerified,omitempty"`
+
+	// OnInvalidToken says what a request whose bearer token is present but
+	// does not verify (forged, expired, of another issuer or audience,
+	// malformed) gets from a rule that needs a jwtClaim: Reject answers
+	// 401; NextAlternative keys it by the rule's next key alternative, as
+	// if it carried no token. Either way the rule never skips it.
+	// +optional
+	// +kubebuilder:default=Reject
+	OnInvalidToken OnInvalidToken `json:"onInvalidToken,omitempty"`
 }
+
+// OnInvalidToken is what a rule does with a bearer token that does not
+// verify.
+// +kubebuilder:validation:Enum=Reject;NextAlternative
+type OnInvalidToken string
+
+// The OnInvalidToken values.
+const (
+	OnInvalidTokenReject          OnInvalidToken = "Reject"
+	OnInvalidTokenNextAlternative OnInvalidToken = "NextAlternative"
+)
 
 // KeyReference names one key of a Secret or ConfigMap in the referring
 // object's namespace.
@@ -477,8 +714,9 @@ type RateLimitPolicyStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// Conditions are Accepted (the spec is valid), ResolvedRefs (the
-	// CounterStore exists and is Ready) and Programmed (the sidecars
-	// enforce this generation).
+	// CounterStore exists and is Ready, and the JWT key Secret or
+	// ConfigMap exists) and Programmed (the sidecars enforce this
+	// generation).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -499,6 +737,154 @@ type RateLimitPolicyStatus struct {
 	// targetRef (which targets no pods: targetedPods stays 0).
 	// +optional
 	Target *TargetStatus `json:"target,omitempty"`
+
+	// Enforcing is enforcingPods/targetedPods, such as "3/3", for kubectl
+	// get. For a policy with a targetRef, it is the central rate-limit
+	// service's replicas that have loaded it over those running.
+	// +optional
+	Enforcing string `json:"enforcing,omitempty"`
+
+	// Store is the CounterStore that holds the policy's counts.
+	// +optional
+	Store string `json:"store,omitempty"`
+
+	// Rules reports on each rule: what it denied, or would have denied in
+	// Shadow mode, over the recent window that usage describes, and how it
+	// relates to a ClusterRateLimitPolicy default of the same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Rules []RuleStatus `json:"rules,omitempty"`
+
+	// ClusterRules are the rules of ClusterRateLimitPolicies that apply to
+	// pods this policy targets, beside its own rules (tightest wins), or
+	// that one of its rules replaces.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	ClusterRules []ClusterRuleStatus `json:"clusterRules,omitempty"`
+
+	// Usage says how the rules' counts were gathered; unset until the
+	// manager has read the sidecars' counters twice.
+	// +optional
+	Usage *UsageStatus `json:"usage,omitempty"`
+}
+
+// RuleStatus is what the manager observed of one rule.
+type RuleStatus struct {
+	// Name is the rule's name.
+	// +required
+	Name string `json:"name"`
+
+	// Mode is the rule's mode.
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+
+	// Denied is the number of requests the rule denied over the usage
+	// window, summed over the targeted pods (Enforce rules).
+	// +optional
+	Denied *int64 `json:"denied,omitempty"`
+
+	// WouldHaveDenied is the number of requests a Shadow rule would have
+	// denied over the usage window, summed over the targeted pods. They
+	// reached the application.
+	// +optional
+	WouldHaveDenied *int64 `json:"wouldHaveDenied,omitempty"`
+
+	// Exempt is the number of requests the rule matched and left alone as
+	// exempt over the usage window.
+	// +optional
+	Exempt *int64 `json:"exempt,omitempty"`
+
+	// ClusterDefault reports on a ClusterRateLimitPolicy default of the
+	// same name that applies to the pods this policy targets.
+	// +optional
+	ClusterDefault *ClusterDefaultStatus `json:"clusterDefault,omitempty"`
+}
+
+// Reasons of ClusterDefaultStatus.
+const (
+	// ReasonTightens: the rule is the default's rule with limits no
+	// looser, so it replaces the default on the policy's pods.
+	ReasonTightens = "Tightens"
+	// ReasonLoosens: the rule would allow more than the default, so it
+	// does not replace it; the default keeps applying beside it.
+	ReasonLoosens = "Loosens"
+	// ReasonDiffers: the rule matches, keys, costs or exempts requests
+	// differently from the default, so it is not a tightening of it and
+	// does not replace it; the default keeps applying beside it.
+	ReasonDiffers = "Differs"
+)
+
+// ClusterDefaultStatus is how a rule relates to the cluster default it
+// shares a name with.
+type ClusterDefaultStatus struct {
+	// Policy is the ClusterRateLimitPolicy.
+	// +required
+	Policy string `json:"policy"`
+
+	// Replaced is true when this rule replaces the default on the
+	// policy's pods; false when the default keeps applying beside it.
+	// +required
+	Replaced bool `json:"replaced"`
+
+	// Reason is Tightens, Loosens or Differs.
+	// +required
+	Reason string `json:"reason"`
+
+	// Message says why.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ClusterRuleKind says how a ClusterRateLimitPolicy rule applies.
+// +kubebuilder:validation:Enum=Default;Override
+type ClusterRuleKind string
+
+// The ClusterRuleKind values.
+const (
+	// ClusterRuleDefault is a rule of spec.defaults: a namespace's policy
+	// may replace it with a tighter rule of the same name.
+	ClusterRuleDefault ClusterRuleKind = "Default"
+	// ClusterRuleOverride is a rule of spec.overrides: it always applies.
+	ClusterRuleOverride ClusterRuleKind = "Override"
+)
+
+// ClusterRuleStatus is a ClusterRateLimitPolicy rule as it applies to the
+// pods of a RateLimitPolicy.
+type ClusterRuleStatus struct {
+	// Policy is the ClusterRateLimitPolicy.
+	// +required
+	Policy string `json:"policy"`
+
+	// Rule is the rule's name.
+	// +required
+	Rule string `json:"rule"`
+
+	// Kind is Default or Override.
+	// +required
+	Kind ClusterRuleKind `json:"kind"`
+
+	// ReplacedBy names the rule of this policy that replaces the default
+	// on this policy's pods; empty when the cluster rule applies there.
+	// +optional
+	ReplacedBy string `json:"replacedBy,omitempty"`
+}
+
+// UsageStatus says how the counts of status.rules were gathered: the
+// manager reads the decision counters of the targeted pods' sidecars
+// (their /metrics on the admin port) at a low rate, and reports the
+// increase over Window.
+type UsageStatus struct {
+	// Window is the span the counts cover, up to the manager's
+	// --usage-window.
+	// +required
+	Window metav1.Duration `json:"window"`
+
+	// Pods is the number of targeted pods whose counters were read.
+	// +required
+	Pods int32 `json:"pods"`
 }
 
 // RateLimitPolicy limits the requests that reach the pods it selects. The
@@ -510,7 +896,8 @@ type RateLimitPolicyStatus struct {
 // +kubebuilder:resource:scope=Namespaced,shortName=rlp,categories=floodgate
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
-// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.targetedPods`
+// +kubebuilder:printcolumn:name="Enforcing",type=string,JSONPath=`.status.enforcing`
+// +kubebuilder:printcolumn:name="Store",type=string,JSONPath=`.status.store`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.target.ref`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {

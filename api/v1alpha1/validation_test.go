@@ -81,7 +81,28 @@ func TestValidateSemanticsRejects(t *testing.T) {
 		{"duplicate rule names", func(p *RateLimitPolicy) { p.Spec.Rules[1].Name = "per-user" },
 			"spec.rules[1].name", "Duplicate value"},
 		{"no rules", func(p *RateLimitPolicy) { p.Spec.Rules = nil }, "spec.rules", "at least one rule"},
-		{"no key parts", func(p *RateLimitPolicy) { p.Spec.Rules[0].Key = nil }, "spec.rules[0].key", "at least one key part"},
+		{"key and keys", func(p *RateLimitPolicy) { p.Spec.Rules[0].Keys = [][]KeyPart{{{Header: "X"}}} }, "spec.rules[0].keys", "not both"},
+		{"empty keys", func(p *RateLimitPolicy) { p.Spec.Rules[1].Key, p.Spec.Rules[1].Keys = nil, [][]KeyPart{} }, "spec.rules[1].keys", "at least one alternative"},
+		{"too many alternatives", func(p *RateLimitPolicy) {
+			p.Spec.Rules[1].Key = nil
+			for range 9 {
+				p.Spec.Rules[1].Keys = append(p.Spec.Rules[1].Keys, []KeyPart{{Header: "X"}})
+			}
+		}, "spec.rules[1].keys", "must have at most 8"},
+		{"an empty alternative before others", func(p *RateLimitPolicy) {
+			p.Spec.Rules[1].Key, p.Spec.Rules[1].Keys = nil, [][]KeyPart{{}, {{Header: "X"}}}
+		}, "spec.rules[1].keys[0]", "may only be the last"},
+		{"bad part in an alternative", func(p *RateLimitPolicy) {
+			p.Spec.Rules[1].Key, p.Spec.Rules[1].Keys = nil, [][]KeyPart{{{Header: "X"}}, {{}}}
+		}, "spec.rules[1].keys[1][0]", "exactly one of"},
+		{"ipv6 prefix", func(p *RateLimitPolicy) { p.Spec.Rules[0].Key[1].ClientIP.IPv6PrefixLength = 129 },
+			"spec.rules[0].key[1].clientIP.ipv6PrefixLength", "between 1 and 128"},
+		{"bad onInvalidToken", func(p *RateLimitPolicy) { p.Spec.JWT.OnInvalidToken = "Skip" }, "spec.jwt.onInvalidToken", "Unsupported value"},
+		{"jwtClaim in an alternative without jwt", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Key = []KeyPart{{Header: "X"}}
+			p.Spec.Rules[1].Key, p.Spec.Rules[1].Keys = nil, [][]KeyPart{{{JWTClaim: "sub"}}, {{Header: "X"}}}
+			p.Spec.JWT = nil
+		}, "spec.jwt", "jwt must be set"},
 		{"two fields in a key part", func(p *RateLimitPolicy) { p.Spec.Rules[0].Key[0].Query = "k" },
 			"spec.rules[0].key[0]", "exactly one of"},
 		{"empty key part", func(p *RateLimitPolicy) { p.Spec.Rules[0].Key[0] = KeyPart{} },
@@ -104,6 +125,17 @@ func TestValidateSemanticsRejects(t *testing.T) {
 		}, "spec.rules[0].limit.burst", "takes longer than"},
 		{"unknown algorithm", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Algorithm = "LeakyBucket" },
 			"spec.rules[0].limit.algorithm", "Unsupported value"},
+		{"unknown lease mode", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Lease = "Always" },
+			"spec.rules[0].limit.lease", "Unsupported value"},
+		{"split beyond the bound", func(p *RateLimitPolicy) { p.Spec.Rules[0].Limit.Split = 17 },
+			"spec.rules[0].limit.split", "between 1 and 16"},
+		{"split beyond requests", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = Limit{Requests: 2, Per: metav1.Duration{Duration: time.Second}, Split: 3}
+		}, "spec.rules[0].limit.split", "need at least 3 requests per period"},
+		{"cost beyond one sub-counter", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}, Split: 3}
+			p.Spec.Rules[0].Cost = &Cost{Default: 4}
+		}, "spec.rules[0].cost.default", "divided by limit.split"},
 		{"huge sliding log", func(p *RateLimitPolicy) {
 			p.Spec.Rules[1].Limit.Algorithm = AlgorithmSlidingLog
 			p.Spec.Rules[1].Limit.Requests = 100_001
@@ -133,7 +165,11 @@ func TestValidateSemanticsRejects(t *testing.T) {
 		{"not a CIDR", func(p *RateLimitPolicy) { p.Spec.TrustedProxies.CIDRs[0] = "10.0.0.0" },
 			"spec.trustedProxies.cidrs[0]", "CIDR"},
 		{"empty trusted proxies", func(p *RateLimitPolicy) { p.Spec.TrustedProxies = &TrustedProxies{} },
-			"spec.trustedProxies", "set cidrs, hops, or both"},
+			"spec.trustedProxies.cidrs", "cidrs is required"},
+		{"hops without cidrs", func(p *RateLimitPolicy) { p.Spec.TrustedProxies = &TrustedProxies{Hops: 1} },
+			"spec.trustedProxies.cidrs", "hops alone is not enough"},
+		{"header with hops", func(p *RateLimitPolicy) { p.Spec.TrustedProxies.Header = "X-Real-IP" },
+			"spec.trustedProxies.header", "excludes hops"},
 		{"too many hops", func(p *RateLimitPolicy) { p.Spec.TrustedProxies.Hops = 33 },
 			"spec.trustedProxies.hops", "between 0 and 32"},
 		{"too many rules", func(p *RateLimitPolicy) {

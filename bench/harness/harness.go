@@ -77,7 +77,9 @@ type Machine struct {
 // Latency compares the sidecar path with the direct path at a share (Load)
 // of the sidecar's measured maximum rate, open loop.
 type Latency struct {
-	Store   string  `json:"store"`
+	Store string `json:"store"`
+	// Keys is the traffic: spreadKeys or hotKey.
+	Keys    string  `json:"keys"`
 	MaxRate float64 `json:"maxRatePerSec"`
 	// Load is the offered rate's share of MaxRate.
 	Load         float64 `json:"load"`
@@ -243,6 +245,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return nil, err
 		}
 		if err := h.throughput(ctx, store, urls[0], rep); err != nil {
+			return nil, err
+		}
+		if err := h.hotLatency(ctx, store, urls[0], rep); err != nil {
 			return nil, err
 		}
 	}
@@ -418,6 +423,15 @@ func keyed(prefix string, mod int64) func([]byte, int64) []byte {
 	}
 }
 
+// The traffic of a latency measurement.
+const (
+	spreadKeys = "1000 keys"
+	hotKey     = "one hot allowed key"
+)
+
+// hotAllowed is the throughput case of one hot allowed key.
+const hotAllowed = "hot allowed key"
+
 // latencyLoads are the shares of the maximum rate at which the latency
 // comparison runs; the acceptance criterion reads the one at half.
 var latencyLoads = []float64{0.1, 0.25, 0.5}
@@ -450,7 +464,7 @@ func (h *harness) latency(ctx context.Context, store, url string, rep *Report) e
 		if err != nil {
 			return err
 		}
-		rep.Latency = append(rep.Latency, Latency{Store: store, MaxRate: maxS.Rate, Load: load, Rate: rate, Direct: direct, Sidecar: via,
+		rep.Latency = append(rep.Latency, Latency{Store: store, Keys: spreadKeys, MaxRate: maxS.Rate, Load: load, Rate: rate, Direct: direct, Sidecar: via,
 			AddedP50Usec: via.P50 - direct.P50, AddedP99Usec: via.P99 - direct.P99})
 	}
 	return nil
@@ -464,7 +478,7 @@ func (h *harness) throughput(ctx context.Context, store, url string, rep *Report
 		t    Target
 	}{
 		{"cold keys", Target{URLs: []string{url + "/cold"}, Header: keyed(fmt.Sprintf("cold-%d-", run), 1<<62)}},
-		{"hot allowed key", Target{URLs: []string{url + "/hot"}, Header: keyed("hot", 1)}},
+		{hotAllowed, Target{URLs: []string{url + "/hot"}, Header: keyed("hot", 1)}},
 		{"hot denied key", Target{URLs: []string{url + "/deny"}, Header: keyed("abuser", 1)}},
 	} {
 		h.logf("[%s] throughput: %s (%v, %d conns)", store, tc.name, h.o.Duration, h.o.Conns)
@@ -478,6 +492,38 @@ func (h *harness) throughput(ctx context.Context, store, url string, rep *Report
 		cores := 1
 		rep.Throughput = append(rep.Throughput, Throughput{Store: store, Case: tc.name, Stats: s, SidecarCores: cores, DecisionsPerSecPC: s.Rate / float64(cores)})
 	}
+	return nil
+}
+
+// hotLatency measures the latency one hot allowed key adds at a tenth of
+// its closed-loop maximum (the throughput phase's), open loop, in slices
+// alternating with the direct path. On the Redis store the key is decided
+// on leases.
+func (h *harness) hotLatency(ctx context.Context, store, url string, rep *Report) error {
+	var maxRate float64
+	for _, t := range rep.Throughput {
+		if t.Store == store && t.Case == hotAllowed {
+			maxRate = t.Stats.Rate
+		}
+	}
+	if maxRate <= 0 {
+		return fmt.Errorf("[%s] no closed-loop rate for the hot allowed key", store)
+	}
+	const load = 0.1
+	rate := maxRate * load
+	t := Target{URLs: []string{url + "/hot"}, Header: keyed("hot", 1)}
+	via := Path{Client: NewClient(), Target: t}
+	direct := Path{Client: NewClient(), Target: Target{URLs: []string{"http://" + h.backend + "/hot"}, Header: t.Header}}
+	h.logf("[%s] latency of one hot allowed key: open loop at %.0f req/s (%.0f%% of %.0f), direct and through the sidecar in alternating 1s slices", store, rate, 100*load, maxRate)
+	if _, _, err := Interleaved(ctx, direct, via, rate, time.Second, time.Second, h.o.Workers); err != nil {
+		return err
+	}
+	d, v, err := Interleaved(ctx, direct, via, rate, time.Second, h.o.Duration, h.o.Workers)
+	if err != nil {
+		return err
+	}
+	rep.Latency = append(rep.Latency, Latency{Store: store, Keys: hotKey, MaxRate: maxRate, Load: load, Rate: rate, Direct: d, Sidecar: v,
+		AddedP50Usec: v.P50 - d.P50, AddedP99Usec: v.P99 - d.P99})
 	return nil
 }
 
@@ -617,6 +663,7 @@ func (h *harness) accept(rep *Report) {
 		}
 		rep.Acceptance = append(rep.Acceptance, r)
 	}
+	h.acceptHot(rep)
 	if f := rep.Flood; f != nil {
 		rep.Acceptance = append(rep.Acceptance, Requirement{
 			Name:     "Redis script calls <= 1.1 x allowed + 1 probe per sidecar per second during a 100x flood",
@@ -631,14 +678,55 @@ func (h *harness) accept(rep *Report) {
 	}
 }
 
+// acceptHot compares the Redis store with the memory store on one hot
+// allowed key, in the same run: decisions per second per core, and the
+// p99 added at a tenth of the maximum.
+func (h *harness) acceptHot(rep *Report) {
+	rates := map[string]float64{}
+	for _, t := range rep.Throughput {
+		if t.Case == hotAllowed {
+			rates[t.Store] = t.DecisionsPerSecPC
+		}
+	}
+	if rates["memory"] > 0 && rates["redis"] > 0 {
+		ratio := rates["redis"] / rates["memory"]
+		rep.Acceptance = append(rep.Acceptance, Requirement{
+			Name:     "one hot allowed key: Redis store decisions/s per core >= 0.95 x the memory store's",
+			Measured: fmt.Sprintf("%.0f against %.0f (%.3f)", rates["redis"], rates["memory"], ratio),
+			Pass:     ratio >= 0.95,
+		})
+	}
+	lat := map[string]Latency{}
+	for _, l := range rep.Latency {
+		if l.Keys == hotKey {
+			lat[l.Store] = l
+		}
+	}
+	m, okM := lat["memory"]
+	r, okR := lat["redis"]
+	if !okM || !okR {
+		return
+	}
+	req := Requirement{
+		Name:     "one hot allowed key: added p99 at a tenth of the max, Redis store <= the memory store's",
+		Measured: fmt.Sprintf("%.0f µs at %.0f req/s against %.0f µs at %.0f req/s", r.AddedP99Usec, r.Rate, m.AddedP99Usec, m.Rate),
+		Pass:     r.AddedP99Usec <= m.AddedP99Usec,
+	}
+	if p := max(m.Direct.P99, r.Direct.P99); p > NoisyDirectP99Usec {
+		req.Measured += fmt.Sprintf(" (not valid: the direct path's own p99 reached %.0f µs, the machine is contended)", p)
+		req.Pass = false
+	}
+	rep.Acceptance = append(rep.Acceptance, req)
+}
+
 func (h *harness) table(rep *Report) {
 	// The table goes to the log writer; a failed write only loses output.
 	printf := func(format string, args ...any) { _, _ = fmt.Fprintf(h.o.Log, format, args...) }
 	printf("\nfloodgate-bench  %s  %d CPUs  %s  loadavg %s  redis timeout %s\n  pinning: %s\n", rep.Machine.GoVersion, rep.Machine.CPUs, rep.Machine.Started, rep.Machine.LoadAverage, rep.Machine.RedisTimeout, rep.Machine.Pinning)
 	printf("\nAdded latency (open loop at a share of the sidecar's closed-loop max rate; µs from scheduled send time)\n")
-	printf("  %-7s %10s %5s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "max/s", "load", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
+	printf("  %-7s %-19s %10s %5s %10s | %8s %8s %8s | %8s %8s %8s | %9s %9s\n", "store", "keys", "max/s", "load", "offered/s", "dir p50", "dir p99", "dir max", "sc p50", "sc p99", "sc max", "added p50", "added p99")
 	for _, l := range rep.Latency {
-		printf("  %-7s %10.0f %4.0f%% %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.MaxRate, 100*l.Load, l.Rate,
+		printf("  %-7s %-19s %10.0f %4.0f%% %10.0f | %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f | %9.0f %9.0f\n", l.Store, l.Keys, l.MaxRate, 100*l.Load, l.Rate,
 			l.Direct.P50, l.Direct.P99, l.Direct.Max, l.Sidecar.P50, l.Sidecar.P99, l.Sidecar.Max, l.AddedP50Usec, l.AddedP99Usec)
 	}
 	printf("\nDecisions per second per sidecar core (closed loop, %d conns, HTTP end to end)\n", h.o.Conns)

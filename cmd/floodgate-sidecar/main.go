@@ -45,6 +45,7 @@ func run(args []string) error {
 		return cfg.Check(os.Stdout, cfg.CheckConfig)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: runner.LogLevel(cfg.LogLevel)}))
+	runner.RouteLibraryLogs(log)
 	var source configsource.Source // nil: the runner watches --policy-file
 	if cfg.Kubernetes {
 		var err error

@@ -21,10 +21,16 @@
 // and objects being deleted are admitted without validation, so that an
 // object stored before a rule was added can still be cleaned up.
 //
+// With a Reader, it also refuses a policy that would bring the rules of its
+// namespace above config.MaxRules: every pod's sidecar enforces at most
+// the rules of its namespace, and is bounded so.
+//
 // The webhook also returns warnings, which never reject: a storeRef to a
 // CounterStore that does not exist, a store different from the one the
-// namespace's earlier policies use, and rules removed or renamed by an
-// update (their counters start afresh).
+// namespace's earlier policies use, a JWT key Secret or ConfigMap that does
+// not exist, a rule that opts into onMissingKey: Skip (requests without a
+// key pass it), a rule with no key (one counter for all requests), and
+// rules removed or renamed by an update (their counters start afresh).
 package admission
 
 import (
@@ -46,13 +52,20 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 // Path is where the webhook server serves the validator. It is the path
 // controller-runtime derives for the type.
 const Path = "/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy"
 
+// ClusterPath is where the webhook server serves the ClusterRateLimitPolicy
+// validator.
+const ClusterPath = "/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy"
+
 // +kubebuilder:webhook:path=/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy,mutating=false,failurePolicy=fail,sideEffects=None,groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=create;update,versions=v1alpha1,name=validate.ratelimitpolicy.floodgate.dev,admissionReviewVersions=v1,serviceName=floodgate-webhook,serviceNamespace=floodgate-system,timeoutSeconds=10
+
+// +kubebuilder:webhook:path=/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy,mutating=false,failurePolicy=fail,sideEffects=None,groups=ratelimit.floodgate.dev,resources=clusterratelimitpolicies,verbs=create;update,versions=v1alpha1,name=validate.clusterratelimitpolicy.floodgate.dev,admissionReviewVersions=v1,serviceName=floodgate-webhook,serviceNamespace=floodgate-system,timeoutSeconds=10
 
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies;counterstores,verbs=get;list;watch
 
@@ -60,22 +73,78 @@ const Path = "/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy"
 // warnings only. It is safe for concurrent use.
 type Validator struct {
 	// Reader reads CounterStores and the namespace's other policies, for
-	// warnings. The manager's cached client; nil disables the warnings.
+	// warnings and the namespace's rule bound. The manager's cached client;
+	// nil disables both.
 	Reader client.Reader
+	// APIReader reads the metadata of the Secrets and ConfigMaps that
+	// policies reference, from the API server itself (the manager caches
+	// neither kind in full). Nil disables those warnings.
+	APIReader client.Reader
 }
 
 var _ cradmission.Validator[*v1alpha1.RateLimitPolicy] = (*Validator)(nil)
 
-// Setup registers the validator at Path on mgr's webhook server.
+// Setup registers the validators at Path and ClusterPath on mgr's
+// webhook server.
 func Setup(mgr ctrl.Manager) error {
-	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.RateLimitPolicy{}).
-		WithValidator(&Validator{Reader: mgr.GetClient()}).
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.RateLimitPolicy{}).
+		WithValidator(&Validator{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).
+		Complete(); err != nil {
+		return err
+	}
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.ClusterRateLimitPolicy{}).
+		WithValidator(&ClusterValidator{}).
 		Complete()
+}
+
+// ClusterValidator validates ClusterRateLimitPolicies, as Validator does
+// RateLimitPolicies: ClusterRateLimitPolicy.ValidateSemantics, then the
+// compiler's own check of the entry the sidecars would load. It is safe
+// for concurrent use.
+type ClusterValidator struct{}
+
+var _ cradmission.Validator[*v1alpha1.ClusterRateLimitPolicy] = (*ClusterValidator)(nil)
+
+// ValidateCreate implements admission.Validator.
+func (v *ClusterValidator) ValidateCreate(_ context.Context, p *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	if errs := ValidateCluster(p); len(errs) > 0 {
+		return nil, apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("ClusterRateLimitPolicy").GroupKind(), p.Name, errs)
+	}
+	return nil, nil
+}
+
+// ValidateUpdate implements admission.Validator.
+func (v *ClusterValidator) ValidateUpdate(ctx context.Context, old, p *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	if p.DeletionTimestamp != nil || equality.Semantic.DeepEqual(old.Spec, p.Spec) {
+		return nil, nil
+	}
+	return v.ValidateCreate(ctx, p)
+}
+
+// ValidateDelete implements admission.Validator; deletions are never
+// rejected.
+func (v *ClusterValidator) ValidateDelete(context.Context, *v1alpha1.ClusterRateLimitPolicy) (cradmission.Warnings, error) {
+	return nil, nil
+}
+
+// ValidateCluster returns every problem with p's spec, each with its field
+// path. It is pure.
+func ValidateCluster(p *v1alpha1.ClusterRateLimitPolicy) field.ErrorList {
+	if errs := p.ValidateSemantics(); len(errs) > 0 {
+		return errs
+	}
+	if err := compiler.CheckCluster(p); err != nil {
+		return field.ErrorList{field.Invalid(field.NewPath("spec"), field.OmitValueType{}, err.Error())}
+	}
+	return nil
 }
 
 // ValidateCreate implements admission.Validator.
 func (v *Validator) ValidateCreate(ctx context.Context, p *v1alpha1.RateLimitPolicy) (cradmission.Warnings, error) {
 	if errs := Validate(p); len(errs) > 0 {
+		return nil, invalid(p, errs)
+	}
+	if errs := v.namespaceBound(ctx, p); len(errs) > 0 {
 		return nil, invalid(p, errs)
 	}
 	return v.warnings(ctx, nil, p), nil
@@ -89,7 +158,37 @@ func (v *Validator) ValidateUpdate(ctx context.Context, old, p *v1alpha1.RateLim
 	if errs := Validate(p); len(errs) > 0 {
 		return nil, invalid(p, errs)
 	}
+	if errs := v.namespaceBound(ctx, p); len(errs) > 0 {
+		return nil, invalid(p, errs)
+	}
 	return v.warnings(ctx, old, p), nil
+}
+
+// namespaceBound refuses p when the rules of its namespace's policies,
+// with p's, would be more than config.MaxRules, the most a sidecar
+// enforces.
+func (v *Validator) namespaceBound(ctx context.Context, p *v1alpha1.RateLimitPolicy) field.ErrorList {
+	if v.Reader == nil {
+		return nil
+	}
+	var others v1alpha1.RateLimitPolicyList
+	if err := v.Reader.List(ctx, &others, client.InNamespace(p.Namespace)); err != nil {
+		// The cache answers lists of a synced informer; a policy is not
+		// refused for a failure of the webhook's own.
+		return nil
+	}
+	total := len(p.Spec.Rules)
+	for i := range others.Items {
+		if o := &others.Items[i]; o.Name != p.Name && o.DeletionTimestamp == nil {
+			total += len(o.Spec.Rules)
+		}
+	}
+	if total > config.MaxRules {
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "rules"), len(p.Spec.Rules),
+			fmt.Sprintf("the policies of namespace %s would hold %d rules, more than the %d a sidecar enforces; merge rules or spread the workloads over namespaces",
+				p.Namespace, total, config.MaxRules))}
+	}
+	return nil
 }
 
 // ValidateDelete implements admission.Validator; deletions are never
@@ -168,6 +267,17 @@ func (v *Validator) warnings(ctx context.Context, old, p *v1alpha1.RateLimitPoli
 			}
 		}
 	}
+	for i := range p.Spec.Rules {
+		r := &p.Spec.Rules[i]
+		path := fmt.Sprintf("spec.rules[%d]", i)
+		if r.OnMissingKey == v1alpha1.OnMissingKeySkip {
+			w = append(w, fmt.Sprintf("%s.onMissingKey: Skip lets every request that carries none of the rule's keys past rule %q unlimited; Shared (the default) counts them in one counter", path, r.Name))
+		}
+		if len(r.Key) == 0 && len(r.Keys) == 0 {
+			w = append(w, fmt.Sprintf("%s: rule %q has no key: one counter for every request it matches (a global limit)", path, r.Name))
+		}
+	}
+	w = append(w, v.refWarnings(ctx, p)...)
 	if v.Reader == nil {
 		return w
 	}
@@ -201,6 +311,30 @@ func (v *Validator) warnings(ctx context.Context, old, p *v1alpha1.RateLimitPoli
 	return w
 }
 
+// refWarnings warns about JWT key references to objects that do not exist.
+func (v *Validator) refWarnings(ctx context.Context, p *v1alpha1.RateLimitPolicy) cradmission.Warnings {
+	j := p.Spec.JWT
+	if v.APIReader == nil || j == nil {
+		return nil
+	}
+	var w cradmission.Warnings
+	for _, ref := range []struct {
+		field, kind string
+		ref         *v1alpha1.KeyReference
+	}{{"spec.jwt.hmacSecretRef", "Secret", j.HMACSecretRef}, {"spec.jwt.jwksConfigMapRef", "ConfigMap", j.JWKSConfigMapRef}} {
+		if ref.ref == nil {
+			continue
+		}
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(ref.kind))
+		if err := v.APIReader.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: ref.ref.Name}, m); apierrors.IsNotFound(err) {
+			w = append(w, fmt.Sprintf("%s.name: %s %q does not exist in namespace %s; the policy is not enforced (ResolvedRefs=False) until it does, and pods created before it get its keys at their next restart",
+				ref.field, ref.kind, ref.ref.Name, p.Namespace))
+		}
+	}
+	return w
+}
+
 // createdBefore orders policies as the compiler does: by creation time,
 // then name.
 func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
@@ -213,12 +347,13 @@ func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
 // istioProxy is the name of the container Istio injects.
 const istioProxy = "istio-proxy"
 
-// meshWarnings warns when p keys a rule on clientIP without
-// trustedProxies and selects pods that run Istio's sidecar: Istio's
-// inbound proxy connects to the pod from 127.0.0.6, so every client would
-// share one counter.
+// meshWarnings warns when a rule of p reads the client IP (a clientIP key
+// part, sourceCIDRs, or source.address in a condition or an expression)
+// without trustedProxies, and p selects pods that run Istio's sidecar:
+// Istio's inbound proxy connects to the pod from 127.0.0.6, so every
+// client would share one counter, and one network.
 func (v *Validator) meshWarnings(ctx context.Context, p *v1alpha1.RateLimitPolicy) cradmission.Warnings {
-	if p.GatewayEnforced() || p.Spec.TrustedProxies != nil || !keysOnClientIP(p) {
+	if p.GatewayEnforced() || p.Spec.TrustedProxies != nil || !readsClientIP(p) {
 		return nil
 	}
 	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
@@ -236,21 +371,40 @@ func (v *Validator) meshWarnings(ctx context.Context, p *v1alpha1.RateLimitPolic
 	if len(meshed) > 3 {
 		meshed = append(meshed[:3], fmt.Sprintf("and %d more", len(meshed)-3))
 	}
-	return cradmission.Warnings{fmt.Sprintf("spec.rules: a rule keys on clientIP, and selected pods run Istio's sidecar (%s): "+
-		"Istio's inbound proxy connects from 127.0.0.6, so every client would share one counter; "+
+	return cradmission.Warnings{fmt.Sprintf("spec.rules: a rule reads the client IP (clientIP, sourceCIDRs or %s), and selected pods run Istio's sidecar (%s): "+
+		"Istio's inbound proxy connects from 127.0.0.6, so every client would look the same; "+
 		"set spec.trustedProxies to read the client from X-Forwarded-For, or key on something else (docs/gateways.md)",
-		strings.Join(meshed, ", "))}
+		config.VarSource, strings.Join(meshed, ", "))}
 }
 
-func keysOnClientIP(p *v1alpha1.RateLimitPolicy) bool {
+// readsClientIP reports whether a rule of p, or its exemptions, reads the
+// client IP.
+func readsClientIP(p *v1alpha1.RateLimitPolicy) bool {
+	exempt := func(e *v1alpha1.Exempt) bool {
+		return e != nil && (len(e.SourceCIDRs) > 0 || readsSource(e.When))
+	}
+	parts := func(ks []v1alpha1.KeyPart) bool {
+		return slices.ContainsFunc(ks, func(k v1alpha1.KeyPart) bool {
+			return k.ClientIP != nil || strings.Contains(string(k.Expression), config.VarSource)
+		})
+	}
+	if exempt(p.Spec.Exempt) {
+		return true
+	}
 	for _, r := range p.Spec.Rules {
-		for _, k := range r.Key {
-			if k.ClientIP != nil {
-				return true
-			}
+		if parts(r.Key) || slices.ContainsFunc(r.Keys, parts) || exempt(r.Exempt) {
+			return true
+		}
+		if m := r.Match; m != nil && (len(m.SourceCIDRs) > 0 || readsSource(m.When)) {
+			return true
 		}
 	}
 	return false
+}
+
+// readsSource reports whether a condition reads source.address.
+func readsSource(when []v1alpha1.Expression) bool {
+	return slices.ContainsFunc(when, func(e v1alpha1.Expression) bool { return strings.Contains(string(e), config.VarSource) })
 }
 
 // MeshedPods returns the names of the pods that run Istio's sidecar (an

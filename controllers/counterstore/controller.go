@@ -9,12 +9,21 @@
 // the CounterStore, and are written with server-side apply under the field
 // owner "floodgate-manager":
 //
-//   - the Secret counterstore-<name>-auth with a generated password (kept
-//     once generated; deleting the Secret rotates the password, which
-//     rolls every Pod and so re-forms the cluster, counters reset);
+//   - the Secret counterstore-<name>-auth with two generated passwords:
+//     the default user's (the manager's admin user, also used for
+//     replication and the probes; deleting the Secret rotates it, which
+//     rolls every Pod and so re-forms the cluster, counters reset) and the
+//     sidecar user's (SidecarUser, restricted to the counter scripts on
+//     fg:* keys; annotating the Secret with floodgate.dev/rotate rotates
+//     it on the running nodes, the old one accepted for
+//     Options.PasswordOverlap more, so that no call fails while the new
+//     one reaches the sidecars);
 //   - the ConfigMap counterstore-<name>-config with redis.conf (cluster
 //     mode, no persistence);
 //   - the headless Service and the PodDisruptionBudget counterstore-<name>;
+//   - the NetworkPolicy counterstore-<name>, unless spec.managed.networkPolicy
+//     is Disabled: only the injected sidecars, the manager's Pods and the
+//     store's own Pods reach the Redis Pods;
 //   - the StatefulSet counterstore-<name> of Shards*(1+ReplicasPerShard)
 //     redis-server Pods, each announcing its Pod IP.
 //
@@ -41,20 +50,17 @@
 // cluster_state:ok; the policy controller compiles a store into the
 // sidecars' config only then. Degraded is True when a Ready store lost
 // redundancy. Endpoints are the masters' addresses (for an external
-// store, its seed addresses), AuthSecretName the name of the password
-// Secret that the controller copies into every namespace whose policies
-// use the store, since sidecars read it from their own namespace.
+// store, its seed addresses), AuthSecretName the name of the Secret that
+// holds the sidecars' credentials in their own namespaces,
+// floodgate-store-auth, which package sidecaraccess keeps.
 package counterstore
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -63,6 +69,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,6 +86,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 	"github.com/floodgate-dev/floodgate/internal/message"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 const (
@@ -128,11 +136,19 @@ const (
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores/status,verbs=update
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
+// The managed stores' objects live in the manager's namespace only
+// (floodgate-system here; the Helm chart binds this Role in its release
+// namespace), and the cache watches them there only (app.CacheOptions).
+// Secrets elsewhere are read one by one: an external store's
+// passwordSecretRef and caSecretRef, which may name any namespace.
+//
+// +kubebuilder:rbac:groups=apps,namespace=floodgate-system,resources=statefulsets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=services;configmaps,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=secrets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=policy,namespace=floodgate-system,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,namespace=floodgate-system,resources=networkpolicies,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconciler reconciles one CounterStore per call. Its fields are set
@@ -166,6 +182,9 @@ type observation struct {
 	// endpoints and authSecret are what the status publishes.
 	endpoints  []string
 	authSecret string
+	// expires is when the previous sidecar password stops being
+	// accepted, during a rotation: the next reconcile must come by then.
+	expires time.Time
 	// waitForUser: nothing will change until the user acts; resync slowly.
 	waitForUser bool
 }
@@ -192,10 +211,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	if err := errors.Join(specErr, statusErr); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: obs.requeueAfter(o)}, nil
+	return ctrl.Result{RequeueAfter: obs.requeueAfter(o, time.Now())}, nil
 }
 
-func (obs *observation) requeueAfter(o Options) time.Duration {
+func (obs *observation) requeueAfter(o Options, now time.Time) time.Duration {
+	d := obs.requeuePeriod(o)
+	if !obs.expires.IsZero() {
+		d = max(time.Millisecond, min(d, obs.expires.Sub(now)+time.Second))
+	}
+	return d
+}
+
+func (obs *observation) requeuePeriod(o Options) time.Duration {
 	switch {
 	case obs.waitForUser:
 		return o.ResyncPeriod
@@ -249,7 +276,7 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	m := cs.Spec.Managed
 	ns := o.Namespace
 
-	password, err := r.ensurePassword(ctx, cs, ns)
+	creds, publishLater, err := r.ensureCredentials(ctx, cs, ns, o)
 	if err != nil {
 		obs := &observation{failReason: ReasonSecretError, failMessage: err.Error()}
 		if errors.Is(err, errBadPassword) {
@@ -258,10 +285,14 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 		}
 		return obs, err
 	}
+	password := creds.Admin
 	for _, obj := range []client.Object{DesiredConfigMap(cs, ns), DesiredService(cs, ns), DesiredPDB(cs, ns)} {
 		if err := r.apply(ctx, obj); err != nil {
 			return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
 		}
+	}
+	if err := r.syncNetworkPolicy(ctx, cs, ns); err != nil {
+		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
 	}
 
 	var sts appsv1.StatefulSet
@@ -301,7 +332,14 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	if err := r.apply(ctx, DesiredStatefulSet(cs, ns, int32(replicas), password)); err != nil {
 		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
 	}
-	copyErr := r.syncSecretCopies(ctx, cs, ns, password, true)
+	aclErr := r.syncSidecarUser(ctx, cs, sess, res.Snapshot, creds)
+	if publishLater && aclErr == nil {
+		// Every reachable node accepts the new set of sidecar passwords:
+		// only now may the sidecars be given the new one, or lose the old.
+		if err := r.apply(ctx, DesiredSecret(cs, ns, creds)); err != nil {
+			return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
+		}
+	}
 
 	h := formation.Assess(res.Snapshot, int(m.ReplicasPerShard))
 	return &observation{
@@ -310,8 +348,53 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 		pass:       res.Pass,
 		outcome:    res.Outcome,
 		endpoints:  h.Masters,
-		authSecret: AuthSecretName(cs.Name),
-	}, errors.Join(formErr, copyErr)
+		authSecret: config.StoreAuthSecret,
+		expires:    creds.PreviousExpires,
+	}, errors.Join(formErr, aclErr)
+}
+
+// syncNetworkPolicy applies the store's NetworkPolicy, or deletes it when
+// the spec disables it.
+func (r *Reconciler) syncNetworkPolicy(ctx context.Context, cs *v1alpha1.CounterStore, ns string) error {
+	if NetworkPolicyEnabled(cs.Spec.Managed) {
+		return r.apply(ctx, DesiredNetworkPolicy(cs, ns))
+	}
+	var np networkingv1.NetworkPolicy
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: ObjectName(cs.Name)}, &np); {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("get NetworkPolicy %s/%s: %w", ns, ObjectName(cs.Name), err)
+	case !metav1.IsControlledBy(&np, cs):
+		return nil // not ours
+	}
+	if err := r.Client.Delete(ctx, &np, client.Preconditions{UID: &np.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete NetworkPolicy %s/%s: %w", ns, np.Name, err)
+	}
+	log.FromContext(ctx).Info("deleted the store's NetworkPolicy: the spec disables it", "store", cs.Name)
+	return nil
+}
+
+// syncSidecarUser gives every reachable node the sidecar user with the
+// passwords creds accept: the Pods' start script sets it when they start,
+// and a rotation changes it on the running nodes.
+func (r *Reconciler) syncSidecarUser(ctx context.Context, cs *v1alpha1.CounterStore, sess *formation.Session, snap *formation.Snapshot, creds Credentials) error {
+	var addrs []string
+	for _, n := range snap.Nodes {
+		if n.Reachable {
+			addrs = append(addrs, n.Addr)
+		}
+	}
+	changed, err := sess.EnsureUser(ctx, addrs, formation.User{Name: SidecarUser, Passwords: creds.SidecarPasswords(), Rules: SidecarACLRules})
+	if len(changed) > 0 {
+		log.FromContext(ctx).Info("set the sidecar user's passwords", "nodes", changed, "passwords", len(creds.SidecarPasswords()))
+		r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "SidecarUser", "SetPasswords",
+			"%s", message.Truncate(fmt.Sprintf("the sidecar user %s accepts %d password(s) on %s", SidecarUser, len(creds.SidecarPasswords()), strings.Join(changed, ", ")), maxEventNote))
+	}
+	if err != nil {
+		return fmt.Errorf("sidecar user: %w", err)
+	}
+	return nil
 }
 
 // Members turns the store's Pods into formation members in ordinal order:
@@ -359,45 +442,43 @@ func joinHostPort(ip string, port int) string {
 // errBadPassword marks a password Secret the user must fix.
 var errBadPassword = errors.New("unusable password")
 
-// ensurePassword returns the store's password, generating and storing it
-// on first use. The Secret is read from the API server directly: the cache
-// holds Secrets as metadata only.
-func (r *Reconciler) ensurePassword(ctx context.Context, cs *v1alpha1.CounterStore, ns string) (string, error) {
+// ensureCredentials returns the store's credentials, generating them on
+// first use, rotating the sidecar password when the Secret's
+// RotateAnnotation asks for it, and dropping the previous one once its
+// overlap has passed. The Secret is read from the API server directly: the
+// cache holds Secrets as metadata only.
+//
+// New credentials are written at once when the Pods need them to start
+// (a new store, a new admin password). A change of the sidecar passwords
+// alone is not (publishLater): the running nodes must accept the new set
+// first, so that no sidecar is given a password a node refuses.
+func (r *Reconciler) ensureCredentials(ctx context.Context, cs *v1alpha1.CounterStore, ns string, o Options) (creds Credentials, publishLater bool, err error) {
 	var sec corev1.Secret
-	password := ""
+	var cur Credentials
+	rotate, exists := "", false
 	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: AuthSecretName(cs.Name)}, &sec); {
 	case err == nil:
-		password = string(sec.Data[PasswordKey])
+		exists = true
+		if cur, rotate, err = CredentialsFrom(&sec); err != nil {
+			return Credentials{}, false, fmt.Errorf("secret %s/%s: %w: %w", ns, AuthSecretName(cs.Name), errBadPassword, err)
+		}
 	case !apierrors.IsNotFound(err):
-		return "", fmt.Errorf("get Secret %s/%s: %w", ns, AuthSecretName(cs.Name), err)
+		return Credentials{}, false, fmt.Errorf("get Secret %s/%s: %w", ns, AuthSecretName(cs.Name), err)
 	}
-	if password == "" {
-		b := make([]byte, 32)
-		if _, err := rand.Read(b); err != nil {
-			return "", fmt.Errorf("generate a password: %w", err)
+	next, changed, err := NextCredentials(cur, rotate, time.Now(), o.PasswordOverlap, GeneratePassword)
+	if err != nil {
+		return Credentials{}, false, err
+	}
+	if changed && exists && next.Admin == cur.Admin && cur.Sidecar != "" {
+		if next.Sidecar != cur.Sidecar {
+			log.FromContext(ctx).Info("rotating the sidecar password", "store", cs.Name, "previousAcceptedUntil", next.PreviousExpires)
 		}
-		password = hex.EncodeToString(b)
-	} else if err := ValidatePassword(password); err != nil {
-		return "", fmt.Errorf("secret %s/%s key %q: %w: %w", ns, AuthSecretName(cs.Name), PasswordKey, errBadPassword, err)
+		return next, true, nil
 	}
-	if err := r.apply(ctx, DesiredSecret(cs, ns, password)); err != nil {
-		return "", err
+	if err := r.apply(ctx, DesiredSecret(cs, ns, next)); err != nil {
+		return Credentials{}, false, err
 	}
-	return password, nil
-}
-
-// ValidatePassword accepts what redis.conf can carry in double quotes:
-// 16 to 512 printable ASCII characters other than '"', '\' and space.
-func ValidatePassword(p string) error {
-	if len(p) < 16 || len(p) > 512 {
-		return fmt.Errorf("must be 16 to 512 characters, got %d", len(p))
-	}
-	for i := range len(p) {
-		if c := p[i]; c <= ' ' || c > '~' || c == '"' || c == '\\' {
-			return fmt.Errorf("character %d is not printable ASCII or is '\"', '\\' or a space", i)
-		}
-	}
-	return nil
+	return next, false, nil
 }
 
 func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.CounterStore, o Options) (*observation, error) {
@@ -438,9 +519,9 @@ func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.Counter
 	}
 	obs := &observation{snapshot: snap, health: formation.Assess(snap, -1), endpoints: slices.Sorted(slices.Values(seeds))}
 	if d.Password != "" {
-		obs.authSecret = AuthSecretName(cs.Name)
+		obs.authSecret = config.StoreAuthSecret
 	}
-	return obs, r.syncSecretCopies(ctx, cs, o.Namespace, d.Password, false)
+	return obs, nil
 }
 
 // secretValue reads one key of a Secret.
@@ -454,57 +535,6 @@ func (r *Reconciler) secretValue(ctx context.Context, ref *v1alpha1.SecretKeySel
 		return "", fmt.Errorf("secret %s/%s has no key %q", ref.Namespace, ref.Name, ref.Key)
 	}
 	return string(v), nil
-}
-
-// syncSecretCopies keeps a copy of the password Secret in every namespace
-// whose RateLimitPolicies use the store, and removes copies from the
-// others. A managed store's own Secret already sits in the manager's
-// namespace under the same name, so it gets no copy there.
-func (r *Reconciler) syncSecretCopies(ctx context.Context, cs *v1alpha1.CounterStore, managerNS, password string, managed bool) error {
-	want := map[string]bool{}
-	if password != "" {
-		var policies v1alpha1.RateLimitPolicyList
-		if err := r.Client.List(ctx, &policies); err != nil {
-			return fmt.Errorf("list RateLimitPolicies: %w", err)
-		}
-		for _, p := range policies.Items {
-			if p.StoreName() == cs.Name && p.DeletionTimestamp.IsZero() {
-				want[p.Namespace] = true
-			}
-		}
-		if managed {
-			delete(want, managerNS)
-		}
-	}
-	var existing metav1.PartialObjectMetadataList
-	existing.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
-	if err := r.Client.List(ctx, &existing, client.MatchingLabels{LabelStore: cs.Name, LabelManagedBy: ManagedByValue}); err != nil {
-		return fmt.Errorf("list the copies of Secret %s: %w", AuthSecretName(cs.Name), err)
-	}
-	var errs []error
-	current := map[string]bool{}
-	for i := range existing.Items {
-		s := &existing.Items[i]
-		if s.Name != AuthSecretName(cs.Name) {
-			continue
-		}
-		if !want[s.Namespace] {
-			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
-				errs = append(errs, fmt.Errorf("delete Secret copy %s/%s: %w", s.Namespace, s.Name, err))
-			}
-			continue
-		}
-		current[s.Namespace] = s.Annotations[AuthHashAnnotation] == hash(password)
-	}
-	for _, ns := range slices.Sorted(maps.Keys(want)) {
-		if current[ns] {
-			continue
-		}
-		if err := r.apply(ctx, DesiredSecretCopy(cs, ns, password)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // apply writes obj with server-side apply under FieldOwner, taking over

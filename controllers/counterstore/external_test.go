@@ -15,6 +15,7 @@ import (
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -78,7 +79,7 @@ var _ = Describe("An external CounterStore", func() {
 			g.Expect(cs.Status.SlotsCovered).To(BeEquivalentTo(16384))
 			g.Expect(cs.Status.Nodes.Primaries).To(BeEquivalentTo(3), "every master is found from one seed")
 			g.Expect(cs.Status.Endpoints).To(Equal([]string{seed}), "an external store publishes its seeds")
-			g.Expect(cs.Status.AuthSecretName).To(Equal(counterstore.AuthSecretName(name)))
+			g.Expect(cs.Status.AuthSecretName).To(Equal(config.StoreAuthSecret), "the sidecars read the password from their own namespace's copy")
 			g.Expect(storeMetric("floodgate_counterstore_ready", name, "")).To(Equal(1.0))
 			g.Expect(storeMetric("floodgate_counterstore_slots_covered", name, "")).To(Equal(16384.0))
 			g.Expect(storeMetric("floodgate_counterstore_nodes", name, "primary")).To(Equal(3.0))

@@ -116,7 +116,8 @@ func (k *kubelet) start(ctx context.Context, name string, newHost bool) {
 	GinkgoHelper()
 	var pod corev1.Pod
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &pod)).To(Succeed())
-	conf, password := k.volumes(ctx)
+	conf, secret := k.volumes(ctx)
+	password := string(secret[counterstore.PasswordKey])
 
 	k.mu.Lock()
 	c := k.pods[name]
@@ -148,7 +149,7 @@ func (k *kubelet) start(ctx context.Context, name string, newHost bool) {
 	Expect(ctr.Command[:2]).To(Equal([]string{"sh", "-c"}))
 	Expect(ctr.Command[2]).To(Equal(counterstore.StartScript("/etc/redis", "/data")),
 		"the Pod runs the start script; the test runs the same one with its own mount paths")
-	env := k.env(ctr, c.host.IP, password)
+	env := k.env(ctr, c.host.IP, secret)
 	proc, err := redistest.NewServer(redistest.ServerOptions{
 		Host: c.host.IP, Port: counterstore.RedisPort, Password: password,
 		Command: []string{"sh", "-c", counterstore.StartScript(confDir, c.data)}, Env: env,
@@ -175,8 +176,9 @@ func (k *kubelet) start(ctx context.Context, name string, newHost bool) {
 }
 
 // env resolves the container's env the way the kubelet does: the Pod IP
-// from the downward API, the password from the Secret.
-func (k *kubelet) env(ctr corev1.Container, ip, password string) []string {
+// from the downward API, the passwords from the Secret (an optional key
+// that is missing sets nothing).
+func (k *kubelet) env(ctr corev1.Container, ip string, secret map[string][]byte) []string {
 	GinkgoHelper()
 	var env []string
 	for _, e := range ctr.Env {
@@ -187,8 +189,12 @@ func (k *kubelet) env(ctr corev1.Container, ip, password string) []string {
 			env = append(env, e.Name+"="+ip)
 		case e.ValueFrom.SecretKeyRef != nil:
 			Expect(e.ValueFrom.SecretKeyRef.Name).To(Equal(counterstore.AuthSecretName(k.store)))
-			Expect(e.ValueFrom.SecretKeyRef.Key).To(Equal(counterstore.PasswordKey))
-			env = append(env, e.Name+"="+password)
+			v, ok := secret[e.ValueFrom.SecretKeyRef.Key]
+			if !ok {
+				Expect(ptr.Deref(e.ValueFrom.SecretKeyRef.Optional, false)).To(BeTrue(), "env %s: the Secret has no key %s", e.Name, e.ValueFrom.SecretKeyRef.Key)
+				continue
+			}
+			env = append(env, e.Name+"="+string(v))
 		default:
 			Fail("unexpected env source for " + e.Name)
 		}
@@ -196,15 +202,15 @@ func (k *kubelet) env(ctr corev1.Container, ip, password string) []string {
 	return env
 }
 
-// volumes returns the store's redis.conf and password as the Pod sees
+// volumes returns the store's redis.conf and credentials as the Pod sees
 // them.
-func (k *kubelet) volumes(ctx context.Context) (conf, password string) {
+func (k *kubelet) volumes(ctx context.Context) (conf string, secret map[string][]byte) {
 	GinkgoHelper()
 	var cm corev1.ConfigMap
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: counterstore.ConfigMapName(k.store)}, &cm)).To(Succeed())
 	var sec corev1.Secret
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: counterstore.AuthSecretName(k.store)}, &sec)).To(Succeed())
-	return cm.Data["redis.conf"], string(sec.Data[counterstore.PasswordKey])
+	return cm.Data["redis.conf"], sec.Data
 }
 
 // kill kills a Pod's container and marks the Pod not Ready, as the

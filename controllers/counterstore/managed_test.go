@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -27,6 +29,8 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -91,7 +95,9 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 	var (
 		k        *kubelet
 		password string
-		keys     = map[string]string{}
+		// sidecarPassword is the sidecar user's.
+		sidecarPassword string
+		keys            = map[string]string{}
 	)
 
 	BeforeAll(func(ctx SpecContext) {
@@ -158,9 +164,11 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			Expect(managers).To(HaveKeyWithValue(counterstore.FieldOwner, metav1.ManagedFieldsOperationApply))
 		}
 		var sts appsv1.StatefulSet
+		// The first reconcile of a manager that has just started, on a
+		// busy machine: a few seconds, not one.
 		Eventually(func() error {
 			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sts)
-		}).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 		isOwned(&sts)
 		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(6))
 		Expect(sts.Spec.ServiceName).To(Equal(name))
@@ -180,16 +188,24 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pdb)).To(Succeed())
 		isOwned(&pdb)
 
+		var np networkingv1.NetworkPolicy
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &np)).To(Succeed(), "on by default")
+		isOwned(&np)
+		Expect(np.Spec.PodSelector.MatchLabels).To(Equal(counterstore.SelectorLabels(storeName)))
+
 		var sec corev1.Secret
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &sec)).To(Succeed())
 		isOwned(&sec)
 		password = string(sec.Data[counterstore.PasswordKey])
 		Expect(password).To(HaveLen(64))
+		sidecarPassword = string(sec.Data[counterstore.SidecarPasswordKey])
+		Expect(sidecarPassword).To(HaveLen(64))
+		Expect(sidecarPassword).NotTo(Equal(password))
 
 		Eventually(func(g Gomega) {
 			cs := getStore(ctx, storeName)
 			g.Expect(condStatus(cs, v1alpha1.ConditionReady)).To(Equal(metav1.ConditionFalse))
-			g.Expect(cs.Status.AuthSecretName).To(Equal(counterstore.AuthSecretName(storeName)))
+			g.Expect(cs.Status.AuthSecretName).To(Equal(config.StoreAuthSecret))
 		}).Should(Succeed())
 	})
 
@@ -366,23 +382,15 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			g.Expect(doc.Store.Name).To(Equal(storeName))
 			g.Expect(doc.Store.Type).To(Equal(config.StoreRedis))
 			g.Expect(doc.Store.Addresses).To(ConsistOf(cs.Status.Endpoints))
-			g.Expect(doc.Store.AuthSecretName).To(Equal(counterstore.AuthSecretName(storeName)))
+			g.Expect(doc.Store.AuthSecretName).To(Equal(config.StoreAuthSecret), "the sidecars' own copy, which the sidecar access controller keeps")
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
-		// The sidecars read the password from their own namespace.
-		Eventually(func(g Gomega) {
-			var copy corev1.Secret
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &copy)).To(Succeed())
-			g.Expect(string(copy.Data[counterstore.PasswordKey])).To(Equal(password))
-			g.Expect(copy.OwnerReferences).To(HaveLen(1))
-			g.Expect(copy.OwnerReferences[0].UID).To(Equal(cs.UID))
-		}).Should(Succeed())
-
-		// Without policies the namespace needs no copy.
-		Expect(k8sClient.Delete(ctx, p)).To(Succeed())
-		Eventually(func() bool {
+		// The store controller copies no Secret into the namespace: the
+		// sidecars get one copy, of the sidecar user's credentials only.
+		Consistently(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &corev1.Secret{}))
-		}).WithTimeout(30 * time.Second).Should(BeTrue())
+		}).WithTimeout(2 * time.Second).Should(BeTrue())
+		Expect(k8sClient.Delete(ctx, p)).To(Succeed())
 	})
 
 	It("scales back to 3 shards, draining the leaving Pods first", func(ctx SpecContext) {
@@ -417,5 +425,198 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		_, _, nodes := topology(ctx, k)
 		Expect(nodes).To(HaveLen(6))
 		checkKeys(ctx)
+	})
+
+	It("keeps sidecars counting together when every Redis Pod is replaced at once", func(ctx SpecContext) {
+		ns := "fg-" + rand.String(8)
+		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(k8sClient.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		})
+		p := &v1alpha1.RateLimitPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shared"},
+			Spec: v1alpha1.RateLimitPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+				Rules: []v1alpha1.Rule{{
+					Name:        "per-key",
+					Key:         []v1alpha1.KeyPart{{Header: "X-API-Key"}},
+					Limit:       v1alpha1.Limit{Requests: 2, Per: metav1.Duration{Duration: time.Hour}},
+					FailureMode: v1alpha1.FailureModeClosed,
+				}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		var before []string
+		Eventually(func(g Gomega) {
+			var cm corev1.ConfigMap
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm)).To(Succeed())
+			doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(doc.Store.Addresses).NotTo(BeEmpty())
+			before = doc.Store.Addresses
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		// A generous call budget: this spec measures how soon counting
+		// resumes, and a loaded machine must not turn a slow answer into
+		// a 503.
+		creds := map[string]string{"password": sidecarPassword, "username": counterstore.SidecarUser}
+		a := startSidecar(ctx, ns, "api-a", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
+		b := startSidecar(ctx, ns, "api-b", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
+		Eventually(func() []int { return shared(a, b, "warm-"+rand.String(6)) }).WithTimeout(30 * time.Second).
+			Should(Equal([]int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests}))
+
+		By("deleting every Redis Pod at once; the StatefulSet and the kubelet bring them back at new IPs, empty")
+		var pods corev1.PodList
+		Expect(k8sClient.List(ctx, &pods, client.InNamespace(counterstore.DefaultNamespace), client.MatchingLabels(counterstore.SelectorLabels(storeName)))).To(Succeed())
+		Expect(pods.Items).To(HaveLen(6))
+		deleted := time.Now()
+		var wg sync.WaitGroup
+		for _, pod := range pods.Items {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				k.recreate(ctx, pod.Name)
+			})
+		}
+		wg.Wait()
+		recreated := time.Since(deleted)
+
+		var resumed time.Duration
+		var attempts int
+		Eventually(func() []int {
+			attempts++
+			got := shared(a, b, fmt.Sprintf("after-%d", attempts))
+			resumed = time.Since(deleted)
+			return got
+		}).WithTimeout(2 * time.Minute).WithPolling(100 * time.Millisecond).
+			Should(Equal([]int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests}))
+		nodeTimeout := getStore(ctx, storeName).Spec.Managed.NodeTimeout.Duration
+		AddReportEntry("every Redis Pod replaced -> sidecars count together again (bound nodeTimeout + 10s)",
+			fmt.Sprintf("%v (Pods recreated in %v; bound %v)", resumed.Round(time.Millisecond), recreated.Round(time.Millisecond), nodeTimeout+10*time.Second))
+		Expect(resumed).To(BeNumerically("<=", nodeTimeout+10*time.Second))
+
+		cs := getStore(ctx, storeName)
+		Expect(cs.Status.Endpoints).NotTo(ContainElements(before), "the masters are new Pods at new IPs")
+		for _, s := range []*sidecar{a, b} {
+			Expect(s.Status().Store.Addresses).To(ConsistOf(cs.Status.Endpoints), "the sidecar follows the published masters")
+			Expect(s.Status().StoreDrift).To(BeEmpty())
+		}
+	})
+
+	It("rotates the sidecar password on the running nodes, the old one accepted until every sidecar has the new one", func(ctx SpecContext) {
+		masters := func() []string {
+			GinkgoHelper()
+			return getStore(ctx, storeName).Status.Endpoints
+		}
+		// A sidecar's store: it reads its password for every new
+		// connection, from what the kubelet last wrote into its volume.
+		var mu sync.Mutex
+		volume := sidecarPassword
+		newStore := func() *redisstore.Store {
+			GinkgoHelper()
+			st, err := redisstore.New(redisstore.Options{
+				Addrs: masters(), Timeout: time.Second,
+				Credentials: func() (string, string) { mu.Lock(); defer mu.Unlock(); return counterstore.SidecarUser, volume },
+			})
+			Expect(err).NotTo(HaveOccurred())
+			return st
+		}
+		l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1_000_000, Period: time.Hour}
+		// Two sidecars: one keeps its connections through the rotation;
+		// the other starts afresh every 300ms (as sidecars of new pods
+		// do), so that it authenticates again and again.
+		steady := newStore()
+		DeferCleanup(steady.Close)
+		Eventually(func() error {
+			_, _, err := steady.Take(ctx, limiter.Request{Key: "rotation-warm", Limit: l, Cost: 1})
+			return err
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		calls, failures := 0, []string{}
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			defer close(done)
+			fresh, born := newStore(), time.Now()
+			defer func() { _ = fresh.Close() }()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if time.Since(born) > 300*time.Millisecond {
+					_ = fresh.Close()
+					fresh, born = newStore(), time.Now()
+				}
+				for _, st := range []*redisstore.Store{steady, fresh} {
+					_, _, err := st.Take(ctx, limiter.Request{Key: fmt.Sprintf("rotation-%d", i%50), Limit: l, Cost: 1})
+					calls++
+					if err != nil {
+						failures = append(failures, err.Error())
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		admin := func() []*redis.Client { return k.clients() }
+
+		By("asking for a rotation on the auth Secret")
+		key := client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.AuthSecretName(storeName)}
+		var sec corev1.Secret
+		Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
+		if sec.Annotations == nil {
+			sec.Annotations = map[string]string{}
+		}
+		sec.Annotations[counterstore.RotateAnnotation] = "rotation-1"
+		Expect(k8sClient.Update(ctx, &sec)).To(Succeed())
+		rotated := time.Now()
+		var next string
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
+			g.Expect(sec.Annotations).To(HaveKeyWithValue(counterstore.RotatedAnnotation, "rotation-1"))
+			g.Expect(string(sec.Data[counterstore.PreviousSidecarPasswordKey])).To(Equal(sidecarPassword))
+			next = string(sec.Data[counterstore.SidecarPasswordKey])
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(next).NotTo(Equal(sidecarPassword))
+		Expect(string(sec.Data[counterstore.PasswordKey])).To(Equal(password), "the admin password does not change")
+		// A new connection to node addr as the sidecar user with pw.
+		authAs := func(addr, pw string) error {
+			c := redis.NewClient(&redis.Options{Addr: addr, Username: counterstore.SidecarUser, Password: pw, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+			defer func() { _ = c.Close() }()
+			return c.Ping(ctx).Err()
+		}
+		// Published only once every node accepts both.
+		for _, c := range admin() {
+			for _, pw := range []string{sidecarPassword, next} {
+				Expect(authAs(c.Options().Addr, pw)).To(Succeed(), "node %s, while the two passwords overlap", c.Options().Addr)
+			}
+		}
+
+		By("playing the kubelet: the sidecar's volume gets the new password a while later")
+		time.Sleep(time.Second)
+		mu.Lock()
+		volume = next
+		mu.Unlock()
+
+		By("dropping the old password once the overlap has passed")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
+			g.Expect(sec.Data).NotTo(HaveKey(counterstore.PreviousSidecarPasswordKey))
+			g.Expect(sec.Annotations).NotTo(HaveKey(counterstore.PreviousExpiresAnnotation))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		ended := time.Since(rotated)
+		time.Sleep(time.Second) // calls go on, after the old password is gone
+		close(stop)
+		<-done
+		for _, c := range admin() {
+			Expect(authAs(c.Options().Addr, sidecarPassword)).To(MatchError(ContainSubstring("WRONGPASS")), "node %s still takes the old password", c.Options().Addr)
+			Expect(authAs(c.Options().Addr, next)).To(Succeed())
+		}
+		AddReportEntry("sidecar password rotation",
+			fmt.Sprintf("%d calls, %d failed, one client reconnecting every 300ms; old password dropped %v after the request (overlap %v)",
+				calls, len(failures), ended.Round(time.Millisecond), passwordOverlap))
+		Expect(failures).To(BeEmpty(), "%d of %d calls failed during the rotation", len(failures), calls)
+		Expect(calls).To(BeNumerically(">", 100))
+		sidecarPassword = next
 	})
 })

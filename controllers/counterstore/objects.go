@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -38,9 +39,15 @@ const (
 	LabelInstance  = "app.kubernetes.io/instance"
 	LabelComponent = "app.kubernetes.io/component"
 	LabelManagedBy = "app.kubernetes.io/managed-by"
-	// LabelStore names the CounterStore on its auth Secret copies in the
-	// policies' namespaces.
-	LabelStore = "ratelimit.floodgate.dev/counterstore"
+
+	// StoreClientLabel, set to "true", marks the manager's Pods as clients
+	// of the managed stores: their NetworkPolicies admit those Pods of the
+	// manager's namespace. The Helm chart sets it.
+	StoreClientLabel = "ratelimit.floodgate.dev/store-client"
+	// injectedLabel marks the Pods the injector gave a sidecar
+	// (injection.LabelInjected): the stores' NetworkPolicies admit them
+	// from every namespace.
+	injectedLabel = "floodgate.dev/injected"
 
 	// NameValue is LabelName's value.
 	NameValue = "floodgate-counterstore"
@@ -51,9 +58,9 @@ const (
 	// ConfigHashAnnotation on the Pod template holds a hash of redis.conf,
 	// so that a config change rolls the Pods.
 	ConfigHashAnnotation = "ratelimit.floodgate.dev/config-hash"
-	// AuthHashAnnotation on the Pod template holds a hash of the password,
-	// so that a new password rolls the Pods; on a Secret copy it tells
-	// whether the copy is current.
+	// AuthHashAnnotation on the Pod template holds a hash of the admin
+	// password, so that a new one rolls the Pods. The sidecar user's
+	// password changes on the running nodes (ACL SETUSER), without a roll.
 	AuthHashAnnotation = "ratelimit.floodgate.dev/auth-hash"
 
 	// DefaultImage is the API's default spec.managed.image: floodgate's
@@ -71,9 +78,10 @@ func ObjectName(store string) string { return NamePrefix + store }
 // ConfigMapName returns the name of store's redis.conf ConfigMap.
 func ConfigMapName(store string) string { return NamePrefix + store + "-config" }
 
-// AuthSecretName returns the name of store's password Secret, in the
-// manager's namespace and, as a copy, in every namespace whose policies
-// use the store.
+// AuthSecretName returns the name of store's credentials Secret, in the
+// manager's namespace. The sidecars get the sidecar user's password from
+// their own namespace's copy, floodgate-store-auth (package
+// sidecaraccess).
 func AuthSecretName(store string) string { return NamePrefix + store + "-auth" }
 
 // SelectorLabels returns the labels that select store's Pods.
@@ -143,7 +151,7 @@ func RedisConf(cs *v1alpha1.CounterStore) string {
 	fmt.Fprintf(&b, "# redis.conf of CounterStore %s, written by floodgate-manager: edits are overwritten.\n", cs.Name)
 	lines := [][2]string{
 		{"port", strconv.Itoa(RedisPort)},
-		{"protected-mode", "no"},
+		{"protected-mode", "yes"},
 		{"daemonize", "no"},
 		{"dir", dataDir},
 		{"save", `""`},
@@ -171,8 +179,10 @@ func RedisConf(cs *v1alpha1.CounterStore) string {
 // empty node that kept its identity would come back as the master of its
 // old slots, and its replica would then copy the empty data set. A new node
 // leaves the old identity to fail over to its replica, and the operator
-// makes the new node a replica. The per-Pod settings and the password go
-// in through standard input, never on the command line.
+// makes the new node a replica. The per-Pod settings, the passwords and the
+// sidecars' ACL user (SidecarUser with SidecarACLRules, accepted with its
+// password and, during a rotation, its previous one) go in through standard
+// input, never on the command line.
 func StartScript(confDir, dir string) string {
 	return fmt.Sprintf(`set -eu
 rm -f %[2]s/nodes.conf
@@ -181,8 +191,9 @@ bind ${POD_IP}
 cluster-announce-ip ${POD_IP}
 requirepass "${REDIS_PASSWORD}"
 masterauth "${REDIS_PASSWORD}"
+user %[3]s on >${REDIS_SIDECAR_PASSWORD} ${REDIS_SIDECAR_PASSWORD_PREVIOUS:+>${REDIS_SIDECAR_PASSWORD_PREVIOUS}} %[4]s
 EOF
-`, confDir, dir)
+`, confDir, dir, SidecarUser, strings.Join(SidecarACLRules, " "))
 }
 
 // LivenessScript checks that the node answers PING. REDISCLI_AUTH carries
@@ -239,6 +250,44 @@ func DesiredService(cs *v1alpha1.CounterStore, ns string) *corev1.Service {
 	}
 }
 
+// DesiredNetworkPolicy returns the NetworkPolicy that lets only the
+// store's clients reach its Pods: the injected sidecars, from any
+// namespace, and the manager's Pods on the Redis port; the store's own
+// Pods on the Redis port (replication, slot migration) and the cluster
+// bus. Ingress only: what the Redis Pods reach is not restricted.
+func DesiredNetworkPolicy(cs *v1alpha1.CounterStore, ns string) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	port := func(p int) networkingv1.NetworkPolicyPort {
+		return networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(int32(p)))}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: objectMeta(cs, ns, ObjectName(cs.Name), "redis"),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{injectedLabel: "true"}},
+				}, {
+					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{StoreClientLabel: "true"}},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{port(RedisPort)},
+			}, {
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)}}},
+				Ports: []networkingv1.NetworkPolicyPort{port(RedisPort), port(BusPort)},
+			}},
+		},
+	}
+}
+
+// NetworkPolicyEnabled reports whether a managed store keeps its
+// NetworkPolicy (the default).
+func NetworkPolicyEnabled(m *v1alpha1.ManagedStore) bool {
+	return m.NetworkPolicy != v1alpha1.NetworkPolicyDisabled
+}
+
 // DesiredPDB returns the PodDisruptionBudget that lets voluntary
 // disruptions take one node at a time, so a shard never loses its master
 // and its replica together to a drain.
@@ -253,24 +302,57 @@ func DesiredPDB(cs *v1alpha1.CounterStore, ns string) *policyv1.PodDisruptionBud
 	}
 }
 
-// DesiredSecret returns the Secret that holds the store's password.
-func DesiredSecret(cs *v1alpha1.CounterStore, ns, password string) *corev1.Secret {
-	return &corev1.Secret{
+// DesiredSecret returns the Secret that holds the store's credentials: the
+// admin password, the sidecar user's and, during a rotation, its previous
+// one with its expiry.
+func DesiredSecret(cs *v1alpha1.CounterStore, ns string, c Credentials) *corev1.Secret {
+	s := &corev1.Secret{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: objectMeta(cs, ns, AuthSecretName(cs.Name), "auth"),
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{PasswordKey: []byte(password)},
+		Data: map[string][]byte{
+			PasswordKey:        []byte(c.Admin),
+			SidecarPasswordKey: []byte(c.Sidecar),
+		},
 	}
+	s.Annotations = map[string]string{}
+	if c.Rotated != "" {
+		s.Annotations[RotatedAnnotation] = c.Rotated
+	}
+	if c.Previous != "" {
+		s.Data[PreviousSidecarPasswordKey] = []byte(c.Previous)
+		s.Annotations[PreviousExpiresAnnotation] = c.PreviousExpires.UTC().Format(time.RFC3339)
+	}
+	return s
 }
 
-// DesiredSecretCopy returns the copy of the store's password Secret in a
-// namespace whose sidecars use the store.
-func DesiredSecretCopy(cs *v1alpha1.CounterStore, ns, password string) *corev1.Secret {
-	s := DesiredSecret(cs, ns, password)
-	s.Labels[LabelStore] = cs.Name
-	s.Labels[LabelComponent] = "auth-copy"
-	s.Annotations = map[string]string{AuthHashAnnotation: hash(password)}
-	return s
+// CredentialsFrom reads the credentials a managed store's auth Secret
+// holds, and the RotateAnnotation value it asks for.
+func CredentialsFrom(s *corev1.Secret) (c Credentials, rotate string, err error) {
+	c = Credentials{
+		Admin:    string(s.Data[PasswordKey]),
+		Sidecar:  string(s.Data[SidecarPasswordKey]),
+		Previous: string(s.Data[PreviousSidecarPasswordKey]),
+		Rotated:  s.Annotations[RotatedAnnotation],
+	}
+	if c.Previous != "" {
+		expires, perr := time.Parse(time.RFC3339, s.Annotations[PreviousExpiresAnnotation])
+		if perr != nil {
+			// Unreadable: drop the previous password at once.
+			c.Previous = ""
+		} else {
+			c.PreviousExpires = expires
+		}
+	}
+	for _, kv := range [][2]string{{PasswordKey, c.Admin}, {SidecarPasswordKey, c.Sidecar}, {PreviousSidecarPasswordKey, c.Previous}} {
+		if kv[1] == "" {
+			continue
+		}
+		if err := ValidatePassword(kv[1]); err != nil {
+			return Credentials{}, "", fmt.Errorf("key %q: %w", kv[0], err)
+		}
+	}
+	return c, s.Annotations[RotateAnnotation], nil
 }
 
 // DesiredStatefulSet returns the StatefulSet of the store's Redis nodes,
@@ -293,10 +375,17 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 			FailureThreshold:    failures,
 		}
 	}
-	passwordRef := &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-		LocalObjectReference: corev1.LocalObjectReference{Name: AuthSecretName(cs.Name)},
-		Key:                  PasswordKey,
-	}}
+	secretRef := func(key string, optional bool) *corev1.EnvVarSource {
+		ref := &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: AuthSecretName(cs.Name)},
+			Key:                  key,
+		}}
+		if optional {
+			ref.SecretKeyRef.Optional = ptr.To(true)
+		}
+		return ref
+	}
+	passwordRef := secretRef(PasswordKey, false)
 	container := corev1.Container{
 		Name:            "redis",
 		Image:           image,
@@ -306,6 +395,8 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 			{Name: "REDIS_PASSWORD", ValueFrom: passwordRef},
 			{Name: "REDISCLI_AUTH", ValueFrom: passwordRef},
+			{Name: "REDIS_SIDECAR_PASSWORD", ValueFrom: secretRef(SidecarPasswordKey, false)},
+			{Name: "REDIS_SIDECAR_PASSWORD_PREVIOUS", ValueFrom: secretRef(PreviousSidecarPasswordKey, true)},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: "redis", ContainerPort: RedisPort, Protocol: corev1.ProtocolTCP},

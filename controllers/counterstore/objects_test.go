@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -100,9 +102,19 @@ func TestDesiredStatefulSet(t *testing.T) {
 	if e := env["POD_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
 		t.Errorf("POD_IP = %+v", e)
 	}
-	for _, name := range []string{"REDIS_PASSWORD", "REDISCLI_AUTH"} {
-		if e := env[name]; e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "counterstore-orders-auth" || e.ValueFrom.SecretKeyRef.Key != PasswordKey {
+	for name, key := range map[string]string{
+		"REDIS_PASSWORD": PasswordKey, "REDISCLI_AUTH": PasswordKey,
+		"REDIS_SIDECAR_PASSWORD": SidecarPasswordKey, "REDIS_SIDECAR_PASSWORD_PREVIOUS": PreviousSidecarPasswordKey,
+	} {
+		e := env[name]
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "counterstore-orders-auth" || e.ValueFrom.SecretKeyRef.Key != key {
 			t.Errorf("%s = %+v", name, e)
+			continue
+		}
+		// Only the previous sidecar password may be missing: outside a
+		// rotation there is none.
+		if got, want := ptr.Deref(e.ValueFrom.SecretKeyRef.Optional, false), key == PreviousSidecarPasswordKey; got != want {
+			t.Errorf("%s optional = %v, want %v", name, got, want)
 		}
 	}
 	if c.Resources.Limits.Memory().String() != "300Mi" {
@@ -154,16 +166,28 @@ func TestDesiredChildren(t *testing.T) {
 	if pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("pdb maxUnavailable = %v", pdb.Spec.MaxUnavailable)
 	}
-	sec := DesiredSecret(cs, "ns", "pw")
-	if string(sec.Data[PasswordKey]) != "pw" || sec.Name != "counterstore-orders-auth" {
+	creds := Credentials{Admin: "admin-password-0123", Sidecar: "sidecar-password-01", Rotated: "1"}
+	sec := DesiredSecret(cs, "ns", creds)
+	if sec.Name != "counterstore-orders-auth" || len(sec.Data) != 2 || string(sec.Data[PasswordKey]) != creds.Admin ||
+		string(sec.Data[SidecarPasswordKey]) != creds.Sidecar || sec.Annotations[RotatedAnnotation] != "1" {
 		t.Errorf("secret = %+v", sec)
 	}
-	cp := DesiredSecretCopy(cs, "team-a", "pw")
-	if cp.Namespace != "team-a" || cp.Labels[LabelStore] != "orders" || cp.Annotations[AuthHashAnnotation] == "" || cp.Labels[LabelManagedBy] != ManagedByValue {
-		t.Errorf("secret copy = %+v", cp.ObjectMeta)
+	got, rotate, err := CredentialsFrom(sec)
+	if err != nil || got != creds || rotate != "" {
+		t.Errorf("CredentialsFrom(DesiredSecret(%+v)) = %+v, %q, %v", creds, got, rotate, err)
 	}
-	if _, ok := sec.Labels[LabelStore]; ok {
-		t.Error("the original Secret carries the copy label, so copy cleanup would delete it")
+	creds.Previous, creds.PreviousExpires = "previous-password-1", time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	sec = DesiredSecret(cs, "ns", creds)
+	if string(sec.Data[PreviousSidecarPasswordKey]) != creds.Previous || sec.Annotations[PreviousExpiresAnnotation] != "2030-01-01T00:00:00Z" {
+		t.Errorf("secret during a rotation = %+v", sec)
+	}
+	sec.Annotations[RotateAnnotation] = "2"
+	if got, rotate, err := CredentialsFrom(sec); err != nil || got != creds || rotate != "2" {
+		t.Errorf("CredentialsFrom during a rotation = %+v, %q, %v", got, rotate, err)
+	}
+	sec.Data[SidecarPasswordKey] = []byte("short")
+	if _, _, err := CredentialsFrom(sec); err == nil || !strings.Contains(err.Error(), `key "sidecar-password"`) {
+		t.Errorf("CredentialsFrom with a short sidecar password: %v, want an error naming the key", err)
 	}
 	cm := DesiredConfigMap(cs, "ns")
 	if cm.Labels[LabelManagedBy] != ManagedByValue {
@@ -327,7 +351,8 @@ func TestStartScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	const password = "start-script-password-1"
-	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password}
+	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password,
+		"REDIS_SIDECAR_PASSWORD=sidecar-password-0001"}
 	start := func() string {
 		t.Helper()
 		p := redistest.StartServer(t, redistest.ServerOptions{
@@ -389,4 +414,45 @@ func probe(t *testing.T, script string, env []string) error {
 		return fmt.Errorf("%w: %s", err, out)
 	}
 	return nil
+}
+
+func TestDesiredNetworkPolicy(t *testing.T) {
+	t.Parallel()
+	cs := testStore()
+	np := DesiredNetworkPolicy(cs, "floodgate-system")
+	if np.Name != "counterstore-orders" || np.Namespace != "floodgate-system" || len(np.OwnerReferences) != 1 {
+		t.Errorf("metadata = %+v", np.ObjectMeta)
+	}
+	if !maps.Equal(np.Spec.PodSelector.MatchLabels, SelectorLabels("orders")) {
+		t.Errorf("it selects %v, not the store's Pods", np.Spec.PodSelector.MatchLabels)
+	}
+	if got := fmt.Sprint(np.Spec.PolicyTypes); got != "[Ingress]" {
+		t.Errorf("policy types %s, want ingress only", got)
+	}
+	if len(np.Spec.Ingress) != 2 {
+		t.Fatalf("%d ingress rules, want 2", len(np.Spec.Ingress))
+	}
+	clients, peers := np.Spec.Ingress[0], np.Spec.Ingress[1]
+	if len(clients.Ports) != 1 || clients.Ports[0].Port.IntValue() != RedisPort || len(clients.From) != 2 {
+		t.Fatalf("clients rule %+v, want two peers on the Redis port only", clients)
+	}
+	sidecars, manager := clients.From[0], clients.From[1]
+	if sidecars.NamespaceSelector == nil || len(sidecars.NamespaceSelector.MatchLabels)+len(sidecars.NamespaceSelector.MatchExpressions) != 0 ||
+		!maps.Equal(sidecars.PodSelector.MatchLabels, map[string]string{injection.LabelInjected: "true"}) {
+		t.Errorf("sidecar peer %+v, want the injected label in every namespace", sidecars)
+	}
+	if manager.NamespaceSelector != nil || !maps.Equal(manager.PodSelector.MatchLabels, map[string]string{StoreClientLabel: "true"}) {
+		t.Errorf("manager peer %+v, want the store-client label in the store's namespace", manager)
+	}
+	if len(peers.Ports) != 2 || peers.Ports[0].Port.IntValue() != RedisPort || peers.Ports[1].Port.IntValue() != BusPort ||
+		len(peers.From) != 1 || !maps.Equal(peers.From[0].PodSelector.MatchLabels, SelectorLabels("orders")) {
+		t.Errorf("store peers rule %+v, want the store's Pods on the Redis and bus ports", peers)
+	}
+	if !NetworkPolicyEnabled(cs.Spec.Managed) {
+		t.Error("the NetworkPolicy is not on by default")
+	}
+	cs.Spec.Managed.NetworkPolicy = v1alpha1.NetworkPolicyDisabled
+	if NetworkPolicyEnabled(cs.Spec.Managed) {
+		t.Error("Disabled leaves the NetworkPolicy on")
+	}
 }

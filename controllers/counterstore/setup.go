@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -26,6 +27,10 @@ import (
 // Options.Namespace says otherwise.
 const DefaultNamespace = "floodgate-system"
 
+// DefaultPasswordOverlap is Options.PasswordOverlap's default: the kubelet
+// updates Secret volumes within about a minute and a half.
+const DefaultPasswordOverlap = 10 * time.Minute
+
 // Options tune the controller. The zero value of a field means its
 // default.
 type Options struct {
@@ -43,6 +48,10 @@ type Options struct {
 	MigrateBudget time.Duration
 	// DialTimeout bounds dialing a node and each command. Default 2s.
 	DialTimeout time.Duration
+	// PasswordOverlap is how long the previous sidecar password stays
+	// accepted after a rotation: longer than the kubelet takes to update
+	// the sidecars' Secret volumes. Default 10m.
+	PasswordOverlap time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -61,6 +70,9 @@ func (o Options) withDefaults() Options {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 2 * time.Second
 	}
+	if o.PasswordOverlap == 0 {
+		o.PasswordOverlap = DefaultPasswordOverlap
+	}
 	return o
 }
 
@@ -75,7 +87,7 @@ func (o Options) Validate() error {
 		v    time.Duration
 	}{
 		{"resyncPeriod", o.ResyncPeriod}, {"progressPeriod", o.ProgressPeriod},
-		{"migrateBudget", o.MigrateBudget}, {"dialTimeout", o.DialTimeout},
+		{"migrateBudget", o.MigrateBudget}, {"dialTimeout", o.DialTimeout}, {"passwordOverlap", o.PasswordOverlap},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", d.name, d.v))
@@ -99,9 +111,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, m *Metrics, o Options, opts co
 
 // SetupWithManager registers the controller with mgr. It watches
 // CounterStores; the StatefulSets, Services, ConfigMaps,
-// PodDisruptionBudgets and Secrets they own (Secrets as metadata only);
-// the Pods of managed stores; and RateLimitPolicies, whose namespaces get
-// copies of their store's password Secret.
+// PodDisruptionBudgets, NetworkPolicies and Secrets they own (Secrets
+// as metadata only, so that a rotation request on the auth Secret is seen
+// at once); and the Pods of managed stores.
 func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts controller.Options) error {
 	var errs []error
 	if r.Client == nil {
@@ -131,21 +143,13 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts 
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		Owns(&networkingv1.NetworkPolicy{}).
 		Owns(&corev1.Secret{}, builder.OnlyMetadata).
 		Watches(&corev1.Pod{},
 			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 				return podStore(ns, o)
 			}),
 			builder.WithPredicates(podChanged())).
-		Watches(&v1alpha1.RateLimitPolicy{},
-			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-				p, ok := o.(*v1alpha1.RateLimitPolicy)
-				if !ok {
-					return nil
-				}
-				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: p.StoreName()}}}
-			}),
-			builder.WithPredicates(policyChanged())).
 		Complete(r)
 }
 
@@ -176,18 +180,6 @@ func podChanged() predicate.Funcs {
 				podstatus.Ready(old) != podstatus.Ready(now) ||
 				old.Status.Phase != now.Status.Phase ||
 				(old.DeletionTimestamp == nil) != (now.DeletionTimestamp == nil)
-		},
-		GenericFunc: func(event.GenericEvent) bool { return false },
-	}
-}
-
-// policyChanged passes creations, deletions and spec changes (a storeRef
-// change maps to the old and the new store).
-func policyChanged() predicate.Funcs {
-	return predicate.Funcs{
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() ||
-				(e.ObjectOld.GetDeletionTimestamp() == nil) != (e.ObjectNew.GetDeletionTimestamp() == nil)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}

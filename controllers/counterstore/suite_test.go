@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -24,13 +25,20 @@ import (
 	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
+
+// passwordOverlap is how long the suite's manager keeps an old sidecar
+// password after a rotation.
+const passwordOverlap = 5 * time.Second
 
 var (
 	testEnv *envtest.Environment
 	// k8sClient talks to the API server directly, so tests see what is
 	// stored.
 	k8sClient client.Client
+	// restConfig reaches the API server as envtest's admin.
+	restConfig *rest.Config
 	// storeMetrics is the suite's own registry of the CounterStore
 	// metrics, which the controller exports.
 	storeMetrics = prometheus.NewRegistry()
@@ -55,6 +63,7 @@ var _ = BeforeSuite(func() {
 	}
 	cfg, err := testEnv.Start()
 	Expect(err).NotTo(HaveOccurred())
+	restConfig = cfg
 
 	scheme, err := app.NewScheme()
 	Expect(err).NotTo(HaveOccurred())
@@ -69,18 +78,25 @@ var _ = BeforeSuite(func() {
 	// The manager is built as floodgate-manager builds it (same scheme
 	// and cache options) and runs both controllers, so a policy without a
 	// storeRef can be checked against the default store end to end.
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	// The manager runs as its own service account, with exactly the
+	// roles config/rbac grants it.
+	kubectl, err := kubetest.NewKubectl(testEnv, GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	managerCfg, err := kubetest.ManagerIdentity(ctx, kubectl, cfg, filepath.Join("..", ".."))
+	Expect(err).NotTo(HaveOccurred())
+	mgr, err := ctrl.NewManager(managerCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions(counterstore.DefaultNamespace),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	pr := &policy.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(app.Name)}
 	Expect(pr.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
-	// Production defaults, except a shorter dial timeout: a killed node on
-	// loopback refuses at once anyway.
-	Expect(counterstore.Setup(ctx, mgr, counterstore.NewMetrics(storeMetrics), counterstore.Options{DialTimeout: time.Second},
+	// Production defaults, except a shorter dial timeout (a killed node on
+	// loopback refuses at once anyway) and a shorter password overlap (the
+	// rotation spec plays the kubelet within a second).
+	Expect(counterstore.Setup(ctx, mgr, counterstore.NewMetrics(storeMetrics), counterstore.Options{DialTimeout: time.Second, PasswordOverlap: passwordOverlap},
 		controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

@@ -17,6 +17,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 		fmt.Sprintf("--admin-listen=:%d", res.AdminPort),
 		fmt.Sprintf("--upstream=http://127.0.0.1:%d", res.UpstreamPort),
 		"--pod-labels-file=" + config.LabelsFile,
+		"--state-dir=" + config.StateDir,
 	}
 	if h2c {
 		args = append(args, "--upstream-h2c")
@@ -44,6 +45,7 @@ func sidecarContainer(o Options, res Result, h2c bool, resources corev1.Resource
 			fieldEnv(config.EnvPodName, "metadata.name"),
 			fieldEnv(config.EnvPodNamespace, "metadata.namespace"),
 			{Name: config.EnvRedisPasswordFile, Value: config.StoreAuthFile},
+			{Name: config.EnvRedisUsernameFile, Value: config.StoreAuthUserFile},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: res.PortName, ContainerPort: res.ListenPort, Protocol: corev1.ProtocolTCP},

@@ -67,9 +67,14 @@
 // with an application port, a bad quantity) is rejected with a message
 // that names the annotation.
 //
-// # Idempotency
+// # Idempotency and look-alikes
 //
-// A pod that already has a container named floodgate-sidecar is returned
-// unchanged, so a reinvocation of the webhook (reinvocationPolicy
-// IfNeeded) or a second admission adds nothing.
+// An opted-in pod that already has the container named floodgate-sidecar
+// that Inject writes is returned unchanged, so a reinvocation of the
+// webhook (reinvocationPolicy IfNeeded) or a second admission adds
+// nothing. One whose floodgate-sidecar container is anything else (another
+// image, other arguments, environment or mounts, volumes from other
+// sources, weaker security settings) is rejected (VerifySidecar): a
+// container posing as the sidecar could pass the readiness gate without
+// enforcing anything. Pods that are not opted in are not looked at.
 package injection

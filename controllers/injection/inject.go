@@ -27,12 +27,15 @@ const (
 	ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	// StoreAuthSecret is the per-namespace copy of the store password,
 	// under config.StoreAuthKey.
-	StoreAuthSecret = "floodgate-store-auth"
+	StoreAuthSecret = config.StoreAuthSecret
 	// StoreAuthVolume mounts StoreAuthSecret into the sidecar, optional,
 	// at config.StoreAuthDir: the sidecar reads config.StoreAuthFile for every new
 	// connection, so it starts before the manager has mirrored the
 	// Secret and follows a rotated password without a restart.
 	StoreAuthVolume = "floodgate-store-auth"
+	// StateVolume is the sidecar's emptyDir, mounted at config.StateDir:
+	// the last config it applied, kept across its container's restarts.
+	StateVolume = "floodgate-state"
 	// RenamedPortPrefix prefixes the application port whose name the
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
@@ -88,16 +91,38 @@ func HasSidecar(pod *corev1.Pod) bool {
 
 func isSidecar(c corev1.Container) bool { return c.Name == config.ContainerName }
 
+// ReadsStoreUser reports whether pod's sidecar reads the store's ACL user
+// (config.EnvRedisUsernameFile): sidecars injected before stores had
+// users do not, and authenticate with the password alone.
+func ReadsStoreUser(pod *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			if isSidecar(c) {
+				return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == config.EnvRedisUsernameFile })
+			}
+		}
+	}
+	return false
+}
+
 // Inject returns a copy of pod with the sidecar injected, or pod itself
-// when it is not opted in or already has the sidecar. mounts are the
-// objects the namespace's policies reference. The error joins one
-// *AnnotationError per problem. Inject is pure and does not modify pod.
+// when it is not opted in or already has the sidecar Inject writes. mounts
+// are the objects the namespace's policies reference. An opted-in pod with
+// a floodgate-sidecar container that is not the injector's (VerifySidecar)
+// is an error. The error joins one *AnnotationError per problem. Inject is
+// pure and does not modify pod.
 func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, error) {
-	if !OptedIn(pod) || HasSidecar(pod) {
+	if !OptedIn(pod) {
 		return pod, Result{}, nil
 	}
 	if err := o.Validate(); err != nil {
 		return nil, Result{}, fmt.Errorf("injector options: %w", err)
+	}
+	if HasSidecar(pod) {
+		if err := VerifySidecar(pod, mounts, o); err != nil {
+			return nil, Result{}, err
+		}
+		return pod, Result{}, nil
 	}
 	out := pod.DeepCopy()
 	if out.Labels == nil {
@@ -145,7 +170,7 @@ func Inject(pod *corev1.Pod, mounts []Mount, o Options) (*corev1.Pod, Result, er
 		h2c = b
 	}
 	for _, v := range out.Spec.Volumes {
-		if v.Name == PodInfoVolume || v.Name == APIAccessVolume || v.Name == StoreAuthVolume {
+		if v.Name == PodInfoVolume || v.Name == APIAccessVolume || v.Name == StoreAuthVolume || v.Name == StateVolume {
 			errs = append(errs, &AnnotationError{Reason: fmt.Sprintf("the pod already has a volume named %q, which the floodgate sidecar needs", v.Name)})
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
@@ -112,7 +113,8 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("the sidecar is not a native sidecar (restartPolicy Always)")
 	}
-	wantArgs := []string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080", "--pod-labels-file=/etc/floodgate/podinfo/labels"}
+	wantArgs := []string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080", "--pod-labels-file=/etc/floodgate/podinfo/labels",
+		"--state-dir=/var/run/floodgate/state"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
 	}
@@ -173,12 +175,25 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		mounts[m.Name] = m.MountPath
-		if !m.ReadOnly {
+		// Only the sidecar's own state is written.
+		if !m.ReadOnly && m.Name != StateVolume {
 			t.Errorf("mount %s is writable", m.Name)
 		}
 	}
-	if mounts[PodInfoVolume] != config.PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != config.StoreAuthDir {
+	if mounts[PodInfoVolume] != config.PodInfoDir || mounts[APIAccessVolume] != ServiceAccountDir || mounts[StoreAuthVolume] != config.StoreAuthDir ||
+		mounts[StateVolume] != config.StateDir {
 		t.Errorf("mounts %v", mounts)
+	}
+	// The last good config survives a restart of the sidecar's container
+	// in an emptyDir of its own, in memory and bounded.
+	var state *corev1.Volume
+	for i := range out.Spec.Volumes {
+		if out.Spec.Volumes[i].Name == StateVolume {
+			state = &out.Spec.Volumes[i]
+		}
+	}
+	if state == nil || state.EmptyDir == nil || state.EmptyDir.Medium != corev1.StorageMediumMemory || state.EmptyDir.SizeLimit == nil {
+		t.Errorf("state volume %+v, want a bounded in-memory emptyDir", state)
 	}
 	vols := map[string]corev1.Volume{}
 	for _, v := range out.Spec.Volumes {
@@ -193,8 +208,9 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	}
 	// Optional: the pod starts before the manager mirrors the Secret.
 	if v := vols[StoreAuthVolume]; v.Secret == nil || v.Secret.SecretName != StoreAuthSecret || v.Secret.Optional == nil || !*v.Secret.Optional ||
-		len(v.Secret.Items) != 1 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) {
-		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s key", v, StoreAuthSecret, config.StoreAuthKey)
+		len(v.Secret.Items) != 2 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) ||
+		v.Secret.Items[1] != (corev1.KeyToPath{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey}) {
+		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s and %s keys", v, StoreAuthSecret, config.StoreAuthKey, config.StoreAuthUserKey)
 	}
 }
 
@@ -205,12 +221,12 @@ func TestInjectIsIdempotent(t *testing.T) {
 	if err != nil || res.Injected || twice != once {
 		t.Fatalf("second Inject = (%+v, %v), want the pod back unchanged", res, err)
 	}
-	// A pod the user wrote with its own floodgate-sidecar container is
-	// left alone as well.
+	// A pod the user wrote with a floodgate-sidecar container of its own
+	// is not: it would pose as the sidecar.
 	own := appPod()
 	own.Spec.Containers = append(own.Spec.Containers, corev1.Container{Name: config.ContainerName, Image: "mine"})
-	if out, res, err := Inject(own, nil, opts()); err != nil || res.Injected || out != own {
-		t.Errorf("Inject on a pod with its own sidecar container = (%+v, %v), want it unchanged", res, err)
+	if _, _, err := Inject(own, nil, opts()); err == nil || !strings.Contains(err.Error(), "not the one floodgate injects") {
+		t.Errorf("Inject on a pod with its own sidecar container: %v, want it rejected", err)
 	}
 	// The readiness gate is not added twice.
 	gated := appPod()
@@ -422,8 +438,8 @@ func TestInjectMountsPolicyKeys(t *testing.T) {
 	if !ok || cv.ConfigMap == nil || cv.ConfigMap.Name != "jwks" || !*cv.ConfigMap.Optional {
 		t.Errorf("no optional ConfigMap volume for jwks at the compiler's path: %+v", cv)
 	}
-	if n := len(out.Spec.Volumes); n != 5 {
-		t.Errorf("%d volumes, want 5 (podinfo, api access, store auth, one Secret, one ConfigMap; duplicates merged)", n)
+	if n := len(out.Spec.Volumes); n != 6 {
+		t.Errorf("%d volumes, want 6 (podinfo, api access, store auth, state, one Secret, one ConfigMap; duplicates merged)", n)
 	}
 }
 
@@ -452,5 +468,110 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if _, _, err := Inject(appPod(), nil, bad); err == nil {
 		t.Error("Inject accepted invalid options")
+	}
+}
+
+// TestLookAlikeSidecarIsRejected tampers with an injected pod in every way
+// that could make a container pose as floodgate's sidecar: each is
+// rejected, naming what differs, while the injector's own pod passes, also
+// with the fields the API server defaults filled in.
+func TestLookAlikeSidecarIsRejected(t *testing.T) {
+	t.Parallel()
+	mounts := []Mount{{Secret: true, Name: "jwt-key"}, {Name: "jwks"}}
+	base := appPod()
+	base.Annotations[AnnotationMemoryLimit] = "300Mi"
+	injected, _, err := Inject(base, mounts, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifySidecar(injected, mounts, opts()); err != nil {
+		t.Fatalf("the injector's own pod: %v", err)
+	}
+	// What the API server adds before admission.
+	defaulted := injected.DeepCopy()
+	sc := &defaulted.Spec.InitContainers[0]
+	sc.ImagePullPolicy = corev1.PullIfNotPresent
+	sc.TerminationMessagePath = "/dev/termination-log"
+	sc.ReadinessProbe.SuccessThreshold = 1
+	sc.ReadinessProbe.HTTPGet.Scheme = corev1.URISchemeHTTP
+	for i := range defaulted.Spec.Volumes {
+		v := &defaulted.Spec.Volumes[i]
+		switch {
+		case v.Secret != nil:
+			v.Secret.DefaultMode = ptr.To[int32](0o644)
+		case v.ConfigMap != nil:
+			v.ConfigMap.DefaultMode = ptr.To[int32](0o644)
+		case v.Projected != nil:
+			v.Projected.DefaultMode = ptr.To[int32](0o644)
+		case v.DownwardAPI != nil:
+			v.DownwardAPI.DefaultMode = ptr.To[int32](0o644)
+		}
+	}
+	if out, res, err := Inject(defaulted, mounts, opts()); err != nil || res.Injected || out != defaulted {
+		t.Fatalf("a defaulted injected pod: (%+v, %v), want it admitted unchanged", res, err)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		tamper func(p *corev1.Pod)
+		want   string
+	}{
+		{"another image", func(p *corev1.Pod) { p.Spec.InitContainers[0].Image = "evil/sidecar:1" }, `image "evil/sidecar:1"`},
+		{"a command", func(p *corev1.Pod) { p.Spec.InitContainers[0].Command = []string{"sh", "-c", "sleep inf"} }, "command"},
+		{"an extra argument", func(p *corev1.Pod) {
+			p.Spec.InitContainers[0].Args = append(p.Spec.InitContainers[0].Args, "--store=memory")
+		}, "arguments"},
+		{"another upstream", func(p *corev1.Pod) { p.Spec.InitContainers[0].Args[2] = "--upstream=http://evil.example:80" }, "argument 2"},
+		{"an environment variable", func(p *corev1.Pod) {
+			c := &p.Spec.InitContainers[0]
+			c.Env = append(c.Env, corev1.EnvVar{Name: "FLOODGATE_STORE", Value: "memory"})
+		}, "environment"},
+		{"env from a Secret", func(p *corev1.Pod) {
+			c := &p.Spec.InitContainers[0]
+			c.EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "db"}}}}
+		}, "environment"},
+		{"an extra mount", func(p *corev1.Pod) {
+			c := &p.Spec.InitContainers[0]
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "db", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "db"}}})
+			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "db", MountPath: "/db"})
+		}, "volume mounts"},
+		{"the store password from another Secret", func(p *corev1.Pod) {
+			for i := range p.Spec.Volumes {
+				if p.Spec.Volumes[i].Name == StoreAuthVolume {
+					p.Spec.Volumes[i].Secret.SecretName = "admin-password"
+				}
+			}
+		}, `volume "floodgate-store-auth"`},
+		{"a writable root file system", func(p *corev1.Pod) {
+			p.Spec.InitContainers[0].SecurityContext.ReadOnlyRootFilesystem = ptr.To(false)
+		}, "security context"},
+		{"privileged", func(p *corev1.Pod) { p.Spec.InitContainers[0].SecurityContext.Privileged = ptr.To(true) }, "security context"},
+		{"no restart policy", func(p *corev1.Pod) { p.Spec.InitContainers[0].RestartPolicy = nil }, "restart policy"},
+		{"a host port", func(p *corev1.Pod) { p.Spec.InitContainers[0].Ports[0].HostPort = 80 }, "ports"},
+		{"other resources", func(p *corev1.Pod) {
+			p.Spec.InitContainers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("8Gi")
+		}, "resources"},
+		{"a regular container", func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, p.Spec.InitContainers[0])
+			p.Spec.InitContainers = p.Spec.InitContainers[1:]
+		}, "regular container"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := defaulted.DeepCopy()
+			tc.tamper(p)
+			_, _, err := Inject(p, mounts, opts())
+			var ae *AnnotationError
+			if !errors.As(err, &ae) || !strings.Contains(err.Error(), "not the one floodgate injects") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Inject = %v, want a rejection naming %q", err, tc.want)
+			}
+		})
+	}
+	// Not opted in: not looked at.
+	plain := defaulted.DeepCopy()
+	delete(plain.Annotations, AnnotationInject)
+	plain.Spec.InitContainers[0].Image = "evil/sidecar:1"
+	if out, _, err := Inject(plain, mounts, opts()); err != nil || out != plain {
+		t.Errorf("a pod that is not opted in: %v, want it left alone", err)
 	}
 }

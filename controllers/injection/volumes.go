@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
@@ -23,6 +24,10 @@ type Mount struct {
 	// Name is the object's name.
 	Name string
 }
+
+// stateSizeLimit bounds the state emptyDir: twice the largest config
+// document, for the atomic replace.
+const stateSizeLimit = "8Mi"
 
 // sidecarVolumes returns the volumes to add to the pod and the sidecar's
 // mounts.
@@ -57,14 +62,27 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 		Name: StoreAuthVolume,
 		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: StoreAuthSecret,
-			Items:      []corev1.KeyToPath{{Key: config.StoreAuthKey, Path: config.StoreAuthKey}},
-			Optional:   ptr.To(true),
+			Items: []corev1.KeyToPath{
+				{Key: config.StoreAuthKey, Path: config.StoreAuthKey},
+				{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey},
+			},
+			Optional: ptr.To(true),
+		}},
+	})
+	// The sidecar's own state: small (one config document), in memory so
+	// that it never touches the node's disk, bounded.
+	volumes = append(volumes, corev1.Volume{
+		Name: StateVolume,
+		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			Medium:    corev1.StorageMediumMemory,
+			SizeLimit: ptr.To(resource.MustParse(stateSizeLimit)),
 		}},
 	})
 	vms := []corev1.VolumeMount{
 		{Name: PodInfoVolume, MountPath: config.PodInfoDir, ReadOnly: true},
 		{Name: APIAccessVolume, MountPath: ServiceAccountDir, ReadOnly: true},
 		{Name: StoreAuthVolume, MountPath: config.StoreAuthDir, ReadOnly: true},
+		{Name: StateVolume, MountPath: config.StateDir},
 	}
 	taken := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {

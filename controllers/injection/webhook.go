@@ -88,13 +88,12 @@ func (in *Injector) Handle(ctx context.Context, req admission.Request) admission
 		return admission.Allowed("not opted in to floodgate injection")
 	case slices.Contains(SystemNamespaces, ns) || ns == in.ManagerNamespace:
 		return admission.Allowed("floodgate never injects namespace " + ns)
-	case HasSidecar(&pod):
-		return admission.Allowed("the floodgate sidecar is already injected")
 	}
 	mounts, err := in.mounts(ctx, ns, pod.Labels)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	had := HasSidecar(&pod)
 	out, res, err := Inject(&pod, mounts, in.Options)
 	if err != nil {
 		var msgs []string
@@ -103,6 +102,9 @@ func (in *Injector) Handle(ctx context.Context, req admission.Request) admission
 		}
 		log.V(1).Info("rejecting a pod that asks for an impossible sidecar", "reason", strings.Join(msgs, "; "))
 		return admission.Denied("floodgate sidecar injection: " + strings.Join(msgs, "; "))
+	}
+	if had {
+		return admission.Allowed("the floodgate sidecar is already injected")
 	}
 	raw, err := json.Marshal(out)
 	if err != nil {

@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -96,8 +97,12 @@ const (
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies/status,verbs=update
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=clusterratelimitpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=floodgate-policies,verbs=patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconciler reconciles the RateLimitPolicies of one namespace per call.
@@ -115,6 +120,9 @@ type Reconciler struct {
 	APIReader client.Reader
 	// Recorder emits the Events on rejected policies.
 	Recorder events.EventRecorder
+	// Usage, when set, supplies the rules' counts over a recent window
+	// (see package usage's Collector), for status.rules and status.usage.
+	Usage UsageSource
 }
 
 // Reconcile compiles the namespace req.Namespace; req.Name is always
@@ -136,18 +144,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	}
 
 	var rejected []string
+	missingRefs := false
 	for _, res := range out.Policies {
 		if !res.Accepted() {
 			rejected = append(rejected, res.Name)
 		}
+		missingRefs = missingRefs || res.RefReason != ""
 	}
 	if len(rejected) > 0 {
 		// Retrying cannot fix a spec: wait for the next change.
 		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("namespace %s: rejected RateLimitPolicies %s (see their Accepted condition)",
 			ns, strings.Join(rejected, ", ")))
 	}
+	if missingRefs {
+		// Secrets and ConfigMaps are not watched (the manager would have to
+		// cache every one of the cluster): look again for the missing ones.
+		return ctrl.Result{RequeueAfter: RefRecheckInterval}, nil
+	}
 	return ctrl.Result{}, nil
 }
+
+// RefRecheckInterval is how often a namespace is compiled again while a
+// policy names a JWT key Secret or ConfigMap that does not exist.
+const RefRecheckInterval = 30 * time.Second
 
 // observe reads everything the compiler needs from the cache, and the
 // current ConfigMap.
@@ -159,6 +178,23 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 		return in, nil, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
 	}
 	in.Policies = policies.Items
+	var clusters v1alpha1.ClusterRateLimitPolicyList
+	if err := r.Client.List(ctx, &clusters); err != nil {
+		return in, nil, fmt.Errorf("list ClusterRateLimitPolicies: %w", err)
+	}
+	in.ClusterPolicies = clusters.Items
+	if len(in.ClusterPolicies) > 0 {
+		var namespace corev1.Namespace
+		switch err := r.Client.Get(ctx, client.ObjectKey{Name: ns}, &namespace); {
+		case apierrors.IsNotFound(err):
+			// Being deleted: no cluster policy selects it any more.
+			in.ClusterPolicies = nil
+		case err != nil:
+			return in, nil, fmt.Errorf("get Namespace %s: %w", ns, err)
+		default:
+			in.NamespaceLabels = namespace.Labels
+		}
+	}
 
 	var cm corev1.ConfigMap
 	existing := &cm
@@ -178,7 +214,7 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 			}
 		}
 	}
-	if len(in.Policies) == 0 {
+	if len(in.Policies) == 0 && len(in.ClusterPolicies) == 0 {
 		return in, existing, nil
 	}
 
@@ -188,8 +224,19 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 	}
 	in.Pods = pods.Items
 
+	objs, err := r.observeRefs(ctx, ns, in.Policies)
+	if err != nil {
+		return in, nil, err
+	}
+	in.Objects = objs
+	names := make([]string, 0, len(in.Policies)+len(in.ClusterPolicies))
 	for i := range in.Policies {
-		name := in.Policies[i].StoreName()
+		names = append(names, in.Policies[i].StoreName())
+	}
+	for i := range in.ClusterPolicies {
+		names = append(names, in.ClusterPolicies[i].StoreName())
+	}
+	for _, name := range names {
 		if _, seen := in.Stores[name]; seen {
 			continue
 		}
@@ -206,6 +253,48 @@ func (r *Reconciler) observe(ctx context.Context, ns string) (compiler.Input, *c
 	return in, existing, nil
 }
 
+// observeRefs finds which of the Secrets and ConfigMaps the policies name
+// for their JWT keys exist. It reads their metadata from the API server
+// itself: the manager caches neither kind in full (the ConfigMap cache
+// holds only its own ConfigMaps, and caching every Secret of the cluster
+// would be costly and needless).
+func (r *Reconciler) observeRefs(ctx context.Context, ns string, policies []v1alpha1.RateLimitPolicy) (*compiler.Objects, error) {
+	objs := &compiler.Objects{Secrets: map[string]bool{}, ConfigMaps: map[string]bool{}}
+	check := func(kind string, seen map[string]bool, name string) error {
+		if _, done := seen[name]; done {
+			return nil
+		}
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(kind))
+		switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); {
+		case apierrors.IsNotFound(err):
+			seen[name] = false
+		case err != nil:
+			return fmt.Errorf("get %s %s/%s: %w", kind, ns, name, err)
+		default:
+			seen[name] = true
+		}
+		return nil
+	}
+	for i := range policies {
+		j := policies[i].Spec.JWT
+		if j == nil || policies[i].DeletionTimestamp != nil {
+			continue
+		}
+		if ref := j.HMACSecretRef; ref != nil {
+			if err := check("Secret", objs.Secrets, ref.Name); err != nil {
+				return nil, err
+			}
+		}
+		if ref := j.JWKSConfigMapRef; ref != nil {
+			if err := check("ConfigMap", objs.ConfigMaps, ref.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return objs, nil
+}
+
 // reconcileSpec brings the ConfigMap to what the compiler decided.
 func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *corev1.ConfigMap, policies []v1alpha1.RateLimitPolicy, out compiler.Output) error {
 	if out.Action == compiler.Delete {
@@ -220,7 +309,7 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *cor
 		return nil
 	}
 
-	owners := ownerReferences(policies)
+	owners := ownerReferences(policies, out.Clusters)
 	if existing != nil && upToDate(existing, out, owners) {
 		return nil
 	}
@@ -231,9 +320,21 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, ns string, existing *cor
 	return nil
 }
 
-// ownerReferences points at every live policy, ordered by name.
-func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReference {
-	refs := make([]metav1.OwnerReference, 0, len(policies))
+// ownerReferences points at every live policy, and every
+// ClusterRateLimitPolicy whose entry the document holds, ordered by name.
+func ownerReferences(policies []v1alpha1.RateLimitPolicy, clusters []compiler.ClusterResult) []metav1.OwnerReference {
+	refs := make([]metav1.OwnerReference, 0, len(policies)+len(clusters))
+	for _, c := range clusters {
+		if c.CompiledGeneration == 0 {
+			continue
+		}
+		refs = append(refs, metav1.OwnerReference{
+			APIVersion: v1alpha1.GroupVersion.String(),
+			Kind:       "ClusterRateLimitPolicy",
+			Name:       c.Name,
+			UID:        types.UID(c.UID),
+		})
+	}
 	for i := range policies {
 		p := &policies[i]
 		if p.DeletionTimestamp != nil || p.GatewayEnforced() {
@@ -246,8 +347,16 @@ func ownerReferences(policies []v1alpha1.RateLimitPolicy) []metav1.OwnerReferenc
 			UID:        p.UID,
 		})
 	}
-	slices.SortFunc(refs, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(refs, compareOwners)
 	return refs
+}
+
+// compareOwners orders owner references by kind, then name.
+func compareOwners(a, b metav1.OwnerReference) int {
+	if c := strings.Compare(a.Kind, b.Kind); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // desiredConfigMap is the ConfigMap to apply.
@@ -274,7 +383,7 @@ func upToDate(existing *corev1.ConfigMap, out compiler.Output, owners []metav1.O
 		return false
 	}
 	have := slices.Clone(existing.OwnerReferences)
-	slices.SortFunc(have, func(a, b metav1.OwnerReference) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(have, compareOwners)
 	return slices.EqualFunc(have, owners, func(a, b metav1.OwnerReference) bool {
 		return a.APIVersion == b.APIVersion && a.Kind == b.Kind && a.Name == b.Name && a.UID == b.UID &&
 			a.Controller == nil && a.BlockOwnerDeletion == nil
@@ -295,7 +404,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
-		status := desiredStatus(p, res, pods, out.Config, specErr)
+		status := desiredStatus(p, res, pods, out.Config, specErr, usageOf(r.Usage, p.Namespace, p.Name))
 		if equality.Semantic.DeepEqual(p.Status, status) {
 			continue
 		}
@@ -311,10 +420,12 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, policies []v1alpha1.Ra
 
 // desiredStatus is the status of p given the compiler's findings. It keeps
 // each condition's lastTransitionTime while its status does not change.
-func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods []corev1.Pod, doc *config.Config, specErr error) v1alpha1.RateLimitPolicyStatus {
+func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods []corev1.Pod, doc *config.Config, specErr error, usage *PolicyUsage) v1alpha1.RateLimitPolicyStatus {
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
 	st.TargetedPods = res.TargetedPods
+	st.Store = res.Store
+	st.ClusterRules = res.ClusterRules
 	// The sidecars report the revision they enforce on their pods
 	// (package programmed); the document holds an entry of the policy
 	// whenever CompiledGeneration is set.
@@ -322,9 +433,15 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 	st.EnforcingPods = 0
 	if doc != nil && res.CompiledGeneration != 0 {
 		if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector); err == nil {
-			sidecars = programmed.Evaluate(sel, pods, doc.Revision, p.Generation)
+			sidecars = programmed.EvaluatePolicy(p.Name, sel, pods, doc.Revision, p.Generation)
 			st.EnforcingPods = sidecars.Enforcing
 		}
+	}
+	st.Enforcing = fmt.Sprintf("%d/%d", st.EnforcingPods, st.TargetedPods)
+	st.Rules = ruleStatuses(p, res, usage)
+	st.Usage = nil
+	if usage != nil {
+		st.Usage = &v1alpha1.UsageStatus{Window: metav1.Duration{Duration: usage.Window}, Pods: usage.Pods}
 	}
 	set := func(typ string, ok bool, reason, msg string) {
 		status := metav1.ConditionFalse
@@ -345,7 +462,8 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 	} else {
 		set(v1alpha1.ConditionAccepted, false, v1alpha1.ReasonInvalid, invalidMessage(res))
 	}
-	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), res.StoreReason, res.StoreMessage)
+	refReason, refMessage := res.RefsCondition()
+	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), refReason, refMessage)
 
 	switch {
 	case specErr != nil && res.CompiledGeneration != 0:
@@ -367,6 +485,38 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 				p.Generation))
 	}
 	return st
+}
+
+// ruleStatuses reports on each rule of p: its mode, its counts over the
+// usage window, and how it relates to a cluster default of its name. The
+// usage section of the status goes with them.
+func ruleStatuses(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, usage *PolicyUsage) []v1alpha1.RuleStatus {
+	out := make([]v1alpha1.RuleStatus, 0, len(p.Spec.Rules))
+	for i := range p.Spec.Rules {
+		r := &p.Spec.Rules[i]
+		rs := v1alpha1.RuleStatus{Name: r.Name, Mode: r.Mode}
+		if rs.Mode == "" {
+			rs.Mode = v1alpha1.ModeEnforce
+		}
+		if cd, ok := res.ClusterDefaults[r.Name]; ok {
+			rs.ClusterDefault = &cd
+		}
+		if usage != nil {
+			if c, ok := usage.Rules[r.Name]; ok {
+				exempt := c.Exempt
+				rs.Exempt = &exempt
+				if rs.Mode == v1alpha1.ModeShadow {
+					n := c.ShadowDenied
+					rs.WouldHaveDenied = &n
+				} else {
+					n := c.Denied
+					rs.Denied = &n
+				}
+			}
+		}
+		out = append(out, rs)
+	}
+	return out
 }
 
 func invalidMessage(res *compiler.PolicyResult) string {

@@ -192,6 +192,48 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 		Eventually(func() error { _, _, err := compiled(ctx, ns); return err }).Should(Succeed())
 	})
 
+	It("isolates a policy whose JWT key Secret is missing: ResolvedRefs=False on it, the others compiled", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		Expect(k8sClient.Create(ctx, newPolicy(ns, "login", store))).To(Succeed())
+		broken := newPolicy(ns, "per-user", store)
+		broken.Spec.JWT = &v1alpha1.JWT{HMACSecretRef: &v1alpha1.KeyReference{Name: "jwt-key", Key: "hmac"}}
+		broken.Spec.Rules[0].Name = "per-user"
+		broken.Spec.Rules[0].Key = []v1alpha1.KeyPart{{JWTClaim: "sub"}}
+		Expect(k8sClient.Create(ctx, broken)).To(Succeed())
+
+		Eventually(policyStatus(ctx, ns, "per-user")).Should(And(
+			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted),
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionFalse, v1alpha1.ReasonRefNotFound),
+		))
+		Expect(conditionMessage(policyStatus(ctx, ns, "per-user")(Default), v1alpha1.ConditionResolvedRefs)).
+			To(ContainSubstring(`spec.jwt.hmacSecretRef: Secret "jwt-key" not found`))
+		Eventually(policyStatus(ctx, ns, "login")).Should(
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionTrue, v1alpha1.ReasonResolvedRefs))
+		Eventually(func(g Gomega) []string {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			var names []string
+			for _, p := range c.Policies {
+				names = append(names, p.Name)
+			}
+			return names
+		}).Should(Equal([]string{"login"}), "the login policy is compiled, the broken one is not")
+
+		By("creating the Secret: the policy resolves without an edit")
+		Expect(k8sClient.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "jwt-key", Namespace: ns},
+			Data:       map[string][]byte{"hmac": []byte("0123456789abcdef0123456789abcdef")},
+		})).To(Succeed())
+		Eventually(policyStatus(ctx, ns, "per-user")).WithTimeout(policy.RefRecheckInterval + 30*time.Second).Should(
+			haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionTrue, v1alpha1.ReasonResolvedRefs))
+		Eventually(func(g Gomega) int {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			return len(c.Policies)
+		}).Should(Equal(2))
+	})
+
 	It("rejects a spec CEL cannot check, keeps the last accepted generation running, and does not retry it", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		store := newStore(ctx, true)

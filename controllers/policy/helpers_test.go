@@ -38,6 +38,20 @@ func newStore(ctx context.Context, ready bool) string {
 	return cs.Name
 }
 
+// newStoreNamed creates a Ready managed CounterStore with the given name,
+// deleted after the spec.
+func newStoreNamed(ctx context.Context, name string) {
+	cs := &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}},
+	}
+	Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed())
+	})
+	setStoreReady(ctx, name, true)
+}
+
 // setStoreReady sets the store's Ready condition, endpoints and auth Secret.
 func setStoreReady(ctx context.Context, name string, ready bool) {
 	var cs v1alpha1.CounterStore

@@ -21,7 +21,12 @@ var _ = Describe("config/samples", func() {
 				&v1alpha1.CounterStore{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.DefaultCounterStoreName}}))).To(Succeed())
 		})
 
-		out, err := kubectl.Run(ctx, "apply", "-n", ns, "-f", samples)
+		// The objects the samples reference (refs/) go first, as the
+		// samples' comments say.
+		out, err := kubectl.Run(ctx, "apply", "-n", ns, "-f", filepath.Join(samples, "refs"))
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("configmap/auth-jwks created"))
+		out, err = kubectl.Run(ctx, "apply", "-n", ns, "-f", samples)
 		Expect(err).NotTo(HaveOccurred(), out)
 		AddReportEntry("kubectl apply -f config/samples", out)
 		Expect(out).To(ContainSubstring("counterstore.ratelimit.floodgate.dev/default created"))
@@ -52,10 +57,11 @@ var _ = Describe("config/samples", func() {
 		AddReportEntry("kubectl get rlp", out)
 		GinkgoWriter.Println(out)
 		lines := strings.Split(out, "\n")
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "PODS", "AGE"}))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "ENFORCING", "STORE", "TARGET", "AGE"}))
 		Expect(lines).To(HaveLen(6))
-		Expect(out).To(MatchRegexp(`(?m)^login\s+True\s+False\s+1\s+\S+$`))
-		Expect(out).To(MatchRegexp(`(?m)^layered\s+True\s+False\s+0\s+\S+$`), "the layered sample selects app=reports")
+		// The pod has no sidecar: targeted, not enforcing.
+		Expect(out).To(MatchRegexp(`(?m)^login\s+True\s+False\s+0/1\s+default\s+\S+$`))
+		Expect(out).To(MatchRegexp(`(?m)^layered\s+True\s+False\s+0/0\s+default\s+\S+$`), "the layered sample selects app=reports")
 
 		out, err = kubectl.Run(ctx, "get", "cstore")
 		Expect(err).NotTo(HaveOccurred(), out)

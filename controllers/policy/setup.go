@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
@@ -54,7 +57,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 
 	cache := mgr.GetClient()
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		WithOptions(opts).
 		Watches(&v1alpha1.RateLimitPolicy{},
@@ -79,11 +82,110 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return o.GetName() == config.ConfigMapName
 			}))).
-		Complete(r)
+		Watches(&v1alpha1.ClusterRateLimitPolicy{},
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+				c, ok := o.(*v1alpha1.ClusterRateLimitPolicy)
+				if !ok {
+					return nil
+				}
+				return namespacesForCluster(ctx, cache, c)
+			}),
+			builder.WithPredicates(policyChanged())).
+		Watches(&corev1.Namespace{},
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+				if !anyClusterPolicy(ctx, cache) {
+					return nil
+				}
+				return []reconcile.Request{requestFor(o.GetName())}
+			}),
+			builder.WithPredicates(namespaceLabelsChanged()))
+	if r.Usage != nil {
+		b = b.WatchesRawSource(source.Channel(r.Usage.Updates(),
+			handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{requestFor(o.GetName())}
+			})))
+	}
+	return b.Complete(r)
+}
+
+// namespacesForCluster maps a ClusterRateLimitPolicy event to the
+// namespaces it selects, and to every namespace that has a document,
+// which may hold its entry (a selector that no longer selects, or a
+// deleted policy).
+func namespacesForCluster(ctx context.Context, c client.Reader, cp *v1alpha1.ClusterRateLimitPolicy) []reconcile.Request {
+	names := map[string]bool{}
+	if sel, err := metav1.LabelSelectorAsSelector(&cp.Spec.NamespaceSelector); err == nil {
+		var namespaces corev1.NamespaceList
+		if err := c.List(ctx, &namespaces, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			log.FromContext(ctx).Error(err, "listing the namespaces of a ClusterRateLimitPolicy", "policy", cp.Name)
+		}
+		for _, ns := range namespaces.Items {
+			names[ns.Name] = true
+		}
+	}
+	var cms corev1.ConfigMapList
+	if err := c.List(ctx, &cms); err != nil {
+		log.FromContext(ctx).Error(err, "listing the floodgate ConfigMaps")
+	}
+	for _, cm := range cms.Items {
+		if cm.Name == config.ConfigMapName {
+			names[cm.Namespace] = true
+		}
+	}
+	reqs := make([]reconcile.Request, 0, len(names))
+	for _, ns := range slices.Sorted(maps.Keys(names)) {
+		reqs = append(reqs, requestFor(ns))
+	}
+	return reqs
+}
+
+// anyClusterPolicy reports whether a ClusterRateLimitPolicy exists.
+func anyClusterPolicy(ctx context.Context, c client.Reader) bool {
+	var list v1alpha1.ClusterRateLimitPolicyList
+	if err := c.List(ctx, &list, client.Limit(1)); err != nil {
+		return true
+	}
+	return len(list.Items) > 0
+}
+
+// clusterSelects reports whether a ClusterRateLimitPolicy selects the
+// namespace ns.
+func clusterSelects(ctx context.Context, c client.Reader, ns string) bool {
+	var list v1alpha1.ClusterRateLimitPolicyList
+	if err := c.List(ctx, &list); err != nil {
+		return true
+	}
+	if len(list.Items) == 0 {
+		return false
+	}
+	var namespace corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: ns}, &namespace); err != nil {
+		return false
+	}
+	for i := range list.Items {
+		sel, err := metav1.LabelSelectorAsSelector(&list.Items[i].Spec.NamespaceSelector)
+		if err == nil && sel.Matches(labels.Set(namespace.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// namespaceLabelsChanged passes new namespaces and label changes, which
+// decide what ClusterRateLimitPolicies select.
+func namespaceLabelsChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !labels.Equals(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 // namespaceWithPolicies maps a pod event to its namespace, when the
-// namespace has policies: pod churn elsewhere costs nothing.
+// namespace has policies or a ClusterRateLimitPolicy selects it: pod churn
+// elsewhere costs nothing.
 func namespaceWithPolicies(ctx context.Context, c client.Reader, ns string) []reconcile.Request {
 	var policies v1alpha1.RateLimitPolicyList
 	if err := c.List(ctx, &policies, client.InNamespace(ns), client.Limit(1)); err != nil {
@@ -91,7 +193,7 @@ func namespaceWithPolicies(ctx context.Context, c client.Reader, ns string) []re
 		log.FromContext(ctx).Error(err, "listing RateLimitPolicies for a pod event", "namespace", ns)
 		return []reconcile.Request{requestFor(ns)}
 	}
-	if len(policies.Items) == 0 {
+	if len(policies.Items) == 0 && !clusterSelects(ctx, c, ns) {
 		return nil
 	}
 	return []reconcile.Request{requestFor(ns)}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
+	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
@@ -78,7 +79,7 @@ var _ = BeforeSuite(func() {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions("floodgate-system"),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	r := &policy.Reconciler{
@@ -89,6 +90,8 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 2})).To(Succeed())
+	Expect((&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&podlimits.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(app.Name)}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)

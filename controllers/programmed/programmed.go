@@ -71,6 +71,14 @@ func (r Result) Status() metav1.ConditionStatus {
 // with every readiness change of a targeted pod (it carries the replica
 // count), so that it costs no status write of its own.
 func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, generation int64) Result {
+	return EvaluatePolicy("", selector, pods, revision, generation)
+}
+
+// EvaluatePolicy is Evaluate for the policy named policy: a pod whose
+// sidecar loaded the revision but not that policy (reason
+// config.ReasonPartiallyLoaded, which names the policies it could not
+// compile) lags.
+func EvaluatePolicy(policy string, selector labels.Selector, pods []corev1.Pod, revision string, generation int64) Result {
 	var res Result
 	var lagging []string
 	for i := range pods {
@@ -80,7 +88,7 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 		}
 		res.Targeted++
 		c := loadedCondition(pod)
-		if Enforces(pod, revision) {
+		if EnforcesPolicy(pod, revision, policy) {
 			res.Enforcing++
 			continue
 		}
@@ -96,6 +104,8 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 			}
 		case c.Reason == config.ReasonLoaded && c.Status == corev1.ConditionTrue:
 			lagging = append(lagging, fmt.Sprintf("%s (enforces revision %s)", pod.Name, c.Message))
+		case c.Reason == config.ReasonPartiallyLoaded && c.Status == corev1.ConditionTrue:
+			lagging = append(lagging, fmt.Sprintf("%s (its sidecar could not load this policy: see floodgate_sidecar_policy_failed and /debug/config on the pod; %s)", pod.Name, c.Message))
 		default:
 			lagging = append(lagging, fmt.Sprintf("%s (%s: %s)", pod.Name, c.Reason, c.Message))
 		}
@@ -127,11 +137,28 @@ func Evaluate(selector labels.Selector, pods []corev1.Pod, revision string, gene
 	return res
 }
 
-// Enforces reports whether pod's sidecar reports revision in force.
+// Enforces reports whether pod's sidecar reports revision in force, with
+// every policy of it.
 func Enforces(pod *corev1.Pod, revision string) bool {
 	c := loadedCondition(pod)
 	return revision != "" && c != nil && c.Status == corev1.ConditionTrue &&
 		c.Reason == config.ReasonLoaded && c.Message == revision
+}
+
+// EnforcesPolicy reports whether pod's sidecar reports revision in force
+// with the policy named policy: the whole revision, or the revision but for
+// policies that do not include it. An empty policy asks for the whole
+// revision.
+func EnforcesPolicy(pod *corev1.Pod, revision, policy string) bool {
+	if Enforces(pod, revision) {
+		return true
+	}
+	c := loadedCondition(pod)
+	if policy == "" || revision == "" || c == nil || c.Status != corev1.ConditionTrue || c.Reason != config.ReasonPartiallyLoaded {
+		return false
+	}
+	rev, failed, complete := config.ParsePartialMessage(c.Message)
+	return complete && rev == revision && !slices.Contains(failed, policy)
 }
 
 // LoadedChanged reports whether the sidecar's condition differs between

@@ -195,3 +195,29 @@ func TestLoadedChanged(t *testing.T) {
 		})
 	}
 }
+
+// A pod whose sidecar loaded the revision but could not compile one policy
+// enforces the others, and lags for that one.
+func TestEvaluatePartiallyLoaded(t *testing.T) {
+	t.Parallel()
+	const rev = "sha256:0123456789abcdef"
+	sel := labels.SelectorFromSet(labels.Set{"app": "api"})
+	partial := loaded(corev1.ConditionTrue, config.ReasonPartiallyLoaded, config.PartialMessage(rev, []string{"broken"}))
+	pods := []corev1.Pod{pod("a", ready, partial), pod("b", ready, enforcing(rev))}
+	if r := EvaluatePolicy("login", sel, pods, rev, 1); !r.Programmed || r.Enforcing != 2 {
+		t.Errorf("login: %+v, want programmed on both pods", r)
+	}
+	r := EvaluatePolicy("broken", sel, pods, rev, 1)
+	if r.Programmed || r.Enforcing != 1 || !strings.Contains(r.Message, "a (its sidecar could not load this policy") {
+		t.Errorf("broken: %+v, want pod a lagging", r)
+	}
+	// A list cut short names no policy for sure: every one lags there.
+	many := make([]string, 200)
+	for i := range many {
+		many[i] = strings.Repeat("x", 20) + string(rune('a'+i%26))
+	}
+	cut := []corev1.Pod{pod("c", ready, loaded(corev1.ConditionTrue, config.ReasonPartiallyLoaded, config.PartialMessage(rev, many)))}
+	if r := EvaluatePolicy("login", sel, cut, rev, 1); r.Enforcing != 0 {
+		t.Errorf("a cut list: %+v, want login not counted", r)
+	}
+}

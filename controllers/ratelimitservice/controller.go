@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,8 +64,15 @@ const (
 	maxListed           = 5
 )
 
+// It writes only in the manager's namespace, where the central service
+// runs: its ConfigMaps floodgate-ratelimit-policies and
+// floodgate-gateway-config (get, create and patch there come with the
+// CounterStore controller's Role) and the Secret
+// floodgate-ratelimit-store-auth.
+//
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;gateways,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=configmaps;secrets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=configmaps,resourceNames=floodgate-ratelimit-policies;floodgate-gateway-config,verbs=delete
 
 // Reconciler compiles the central rate-limit service's document and the
 // status of the policies in it. Its fields are set before
@@ -198,7 +206,7 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigM
 		log.FromContext(ctx).Info("deleted the central rate-limit service's ConfigMap: no policy has an entry")
 		return nil
 	}
-	if err := r.mirrorPassword(ctx, out.Config.Store); err != nil {
+	if err := r.mirrorCredentials(ctx, out.Config.Store); err != nil {
 		return err
 	}
 	if existing != nil && existing.DeletionTimestamp == nil &&
@@ -218,20 +226,25 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigM
 	return nil
 }
 
-// mirrorPassword copies the password of the document's store into the
-// Secret config.RateLimitServiceStoreAuthSecret of the service's
-// namespace, which its pods mount (an empty password for a store without
-// one), before the document that needs it is written.
-func (r *Reconciler) mirrorPassword(ctx context.Context, store config.Store) error {
-	password, err := sidecaraccess.StorePassword(ctx, r.Client, r.APIReader, r.Namespace, store)
-	if err != nil {
+// mirrorCredentials copies the credentials of the document's store into
+// the Secret config.RateLimitServiceStoreAuthSecret of the service's
+// namespace, which its pods mount, before the document that needs them is
+// written. They are what the sidecars of this version get
+// (sidecaraccess.StoreCredentials): a managed store's sidecar ACL user,
+// which may run the counter scripts on fg:* keys and nothing else, an
+// external store's password, or none. When the CounterStore is gone the
+// copy is left as it is.
+func (r *Reconciler) mirrorCredentials(ctx context.Context, store config.Store) error {
+	creds, ok, err := sidecaraccess.StoreCredentials(ctx, r.Client, r.APIReader, r.Namespace, store)
+	if err != nil || !ok {
 		return err
 	}
+	data := creds.Data()
 	key := client.ObjectKey{Namespace: r.Namespace, Name: config.RateLimitServiceStoreAuthSecret}
 	var s corev1.Secret
 	switch err := r.APIReader.Get(ctx, key, &s); {
 	case err == nil && s.DeletionTimestamp == nil && s.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
-		s.Annotations[sidecaraccess.StoreAnnotation] == store.Name && bytes.Equal(s.Data[config.StoreAuthKey], password) && len(s.Data) == 1:
+		s.Annotations[sidecaraccess.StoreAnnotation] == store.Name && maps.EqualFunc(s.Data, data, bytes.Equal):
 		return nil
 	case err != nil && !apierrors.IsNotFound(err):
 		return fmt.Errorf("get Secret %s: %w", key, err)
@@ -240,11 +253,11 @@ func (r *Reconciler) mirrorPassword(ctx context.Context, store config.Store) err
 		WithLabels(map[string]string{policy.ManagedByLabel: policy.ManagedByValue}).
 		WithAnnotations(map[string]string{sidecaraccess.StoreAnnotation: store.Name}).
 		WithType(corev1.SecretTypeOpaque).
-		WithData(map[string][]byte{config.StoreAuthKey: password})
+		WithData(data)
 	if err := r.Client.Apply(ctx, desired, client.FieldOwner(policy.FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply Secret %s: %w", key, err)
 	}
-	log.FromContext(ctx).Info("mirrored the store password for the central rate-limit service", "store", store.Name)
+	log.FromContext(ctx).Info("mirrored the store credentials for the central rate-limit service", "store", store.Name, "user", creds.Username)
 	return nil
 }
 
@@ -361,11 +374,15 @@ func DesiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, targ
 	}
 	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), res.StoreReason, res.StoreMessage)
 
-	var loaded service
+	st.Store = res.Store
+	revision := ""
 	if doc != nil && res.CompiledGeneration != 0 {
-		loaded = evaluate(pods, doc.Revision)
-		st.EnforcingPods = loaded.enforcing
+		revision = doc.Revision
 	}
+	loaded := evaluate(pods, revision, p.Name)
+	st.EnforcingPods = loaded.enforcing
+	// The replicas that have loaded it, of those running.
+	st.Enforcing = fmt.Sprintf("%d/%d", loaded.enforcing, loaded.running)
 	cm := config.RateLimitServiceConfigMapName
 	switch {
 	case specErr != nil && res.CompiledGeneration != 0:
@@ -416,8 +433,12 @@ func (s service) waiting() string {
 		s.enforcing, s.running, strings.Join(names, ", "), more)
 }
 
-// evaluate reads the policy-loaded condition of the service's pods.
-func evaluate(pods []corev1.Pod, revision string) service {
+// evaluate reads the policy-loaded condition of the service's pods for
+// the policy named policy: a replica that loaded the revision but could
+// not compile that policy (config.ReasonPartiallyLoaded, which lists the
+// policies it left out by name) does not enforce it. An empty revision
+// counts the running replicas only.
+func evaluate(pods []corev1.Pod, revision, policy string) service {
 	var s service
 	for i := range pods {
 		pod := &pods[i]
@@ -425,7 +446,7 @@ func evaluate(pods []corev1.Pod, revision string) service {
 			continue
 		}
 		s.running++
-		if programmed.Enforces(pod, revision) {
+		if programmed.EnforcesPolicy(pod, revision, policy) {
 			s.enforcing++
 			continue
 		}

@@ -61,6 +61,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 				now, okNew := e.ObjectNew.(*v1alpha1.CounterStore)
 				return !okOld || !okNew || !equalStoreStatus(old, now)
 			}}))).
+		// A managed store's credentials (rotated by its Secret), and the
+		// service's own copy of them, live in the service's namespace;
+		// Secrets are watched as metadata only, as sidecaraccess does.
+		Watches(&corev1.Secret{}, one, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.GetNamespace() == r.Namespace
+		})), builder.OnlyMetadata).
 		Watches(&corev1.ConfigMap{}, one, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return o.GetNamespace() == r.Namespace &&
 				(o.GetName() == config.RateLimitServiceConfigMapName || o.GetName() == GatewayConfigMapName)

@@ -5,9 +5,10 @@
 // injection, it keeps:
 //   - the Role "floodgate-sidecar": get, list and watch on the one
 //     ConfigMap "floodgate-policies", and get and patch on pods/status;
-//   - the RoleBinding "floodgate-sidecar", binding that Role to the group
-//     system:serviceaccounts:<namespace>, so that a sidecar has it with
-//     whatever service account its pod runs as;
+//   - the RoleBinding "floodgate-sidecar", binding that Role to the
+//     service accounts that the namespace's opted-in pods (and pods with
+//     the sidecar) run as: a sidecar has its pod's own service account,
+//     and no other service account of the namespace gets the Role;
 //   - the Secret "floodgate-store-auth", a copy of the password of the
 //     CounterStore that the namespace's ConfigMap names, under the key
 //     "password" (empty for a store without a password). Injected
@@ -21,9 +22,10 @@
 // # Limits of RBAC
 //
 // RBAC cannot restrict pods/status to "the pod the sidecar runs in". The
-// sidecar only ever patches its own pod, named by the downward API; a
-// compromised sidecar could write the status conditions of other pods of
-// its namespace, which is the price of reporting through the pod.
+// ValidatingAdmissionPolicy floodgate-sidecar-pod-status (config/rbac and
+// the Helm chart) does, in every namespace that has the Role: a service
+// account of the namespace may update only the status of the pod its token
+// is bound to, and in it only the floodgate.dev/policy-loaded condition.
 //
 // # Lifecycle
 //
@@ -60,6 +62,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
@@ -74,8 +77,19 @@ const (
 	ResyncPeriod = 10 * time.Minute
 )
 
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;patch;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
+// In every namespace it writes only its own objects: the Role and
+// RoleBinding floodgate-sidecar and the Secret floodgate-store-auth, by
+// name (an object is created before it has a name, so create cannot be
+// narrowed). It watches Roles and RoleBindings (metadata only) to repair
+// them, and Secrets only in the manager's namespace, where the stores'
+// credentials live. pods/status get and patch are never used: RBAC lets
+// the manager grant them to the sidecars only while it holds them itself.
+//
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=list;watch;create
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,resourceNames=floodgate-sidecar,verbs=get;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create
+// +kubebuilder:rbac:groups="",resources=secrets,resourceNames=floodgate-store-auth,verbs=patch;delete
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=secrets,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/status,verbs=get;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
@@ -179,44 +193,46 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	if ns == r.ManagerNamespace || slices.Contains(injection.SystemNamespaces, ns) {
 		return ctrl.Result{}, nil
 	}
-	need, err := r.needsAccess(ctx, ns)
+	need, pods, err := r.needsAccess(ctx, ns)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if !need {
 		return ctrl.Result{}, r.remove(ctx, ns)
 	}
-	if err := r.applyRBAC(ctx, ns); err != nil {
+	if err := r.applyRBAC(ctx, ns, ServiceAccounts(pods)); err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
-	if err := r.mirror(ctx, ns); err != nil {
+	if err := r.mirror(ctx, ns, pods); err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
 	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
 }
 
-// needsAccess reports whether ns has policies or opted-in pods.
-func (r *Reconciler) needsAccess(ctx context.Context, ns string) (bool, error) {
+// needsAccess reports whether ns has policies or opted-in pods, and
+// returns its opted-in pods and those with the sidecar.
+func (r *Reconciler) needsAccess(ctx context.Context, ns string) (bool, []corev1.Pod, error) {
 	var policies v1alpha1.RateLimitPolicyList
 	if err := r.Client.List(ctx, &policies, client.InNamespace(ns)); err != nil {
-		return false, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
-	}
-	for _, p := range policies.Items {
-		if p.DeletionTimestamp == nil {
-			return true, nil
-		}
+		return false, nil, fmt.Errorf("list RateLimitPolicies in %s: %w", ns, err)
 	}
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
-		return false, fmt.Errorf("list pods in %s: %w", ns, err)
+		return false, nil, fmt.Errorf("list pods in %s: %w", ns, err)
 	}
-	return slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool {
-		return p.DeletionTimestamp == nil && (injection.OptedIn(&p) || injection.HasSidecar(&p))
-	}), nil
+	var ours []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && (injection.OptedIn(&p) || injection.HasSidecar(&p)) {
+			ours = append(ours, p)
+		}
+	}
+	need := len(ours) > 0 || slices.ContainsFunc(policies.Items, func(p v1alpha1.RateLimitPolicy) bool { return p.DeletionTimestamp == nil })
+	return need, ours, nil
 }
 
-// applyRBAC writes the Role and RoleBinding where they differ.
-func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
+// applyRBAC writes the Role and RoleBinding where they differ; the binding
+// names serviceAccounts, those of the pods that run sidecars.
+func (r *Reconciler) applyRBAC(ctx context.Context, ns string, serviceAccounts []string) error {
 	var role rbacv1.Role
 	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: RoleName}, &role)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -240,8 +256,8 @@ func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
 			return fmt.Errorf("delete RoleBinding %s/%s with a foreign roleRef: %w", ns, RoleName, err)
 		}
 	}
-	if err != nil || !bindingUpToDate(&binding) {
-		if err := r.Client.Apply(ctx, DesiredRoleBinding(ns), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	if err != nil || !bindingUpToDate(&binding, serviceAccounts) {
+		if err := r.Client.Apply(ctx, DesiredRoleBinding(ns, serviceAccounts), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 			return fmt.Errorf("apply RoleBinding %s/%s: %w", ns, RoleName, err)
 		}
 		log.FromContext(ctx).Info("applied the sidecar RoleBinding", "namespace", ns)
@@ -249,8 +265,8 @@ func (r *Reconciler) applyRBAC(ctx context.Context, ns string) error {
 	return nil
 }
 
-// mirror copies the password of the store that ns's ConfigMap names.
-func (r *Reconciler) mirror(ctx context.Context, ns string) error {
+// mirror copies the credentials of the store that ns's ConfigMap names.
+func (r *Reconciler) mirror(ctx context.Context, ns string, pods []corev1.Pod) error {
 	var cm corev1.ConfigMap
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
 		return nil // no store chosen yet; keep any earlier copy
@@ -267,8 +283,8 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	if doc.Store.Type != config.StoreRedis {
 		return nil // a memory store needs no password
 	}
-	password, err := r.password(ctx, doc.Store)
-	if err != nil {
+	creds, ok, err := r.credentials(ctx, ns, doc.Store, pods)
+	if err != nil || !ok {
 		return err
 	}
 	var s corev1.Secret
@@ -276,48 +292,108 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get Secret %s/%s: %w", ns, SecretName, err)
 	}
-	if err == nil && secretUpToDate(&s, doc.Store.Name, password) {
+	if err == nil && secretUpToDate(&s, doc.Store.Name, creds) {
 		return nil
 	}
-	if err := r.Client.Apply(ctx, DesiredSecret(ns, doc.Store.Name, password), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	if err := r.Client.Apply(ctx, DesiredSecret(ns, doc.Store.Name, creds), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply Secret %s/%s: %w", ns, SecretName, err)
 	}
-	log.FromContext(ctx).Info("mirrored the store password", "namespace", ns, "store", doc.Store.Name)
+	log.FromContext(ctx).Info("mirrored the store credentials", "namespace", ns, "store", doc.Store.Name, "user", creds.Username)
 	return nil
 }
 
-// password reads the password of store (StorePassword).
-func (r *Reconciler) password(ctx context.Context, store config.Store) ([]byte, error) {
-	return StorePassword(ctx, r.Client, r.APIReader, r.ManagerNamespace, store)
+// credentials returns what the sidecars of ns use for store: a managed
+// store's sidecar user, from the Secret the store keeps in the manager's
+// namespace; an external store's passwordSecretRef; or no password. A
+// managed store's sidecars get the store's admin password instead, as
+// before it had users, while some pod of ns runs a sidecar that cannot
+// read a user (injected by an older manager): it would authenticate as the
+// default user with the sidecar user's password, and be refused. Once those
+// pods are replaced, the copy holds the sidecar user. ok is false when the
+// CounterStore is gone: the copy is left as it is.
+func (r *Reconciler) credentials(ctx context.Context, ns string, store config.Store, pods []corev1.Pod) (creds Credentials, ok bool, err error) {
+	legacy := legacySidecars(pods)
+	creds, ok, admin, err := storeCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, store, len(legacy) > 0)
+	if admin {
+		log.FromContext(ctx).Info("some sidecars cannot use the store's sidecar user; mirroring the admin password until their pods are replaced",
+			"namespace", ns, "store", store.Name, "pods", legacy)
+	}
+	return creds, ok, err
 }
 
-// StorePassword reads the password of a compiled document's store: an
-// external store's passwordSecretRef, else the Secret the store publishes
-// in the manager's namespace managerNS, else none (an empty password). c
-// reads the CounterStore (a cache will do); apiReader reads the Secret
-// from the API server, as the manager caches no Secrets.
-func StorePassword(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) ([]byte, error) {
-	ref := struct{ ns, name, key string }{managerNS, store.AuthSecretName, PasswordKey}
+// StoreCredentials returns what a sidecar of this version authenticates to
+// store with: a managed store's sidecar user (counterstore.SidecarUser),
+// whose ACL rules allow the counter scripts on fg:* keys and the cluster
+// topology, and nothing else; an external store's passwordSecretRef; or no
+// password. c reads the CounterStore (a cache will do); apiReader reads the
+// Secrets from the API server, as the manager caches no Secret's data;
+// managerNS holds a managed store's auth Secret. ok is false when the
+// CounterStore is gone. The central rate-limit service, which runs the
+// sidecar binary and the same scripts, authenticates with these too.
+func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) (creds Credentials, ok bool, err error) {
+	creds, ok, _, err = storeCredentials(ctx, c, apiReader, managerNS, store, false)
+	return creds, ok, err
+}
+
+// storeCredentials is StoreCredentials; with legacy set, a managed store
+// gives its admin password (the default user) instead of the sidecar
+// user, for sidecars that cannot read a user, and reports it in admin.
+func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store, legacy bool) (creds Credentials, ok, admin bool, err error) {
 	var cs v1alpha1.CounterStore
-	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); err == nil {
-		if ext := cs.Spec.External; ext != nil && ext.PasswordSecretRef != nil {
-			ref.ns, ref.name, ref.key = ext.PasswordSecretRef.Namespace, ext.PasswordSecretRef.Name, ext.PasswordSecretRef.Key
+	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); apierrors.IsNotFound(err) {
+		return Credentials{}, false, false, nil
+	} else if err != nil {
+		return Credentials{}, false, false, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
+	}
+	read := func(sns, name string) (*corev1.Secret, error) {
+		var s corev1.Secret
+		if err := apiReader.Get(ctx, client.ObjectKey{Namespace: sns, Name: name}, &s); err != nil {
+			return nil, fmt.Errorf("read the credentials of CounterStore %s from Secret %s/%s: %w", store.Name, sns, name, err)
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
+		return &s, nil
 	}
-	if ref.name == "" {
-		return []byte{}, nil
+	switch {
+	case cs.Spec.Managed != nil:
+		s, err := read(managerNS, counterstore.AuthSecretName(store.Name))
+		if err != nil {
+			return Credentials{}, false, false, err
+		}
+		pw := s.Data[counterstore.SidecarPasswordKey]
+		if len(pw) > 0 && !legacy {
+			return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, false, nil
+		}
+		adminPW, found := s.Data[counterstore.PasswordKey]
+		if !found {
+			return Credentials{}, false, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no key %q", managerNS, s.Name, store.Name, counterstore.PasswordKey)
+		}
+		return Credentials{Password: adminPW}, true, len(pw) > 0, nil
+	case cs.Spec.External != nil && cs.Spec.External.PasswordSecretRef != nil:
+		ref := cs.Spec.External.PasswordSecretRef
+		s, err := read(ref.Namespace, ref.Name)
+		if err != nil {
+			return Credentials{}, false, false, err
+		}
+		pw, found := s.Data[ref.Key]
+		if !found {
+			return Credentials{}, false, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+		}
+		return Credentials{Password: pw}, true, false, nil
 	}
-	var s corev1.Secret
-	if err := apiReader.Get(ctx, client.ObjectKey{Namespace: ref.ns, Name: ref.name}, &s); err != nil {
-		return nil, fmt.Errorf("read the password of CounterStore %s from Secret %s/%s: %w", store.Name, ref.ns, ref.name, err)
+	return Credentials{Password: []byte{}}, true, false, nil
+}
+
+// maxLegacyNames bounds the pod names a log line lists.
+const maxLegacyNames = 10
+
+// legacySidecars names the pods whose sidecar cannot read a store user.
+func legacySidecars(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		if injection.HasSidecar(&pods[i]) && !injection.ReadsStoreUser(&pods[i]) && len(out) < maxLegacyNames {
+			out = append(out, pods[i].Name)
+		}
 	}
-	pw, ok := s.Data[ref.key]
-	if !ok {
-		return nil, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.ns, ref.name, store.Name, ref.key)
-	}
-	return pw, nil
+	return out
 }
 
 // remove deletes this controller's objects from ns.

@@ -22,6 +22,9 @@ const (
 	SecretName = injection.StoreAuthSecret
 	// PasswordKey is the password's key in SecretName.
 	PasswordKey = config.StoreAuthKey
+	// UsernameKey is the store user's key in SecretName, when the store
+	// gives the sidecars a user of their own.
+	UsernameKey = config.StoreAuthUserKey
 
 	// ManagedByLabel and ComponentLabel mark the objects as this
 	// controller's; the manager's cache watches only objects that carry
@@ -42,9 +45,11 @@ func Labels() map[string]string {
 
 // Rules are what a sidecar may do in its namespace: read the one ConfigMap
 // it watches, and read and patch pod status to report its condition.
-// RBAC cannot narrow pods/status to the sidecar's own pod; the sidecar
-// only ever names its own (from the downward API), and a compromised
-// sidecar could at worst write status conditions of its namespace's pods.
+// RBAC cannot narrow pods/status to the sidecar's own pod; the
+// ValidatingAdmissionPolicy floodgate-sidecar-pod-status does (config/rbac,
+// and the Helm chart): in a namespace with this Role, a service account of
+// the namespace may patch only the status of the pod its token is bound
+// to, and only the floodgate.dev/policy-loaded condition in it.
 func Rules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{{
 		APIGroups:     []string{""},
@@ -58,10 +63,36 @@ func Rules() []rbacv1.PolicyRule {
 	}}
 }
 
-// Subject is the group of every service account of namespace ns: a pod's
-// sidecar runs with the pod's own service account, whichever it is.
-func Subject(ns string) rbacv1.Subject {
-	return rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:serviceaccounts:" + ns}
+// Subjects are the service accounts of the pods that run, or will run, a
+// sidecar in namespace ns (the names given, sorted and without
+// duplicates): a sidecar runs with its pod's own service account. Other
+// service accounts of the namespace get nothing.
+func Subjects(ns string, serviceAccounts []string) []rbacv1.Subject {
+	names := slices.Sorted(slices.Values(serviceAccounts))
+	names = slices.Compact(names)
+	out := make([]rbacv1.Subject, 0, len(names))
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		out = append(out, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: n, Namespace: ns})
+	}
+	return out
+}
+
+// ServiceAccounts returns the service accounts pods run with ("default"
+// for a pod that names none, as the ServiceAccount admission plugin and
+// the injector name it).
+func ServiceAccounts(pods []corev1.Pod) []string {
+	out := make([]string, 0, len(pods))
+	for i := range pods {
+		sa := pods[i].Spec.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		out = append(out, sa)
+	}
+	return out
 }
 
 // DesiredRole is the sidecars' Role in ns.
@@ -74,20 +105,42 @@ func DesiredRole(ns string) *rbacv1ac.RoleApplyConfiguration {
 	return r
 }
 
-// DesiredRoleBinding binds the Role to every service account of ns.
-func DesiredRoleBinding(ns string) *rbacv1ac.RoleBindingApplyConfiguration {
-	s := Subject(ns)
-	return rbacv1ac.RoleBinding(RoleName, ns).WithLabels(Labels()).
-		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(RoleName)).
-		WithSubjects(rbacv1ac.Subject().WithKind(s.Kind).WithAPIGroup(s.APIGroup).WithName(s.Name))
+// DesiredRoleBinding binds the Role to the service accounts of ns that
+// run sidecars (Subjects).
+func DesiredRoleBinding(ns string, serviceAccounts []string) *rbacv1ac.RoleBindingApplyConfiguration {
+	b := rbacv1ac.RoleBinding(RoleName, ns).WithLabels(Labels()).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(RoleName))
+	for _, s := range Subjects(ns, serviceAccounts) {
+		b.WithSubjects(rbacv1ac.Subject().WithKind(s.Kind).WithName(s.Name).WithNamespace(s.Namespace))
+	}
+	return b
 }
 
-// DesiredSecret is the mirrored store password of ns.
-func DesiredSecret(ns, store string, password []byte) *corev1ac.SecretApplyConfiguration {
+// Credentials are what the sidecars of a namespace authenticate to their
+// store with.
+type Credentials struct {
+	// Username is the Redis ACL user; empty for the default user.
+	Username string
+	// Password is the user's password; empty for a store without one.
+	Password []byte
+}
+
+// Data returns the Secret data that holds c: the password under
+// PasswordKey and, for an ACL user, its name under UsernameKey.
+func (c Credentials) Data() map[string][]byte {
+	d := map[string][]byte{PasswordKey: c.Password}
+	if c.Username != "" {
+		d[UsernameKey] = []byte(c.Username)
+	}
+	return d
+}
+
+// DesiredSecret is the mirrored store credentials of ns.
+func DesiredSecret(ns, store string, c Credentials) *corev1ac.SecretApplyConfiguration {
 	return corev1ac.Secret(SecretName, ns).WithLabels(Labels()).
 		WithAnnotations(map[string]string{StoreAnnotation: store}).
 		WithType(corev1.SecretTypeOpaque).
-		WithData(map[string][]byte{PasswordKey: password})
+		WithData(c.Data())
 }
 
 // roleUpToDate reports whether r already is DesiredRole.
@@ -99,9 +152,9 @@ func roleUpToDate(r *rbacv1.Role) bool {
 }
 
 // bindingUpToDate reports whether b already is DesiredRoleBinding.
-func bindingUpToDate(b *rbacv1.RoleBinding) bool {
+func bindingUpToDate(b *rbacv1.RoleBinding, serviceAccounts []string) bool {
 	return b.DeletionTimestamp == nil && hasLabels(b.Labels) && roleRefOK(b) &&
-		slices.Equal(b.Subjects, []rbacv1.Subject{Subject(b.Namespace)})
+		slices.Equal(b.Subjects, Subjects(b.Namespace, serviceAccounts))
 }
 
 // roleRefOK reports whether b refers to the Role; a roleRef cannot be
@@ -111,10 +164,10 @@ func roleRefOK(b *rbacv1.RoleBinding) bool {
 }
 
 // secretUpToDate reports whether s already is DesiredSecret.
-func secretUpToDate(s *corev1.Secret, store string, password []byte) bool {
+func secretUpToDate(s *corev1.Secret, store string, c Credentials) bool {
 	return s.DeletionTimestamp == nil && hasLabels(s.Labels) && s.Annotations[StoreAnnotation] == store &&
 		s.Type == corev1.SecretTypeOpaque && len(s.StringData) == 0 &&
-		maps.EqualFunc(s.Data, map[string][]byte{PasswordKey: password}, slices.Equal)
+		maps.EqualFunc(s.Data, c.Data(), slices.Equal)
 }
 
 func hasLabels(l map[string]string) bool {

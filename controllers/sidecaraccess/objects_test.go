@@ -38,14 +38,22 @@ func TestDesiredObjects(t *testing.T) {
 		!slices.Equal(role.Rules[0].ResourceNames, []string{"floodgate-policies"}) {
 		t.Errorf("DesiredRole = %+v", role)
 	}
-	b := DesiredRoleBinding("shop")
-	if *b.RoleRef.Name != RoleName || *b.RoleRef.Kind != "Role" || len(b.Subjects) != 1 ||
-		*b.Subjects[0].Kind != rbacv1.GroupKind || *b.Subjects[0].Name != "system:serviceaccounts:shop" {
-		t.Errorf("DesiredRoleBinding = %+v", b)
+	b := DesiredRoleBinding("shop", []string{"web", "api", "web"})
+	if *b.RoleRef.Name != RoleName || *b.RoleRef.Kind != "Role" || len(b.Subjects) != 2 ||
+		*b.Subjects[0].Kind != rbacv1.ServiceAccountKind || *b.Subjects[0].Name != "api" || *b.Subjects[0].Namespace != "shop" ||
+		*b.Subjects[1].Name != "web" {
+		t.Errorf("DesiredRoleBinding = %+v, want the service accounts api and web of shop", b)
 	}
-	s := DesiredSecret("shop", "default", []byte("pw"))
-	if *s.Name != SecretName || string(s.Data[PasswordKey]) != "pw" || s.Annotations[StoreAnnotation] != "default" {
+	if got := ServiceAccounts([]corev1.Pod{{Spec: corev1.PodSpec{ServiceAccountName: "api"}}, {}}); !slices.Equal(got, []string{"api", "default"}) {
+		t.Errorf("ServiceAccounts = %v, want api and default (a pod that names none)", got)
+	}
+	s := DesiredSecret("shop", "default", Credentials{Password: []byte("pw")})
+	if *s.Name != SecretName || string(s.Data[PasswordKey]) != "pw" || len(s.Data) != 1 || s.Annotations[StoreAnnotation] != "default" {
 		t.Errorf("DesiredSecret = %+v", s)
+	}
+	s = DesiredSecret("shop", "default", Credentials{Username: "floodgate-sidecar", Password: []byte("pw")})
+	if string(s.Data[UsernameKey]) != "floodgate-sidecar" || string(s.Data[PasswordKey]) != "pw" {
+		t.Errorf("DesiredSecret with a user = %+v", s)
 	}
 }
 
@@ -67,32 +75,37 @@ func TestUpToDate(t *testing.T) {
 		t.Error("a Role without the labels counts as up to date")
 	}
 
-	binding := &rbacv1.RoleBinding{ObjectMeta: meta, Subjects: []rbacv1.Subject{Subject("shop")},
+	sas := []string{"api"}
+	binding := &rbacv1.RoleBinding{ObjectMeta: meta, Subjects: Subjects("shop", sas),
 		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: RoleName}}
-	if !bindingUpToDate(binding) {
+	if !bindingUpToDate(binding, sas) {
 		t.Error("the desired RoleBinding is not up to date")
 	}
+	if bindingUpToDate(binding, []string{"api", "web"}) {
+		t.Error("a RoleBinding without a new pod's service account counts as up to date")
+	}
 	extra := binding.DeepCopy()
-	extra.Subjects = append(extra.Subjects, rbacv1.Subject{Kind: rbacv1.UserKind, Name: "mallory"})
-	if bindingUpToDate(extra) {
-		t.Error("a RoleBinding with an extra subject counts as up to date")
+	extra.Subjects = append(extra.Subjects, rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:serviceaccounts:shop"})
+	if bindingUpToDate(extra, sas) {
+		t.Error("a RoleBinding with an extra subject (the whole namespace) counts as up to date")
 	}
 	foreign := binding.DeepCopy()
 	foreign.RoleRef.Kind = "ClusterRole"
-	if roleRefOK(foreign) || bindingUpToDate(foreign) {
+	if roleRefOK(foreign) || bindingUpToDate(foreign, sas) {
 		t.Error("a RoleBinding to a ClusterRole counts as up to date")
 	}
 
 	sm := metav1.ObjectMeta{Name: SecretName, Namespace: "shop", Labels: Labels(), Annotations: map[string]string{StoreAnnotation: "default"}}
 	secret := &corev1.Secret{ObjectMeta: sm, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{PasswordKey: []byte("pw")}}
-	if !secretUpToDate(secret, "default", []byte("pw")) {
+	if !secretUpToDate(secret, "default", Credentials{Password: []byte("pw")}) {
 		t.Error("the desired Secret is not up to date")
 	}
-	if secretUpToDate(secret, "default", []byte("new")) || secretUpToDate(secret, "other", []byte("pw")) {
-		t.Error("a Secret with another password or store counts as up to date")
+	if secretUpToDate(secret, "default", Credentials{Password: []byte("new")}) || secretUpToDate(secret, "other", Credentials{Password: []byte("pw")}) ||
+		secretUpToDate(secret, "default", Credentials{Username: "floodgate-sidecar", Password: []byte("pw")}) {
+		t.Error("a Secret with another password, user or store counts as up to date")
 	}
 	empty := &corev1.Secret{ObjectMeta: sm, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{PasswordKey: nil}}
-	if !secretUpToDate(empty, "default", []byte{}) {
+	if !secretUpToDate(empty, "default", Credentials{Password: []byte{}}) {
 		t.Error("an empty password read back as nil is not up to date")
 	}
 }

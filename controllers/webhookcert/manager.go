@@ -81,8 +81,8 @@ const (
 	DefaultSyncInterval    = time.Minute
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,resourceNames=floodgate-sidecar-injector;floodgate-policy-validator,verbs=get;patch
 
 // Options configure a Manager.
 type Options struct {

@@ -36,6 +36,11 @@ type Config struct {
 	// Policies are the policies of the namespace. A sidecar enforces those
 	// whose PodSelector matches its own labels.
 	Policies []Policy `json:"policies"`
+	// Pods names, sorted, the pods that a policy's ReplicaPods index: the
+	// ready pods the policies target. A sidecar finds its own pod here by
+	// name (--pod-name) to learn its place among the replicas that share
+	// each policy's limit while the store is unreachable.
+	Pods []string `json:"pods,omitempty"`
 }
 
 // Store types.
@@ -54,7 +59,9 @@ type Store struct {
 	// Addresses are the Redis Cluster seed addresses, host:port.
 	Addresses []string `json:"addresses,omitempty"`
 	// AuthSecretName names the Secret, in the sidecar's namespace, that
-	// holds the store password under the key "password".
+	// holds the store password under the key "password" (and the store
+	// user, if any, under "username"): StoreAuthSecret, or empty for a
+	// store without a password.
 	AuthSecretName string `json:"authSecretName,omitempty"`
 	// TLS enables TLS to the store.
 	TLS *TLS `json:"tls,omitempty"`
@@ -85,27 +92,48 @@ type Policy struct {
 	// PodSelector selects the pods whose sidecars enforce this policy. Nil
 	// selects every pod.
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
-	// Replicas is the number of ready pods the policy targets. A rule that
-	// fails open falls back to a local bucket of limit/Replicas. 0 (unset)
-	// means 1; negative values are invalid.
+	// Replicas is the number of ready pods the policy targets. While the
+	// store is unreachable, a rule that fails open admits on each replica
+	// its share of the limit, so that the replicas together admit at most
+	// the limit (see ReplicaPods). 0 (unset) means 1; negative values are
+	// invalid.
 	Replicas int32 `json:"replicas"`
+	// ReplicaPods, when set, lists the indexes in Config.Pods of the
+	// replicas, in increasing order; Replicas is then its length. A
+	// sidecar's position in this list is its replica index, which
+	// staggers the replicas' fail-open shares so that no two spend the
+	// same share of the limit. A sidecar whose pod is not listed (it just
+	// became ready, or the list is absent) derives its index from a hash
+	// of its pod name.
+	ReplicaPods []int32 `json:"replicaPods,omitempty"`
 	// TrustedProxies says how X-Forwarded-For is read. Nil means the
 	// client IP is the socket peer.
 	TrustedProxies *TrustedProxies `json:"trustedProxies,omitempty"`
 	// JWT says how tokens are verified before their claims may key a rule.
 	JWT *JWT `json:"jwt,omitempty"`
+	// Exempt, when set, lists the requests none of the policy's HTTP rules
+	// limit (see Exempt).
+	Exempt *Exempt `json:"exempt,omitempty"`
 	// Rules are the policy's limits; at least one.
 	Rules []Rule `json:"rules"`
 }
 
-// TrustedProxies configures client-IP extraction.
+// TrustedProxies configures client-IP extraction. CIDRs is required:
+// nothing a client sends is believed unless the connection comes from a
+// trusted peer.
 type TrustedProxies struct {
-	// CIDRs are the proxies whose X-Forwarded-For entries are believed. The
-	// client IP is the right-most address not in these ranges.
+	// CIDRs are the proxies whose X-Forwarded-For entries (or Header) are
+	// believed. The client IP is the right-most address not in these
+	// ranges.
 	CIDRs []string `json:"cidrs,omitempty"`
 	// Hops, when non-zero, trusts exactly this many proxies in front of the
-	// pod: the client IP is the Hops-th address from the right.
+	// pod: the client IP is the Hops-th address from the right. The peer
+	// must still be inside CIDRs.
 	Hops int32 `json:"hops,omitempty"`
+	// Header, when set, names a header that trusted peers set to the
+	// client's address alone (X-Real-IP, True-Client-IP, ...), read
+	// instead of X-Forwarded-For. Excludes Hops.
+	Header string `json:"header,omitempty"`
 }
 
 // JWT configures the verification of bearer tokens.
@@ -123,6 +151,13 @@ type JWT struct {
 	// UpstreamVerified says a proxy in front of the pod already verified
 	// the token, so its claims are read without checking the signature.
 	UpstreamVerified bool `json:"upstreamVerified,omitempty"`
+	// OnInvalidToken says what a request whose token is present but does
+	// not verify (forged, expired, wrong issuer or audience, malformed)
+	// gets from a rule that keys on a jwtClaim: "Reject" (default)
+	// answers 401; "NextAlternative" keys it by the rule's next key
+	// alternative, as if it carried no token. An invalid token never
+	// makes a rule skip a request.
+	OnInvalidToken string `json:"onInvalidToken,omitempty"`
 }
 
 // Rule is one limit with the requests it applies to.
@@ -132,12 +167,18 @@ type Rule struct {
 	Name string `json:"name"`
 	// Match selects the requests the rule applies to.
 	Match Match `json:"match,omitempty"`
-	// Key lists the descriptor parts whose values identify a counter. An
-	// empty Key gives the rule one counter shared by every request.
+	// Key lists the descriptor parts whose values identify a counter: one
+	// key alternative. An empty Key, with no Keys, gives the rule one
+	// counter shared by every request (a global limit).
 	Key []KeyPart `json:"key"`
-	// OnMissingKey says what happens when a key part cannot be read from a
-	// request: "Skip" (default) means the rule does not apply, "Shared"
-	// counts all such requests in one counter, "Reject" answers 400.
+	// Keys, instead of Key, lists key alternatives in order: a request is
+	// keyed by the first alternative whose parts it all carries. Key is
+	// the same as Keys with one alternative. See KeyAlternatives.
+	Keys [][]KeyPart `json:"keys,omitempty"`
+	// OnMissingKey says what happens to a request that carries no
+	// complete key alternative: "Shared" (default) counts all such
+	// requests in one counter, "Reject" answers 400, "Skip" means the rule
+	// does not apply to it.
 	OnMissingKey string `json:"onMissingKey,omitempty"`
 	// Limit is the rule's limit.
 	Limit Limit `json:"limit"`
@@ -150,6 +191,28 @@ type Rule struct {
 	// Mode is "Enforce" (default) or "Shadow": count and report, never
 	// block.
 	Mode string `json:"mode,omitempty"`
+	// Exempt, when set, lists requests the rule matches but never limits
+	// (see Exempt). The policy's Exempt applies too.
+	Exempt *Exempt `json:"exempt,omitempty"`
+	// ReplacedBy lists the UIDs of other policies of the document. A
+	// sidecar that enforces any of them does not enforce this rule: a
+	// namespace's policy has replaced it there. floodgate-manager sets it
+	// on the rules of a ClusterRateLimitPolicy's defaults that a
+	// namespace's policy tightens.
+	ReplacedBy []string `json:"replacedBy,omitempty"`
+}
+
+// Exempt lists requests that a rule matches but never limits: the client
+// addresses in SourceCIDRs, and the requests for which every condition in
+// When holds. Either is enough. An exempt request spends nothing and is
+// counted in floodgate_sidecar_exempt_total.
+type Exempt struct {
+	// SourceCIDRs are client networks (the client IP read as the policy's
+	// TrustedProxies say).
+	SourceCIDRs []string `json:"sourceCIDRs,omitempty"`
+	// When are CEL conditions (see CompileExpression); the request is
+	// exempt when all of them hold.
+	When []string `json:"when,omitempty"`
 }
 
 // Match selects the requests a rule applies to. An empty Match selects all;
@@ -161,11 +224,22 @@ type Match struct {
 	Methods []string `json:"methods,omitempty"`
 	// Headers must all match.
 	Headers []HeaderMatch `json:"headers,omitempty"`
-	// Hosts, when non-empty, lists the accepted request hosts, lower-case:
-	// exact names, or wildcards "*.example.com" matching any name below
-	// example.com. The request's host is its Host (:authority) without
-	// the port, compared without case.
+	// Hosts, when non-empty, lists the accepted hosts (the Host header,
+	// or :authority, without its port, compared case-insensitively). An
+	// entry "*.example.com" matches every name that ends in
+	// ".example.com", with any number of labels before it, but not
+	// "example.com" itself, as a Gateway API hostname does.
 	Hosts []string `json:"hosts,omitempty"`
+	// Query must all match, on the request's query parameters.
+	Query []QueryMatch `json:"query,omitempty"`
+	// SourceCIDRs, when non-empty, restricts the rule to client addresses
+	// in these networks (the client IP read as the policy's TrustedProxies
+	// say).
+	SourceCIDRs []string `json:"sourceCIDRs,omitempty"`
+	// When are CEL conditions over the request (see CompileExpression);
+	// all must hold. A condition that cannot be evaluated on a request (it
+	// reads a header the request lacks, for example) does not hold.
+	When []string `json:"when,omitempty"`
 	// Descriptors, when set, makes the rule a descriptor rule: it applies
 	// to Envoy rate-limit service calls (ShouldRateLimit on the sidecar's
 	// gRPC listener), never to HTTP requests through the proxy. Path,
@@ -213,12 +287,18 @@ const (
 
 // PathMatch matches the request path, after the sidecar has cleaned it
 // (path.Clean, keeping a trailing slash), so "/a/../admin" and "//admin" are
-// matched as "/admin".
+// matched as "/admin". The sidecar forwards the cleaned path to the
+// application, so the application serves the path the rules matched.
 //
-// Exact compares the whole path. Prefix compares whole path elements, as the
-// Gateway API's PathPrefix does: "/api" matches "/api", "/api/" and
-// "/api/v1" but not "/apiv1"; a trailing slash in Value is ignored.
-// RegularExpression is an RE2 expression that must match the whole path.
+// Matching ignores ASCII case and a trailing slash, because many
+// applications serve "/login", "/login/" and "/LOGIN" alike, and a rule
+// that a client could sidestep by changing case or adding a slash would be
+// no limit. Exact compares the whole path. Prefix compares whole path
+// elements, as the Gateway API's PathPrefix does: "/api" matches "/api",
+// "/API/" and "/api/v1" but not "/apiv1". RegularExpression is an RE2
+// expression that must match the whole path, and is matched without
+// regard to case, against the path and against it without a trailing
+// slash.
 type PathMatch struct {
 	// Type is Exact, Prefix or RegularExpression.
 	Type string `json:"type"`
@@ -226,13 +306,38 @@ type PathMatch struct {
 	Value string `json:"value"`
 }
 
-// HeaderMatch matches a request header. Exact match on Value; an empty
-// Value only requires the header to be present.
+// HeaderMatch matches a request header. At most one of Value, Regex and
+// Absent is set; with none, the header only has to be present.
 type HeaderMatch struct {
 	// Name is the header name, matched case-insensitively.
 	Name string `json:"name"`
 	// Value, when set, must equal one of the header's values.
 	Value string `json:"value,omitempty"`
+	// Regex, when set, is an RE2 expression that must match one of the
+	// header's values whole.
+	Regex string `json:"regex,omitempty"`
+	// Absent requires the header to be missing.
+	Absent bool `json:"absent,omitempty"`
+	// Invert negates the match of Value, Regex or presence: the header
+	// matches when it is missing or none of its values match. It cannot
+	// go with Absent.
+	Invert bool `json:"invert,omitempty"`
+}
+
+// QueryMatch matches a query parameter, as HeaderMatch matches a header:
+// on each of the parameter's values, decoded. Parameter names are
+// case-sensitive.
+type QueryMatch struct {
+	// Name is the parameter's name.
+	Name string `json:"name"`
+	// Value, when set, must equal one of the parameter's values.
+	Value string `json:"value,omitempty"`
+	// Regex, when set, must match one of the parameter's values whole.
+	Regex string `json:"regex,omitempty"`
+	// Absent requires the parameter to be missing.
+	Absent bool `json:"absent,omitempty"`
+	// Invert negates the match of Value, Regex or presence.
+	Invert bool `json:"invert,omitempty"`
 }
 
 // KeyPart is one descriptor part. Exactly one field is set. The values read
@@ -245,8 +350,10 @@ type KeyPart struct {
 	// parameter is a missing part.
 	Query string `json:"query,omitempty"`
 	// ClientIP reads the client address: the socket peer, or the
-	// X-Forwarded-For entry that the policy's TrustedProxies select.
-	ClientIP *struct{} `json:"clientIP,omitempty"`
+	// X-Forwarded-For entry that the policy's TrustedProxies select. An
+	// IPv6 address is keyed by its network prefix (/64 by default), since
+	// one host commonly holds a whole /64.
+	ClientIP *ClientIPKey `json:"clientIP,omitempty"`
 	// JWTClaim reads a claim of the request's verified bearer token (see
 	// Policy.JWT). A dotted name ("org.id") reads a nested claim when no
 	// top-level claim has that exact name. A missing, unverifiable or
@@ -256,6 +363,37 @@ type KeyPart struct {
 	Path *struct{} `json:"path,omitempty"`
 	// Method reads the request method.
 	Method *struct{} `json:"method,omitempty"`
+	// Expression computes the value with a CEL expression (see
+	// CompileExpression) of type string, number or bool. An expression
+	// that cannot be evaluated on a request, or computes a value longer
+	// than MaxKeyValueLength bytes, is a missing part.
+	Expression string `json:"expression,omitempty"`
+}
+
+// ClientIPKey is a clientIP key part. Its zero value, written {}, keys
+// IPv4 clients by address and IPv6 clients by /64.
+type ClientIPKey struct {
+	// IPv4PrefixLength keys IPv4 clients by this many leading bits, 1-32;
+	// 0 means 32.
+	IPv4PrefixLength int32 `json:"ipv4PrefixLength,omitempty"`
+	// IPv6PrefixLength keys IPv6 clients by this many leading bits, 1-128;
+	// 0 means DefaultIPv6PrefixLength.
+	IPv6PrefixLength int32 `json:"ipv6PrefixLength,omitempty"`
+}
+
+// DefaultIPv6PrefixLength is the prefix an IPv6 client is keyed by when the
+// key part does not say: the /64 that one subscriber, host or container
+// network usually gets, so that rotating through its 2^64 addresses earns
+// no fresh counters.
+const DefaultIPv6PrefixLength = 64
+
+// KeyAlternatives returns the rule's key alternatives: Keys, or Key as the
+// only one (which may be empty: a global rule).
+func (r *Rule) KeyAlternatives() [][]KeyPart {
+	if len(r.Keys) > 0 {
+		return r.Keys
+	}
+	return [][]KeyPart{r.Key}
 }
 
 // Limit is a rule's limit.
@@ -278,6 +416,16 @@ type Limit struct {
 	// it stops a less specific rule from applying. Requests, Per, Burst and
 	// Algorithm must then be empty.
 	Unlimited bool `json:"unlimited,omitempty"`
+	// Lease is "Auto" (the default when empty): a sidecar that sees a key
+	// often takes a batch of its tokens from the store in one call and
+	// admits against it locally; or "Off": every request is decided on the
+	// shared count (strict). SlidingLog never leases.
+	Lease string `json:"lease,omitempty"`
+	// Split spreads each counter of the rule over this many sub-counters,
+	// each on its own Redis slot with 1/Split of the limit, for keys whose
+	// traffic exceeds what one shard can answer. 0 and 1 mean none; at
+	// most limiter.MaxSplit.
+	Split int32 `json:"split,omitempty"`
 }
 
 // Cost says what a request spends.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -234,5 +235,28 @@ func TestLimitCheck(t *testing.T) {
 		if strings.Join(paths, ",") != strings.Join(tc.paths, ",") {
 			t.Errorf("%+v: problems on %v, want %v", tc.l, paths, tc.paths)
 		}
+	}
+}
+
+func TestPartialMessage(t *testing.T) {
+	t.Parallel()
+	rev, failed, complete := ParsePartialMessage(PartialMessage("r1", []string{"a", "b"}))
+	if rev != "r1" || strings.Join(failed, ",") != "a,b" || !complete {
+		t.Errorf("round trip: %q %v %v", rev, failed, complete)
+	}
+	long := make([]string, 100)
+	for i := range long {
+		long[i] = fmt.Sprintf("policy-with-a-long-name-%02d", i)
+	}
+	msg := PartialMessage("r2", long)
+	if len(msg) > MaxPartialMessage {
+		t.Errorf("message of %d bytes, over %d", len(msg), MaxPartialMessage)
+	}
+	rev, failed, complete = ParsePartialMessage(msg)
+	if rev != "r2" || complete || len(failed) == 0 || !strings.HasPrefix(failed[0], "policy-with") || !strings.HasPrefix(failed[len(failed)-1], "policy-with") {
+		t.Errorf("cut list: %q %v %v", rev, failed, complete)
+	}
+	if _, _, ok := ParsePartialMessage("r1"); ok {
+		t.Errorf("a Loaded message parsed as partial")
 	}
 }

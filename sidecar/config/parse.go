@@ -19,6 +19,12 @@ const (
 	OnMissingKeyReject = "Reject"
 )
 
+// Values of JWT.OnInvalidToken.
+const (
+	OnInvalidTokenReject          = "Reject"
+	OnInvalidTokenNextAlternative = "NextAlternative"
+)
+
 // Values of Rule.FailureMode.
 const (
 	FailureOpen   = "Open"

@@ -1,5 +1,7 @@
 package config
 
+import "strings"
+
 // The pod contract: what floodgate-manager's injection webhook writes into
 // a pod and what floodgate-sidecar reads from it, and the pod condition
 // through which the sidecar reports back. Both planes take these names from
@@ -23,6 +25,9 @@ const ContainerName = "floodgate-sidecar"
 //
 // It is an untyped constant so that it converts to corev1.PodConditionType
 // without this package importing the Kubernetes API.
+//
+// With ReasonPartiallyLoaded, the message is PartialMessage: the revision
+// and the policies of it that this pod does not enforce.
 const ConditionPolicyLoaded = "floodgate.dev/policy-loaded"
 
 // Reasons of ConditionPolicyLoaded.
@@ -30,6 +35,10 @@ const (
 	// ReasonLoaded (True): the latest document of the ConfigMap is in
 	// force; the message is its revision.
 	ReasonLoaded = "Loaded"
+	// ReasonPartiallyLoaded (True): the latest document is in force but
+	// some of its policies could not be compiled here (a key file missing,
+	// for example) and are not enforced; the message is PartialMessage.
+	ReasonPartiallyLoaded = "PartiallyLoaded"
 	// ReasonRevisionRejected (True): the latest document was rejected and
 	// an earlier revision stays in force.
 	ReasonRevisionRejected = "RevisionRejected"
@@ -55,6 +64,9 @@ const (
 	// LabelsFile is the pod's labels, one key="value" per line, read with
 	// --pod-labels-file.
 	LabelsFile = PodInfoDir + "/labels"
+	// StoreAuthSecret is the Secret, in the sidecar's namespace, that
+	// holds the store credentials the sidecar uses; the manager keeps it.
+	StoreAuthSecret = "floodgate-store-auth"
 	// StoreAuthKey is the store password's key in its Secret.
 	StoreAuthKey = "password"
 	// StoreAuthDir is where the store password's Secret is mounted.
@@ -62,14 +74,82 @@ const (
 	// StoreAuthFile is the store password's file, read for every new Redis
 	// connection through EnvRedisPasswordFile.
 	StoreAuthFile = StoreAuthDir + "/" + StoreAuthKey
+	// StateDir is where the injector mounts the sidecar's own emptyDir and
+	// points --state-dir: the sidecar saves the config in force there and,
+	// when its container restarts, enforces it until the API server
+	// answers.
+	StateDir = "/var/run/floodgate/state"
+	// StoreAuthUserKey is the store user's key in the same Secret, when
+	// the store has users (Redis ACLs): a managed store's sidecar user.
+	// Without it the password is the default user's.
+	StoreAuthUserKey = "username"
+	// StoreAuthUserFile is the store user's file, read with the password
+	// through EnvRedisUsernameFile. A missing file means the default user.
+	StoreAuthUserFile = StoreAuthDir + "/" + StoreAuthUserKey
 
 	// EnvKubernetes ("true") selects the sidecar's Kubernetes mode: the
 	// ConfigMap watch and the pod condition.
 	EnvKubernetes = "FLOODGATE_KUBERNETES"
 	// EnvRedisPasswordFile is --redis-password-file's variable.
 	EnvRedisPasswordFile = "FLOODGATE_REDIS_PASSWORD_FILE"
+	// EnvRedisUsernameFile is --redis-username-file's variable.
+	EnvRedisUsernameFile = "FLOODGATE_REDIS_USERNAME_FILE"
 	// EnvPodNamespace and EnvPodName, set from the downward API, are the
 	// defaults of --namespace and --pod-name.
 	EnvPodNamespace = "POD_NAMESPACE"
 	EnvPodName      = "POD_NAME"
 )
+
+// MaxPartialMessage bounds a PartialMessage, within the pod condition
+// message the sidecar writes.
+const MaxPartialMessage = 1000
+
+// partialSep separates the revision from the policies in a PartialMessage.
+const partialSep = "; not loaded: "
+
+// moreMarker ends a PartialMessage whose list did not fit.
+const moreMarker = ", and more"
+
+// PartialMessage is the message of a ReasonPartiallyLoaded condition: the
+// revision in force, then the names of the policies not loaded,
+// "<revision>; not loaded: a, b". When the names do not fit in
+// MaxPartialMessage, the list ends with ", and more", and a reader must
+// then take every policy as not loaded.
+func PartialMessage(revision string, failed []string) string {
+	msg := revision + partialSep
+	for i, name := range failed {
+		next := name
+		if i > 0 {
+			next = ", " + name
+		}
+		if len(msg)+len(next)+len(moreMarker) > MaxPartialMessage {
+			if i == 0 {
+				return msg + strings.TrimPrefix(moreMarker, ", ")
+			}
+			return msg + moreMarker
+		}
+		msg += next
+	}
+	return msg
+}
+
+// ParsePartialMessage reads a PartialMessage: the revision in force, the
+// policies not loaded, and complete = false when the list was cut short
+// (every policy must then be taken as not loaded).
+func ParsePartialMessage(msg string) (revision string, failed []string, complete bool) {
+	revision, list, ok := strings.Cut(msg, partialSep)
+	if !ok {
+		return "", nil, false
+	}
+	complete = true
+	for _, name := range strings.Split(list, ", ") {
+		switch name {
+		case "":
+		case strings.TrimPrefix(moreMarker, ", "):
+			complete = false
+		default:
+			failed = append(failed, name)
+		}
+	}
+	return revision, failed, complete
+}

@@ -25,8 +25,20 @@ const (
 	MaxUIDLength = 64
 	// MaxRegexLength bounds a RegularExpression path match.
 	MaxRegexLength = 1024
-	// MaxKeyParts bounds the descriptor parts of one rule.
+	// MaxKeyParts bounds the descriptor parts of one key alternative.
 	MaxKeyParts = 8
+	// MaxKeyAlternatives bounds a rule's key alternatives (Keys).
+	MaxKeyAlternatives = 8
+	// MaxRulesPerPolicy bounds the rules of one policy.
+	MaxRulesPerPolicy = 1000
+	// MaxRules bounds the rules of a whole document, and so the rules a
+	// sidecar enforces: compiling, matching and reloading stay cheap
+	// below it (a reload of MaxRules rules takes well under a second).
+	MaxRules = 10000
+	// MaxPods bounds Config.Pods, and so a policy's ReplicaPods.
+	MaxPods = 10000
+	// MaxPodNameLength bounds a name in Config.Pods (a DNS subdomain).
+	MaxPodNameLength = 253
 	// MaxHops bounds TrustedProxies.Hops.
 	MaxHops = 32
 	// MaxDescriptorEntries bounds the entries of a descriptor match.
@@ -37,7 +49,26 @@ const (
 	// and the value of a descriptor match entry.
 	MaxDescriptorKeyLength   = 256
 	MaxDescriptorValueLength = 1024
+	// MaxConditions bounds a when list (match.when, exempt.when).
+	MaxConditions = 8
+	// MaxHosts bounds match.hosts.
+	MaxHosts = 16
+	// MaxHostLength bounds a host name, as DNS does.
+	MaxHostLength = 253
+	// MaxValueMatches bounds match.headers and match.query.
+	MaxValueMatches = 16
+	// MaxMatchNameLength bounds a header or query parameter name in a
+	// match, and MaxMatchValueLength its value.
+	MaxMatchNameLength  = 256
+	MaxMatchValueLength = 4096
+	// MaxCIDRs bounds a list of source networks.
+	MaxCIDRs = 64
 )
+
+// hostPattern is what a match.hosts entry may be: a lower-case DNS name,
+// or one whose first label is the wildcard "*". It is the Gateway API's
+// Hostname pattern.
+var hostPattern = regexp.MustCompile(`^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // FieldError is one problem in a document, with the path of the field at
 // fault, such as "policies[0].rules[2].limit.per".
@@ -75,12 +106,29 @@ func (c *Config) Validate() error {
 		errs.add("apiVersion", "must be %q, got %q", APIVersion, c.APIVersion)
 	}
 	c.Store.validate("store", &errs)
+	if len(c.Pods) > MaxPods {
+		errs.add("pods", "at most %d pods, got %d", MaxPods, len(c.Pods))
+	}
+	for i, name := range c.Pods {
+		if name == "" || len(name) > MaxPodNameLength || !printable(name) {
+			errs.add(fmt.Sprintf("pods[%d]", i), "must be a pod name of 1-%d characters, got %q", MaxPodNameLength, name)
+		} else if i > 0 && name <= c.Pods[i-1] {
+			errs.add(fmt.Sprintf("pods[%d]", i), "pods must be sorted and unique: %q follows %q", name, c.Pods[i-1])
+		}
+	}
+	rules := 0
+	for i := range c.Policies {
+		rules += len(c.Policies[i].Rules)
+	}
+	if rules > MaxRules {
+		errs.add("policies", "at most %d rules in all, got %d; split the policies over namespaces or merge rules", MaxRules, rules)
+	}
 	uids := map[string]int{}
 	names := map[string]int{}
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		path := fmt.Sprintf("policies[%d]", i)
-		p.validate(path, &errs)
+		p.validate(path, len(c.Pods), &errs)
 		if p.UID != "" {
 			if j, dup := uids[p.UID]; dup {
 				errs.add(path+".uid", "duplicates policies[%d].uid %q", j, p.UID)
@@ -94,6 +142,20 @@ func (c *Config) Validate() error {
 				errs.add(path+".name", "duplicates policies[%d] (%s)", j, id)
 			} else {
 				names[id] = i
+			}
+		}
+	}
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		for j := range p.Rules {
+			for k, uid := range p.Rules[j].ReplacedBy {
+				kp := fmt.Sprintf("policies[%d].rules[%d].replacedBy[%d]", i, j, k)
+				switch o, ok := uids[uid]; {
+				case !ok:
+					errs.add(kp, "no policy of this document has uid %q", uid)
+				case o == i:
+					errs.add(kp, "a policy cannot replace its own rule")
+				}
 			}
 		}
 	}
@@ -139,48 +201,29 @@ func ValidateAddress(a string) error {
 	return nil
 }
 
-func (p *Policy) validate(path string, errs *errList) {
+func (p *Policy) validate(path string, pods int, errs *errList) {
 	if !validName(p.Name) {
 		errs.add(path+".name", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxNameLength, p.Name)
 	}
 	if p.UID == "" || len(p.UID) > MaxUIDLength || !nameChars(p.UID) {
 		errs.add(path+".uid", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxUIDLength, p.UID)
 	}
-	if p.Replicas < 0 {
-		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
-	}
+	p.validateReplicas(path, pods, errs)
 	if p.PodSelector != nil {
 		if _, err := metav1.LabelSelectorAsSelector(p.PodSelector); err != nil {
 			errs.add(path+".podSelector", "%v", err)
 		}
 	}
-	if tp := p.TrustedProxies; tp != nil {
-		for i, c := range tp.CIDRs {
-			if _, err := netip.ParsePrefix(c); err != nil {
-				errs.add(fmt.Sprintf("%s.trustedProxies.cidrs[%d]", path, i), "%v", err)
-			}
-		}
-		if tp.Hops < 0 || tp.Hops > MaxHops {
-			errs.add(path+".trustedProxies.hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
-		}
-		if len(tp.CIDRs) == 0 && tp.Hops == 0 {
-			errs.add(path+".trustedProxies", "set cidrs, hops or both; omit trustedProxies to use the socket peer")
-		}
-	}
-	if j := p.JWT; j != nil {
-		jp := path + ".jwt"
-		if j.Header != "" && !validToken(j.Header) {
-			errs.add(jp+".header", "not a valid header name: %q", j.Header)
-		}
-		if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
-			errs.add(jp, "upstreamVerified excludes hmacSecretFile and jwksFile")
-		}
-		if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
-			errs.add(jp, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
-		}
+	p.TrustedProxies.validate(path+".trustedProxies", errs)
+	p.JWT.validate(path+".jwt", errs)
+	if p.Exempt != nil {
+		p.Exempt.validate(path+".exempt", p, errs)
 	}
 	if len(p.Rules) == 0 {
 		errs.add(path+".rules", "a policy needs at least one rule")
+	}
+	if len(p.Rules) > MaxRulesPerPolicy {
+		errs.add(path+".rules", "at most %d rules per policy, got %d", MaxRulesPerPolicy, len(p.Rules))
 	}
 	seen := map[string]int{}
 	for i := range p.Rules {
@@ -210,6 +253,73 @@ func (p *Policy) validate(path string, errs *errList) {
 				errs.add(kp, "rule %q is not a descriptor rule of domain %q", name, d.Domain)
 			}
 		}
+	}
+}
+
+// validateReplicas checks the policy's place among the replicas.
+func (p *Policy) validateReplicas(path string, pods int, errs *errList) {
+	if p.Replicas < 0 {
+		errs.add(path+".replicas", "must not be negative, got %d", p.Replicas)
+	}
+	if len(p.ReplicaPods) > 0 && int(p.Replicas) != len(p.ReplicaPods) {
+		errs.add(path+".replicas", "must equal the length of replicaPods, %d, got %d", len(p.ReplicaPods), p.Replicas)
+	}
+	for i, idx := range p.ReplicaPods {
+		switch {
+		case idx < 0 || int(idx) >= pods:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must index pods (0-%d), got %d", pods-1, idx)
+		case i > 0 && idx <= p.ReplicaPods[i-1]:
+			errs.add(fmt.Sprintf("%s.replicaPods[%d]", path, i), "must be increasing: %d follows %d", idx, p.ReplicaPods[i-1])
+		}
+	}
+}
+
+// validate checks trusted proxies at path; nil is valid.
+func (tp *TrustedProxies) validate(path string, errs *errList) {
+	if tp == nil {
+		return
+	}
+	for i, c := range tp.CIDRs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			errs.add(fmt.Sprintf("%s.cidrs[%d]", path, i), "%v", err)
+		}
+	}
+	if tp.Hops < 0 || tp.Hops > MaxHops {
+		errs.add(path+".hops", "must be between 0 and %d, got %d", MaxHops, tp.Hops)
+	}
+	if len(tp.CIDRs) == 0 {
+		// hops alone would believe X-Forwarded-For from any peer, so
+		// any client could name any address.
+		errs.add(path+".cidrs", "required: X-Forwarded-For is believed only from peers inside these ranges; omit trustedProxies to use the socket peer")
+	}
+	if tp.Header != "" {
+		if !validToken(tp.Header) {
+			errs.add(path+".header", "not a valid header name: %q", tp.Header)
+		}
+		if tp.Hops != 0 {
+			errs.add(path+".header", "a header holds one address: it excludes hops")
+		}
+	}
+}
+
+// validate checks the JWT settings at path; nil is valid.
+func (j *JWT) validate(path string, errs *errList) {
+	if j == nil {
+		return
+	}
+	if j.Header != "" && !validToken(j.Header) {
+		errs.add(path+".header", "not a valid header name: %q", j.Header)
+	}
+	if j.UpstreamVerified && (j.HMACSecretFile != "" || j.JWKSFile != "") {
+		errs.add(path, "upstreamVerified excludes hmacSecretFile and jwksFile")
+	}
+	if !j.UpstreamVerified && j.HMACSecretFile == "" && j.JWKSFile == "" {
+		errs.add(path, "set hmacSecretFile, jwksFile, or upstreamVerified: claims are only read from verified tokens")
+	}
+	switch j.OnInvalidToken {
+	case "", OnInvalidTokenReject, OnInvalidTokenNextAlternative:
+	default:
+		errs.add(path+".onInvalidToken", "must be %s or %s, got %q", OnInvalidTokenReject, OnInvalidTokenNextAlternative, j.OnInvalidToken)
 	}
 }
 
@@ -253,7 +363,7 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if !validName(r.Name) {
 		errs.add(path+".name", "must be 1-%d letters, digits, '-', '_' or '.', got %q", MaxNameLength, r.Name)
 	}
-	r.Match.validate(path+".match", errs)
+	r.Match.validate(path+".match", p, errs)
 	if r.Match.Descriptors != nil {
 		r.validateDescriptorRule(path, errs)
 		return
@@ -261,11 +371,144 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 	if r.Limit.Unlimited {
 		errs.add(path+".limit.unlimited", "only a descriptor rule (match.descriptors) can be unlimited")
 	}
-	if len(r.Key) > MaxKeyParts {
-		errs.add(path+".key", "at most %d parts, got %d", MaxKeyParts, len(r.Key))
+	switch {
+	case len(r.Keys) > 0 && len(r.Key) > 0:
+		errs.add(path+".keys", "set key or keys, not both")
+	case len(r.Keys) > MaxKeyAlternatives:
+		errs.add(path+".keys", "at most %d alternatives, got %d", MaxKeyAlternatives, len(r.Keys))
 	}
-	for i, k := range r.Key {
-		kp := fmt.Sprintf("%s.key[%d]", path, i)
+	if len(r.Keys) == 0 {
+		validateKey(r.Key, path+".key", p, errs)
+	}
+	for i, alt := range r.Keys {
+		validateKey(alt, fmt.Sprintf("%s.keys[%d]", path, i), p, errs)
+		if len(alt) == 0 && i < len(r.Keys)-1 {
+			errs.add(fmt.Sprintf("%s.keys[%d]", path, i), "an empty alternative keys every request, so the alternatives after it would never be used: it may only be the last")
+		}
+	}
+	switch r.OnMissingKey {
+	case "", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject:
+	default:
+		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeyShared, OnMissingKeyReject, OnMissingKeySkip, r.OnMissingKey)
+	}
+	lim, problems := r.Limit.Check()
+	errs.addLimit(path+".limit", problems)
+	if len(problems) == 0 {
+		errs.addLimit(path+".limit", r.Limit.CheckSpread(lim))
+	}
+	c := r.Cost
+	if c.FromHeader != "" && !validToken(c.FromHeader) {
+		errs.add(path+".cost.fromHeader", "not a valid header name: %q", c.FromHeader)
+	}
+	if c.Default < 0 {
+		errs.add(path+".cost.default", "must not be negative, got %d", c.Default)
+	}
+	if c.Max < 0 {
+		errs.add(path+".cost.max", "must not be negative, got %d", c.Max)
+	}
+	if len(problems) == 0 {
+		capacity := r.Limit.PartCapacity(lim)
+		if c.Default > capacity {
+			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d%s, so every request would be denied", c.Default, capacity, r.Limit.splitNote())
+		}
+		if c.Max > capacity {
+			errs.add(path+".cost.max", "%d exceeds the rule's capacity %d%s", c.Max, capacity, r.Limit.splitNote())
+		}
+	}
+	if c.Max > 0 && c.Default > c.Max {
+		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
+	}
+	if r.Exempt != nil {
+		r.Exempt.validate(path+".exempt", p, errs)
+	}
+	for i, uid := range r.ReplacedBy {
+		if uid == "" || len(uid) > MaxUIDLength || !nameChars(uid) {
+			errs.add(fmt.Sprintf("%s.replacedBy[%d]", path, i), "must be a policy uid, got %q", uid)
+		}
+	}
+	r.validateModes(path, errs)
+}
+
+// validate checks an exempt section of a policy or rule.
+func (x *Exempt) validate(path string, p *Policy, errs *errList) {
+	if len(x.SourceCIDRs) == 0 && len(x.When) == 0 {
+		errs.add(path, "set sourceCIDRs, when, or both")
+	}
+	validateCIDRs(path+".sourceCIDRs", x.SourceCIDRs, errs)
+	validateConditions(path+".when", x.When, p, errs)
+}
+
+// validateCIDRs checks a list of networks.
+func validateCIDRs(path string, cidrs []string, errs *errList) {
+	if len(cidrs) > MaxCIDRs {
+		errs.add(path, "at most %d networks, got %d", MaxCIDRs, len(cidrs))
+	}
+	for i, c := range cidrs {
+		prefix, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "must be a CIDR such as 10.0.0.0/8 or fd00::/8, got %q", c)
+		case prefix.Masked() != prefix:
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "must have no host bits set: %q is %s", c, prefix.Masked())
+		}
+	}
+}
+
+// validateConditions checks a when list.
+func validateConditions(path string, when []string, p *Policy, errs *errList) {
+	if len(when) > MaxConditions {
+		errs.add(path, "at most %d conditions, got %d", MaxConditions, len(when))
+	}
+	for i, w := range when {
+		validateExpression(fmt.Sprintf("%s[%d]", path, i), w, Condition, p, errs)
+	}
+}
+
+// validateExpression compiles one CEL expression of policy p.
+func validateExpression(path, expr string, kind ExpressionKind, p *Policy, errs *errList) {
+	e, err := CompileExpression(expr, kind)
+	if err != nil {
+		errs.add(path, "%v", err)
+		return
+	}
+	if e.Claims && p.JWT == nil {
+		errs.add(path, "reads auth.claims, but the policy has no jwt section to verify tokens with")
+	}
+}
+
+// validateValueMatch checks a header or query match.
+func validateValueMatch(path, value, regex string, absent, invert bool, errs *errList) {
+	set := 0
+	for _, ok := range []bool{value != "", regex != "", absent} {
+		if ok {
+			set++
+		}
+	}
+	if set > 1 {
+		errs.add(path, "set at most one of value, regex and absent")
+	}
+	if absent && invert {
+		errs.add(path+".invert", "cannot go with absent; to require the header or parameter, leave both unset")
+	}
+	if len(value) > MaxMatchValueLength {
+		errs.add(path+".value", "at most %d characters, got %d", MaxMatchValueLength, len(value))
+	}
+	if regex != "" {
+		if len(regex) > MaxRegexLength {
+			errs.add(path+".regex", "at most %d characters, got %d", MaxRegexLength, len(regex))
+		} else if _, err := regexp.Compile(regex); err != nil {
+			errs.add(path+".regex", "not a valid RE2 regular expression: %v", err)
+		}
+	}
+}
+
+// validateKey checks one key alternative.
+func validateKey(parts []KeyPart, path string, p *Policy, errs *errList) {
+	if len(parts) > MaxKeyParts {
+		errs.add(path, "at most %d parts, got %d", MaxKeyParts, len(parts))
+	}
+	for i, k := range parts {
+		kp := fmt.Sprintf("%s[%d]", path, i)
 		set := 0
 		if k.Header != "" {
 			set++
@@ -276,8 +519,14 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 		if k.Query != "" {
 			set++
 		}
-		if k.ClientIP != nil {
+		if ip := k.ClientIP; ip != nil {
 			set++
+			if ip.IPv4PrefixLength < 0 || ip.IPv4PrefixLength > 32 {
+				errs.add(kp+".clientIP.ipv4PrefixLength", "must be between 1 and 32, got %d", ip.IPv4PrefixLength)
+			}
+			if ip.IPv6PrefixLength < 0 || ip.IPv6PrefixLength > 128 {
+				errs.add(kp+".clientIP.ipv6PrefixLength", "must be between 1 and 128, got %d", ip.IPv6PrefixLength)
+			}
 		}
 		if k.JWTClaim != "" {
 			set++
@@ -291,51 +540,32 @@ func (r *Rule) validate(path string, p *Policy, errs *errList) {
 		if k.Method != nil {
 			set++
 		}
+		if k.Expression != "" {
+			set++
+			validateExpression(kp+".expression", k.Expression, KeyValue, p, errs)
+		}
 		if set != 1 {
-			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method; %d are set", set)
+			errs.add(kp, "set exactly one of header, query, clientIP, jwtClaim, path, method, expression; %d are set", set)
 		}
 	}
-	switch r.OnMissingKey {
-	case "", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject:
-	default:
-		errs.add(path+".onMissingKey", "must be %s, %s or %s, got %q", OnMissingKeySkip, OnMissingKeyShared, OnMissingKeyReject, r.OnMissingKey)
-	}
-	lim, problems := r.Limit.Check()
-	errs.addLimit(path+".limit", problems)
-	c := r.Cost
-	if c.FromHeader != "" && !validToken(c.FromHeader) {
-		errs.add(path+".cost.fromHeader", "not a valid header name: %q", c.FromHeader)
-	}
-	if c.Default < 0 {
-		errs.add(path+".cost.default", "must not be negative, got %d", c.Default)
-	}
-	if c.Max < 0 {
-		errs.add(path+".cost.max", "must not be negative, got %d", c.Max)
-	}
-	if len(problems) == 0 {
-		capacity := lim.Capacity()
-		if c.Default > capacity {
-			errs.add(path+".cost.default", "%d exceeds the rule's capacity %d, so every request would be denied", c.Default, capacity)
-		}
-		if c.Max > capacity {
-			errs.add(path+".cost.max", "%d exceeds the rule's capacity %d", c.Max, capacity)
-		}
-	}
-	if c.Max > 0 && c.Default > c.Max {
-		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
-	}
-	r.validateModes(path, errs)
 }
 
 // validateDescriptorRule checks a rule with match.descriptors.
 func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	m := &r.Match
-	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 || len(m.Hosts) > 0 {
-		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods, headers and hosts must be empty")
+	if m.Path != nil || len(m.Methods) > 0 || len(m.Headers) > 0 || len(m.Hosts) > 0 || len(m.Query) > 0 ||
+		len(m.SourceCIDRs) > 0 || len(m.When) > 0 {
+		errs.add(path+".match", "a descriptor rule matches Envoy rate-limit descriptors only: path, methods, headers, hosts, query, sourceCIDRs and when must be empty")
+	}
+	if r.Exempt != nil {
+		errs.add(path+".exempt", "a descriptor rule sees no request head to exempt by; match the descriptor entries instead")
+	}
+	if len(r.ReplacedBy) > 0 {
+		errs.add(path+".replacedBy", "only an HTTP rule can be replaced")
 	}
 	m.Descriptors.validate(path+".match.descriptors", errs)
-	if len(r.Key) > 0 {
-		errs.add(path+".key", "a descriptor rule is keyed by the descriptor's values: key must be empty")
+	if len(r.Key) > 0 || len(r.Keys) > 0 {
+		errs.add(path+".key", "a descriptor rule is keyed by the descriptor's values: key and keys must be empty")
 	}
 	if r.OnMissingKey != "" {
 		errs.add(path+".onMissingKey", "not used by a descriptor rule")
@@ -346,16 +576,23 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	l := r.Limit
 	switch {
 	case l.Unlimited:
-		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" {
-			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst or algorithm")
+		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" || l.Lease != "" || l.Split != 0 {
+			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst, algorithm, lease or split")
 		}
 	case l.Requests == 0:
 		// Denies every call; the limit still needs a valid period.
 		l.Requests = 1
+		if l.Split > 1 {
+			errs.add(path+".limit.split", "a rule of 0 requests denies every call and has nothing to split")
+			l.Split = 0
+		}
 		fallthrough
 	default:
-		_, problems := l.Check()
+		lim, problems := l.Check()
 		errs.addLimit(path+".limit", problems)
+		if len(problems) == 0 {
+			errs.addLimit(path+".limit", l.CheckSpread(lim))
+		}
 	}
 	r.validateModes(path, errs)
 }
@@ -374,7 +611,7 @@ func (r *Rule) validateModes(path string, errs *errList) {
 	}
 }
 
-func (m *Match) validate(path string, errs *errList) {
+func (m *Match) validate(path string, p *Policy, errs *errList) {
 	if pm := m.Path; pm != nil {
 		switch pm.Type {
 		case PathExact, PathPrefix:
@@ -391,21 +628,41 @@ func (m *Match) validate(path string, errs *errList) {
 			errs.add(path+".path.type", "must be %s, %s or %s, got %q", PathExact, PathPrefix, PathRegularExpression, pm.Type)
 		}
 	}
-	for i, h := range m.Hosts {
-		if !ValidHostPattern(h) {
-			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "must be a lower-case DNS name or a wildcard *.<name>, got %q", h)
-		}
-	}
 	for i, meth := range m.Methods {
 		if !validToken(meth) || strings.ToUpper(meth) != meth {
 			errs.add(fmt.Sprintf("%s.methods[%d]", path, i), "must be an upper-case method token, got %q", meth)
 		}
 	}
+	if len(m.Headers) > MaxValueMatches {
+		errs.add(path+".headers", "at most %d entries, got %d", MaxValueMatches, len(m.Headers))
+	}
 	for i, h := range m.Headers {
-		if !validToken(h.Name) {
-			errs.add(fmt.Sprintf("%s.headers[%d].name", path, i), "not a valid header name: %q", h.Name)
+		hp := fmt.Sprintf("%s.headers[%d]", path, i)
+		if !validToken(h.Name) || len(h.Name) > MaxMatchNameLength {
+			errs.add(hp+".name", "not a valid header name: %q", h.Name)
+		}
+		validateValueMatch(hp, h.Value, h.Regex, h.Absent, h.Invert, errs)
+	}
+	if len(m.Query) > MaxValueMatches {
+		errs.add(path+".query", "at most %d entries, got %d", MaxValueMatches, len(m.Query))
+	}
+	for i, q := range m.Query {
+		qp := fmt.Sprintf("%s.query[%d]", path, i)
+		if q.Name == "" || len(q.Name) > MaxMatchNameLength || !printable(q.Name) {
+			errs.add(qp+".name", "must be 1-%d printable characters, got %q", MaxMatchNameLength, q.Name)
+		}
+		validateValueMatch(qp, q.Value, q.Regex, q.Absent, q.Invert, errs)
+	}
+	if len(m.Hosts) > MaxHosts {
+		errs.add(path+".hosts", "at most %d hosts, got %d", MaxHosts, len(m.Hosts))
+	}
+	for i, h := range m.Hosts {
+		if len(h) > MaxHostLength || !hostPattern.MatchString(h) {
+			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "must be a lower-case DNS name such as api.example.com, or a wildcard such as *.example.com, got %q", h)
 		}
 	}
+	validateCIDRs(path+".sourceCIDRs", m.SourceCIDRs, errs)
+	validateConditions(path+".when", m.When, p, errs)
 }
 
 // Limiter converts l to the limiter's form and validates it. The error
@@ -481,26 +738,6 @@ func validToken(s string) bool {
 		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
 		default:
 			return false
-		}
-	}
-	return true
-}
-
-// ValidHostPattern reports whether h is a lower-case DNS name, or "*."
-// followed by one: a match.hosts entry.
-func ValidHostPattern(h string) bool {
-	h = strings.TrimPrefix(h, "*.")
-	if h == "" || len(h) > 253 || strings.ToLower(h) != h {
-		return false
-	}
-	for _, label := range strings.Split(h, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for _, c := range label {
-			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
-				return false
-			}
 		}
 	}
 	return true

@@ -16,11 +16,23 @@ type Update struct {
 	Err    error
 	Origin string
 	// Result, when set, is called once the runner has applied or rejected
-	// the update, before deliver returns: inForce is the revision in force
-	// afterwards (empty when none), err is nil when the update was applied
-	// and the reason it was rejected otherwise. The Kubernetes source
-	// reports it as the pod's policy-loaded condition.
-	Result func(inForce string, err error)
+	// the update, before deliver returns. The Kubernetes source reports it
+	// as the pod's policy-loaded condition.
+	Result func(Outcome)
+}
+
+// Outcome is what the runner did with an update.
+type Outcome struct {
+	// InForce is the revision in force afterwards; empty when none.
+	InForce string
+	// Err is nil when the update was applied, and the reason it was
+	// rejected otherwise.
+	Err error
+	// Failed names (by name within the namespace, as the manager's
+	// Programmed condition looks them up) the policies of the revision in
+	// force that this sidecar could not compile and does not enforce;
+	// each policy compiles on its own, and the others are in force.
+	Failed []string
 }
 
 // Source delivers config documents. The standalone sidecar watches a file;

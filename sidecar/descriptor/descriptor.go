@@ -21,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/expr"
 )
 
 // Policy is what the key parts of one policy's rules share: how the client
@@ -31,6 +32,10 @@ type Policy struct {
 	Index int
 	IP    *IPResolver
 	JWT   *JWTVerifier
+	// InvalidTokenNext makes a token that is present but does not verify
+	// count as absent, so that the next key alternative keys the request,
+	// instead of answering 401 (jwt.onInvalidToken NextAlternative).
+	InvalidTokenNext bool
 }
 
 // NewPolicy builds the extraction context of a policy. index is the
@@ -45,18 +50,21 @@ func NewPolicy(index int, p *config.Policy) (*Policy, error) {
 		if out.JWT, err = NewJWTVerifier(p.JWT); err != nil {
 			return nil, fmt.Errorf("jwt: %w", err)
 		}
+		out.InvalidTokenNext = p.JWT.OnInvalidToken == config.OnInvalidTokenNextAlternative
 	}
 	return out, nil
 }
 
-// Missing says what a rule does when a key part is absent.
+// Missing says what a rule does with a request that carries no complete
+// key alternative.
 type Missing uint8
 
-// The OnMissingKey behaviours.
+// The OnMissingKey behaviours. The zero value is Shared, the default: no
+// request escapes a rule because it lacks a key.
 const (
-	MissingSkip Missing = iota
-	MissingShared
+	MissingShared Missing = iota
 	MissingReject
+	MissingSkip
 )
 
 type partKind uint8
@@ -68,12 +76,21 @@ const (
 	kindJWTClaim
 	kindPath
 	kindMethod
+	kindExpression
+	// altMarker, followed by the alternative's index, starts the hash
+	// input of every alternative but the first, so that equal values
+	// under different alternatives never share a counter while the first
+	// alternative's keys stay what they were before alternatives existed.
+	altMarker   = 0xfe
 	kindMissing = 0xff
 )
 
 type part struct {
 	kind partKind
-	name string // canonical header, query name or claim
+	name string        // canonical header, query name or claim
+	prog *expr.Program // kindExpression
+	// v4, v6 are the prefix lengths a clientIP part keys by.
+	v4, v6 int
 }
 
 // Extractor computes one rule's counter key. It is immutable and safe for
@@ -81,7 +98,7 @@ type part struct {
 type Extractor struct {
 	prefix  string
 	policy  *Policy
-	parts   []part
+	alts    [][]part
 	missing Missing
 }
 
@@ -89,41 +106,89 @@ type Extractor struct {
 func NewExtractor(pol *Policy, p *config.Policy, r *config.Rule) (*Extractor, error) {
 	e := &Extractor{prefix: p.UID + ":" + r.Name + ":", policy: pol}
 	switch r.OnMissingKey {
-	case "", config.OnMissingKeySkip:
-		e.missing = MissingSkip
-	case config.OnMissingKeyShared:
+	case "", config.OnMissingKeyShared:
 		e.missing = MissingShared
+	case config.OnMissingKeySkip:
+		e.missing = MissingSkip
 	case config.OnMissingKeyReject:
 		e.missing = MissingReject
 	default:
 		return nil, fmt.Errorf("onMissingKey: unknown value %q", r.OnMissingKey)
 	}
-	for i, k := range r.Key {
-		switch {
-		case k.Header != "":
-			e.parts = append(e.parts, part{kind: kindHeader, name: http.CanonicalHeaderKey(k.Header)})
-		case k.Query != "":
-			e.parts = append(e.parts, part{kind: kindQuery, name: k.Query})
-		case k.ClientIP != nil:
-			e.parts = append(e.parts, part{kind: kindClientIP})
-		case k.JWTClaim != "":
-			if pol.JWT == nil {
-				return nil, fmt.Errorf("key[%d].jwtClaim: the policy has no jwt section", i)
+	field := "key"
+	if len(r.Keys) > 0 {
+		field = "keys"
+	}
+	for a, alt := range r.KeyAlternatives() {
+		parts := make([]part, 0, len(alt))
+		for i, k := range alt {
+			at := fmt.Sprintf("%s[%d]", field, i)
+			if field == "keys" {
+				at = fmt.Sprintf("keys[%d][%d]", a, i)
 			}
-			e.parts = append(e.parts, part{kind: kindJWTClaim, name: k.JWTClaim})
-		case k.Path != nil:
-			e.parts = append(e.parts, part{kind: kindPath})
-		case k.Method != nil:
-			e.parts = append(e.parts, part{kind: kindMethod})
-		default:
-			return nil, fmt.Errorf("key[%d]: no part set", i)
+			switch {
+			case k.Header != "":
+				parts = append(parts, part{kind: kindHeader, name: http.CanonicalHeaderKey(k.Header)})
+			case k.Query != "":
+				parts = append(parts, part{kind: kindQuery, name: k.Query})
+			case k.ClientIP != nil:
+				pt := part{kind: kindClientIP, v4: 32, v6: config.DefaultIPv6PrefixLength}
+				if n := k.ClientIP.IPv4PrefixLength; n > 0 {
+					pt.v4 = int(n)
+				}
+				if n := k.ClientIP.IPv6PrefixLength; n > 0 {
+					pt.v6 = int(n)
+				}
+				if pt.v4 > 32 || pt.v6 > 128 {
+					return nil, fmt.Errorf("%s.clientIP: prefix lengths must be at most 32 (IPv4) and 128 (IPv6)", at)
+				}
+				parts = append(parts, pt)
+			case k.JWTClaim != "":
+				if pol.JWT == nil {
+					return nil, fmt.Errorf("%s.jwtClaim: the policy has no jwt section", at)
+				}
+				parts = append(parts, part{kind: kindJWTClaim, name: k.JWTClaim})
+			case k.Path != nil:
+				parts = append(parts, part{kind: kindPath})
+			case k.Method != nil:
+				parts = append(parts, part{kind: kindMethod})
+			case k.Expression != "":
+				prog, err := expr.CompileKey(k.Expression)
+				if err != nil {
+					return nil, fmt.Errorf("%s.expression: %w", at, err)
+				}
+				parts = append(parts, part{kind: kindExpression, name: k.Expression, prog: prog})
+			default:
+				return nil, fmt.Errorf("%s: no part set", at)
+			}
 		}
+		e.alts = append(e.alts, parts)
+	}
+	if len(e.alts) > 0xff-1 {
+		return nil, fmt.Errorf("%s: too many alternatives", field)
 	}
 	return e, nil
 }
 
 // Prefix returns the fixed start of the rule's keys, "<uid>:<rule>:".
 func (e *Extractor) Prefix() string { return e.prefix }
+
+// AppendNormalizedPath appends to dst the form in which rules compare a
+// cleaned path (match.CleanPath) and a path key part counts it: ASCII
+// lower case, without a trailing slash ("/" stays "/").
+func AppendNormalizedPath(dst []byte, p string) []byte {
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
 
 // Request is one request being keyed, with the values several rules share
 // computed once. It is not safe for concurrent use; reuse it with Reset.
@@ -135,9 +200,14 @@ type Request struct {
 	ips    []netip.Addr
 	ipDone []bool
 	claims []jwt.MapClaims
+	jwtErr []error
 	jwtOK  []bool
 	buf    []byte
 	memo   [2]keyMemo
+
+	// views are the per-policy inputs of CEL expressions (request.go).
+	views []view
+	head  head
 }
 
 // keyMemo remembers a key computed with a Request: a Request kept for a
@@ -155,7 +225,10 @@ func (r *Request) Reset(req *http.Request, path string, npolicies int) {
 	r.ips = resize(r.ips, npolicies)
 	r.ipDone = resize(r.ipDone, npolicies)
 	r.claims = resize(r.claims, npolicies)
+	r.jwtErr = resize(r.jwtErr, npolicies)
 	r.jwtOK = resize(r.jwtOK, npolicies)
+	r.views = resize(r.views, npolicies)
+	r.head = head{}
 }
 
 func resize[T any](s []T, n int) []T {
@@ -176,16 +249,18 @@ func (r *Request) ClientIP(p *Policy) netip.Addr {
 	return r.ips[p.Index]
 }
 
-// Claims returns the verified claims under a policy, or nil.
-func (r *Request) Claims(p *Policy) jwt.MapClaims {
+// Claims returns the verified claims under a policy, or nil. err is an
+// *InvalidTokenError when the request carries a token that does not
+// verify; a request without a token has neither claims nor error.
+func (r *Request) Claims(p *Policy) (jwt.MapClaims, error) {
 	if p.JWT == nil {
-		return nil
+		return nil, nil
 	}
 	if !r.jwtOK[p.Index] {
-		r.claims[p.Index] = p.JWT.Claims(r.HTTP.Header)
+		r.claims[p.Index], r.jwtErr[p.Index] = p.JWT.Verify(r.HTTP.Header)
 		r.jwtOK[p.Index] = true
 	}
-	return r.claims[p.Index]
+	return r.claims[p.Index], r.jwtErr[p.Index]
 }
 
 // MissingError reports a key part that a rule with OnMissingKey Reject
@@ -197,12 +272,73 @@ type MissingError struct {
 // Error implements error.
 func (e *MissingError) Error() string { return "missing rate-limit key part: " + e.Part }
 
-// Key returns the rule's counter key for the request. ok is false when a
-// part is missing and the rule is skipped; err is a *MissingError when a
-// part is missing and the rule rejects.
+// Key returns the rule's counter key for the request: the key of the first
+// alternative whose parts the request all carries, or, when none does, what
+// the rule's OnMissingKey says. ok is false when the rule is skipped. err
+// is a *MissingError when the rule rejects a request without a key, and an
+// *InvalidTokenError when the request's bearer token does not verify and
+// the token is needed: a rule never skips a request because of a bad
+// token.
 func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
-	buf := r.buf[:0]
-	for _, p := range e.parts {
+	var badToken error
+	for a, alt := range e.alts {
+		buf := r.buf[:0]
+		if a > 0 {
+			buf = append(buf, altMarker, byte(a))
+		}
+		var found bool
+		buf, found, err = e.appendAlt(r, alt, buf, false)
+		r.buf = buf
+		if found {
+			return e.keyOf(r, buf), true, nil
+		}
+		if err != nil {
+			if !e.policy.InvalidTokenNext {
+				return "", false, err
+			}
+			badToken = err
+		}
+	}
+	switch {
+	case e.missing == MissingShared:
+		// Every request without a key shares one value per missing part
+		// of the first alternative.
+		buf, _, _ := e.appendAlt(r, e.alts[0], r.buf[:0], true)
+		r.buf = buf
+		return e.keyOf(r, buf), true, nil
+	case badToken != nil:
+		return "", false, badToken
+	case e.missing == MissingReject:
+		return "", false, &MissingError{Part: e.firstMissing(r)}
+	}
+	return "", false, nil
+}
+
+// keyOf returns the counter key of the hash input material, from r's memo
+// when one of its last two keys had the same material.
+func (e *Extractor) keyOf(r *Request, material []byte) string {
+	for i := range r.memo {
+		if m := &r.memo[i]; m.e == e && string(m.material) == string(material) {
+			return m.key
+		}
+	}
+	h := Sum(material)
+	key := h.Key(e.prefix)
+	// Replace the older memo, reusing its buffer.
+	old := r.memo[1].material
+	r.memo[1] = r.memo[0]
+	r.memo[0] = keyMemo{e: e, material: append(old[:0], material...), key: key}
+	return key
+}
+
+// appendAlt appends the hash input of one alternative to buf. found is
+// false at the first part the request lacks, unless shared, which writes
+// a missing part as the shared value and carries on. err is the token's
+// *InvalidTokenError when a jwtClaim part lacks its value because the
+// token did not verify.
+func (e *Extractor) appendAlt(r *Request, alt []part, buf []byte, shared bool) ([]byte, bool, error) {
+	var bad error
+	for _, p := range alt {
 		start := len(buf)
 		var field int
 		buf, field = beginField(append(buf, byte(p.kind)))
@@ -225,46 +361,63 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 			a := r.ClientIP(e.policy)
 			found = a.IsValid()
 			if found {
-				buf = a.AppendTo(buf)
+				buf = maskAddr(a, p.v4, p.v6).AppendTo(buf)
 			}
 		case kindJWTClaim:
-			c := r.Claims(e.policy)
+			c, err := r.Claims(e.policy)
 			found = c != nil
 			if found {
 				buf, found = claimValue(c, p.name, buf)
+			} else if err != nil {
+				bad = err
 			}
 		case kindPath:
-			buf = append(buf, r.Path...)
+			// As rules match it, so that "/Login/" and "/login" share a
+			// counter.
+			buf = AppendNormalizedPath(buf, r.Path)
 		case kindMethod:
 			buf = append(buf, r.HTTP.Method...)
+		case kindExpression:
+			buf, found = p.prog.AppendValue(buf, r.Activation(e.policy))
 		}
 		if !found {
-			switch e.missing {
-			case MissingSkip:
-				r.buf = buf
-				return "", false, nil
-			case MissingReject:
-				r.buf = buf
-				return "", false, &MissingError{Part: p.String()}
+			if !shared {
+				return buf, false, bad
 			}
-			// Shared: every request missing this part shares one value.
 			buf, field = beginField(append(buf[:start], kindMissing))
 		}
 		buf = endField(buf, field)
 	}
-	r.buf = buf
-	for i := range r.memo {
-		if m := &r.memo[i]; m.e == e && string(m.material) == string(buf) {
-			return m.key, true, nil
+	return buf, true, nil
+}
+
+// firstMissing names the first part of the first alternative that the
+// request lacks.
+func (e *Extractor) firstMissing(r *Request) string {
+	for _, p := range e.alts[0] {
+		_, found, _ := e.appendAlt(r, []part{p}, r.buf[:0], false)
+		if !found {
+			return p.String()
 		}
 	}
-	h := Sum(buf)
-	key = h.Key(e.prefix)
-	// Replace the older memo, reusing its buffer.
-	old := r.memo[1].material
-	r.memo[1] = r.memo[0]
-	r.memo[0] = keyMemo{e: e, material: append(old[:0], buf...), key: key}
-	return key, true, nil
+	return "unknown"
+}
+
+// maskAddr keeps the leading v4 or v6 bits of a, so that clients are keyed
+// by network.
+func maskAddr(a netip.Addr, v4, v6 int) netip.Addr {
+	bits := v6
+	if a.Is4() {
+		bits = v4
+	}
+	if bits >= a.BitLen() {
+		return a
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return a
+	}
+	return p.Addr()
 }
 
 // String names the part for error messages.
@@ -282,6 +435,8 @@ func (p part) String() string {
 		return "path"
 	case kindMethod:
 		return "method"
+	case kindExpression:
+		return "expression " + p.name
 	}
 	return "unknown"
 }

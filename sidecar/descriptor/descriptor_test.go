@@ -37,13 +37,16 @@ func TestClientIP(t *testing.T) {
 		{"trusted peer, right-most untrusted", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}}, "10.0.0.1:1", []string{"6.6.6.6, 1.2.3.4", "10.0.0.2"}, "1.2.3.4"},
 		{"all trusted gives left-most", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}}, "10.0.0.1:1", []string{"10.0.0.3, 10.0.0.2"}, "10.0.0.3"},
 		{"garbage from client is not believed", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}}, "10.0.0.1:1", []string{"nonsense, 10.0.0.2"}, "10.0.0.2"},
-		{"hops 1", &config.TrustedProxies{Hops: 1}, "192.0.2.1:1", []string{"6.6.6.6, 1.2.3.4"}, "1.2.3.4"},
-		{"hops 2", &config.TrustedProxies{Hops: 2}, "192.0.2.1:1", []string{"6.6.6.6, 1.2.3.4", "5.5.5.5"}, "1.2.3.4"},
-		{"hops beyond the list", &config.TrustedProxies{Hops: 3}, "192.0.2.1:1", []string{"1.2.3.4"}, "1.2.3.4"},
+		{"hops 1", &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 1}, "192.0.2.1:1", []string{"6.6.6.6, 1.2.3.4"}, "1.2.3.4"},
+		{"hops 2", &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 2}, "192.0.2.1:1", []string{"6.6.6.6, 1.2.3.4", "5.5.5.5"}, "1.2.3.4"},
+		{"hops beyond the list", &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 3}, "192.0.2.1:1", []string{"1.2.3.4"}, "1.2.3.4"},
 		{"hops with untrusted peer", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}, Hops: 1}, "192.0.2.1:1", []string{"1.2.3.4"}, "192.0.2.1"},
-		{"ports and brackets", &config.TrustedProxies{Hops: 1}, "192.0.2.1:1", []string{"[2001:db8::1]:443"}, "2001:db8::1"},
+		{"hops without cidrs believes nothing", &config.TrustedProxies{Hops: 1}, "203.0.113.9:1", []string{"1.2.3.4"}, "203.0.113.9"},
+		{"ports and brackets", &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 1}, "192.0.2.1:1", []string{"[2001:db8::1]:443"}, "2001:db8::1"},
 		{"mapped v4 peer", nil, "[::ffff:198.51.100.3]:80", nil, "198.51.100.3"},
-		{"no xff", &config.TrustedProxies{Hops: 1}, "192.0.2.1:1", nil, "192.0.2.1"},
+		{"no xff", &config.TrustedProxies{CIDRs: []string{"192.0.2.0/24"}, Hops: 1}, "192.0.2.1:1", nil, "192.0.2.1"},
+		{"header from a trusted peer", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}, Header: "X-Real-IP"}, "10.0.0.1:1", nil, "10.0.0.1"},
+		{"header from an untrusted peer", &config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}, Header: "X-Real-IP"}, "203.0.113.9:1", nil, "203.0.113.9"},
 	} {
 		r, err := NewIPResolver(tc.tp)
 		if err != nil {
@@ -55,6 +58,31 @@ func TestClientIP(t *testing.T) {
 		}
 		if got := r.ClientIP(tc.peer, h).String(); got != tc.want {
 			t.Errorf("%s: ClientIP = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A named header is read only from trusted peers, and only when sent once.
+func TestClientIPHeader(t *testing.T) {
+	t.Parallel()
+	r, err := NewIPResolver(&config.TrustedProxies{CIDRs: []string{"10.0.0.0/8"}, Header: "x-real-ip"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		peer string
+		vals []string
+		want string
+	}{
+		{"10.0.0.1:1", []string{"198.51.100.7"}, "198.51.100.7"},
+		{"203.0.113.9:1", []string{"198.51.100.7"}, "203.0.113.9"},
+		{"10.0.0.1:1", []string{"198.51.100.7", "1.1.1.1"}, "10.0.0.1"},
+		{"10.0.0.1:1", []string{"not an ip"}, "10.0.0.1"},
+		{"10.0.0.1:1", nil, "10.0.0.1"},
+	} {
+		h := http.Header{"X-Real-Ip": tc.vals, "X-Forwarded-For": {"6.6.6.6"}}
+		if got := r.ClientIP(tc.peer, h).String(); got != tc.want {
+			t.Errorf("peer %s header %v: ClientIP = %s, want %s", tc.peer, tc.vals, got, tc.want)
 		}
 	}
 }
@@ -77,7 +105,7 @@ func keyOf(t *testing.T, p *config.Policy, rule int, req *http.Request) (string,
 func TestKeys(t *testing.T) {
 	t.Parallel()
 	p := &config.Policy{Name: "p", UID: "uid-1", Rules: []config.Rule{
-		{Name: "hdr", Key: []config.KeyPart{{Header: "x-api-key"}, {Query: "tenant"}}},
+		{Name: "hdr", Key: []config.KeyPart{{Header: "x-api-key"}, {Query: "tenant"}}, OnMissingKey: config.OnMissingKeySkip},
 		{Name: "shared", Key: []config.KeyPart{{Header: "X-Api-Key"}}, OnMissingKey: config.OnMissingKeyShared},
 		{Name: "reject", Key: []config.KeyPart{{Header: "X-Api-Key"}}, OnMissingKey: config.OnMissingKeyReject},
 		{Name: "global"},
@@ -272,19 +300,196 @@ func TestJWTKeyRejectsForgedTokens(t *testing.T) {
 		return r
 	}
 	real, _, _ := keyOf(t, p, 0, req(sign(t, jwt.SigningMethodHS256, "", f.secret, jwt.MapClaims{"sub": "victim"})))
-	forged, _, _ := keyOf(t, p, 0, req(sign(t, jwt.SigningMethodNone, "", jwt.UnsafeAllowNoneSignatureType, jwt.MapClaims{"sub": "victim"})))
-	forged2, _, _ := keyOf(t, p, 0, req(sign(t, jwt.SigningMethodNone, "", jwt.UnsafeAllowNoneSignatureType, jwt.MapClaims{"sub": "other"})))
-	none, _, _ := keyOf(t, p, 0, httptest.NewRequest("GET", "/", nil))
-	if real == forged {
-		t.Errorf("a forged token reached the victim's counter")
+	_, ok, err := keyOf(t, p, 0, req(sign(t, jwt.SigningMethodNone, "", jwt.UnsafeAllowNoneSignatureType, jwt.MapClaims{"sub": "victim"})))
+	var ite *InvalidTokenError
+	if ok || !errors.As(err, &ite) {
+		t.Errorf("forged token: ok=%v err=%v, want an *InvalidTokenError (401)", ok, err)
 	}
-	if forged != forged2 || forged != none {
-		t.Errorf("forged tokens must share the missing-key counter: %q %q %q", forged, forged2, none)
+	none, ok, err := keyOf(t, p, 0, httptest.NewRequest("GET", "/", nil))
+	if !ok || err != nil || none == real {
+		t.Errorf("no token: key %q ok=%v err=%v, want the shared missing-key counter", none, ok, err)
+	}
+
+	// Opting into NextAlternative: a forged token counts as no token, so
+	// it shares the missing-key counter, never the victim's.
+	next := *p
+	next.JWT = &config.JWT{HMACSecretFile: filepath.Join(f.dir, "secret"), OnInvalidToken: config.OnInvalidTokenNextAlternative}
+	forged, _, _ := keyOf(t, &next, 0, req(sign(t, jwt.SigningMethodNone, "", jwt.UnsafeAllowNoneSignatureType, jwt.MapClaims{"sub": "victim"})))
+	forged2, _, _ := keyOf(t, &next, 0, req(sign(t, jwt.SigningMethodNone, "", jwt.UnsafeAllowNoneSignatureType, jwt.MapClaims{"sub": "other"})))
+	if real == forged || forged != forged2 || forged != none {
+		t.Errorf("NextAlternative: forged tokens must share the missing-key counter: real %q forged %q %q none %q", real, forged, forged2, none)
+	}
+}
+
+// A bad token never lets a request skip a jwtClaim rule: not with the
+// default onMissingKey, not with an explicit Skip (the bypass of issue
+// 18: a forged, expired or missing token skipped the rule).
+func TestInvalidTokenNeverSkips(t *testing.T) {
+	t.Parallel()
+	f := newJWTFixture(t)
+	expired := sign(t, jwt.SigningMethodHS256, "", f.secret, jwt.MapClaims{"sub": "a", "exp": time.Now().Add(-time.Minute).Unix()})
+	forged := sign(t, jwt.SigningMethodHS256, "", []byte("not-the-secret-not-the-secret-xx"), jwt.MapClaims{"sub": "a"})
+	for _, missing := range []string{"", config.OnMissingKeySkip, config.OnMissingKeyShared, config.OnMissingKeyReject} {
+		for _, next := range []bool{false, true} {
+			j := &config.JWT{HMACSecretFile: filepath.Join(f.dir, "secret")}
+			if next {
+				j.OnInvalidToken = config.OnInvalidTokenNextAlternative
+			}
+			p := &config.Policy{Name: "p", UID: "u", JWT: j, Rules: []config.Rule{{Name: "sub", Key: []config.KeyPart{{JWTClaim: "sub"}}, OnMissingKey: missing}}}
+			for name, tok := range map[string]string{"expired": expired, "forged": forged, "garbage": "a.b.c"} {
+				r := httptest.NewRequest("GET", "/", nil)
+				r.Header.Set("Authorization", "Bearer "+tok)
+				key, ok, err := keyOf(t, p, 0, r)
+				var ite *InvalidTokenError
+				switch {
+				case ok && key != "":
+					if !next || (missing != "" && missing != config.OnMissingKeyShared) {
+						t.Errorf("onMissingKey %q next %v %s: keyed %q, want a 401", missing, next, name, key)
+					}
+				case errors.As(err, &ite):
+					if next && (missing == "" || missing == config.OnMissingKeyShared) {
+						t.Errorf("onMissingKey %q next %v %s: 401, want the shared counter", missing, next, name)
+					}
+				default:
+					t.Errorf("onMissingKey %q next %v %s: key %q ok %v err %v: the rule was skipped", missing, next, name, key, ok, err)
+				}
+			}
+		}
+	}
+}
+
+// Keys are tried in order; the first alternative the request carries keys
+// it, and equal values under different alternatives are different
+// counters.
+func TestKeyAlternatives(t *testing.T) {
+	t.Parallel()
+	f := newJWTFixture(t)
+	p := &config.Policy{Name: "p", UID: "u", JWT: &config.JWT{HMACSecretFile: filepath.Join(f.dir, "secret"), OnInvalidToken: config.OnInvalidTokenNextAlternative},
+		Rules: []config.Rule{{Name: "chain", Keys: [][]config.KeyPart{
+			{{JWTClaim: "sub"}},
+			{{Header: "X-API-Key"}},
+			{{ClientIP: &config.ClientIPKey{}}},
+		}}, {Name: "single", Key: []config.KeyPart{{Header: "X-API-Key"}}}}}
+	req := func(tok, apiKey, peer string) *http.Request {
+		r := httptest.NewRequest("GET", "/", nil)
+		if tok != "" {
+			r.Header.Set("Authorization", "Bearer "+tok)
+		}
+		if apiKey != "" {
+			r.Header.Set("X-API-Key", apiKey)
+		}
+		r.RemoteAddr = peer
+		return r
+	}
+	alice := sign(t, jwt.SigningMethodHS256, "", f.secret, jwt.MapClaims{"sub": "alice"})
+	bySub, _, _ := keyOf(t, p, 0, req(alice, "k1", "192.0.2.1:1"))
+	bySub2, _, _ := keyOf(t, p, 0, req(alice, "k2", "192.0.2.2:1"))
+	if bySub != bySub2 {
+		t.Errorf("a verified sub must win over the later alternatives: %q %q", bySub, bySub2)
+	}
+	byKey, _, _ := keyOf(t, p, 0, req("", "alice", "192.0.2.1:1"))
+	byKey2, _, _ := keyOf(t, p, 0, req("", "alice", "192.0.2.9:1"))
+	if byKey != byKey2 || byKey == bySub {
+		t.Errorf("without a token the API key keys the request, in a counter of its own: %q %q (sub %q)", byKey, byKey2, bySub)
+	}
+	forged := sign(t, jwt.SigningMethodHS256, "", []byte("not-the-secret-not-the-secret-xx"), jwt.MapClaims{"sub": "alice"})
+	if k, _, _ := keyOf(t, p, 0, req(forged, "alice", "192.0.2.1:1")); k != byKey {
+		t.Errorf("NextAlternative: a forged token must fall to the API key: %q, want %q", k, byKey)
+	}
+	byIP, _, _ := keyOf(t, p, 0, req("", "", "192.0.2.1:1"))
+	byIP2, _, _ := keyOf(t, p, 0, req("", "", "192.0.2.2:1"))
+	if byIP == byIP2 || byIP == byKey {
+		t.Errorf("the client IP is the last alternative: %q %q", byIP, byIP2)
+	}
+	// A key alternative written as key: keeps the counters it had before
+	// alternatives existed: the first alternative's hash input is
+	// unchanged.
+	single, _, _ := keyOf(t, p, 1, req("", "alice", "192.0.2.1:1"))
+	in := AppendField([]byte{byte(kindHeader)}, "alice")
+	h := Sum(in)
+	if want := h.Key("u:single:"); single != want {
+		t.Errorf("single alternative key %q, want %q", single, want)
+	}
+}
+
+// IPv6 clients are keyed by /64 by default, so one host rotating through
+// its prefix gets one counter; the prefix is configurable.
+func TestClientIPPrefix(t *testing.T) {
+	t.Parallel()
+	p := &config.Policy{Name: "p", UID: "u", Rules: []config.Rule{
+		{Name: "def", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{}}}},
+		{Name: "v6-48", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{IPv6PrefixLength: 48, IPv4PrefixLength: 24}}}},
+		{Name: "v6-128", Key: []config.KeyPart{{ClientIP: &config.ClientIPKey{IPv6PrefixLength: 128}}}},
+	}}
+	key := func(rule int, peer string) string {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		k, ok, err := keyOf(t, p, rule, r)
+		if !ok || err != nil {
+			t.Fatalf("rule %d peer %s: %v %v", rule, peer, ok, err)
+		}
+		return k
+	}
+	if a, b := key(0, "[2001:db8:1:2::1]:1"), key(0, "[2001:db8:1:2:ffff:ffff:ffff:fffe]:1"); a != b {
+		t.Errorf("/64 default: two addresses of one /64 got different counters")
+	}
+	if a, b := key(0, "[2001:db8:1:2::1]:1"), key(0, "[2001:db8:1:3::1]:1"); a == b {
+		t.Errorf("/64 default: two /64s share a counter")
+	}
+	if a, b := key(0, "192.0.2.1:1"), key(0, "192.0.2.2:1"); a == b {
+		t.Errorf("IPv4 is keyed by address by default")
+	}
+	if a, b := key(1, "[2001:db8:1:2::1]:1"), key(1, "[2001:db8:1:3::1]:1"); a != b {
+		t.Errorf("/48: two /64s of one /48 got different counters")
+	}
+	if a, b := key(1, "192.0.2.1:1"), key(1, "192.0.2.200:1"); a != b {
+		t.Errorf("IPv4 /24: got different counters")
+	}
+	if a, b := key(2, "[2001:db8:1:2::1]:1"), key(2, "[2001:db8:1:2::2]:1"); a == b {
+		t.Errorf("/128: two addresses share a counter")
+	}
+}
+
+// An HMAC secret file holding a key set of oct keys rotates without
+// failing a valid token: during the overlap both keys verify.
+func TestHMACKeySetRotation(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	oldKey, newKey := []byte("old-secret-old-secret-old-secret-0"), []byte("new-secret-new-secret-new-secret-1")
+	file := filepath.Join(dir, "hmac")
+	writeSet := func(keys ...jose.JSONWebKey) {
+		b, err := json.Marshal(jose.JSONWebKeySet{Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(t, file, b)
+	}
+	oldTok := sign(t, jwt.SigningMethodHS256, "k1", oldKey, jwt.MapClaims{"sub": "a"})
+	newTok := sign(t, jwt.SigningMethodHS256, "k2", newKey, jwt.MapClaims{"sub": "b"})
+	verifies := func(tok string) bool {
+		v, err := NewJWTVerifier(&config.JWT{HMACSecretFile: file})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := v.Verify(http.Header{"Authorization": {"Bearer " + tok}})
+		return c != nil && err == nil
+	}
+	writeSet(jose.JSONWebKey{Key: oldKey, KeyID: "k1"}, jose.JSONWebKey{Key: newKey, KeyID: "k2"})
+	if !verifies(oldTok) || !verifies(newTok) {
+		t.Errorf("during the overlap both keys must verify")
+	}
+	writeSet(jose.JSONWebKey{Key: newKey, KeyID: "k2"})
+	if verifies(oldTok) || !verifies(newTok) {
+		t.Errorf("after the rotation only the new key may verify")
+	}
+	writeSet(jose.JSONWebKey{Key: []byte("short"), KeyID: "k3"})
+	if _, err := NewJWTVerifier(&config.JWT{HMACSecretFile: file}); err == nil || !strings.Contains(err.Error(), "k3") {
+		t.Errorf("a short oct key: err = %v, want it named", err)
 	}
 }
 
 func BenchmarkKey(b *testing.B) {
-	p := &config.Policy{Name: "p", UID: "uid-1", Rules: []config.Rule{{Name: "r", Key: []config.KeyPart{{Header: "X-Api-Key"}, {ClientIP: &struct{}{}}}}}}
+	p := &config.Policy{Name: "p", UID: "uid-1", Rules: []config.Rule{{Name: "r", Key: []config.KeyPart{{Header: "X-Api-Key"}, {ClientIP: &config.ClientIPKey{}}}}}}
 	pol, err := NewPolicy(0, p)
 	if err != nil {
 		b.Fatal(err)

@@ -11,15 +11,19 @@ import (
 // IPResolver finds a request's client address. The zero value, and a nil
 // *IPResolver, use the socket peer and never read X-Forwarded-For.
 //
-// With CIDRs, X-Forwarded-For is read only when the socket peer is inside
-// them, and the client is the right-most entry that is not. With Hops, the
-// client is the Hops-th entry from the right (the left-most when there are
-// fewer); combined with CIDRs, the peer must also be trusted. An entry that
-// is not an address is never believed: the resolver then answers the hop
-// that appended it. An IResolver is immutable and safe for concurrent use.
+// Nothing a client sends is believed unless the socket peer is inside the
+// trusted CIDRs: without CIDRs, the client is the peer, whatever Hops
+// says, since otherwise any client could claim any address. From a trusted
+// peer, X-Forwarded-For is read and the client is the right-most entry not
+// inside the CIDRs; with Hops, the Hops-th entry from the right (the
+// left-most when there are fewer). With Header, the client is that
+// header's address instead. An entry that is not an address is never
+// believed: the resolver then answers the hop that appended it. An
+// IPResolver is immutable and safe for concurrent use.
 type IPResolver struct {
-	cidrs []netip.Prefix
-	hops  int
+	cidrs  []netip.Prefix
+	hops   int
+	header string // canonical; empty reads X-Forwarded-For
 }
 
 // NewIPResolver builds the resolver for a policy's TrustedProxies.
@@ -36,6 +40,9 @@ func NewIPResolver(tp *config.TrustedProxies) (*IPResolver, error) {
 		r.cidrs = append(r.cidrs, p.Masked())
 	}
 	r.hops = int(tp.Hops)
+	if tp.Header != "" {
+		r.header = http.CanonicalHeaderKey(tp.Header)
+	}
 	return r, nil
 }
 
@@ -44,10 +51,18 @@ func NewIPResolver(tp *config.TrustedProxies) (*IPResolver, error) {
 // Addr when not even the peer is an IP address.
 func (r *IPResolver) ClientIP(remoteAddr string, h http.Header) netip.Addr {
 	peer := parseAddr(remoteAddr)
-	if r == nil || (len(r.cidrs) == 0 && r.hops == 0) || !peer.IsValid() {
+	if r == nil || len(r.cidrs) == 0 || !peer.IsValid() || !r.trusted(peer) {
 		return peer
 	}
-	if len(r.cidrs) > 0 && !r.trusted(peer) {
+	if r.header != "" {
+		vs := h[r.header]
+		if len(vs) != 1 {
+			// Absent, or sent twice: nothing to believe.
+			return peer
+		}
+		if a := parseAddr(strings.TrimSpace(vs[0])); a.IsValid() {
+			return a
+		}
 		return peer
 	}
 	xff := h["X-Forwarded-For"]

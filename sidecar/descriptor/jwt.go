@@ -34,11 +34,22 @@ type JWTVerifier struct {
 	bearer   bool
 	upstream bool
 	parser   *jwt.Parser
-	hmac     []byte
+	hmac     []jose.JSONWebKey // symmetric keys; Key is []byte
 	keys     []jose.JSONWebKey
 }
 
+// MinHMACKeyBytes is the shortest HMAC key accepted: RFC 7518 asks for a
+// key at least as long as the hash, 32 bytes for HS256.
+const MinHMACKeyBytes = 32
+
 // NewJWTVerifier loads the keys a policy's JWT section names.
+//
+// The HMAC secret file holds either the secret itself (a trailing newline
+// is dropped) or, to rotate keys without failing a valid token, a JSON Web
+// Key Set of "oct" keys: tokens verify against any of them (against the
+// one whose kid they name, when they name one), so the new key is added
+// beside the old one, tokens are then signed with it, and the old key is
+// removed once its tokens have expired. A JWKS file rotates the same way.
 func NewJWTVerifier(c *config.JWT) (*JWTVerifier, error) {
 	v := &JWTVerifier{header: "Authorization", bearer: true, upstream: c.UpstreamVerified}
 	if c.Header != "" {
@@ -51,11 +62,9 @@ func NewJWTVerifier(c *config.JWT) (*JWTVerifier, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read hmac secret: %w", err)
 		}
-		b = []byte(strings.TrimRight(string(b), "\r\n"))
-		if len(b) < 32 {
-			return nil, fmt.Errorf("hmac secret in %s is %d bytes, want at least 32", c.HMACSecretFile, len(b))
+		if v.hmac, err = parseHMACKeys(b, c.HMACSecretFile); err != nil {
+			return nil, err
 		}
-		v.hmac = b
 		methods = append(methods, "HS256", "HS384", "HS512")
 	}
 	if c.JWKSFile != "" {
@@ -95,12 +104,39 @@ func NewJWTVerifier(c *config.JWT) (*JWTVerifier, error) {
 	return v, nil
 }
 
+// parseHMACKeys reads an HMAC secret file: a JSON Web Key Set of oct keys,
+// or the raw secret.
+func parseHMACKeys(b []byte, file string) ([]jose.JSONWebKey, error) {
+	trimmed := strings.TrimSpace(string(b))
+	if strings.HasPrefix(trimmed, "{") {
+		var set jose.JSONWebKeySet
+		if err := json.Unmarshal([]byte(trimmed), &set); err == nil && len(set.Keys) > 0 {
+			for i, k := range set.Keys {
+				key, ok := k.Key.([]byte)
+				if !ok {
+					return nil, fmt.Errorf("hmac secret %s: key %d (kid %q): a key set for HMAC holds only oct keys, got %T", file, i, k.KeyID, k.Key)
+				}
+				if len(key) < MinHMACKeyBytes {
+					return nil, fmt.Errorf("hmac secret %s: key %d (kid %q) is %d bytes, want at least %d", file, i, k.KeyID, len(key), MinHMACKeyBytes)
+				}
+			}
+			return set.Keys, nil
+		}
+	}
+	raw := []byte(strings.TrimRight(string(b), "\r\n"))
+	if len(raw) < MinHMACKeyBytes {
+		return nil, fmt.Errorf("hmac secret in %s is %d bytes, want at least %d", file, len(raw), MinHMACKeyBytes)
+	}
+	return []jose.JSONWebKey{{Key: raw}}, nil
+}
+
 // token returns the raw token of a request, or "".
 func (v *JWTVerifier) token(h http.Header) string {
 	s := h.Get(v.header)
 	if v.bearer {
 		const p = "bearer "
 		if len(s) <= len(p) || !strings.EqualFold(s[:len(p)], p) {
+			// Another scheme (Basic, ...) carries no bearer token.
 			return ""
 		}
 		s = s[len(p):]
@@ -108,42 +144,90 @@ func (v *JWTVerifier) token(h http.Header) string {
 	return strings.TrimSpace(s)
 }
 
+// InvalidTokenError is a bearer token that is present but does not verify.
+// The HTTP front answers it 401.
+type InvalidTokenError struct {
+	// Reason says what failed, in words that reveal nothing of the keys.
+	Reason string
+}
+
+// Error implements error.
+func (e *InvalidTokenError) Error() string { return "invalid bearer token: " + e.Reason }
+
 // Claims returns the claims of the request's token, or nil when there is
 // no token or it does not verify.
 func (v *JWTVerifier) Claims(h http.Header) jwt.MapClaims {
+	c, _ := v.Verify(h)
+	return c
+}
+
+// Verify returns the claims of the request's token. A request without a
+// token gets neither claims nor error; one whose token does not verify
+// gets an *InvalidTokenError.
+func (v *JWTVerifier) Verify(h http.Header) (jwt.MapClaims, error) {
 	raw := v.token(h)
 	if raw == "" {
-		return nil
+		return nil, nil
 	}
 	claims := jwt.MapClaims{}
 	if v.upstream {
 		// An upstream proxy verified the signature; the claims must still
 		// be well formed and current.
 		if _, _, err := v.parser.ParseUnverified(raw, claims); err != nil {
-			return nil
+			return nil, invalidToken(err)
 		}
 		if err := jwt.NewValidator().Validate(claims); err != nil {
-			return nil
+			return nil, invalidToken(err)
 		}
-		return claims
+		return claims, nil
 	}
 	if _, err := v.parser.ParseWithClaims(raw, claims, v.key); err != nil {
-		return nil
+		return nil, invalidToken(err)
 	}
-	return claims
+	return claims, nil
+}
+
+// invalidToken classifies a parse error without echoing it: the error text
+// of a parser may quote the token.
+func invalidToken(err error) *InvalidTokenError {
+	reason := "it does not verify"
+	switch {
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		reason = "it is malformed"
+	case errors.Is(err, jwt.ErrTokenExpired):
+		reason = "it has expired"
+	case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		reason = "it is not valid yet"
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		reason = "its issuer is not accepted"
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		reason = "its audience is not accepted"
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid), errors.Is(err, jwt.ErrTokenUnverifiable):
+		reason = "its signature does not verify"
+	}
+	return &InvalidTokenError{Reason: reason}
 }
 
 // key picks the verification key for a token by its algorithm and kid.
 func (v *JWTVerifier) key(t *jwt.Token) (any, error) {
 	alg := t.Method.Alg()
-	if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
-		if v.hmac == nil {
-			return nil, errors.New("hmac tokens are not accepted")
-		}
-		return v.hmac, nil
-	}
 	kid, _ := t.Header["kid"].(string)
 	var set jwt.VerificationKeySet
+	if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
+		for _, k := range v.hmac {
+			if kid != "" && k.KeyID != "" && k.KeyID != kid {
+				continue
+			}
+			if k.Algorithm != "" && k.Algorithm != alg {
+				continue
+			}
+			set.Keys = append(set.Keys, k.Key)
+		}
+		if len(set.Keys) == 0 {
+			return nil, fmt.Errorf("no hmac key for alg %s, kid %q", alg, kid)
+		}
+		return set, nil
+	}
 	for _, k := range v.keys {
 		if kid != "" && k.KeyID != kid {
 			continue

@@ -17,7 +17,7 @@ import (
 func TestHTTPKeysAreStable(t *testing.T) {
 	t.Parallel()
 	p := &config.Policy{Name: "p", UID: "uid-1", Rules: []config.Rule{
-		{Name: "r", Key: []config.KeyPart{{Header: "X-User"}, {ClientIP: &struct{}{}}, {Query: "tenant"}, {Path: &struct{}{}}, {Method: &struct{}{}}}},
+		{Name: "r", Key: []config.KeyPart{{Header: "X-User"}, {ClientIP: &config.ClientIPKey{}}, {Query: "tenant"}, {Path: &struct{}{}}, {Method: &struct{}{}}}},
 		{Name: "s", OnMissingKey: config.OnMissingKeyShared, Key: []config.KeyPart{{Header: "X-User"}, {Header: "X-Team"}}},
 	}}
 	req := httptest.NewRequest("POST", "/orders?tenant=t%C3%BC", nil)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -14,9 +15,17 @@ type call struct {
 	hit   int
 	cost  int64
 	entry *denyEntry // the deny-cache entry the call was claimed on
-	res   Result
-	err   error
+	lease leaseCall  // the lease the call takes, when it refreshes one
+	// failed: the store call this request waited for on its key failed;
+	// the call is decided by the rule's failure mode without a store call.
+	failed bool
+	res    Result
+	err    error
 }
+
+// errSharedFailure is the error of a call decided on the failed outcome of
+// the call its request waited for.
+var errSharedFailure = fmt.Errorf("the store call this request waited for on its key failed: %w", limiter.ErrUnavailable)
 
 // Decide decides hits into v, whose Results it reuses. ctx bounds the
 // waits and store calls.
@@ -40,12 +49,20 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	denied, probing := false, false
 	for i := range hits {
 		h := &hits[i]
+		var lc leaseCall
+		if e.leases != nil && h.Rule.leases {
+			var kind leaseKind
+			if kind, lc = e.leases.lookup(h, now, &v.Results[i]); kind == leaseHit {
+				continue
+			}
+		}
 		// Never wait for another request's probe while holding one: two
 		// requests could otherwise wait on each other.
 		var l lookup
 		l, now = e.check(ctx, h, now, probing)
 		probing = probing || l.kind == lookupGo
 		if l.kind == lookupDeny {
+			e.leases.release(&lc)
 			v.Results[i] = Result{Decision: limiter.Decision{Limit: l.limit, RetryAfter: l.retry}, Source: FromDenyCache}
 			h.Rule.m.LocalDenials.Inc()
 			if h.Rule.Shadow {
@@ -56,7 +73,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 			}
 			continue
 		}
-		c := call{hit: i, cost: h.Cost, entry: l.entry}
+		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc, failed: l.kind == lookupFailed}
 		if h.Rule.Shadow {
 			shadowCalls = append(shadowCalls, c)
 		} else {
@@ -66,7 +83,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	if denied {
 		// Another enforced rule is already known to deny: take nothing.
 		for i := range calls {
-			e.abandon(hits[calls[i].hit].Key, calls[i].entry)
+			e.abandon(hits[calls[i].hit].Key, &calls[i])
 		}
 		calls = calls[:0]
 	}
@@ -93,6 +110,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	for _, c := range shadowCalls {
 		v.Results[c.hit] = c.res
 	}
+	e.unspendDenied(hits, v)
 	e.count(hits, v)
 	e.conclude(hits, v)
 }
@@ -101,7 +119,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls []call, now time.Time, v *Verdict) {
 	peeks := make([]call, 0, len(calls)+len(shadowCalls))
 	for _, c := range calls {
-		peeks = append(peeks, call{hit: c.hit, cost: 0})
+		peeks = append(peeks, call{hit: c.hit, cost: 0, failed: c.failed})
 	}
 	peeks = append(peeks, shadowCalls...)
 	e.run(ctx, hits, peeks, now)
@@ -113,7 +131,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 		if p.res.Source == FromNowhere {
 			// A fail-closed rule cannot reach the store: take nothing.
 			for j := range calls {
-				e.abandon(hits[calls[j].hit].Key, calls[j].entry)
+				e.abandon(hits[calls[j].hit].Key, &calls[j])
 			}
 			v.Results[p.hit] = p.res
 			return
@@ -133,7 +151,7 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 			for j := range calls {
 				if j != short {
 					// Not taken: the request is denied by another rule.
-					e.abandon(hits[calls[j].hit].Key, calls[j].entry)
+					e.abandon(hits[calls[j].hit].Key, &calls[j])
 				}
 			}
 			return
@@ -149,29 +167,43 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 }
 
 // check consults the deny cache for a hit and returns the clock after any
-// wait. While other calls on the key
-// are in flight and it holds no room, it waits for their answers, unless
-// noWait; every call in flight ends within the store's deadline, and each
-// answer either denies the key or lets at least one waiter through, so the
-// wait is a few store round trips at most. A cancelled request stops
-// waiting and is left to the store call, which fails at once.
+// wait. While other calls on the key are in flight and it holds no room,
+// it waits for their answers, unless noWait; every call in flight ends
+// within the store's deadline, and each answer either denies the key, lets
+// at least one waiter through, or fails. A failure ends the wait of every
+// waiter at once (lookupFailed): they fall back instead of sending calls
+// one after the other, each of which would wait its own deadline on a
+// stalled shard. So no request waits for the store longer than one call
+// deadline. A cancelled request stops waiting and is left to the store
+// call, which fails at once.
 func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) (lookup, time.Time) {
 	for {
 		l := e.deny.lookup(h.Key, h.Cost, now)
 		if l.kind != lookupWait {
 			return l, now
 		}
-		if noWait || e.deny.wait(ctx, l.ch) != nil {
+		if noWait {
+			return lookup{kind: lookupMiss}, now
+		}
+		failed, err := e.deny.wait(ctx, l.round)
+		if err != nil {
 			return lookup{kind: lookupMiss}, now
 		}
 		now = e.o.Now()
+		if failed {
+			return lookup{kind: lookupFailed}, now
+		}
 	}
 }
 
-// abandon releases the claim of a call that was not sent.
-func (e *Engine) abandon(key string, entry *denyEntry) {
-	if entry != nil {
-		e.deny.release(key, entry)
+// abandon releases the claims of a call that was not sent.
+func (e *Engine) abandon(key string, c *call) {
+	if c.entry != nil {
+		e.deny.release(key, c.entry)
+		c.entry = nil
+	}
+	if e.leases != nil {
+		e.leases.release(&c.lease)
 	}
 }
 
@@ -195,6 +227,15 @@ func (e *Engine) run(ctx context.Context, hits []Hit, calls []call, now time.Tim
 // take makes one store call, falls back when the store is unavailable, and
 // maintains the deny cache.
 func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
+	if c.failed {
+		c.err = errSharedFailure
+		e.fallBack(ctx, h, c)
+		return
+	}
+	if c.lease.entry != nil || h.Rule.split != nil {
+		e.takeSpread(ctx, h, c, now)
+		return
+	}
 	d, shard, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: h.Rule.Limit, Cost: c.cost})
 	answered := e.o.Now()
 	sm := e.all

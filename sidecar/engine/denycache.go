@@ -44,10 +44,20 @@ type denyEntry struct {
 	// calls sent since then may spend.
 	permits int64
 	// inflight counts the store calls sent through this entry and not yet
-	// answered; done, non-nil while inflight > 0, is closed at the next
-	// answer.
+	// answered; round, non-nil while inflight > 0, is what the requests
+	// waiting on them wait for: the next answer.
 	inflight int32
-	done     chan struct{}
+	round    *round
+}
+
+// round is one wait for the next answer on an entry: done is closed when it
+// comes, and failed then says whether the call failed. The waiters of a
+// failed call share its outcome (the store is unavailable) instead of
+// sending calls of their own one after the other, each waiting its own
+// deadline on a stalled shard.
+type round struct {
+	done   chan struct{}
+	failed bool // set before done is closed
 }
 
 func newDenyCache(maxKeys int) *denyCache {
@@ -68,7 +78,10 @@ const (
 	lookupMiss lookupKind = iota // no entry: ask the store
 	lookupDeny                   // deny locally
 	lookupGo                     // ask the store, then settle the entry
-	lookupWait                   // wait on ch, then look up again
+	lookupWait                   // wait on round, then look up again
+	// lookupFailed: the call this request waited for failed; decide by
+	// the rule's failure mode without a store call.
+	lookupFailed
 )
 
 type lookup struct {
@@ -76,7 +89,7 @@ type lookup struct {
 	retry time.Duration
 	limit int64
 	entry *denyEntry
-	ch    chan struct{}
+	round *round
 }
 
 func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
@@ -95,22 +108,23 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	case e.permits >= cost:
 		e.permits -= cost
 	case e.inflight > 0:
-		return lookup{kind: lookupWait, ch: e.done}
+		return lookup{kind: lookupWait, round: e.round}
 	}
 	e.inflight++
-	if e.done == nil {
-		e.done = make(chan struct{})
+	if e.round == nil {
+		e.round = &round{done: make(chan struct{})}
 	}
 	return lookup{kind: lookupGo, entry: e}
 }
 
-// wait blocks until a call in flight is answered or ctx ends.
-func (c *denyCache) wait(ctx context.Context, ch chan struct{}) error {
+// wait blocks until a call in flight is answered or ctx ends. It reports
+// whether the answer was a failure.
+func (c *denyCache) wait(ctx context.Context, r *round) (failed bool, err error) {
 	select {
-	case <-ch:
-		return nil
+	case <-r.done:
+		return r.failed, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
@@ -193,6 +207,9 @@ func (c *denyCache) settle(key string, e *denyEntry, now time.Time, a answer) {
 	switch {
 	case a.failed:
 		e.permits = 0
+		if e.round != nil {
+			e.round.failed = true
+		}
 	case a.hold > 0:
 		if a.allowed {
 			// A win halves the streak rather than clearing it, so a
@@ -219,15 +236,15 @@ func (c *denyCache) release(key string, e *denyEntry) {
 	e.wake()
 }
 
-// wake closes done for the waiters and, while calls remain in flight,
-// opens a new one for the next answer. The caller holds the shard's lock.
+// wake ends the waiters' round and, while calls remain in flight, opens a
+// new one for the next answer. The caller holds the shard's lock.
 func (e *denyEntry) wake() {
-	if e.done != nil {
-		close(e.done)
-		e.done = nil
+	if e.round != nil {
+		close(e.round.done)
+		e.round = nil
 	}
 	if e.inflight > 0 {
-		e.done = make(chan struct{})
+		e.round = &round{done: make(chan struct{})}
 	}
 }
 

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,10 @@ type Options struct {
 	// the shards' health; default time.Now. Tests set it to control time.
 	// The stores keep clocks of their own.
 	Now func() time.Time
+	// Leases, when set and Store is a limiter.Leaser, lets the hot keys
+	// of rules that lease (Rule.Spread) take leases. Close gives them
+	// back.
+	Leases *LeaseOptions
 }
 
 // Engine decides hits. See the package documentation.
@@ -51,6 +57,10 @@ type Engine struct {
 	// call, where a plain map read costs less than a sync.Map's.
 	shardObs atomic.Pointer[map[string]*shardMetrics]
 	shardMu  sync.Mutex // serialises the writes of shardObs
+	// leases is nil without Options.Leases; splitSeq picks the first
+	// sub-counter of split keys in turn.
+	leases   *leaseTable
+	splitSeq atomic.Uint64
 }
 
 // New returns an engine.
@@ -70,9 +80,23 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{o: o, deny: newDenyCache(o.DenyCacheKeys)}
 	e.all = e.shardMetrics("all")
 	o.Metrics.SetDenyCacheSize(func() float64 { return float64(e.deny.len()) })
+	if leaser, ok := o.Store.(limiter.Leaser); ok && o.Leases != nil {
+		lo, err := o.Leases.withDefaults()
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.leases = newLeaseTable(e, lo, leaser)
+	}
 	return e, nil
 }
 
 // ForgetLocalState drops the local deny cache, as after a config change
-// that may have raised a limit. Counters in the stores are kept.
-func (e *Engine) ForgetLocalState() { e.deny.clear() }
+// that may have raised a limit, and gives back the unused tokens of every
+// lease in the background (a lease was taken under the old limits).
+// Counters in the stores are kept.
+func (e *Engine) ForgetLocalState() {
+	e.deny.clear()
+	if e.leases != nil {
+		e.leases.detach(context.Background(), metrics.ReturnPolicyChange, false)
+	}
+}

@@ -257,15 +257,19 @@ func TestFailOpenUsesLocalShare(t *testing.T) {
 	r := f.rule(t, "open", perMinute(limiter.FixedWindow, 10), 4, false, false)
 	f.store.fail.Store(true)
 	allowed := 0
-	for range 20 {
+	// A request a second for 4 minutes: this replica's share of 10 per
+	// minute among 4 is 2.5 per minute, 10 in 4 minutes, and it starts
+	// empty.
+	for range 240 {
 		if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome == Allow {
 			allowed++
 		} else if v.Results[0].Source != FromFallback {
 			t.Fatalf("deny from %v, want fallback", v.Results[0].Source)
 		}
+		f.clock.Add(time.Second)
 	}
-	if got, want := allowed, 2; got != want { // 10/4 = 2 per replica
-		t.Errorf("allowed %d with the store down, want %d", got, want)
+	if allowed < 9 || allowed > 10 {
+		t.Errorf("allowed %d in 4 minutes with the store down, want this replica's share, 10 (9 when its first token falls late)", allowed)
 	}
 	if !f.e.FallbackActive() || value(f.m.FallbackActive) != 1 {
 		t.Errorf("fallback not reported active")
@@ -423,6 +427,65 @@ func TestProbeGatesConcurrentRequests(t *testing.T) {
 	wg.Wait()
 	if got, want := allowed.Load(), int64(3); got != want {
 		t.Errorf("allowed %d in the new window, want %d", got, want)
+	}
+}
+
+// TestWaitersShareAFailedProbe holds the probe of an exhausted key in
+// flight while 8 more requests arrive, then fails it: the waiters decide
+// on their fallback buckets at once, on the probe's outcome, instead of
+// sending store calls of their own one after the other (each of which
+// would wait its own deadline on a stalled shard).
+func TestWaitersShareAFailedProbe(t *testing.T) {
+	t.Parallel()
+	for _, failClosed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failClosed=%v", failClosed), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, true)
+			r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 2, failClosed, false)
+			for range 4 {
+				f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+			}
+			f.clock.Add(time.Minute) // the deny entry has expired: the next request probes
+			before, fbBefore := f.store.calls.Load(), f.fallback.calls.Load()
+			f.store.gate = make(chan struct{})
+			f.store.fail.Store(true)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			got := map[string]int{}
+			for range 9 {
+				wg.Go(func() {
+					v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+					mu.Lock()
+					got[v.Outcome.String()+"/"+v.Results[0].Source.String()]++
+					mu.Unlock()
+				})
+			}
+			for f.store.calls.Load() == before {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond) // the other 8 queue behind the probe
+			close(f.store.gate)
+			wg.Wait()
+			if n := f.store.calls.Load() - before; n != 1 {
+				t.Errorf("%d store calls, want 1: the waiters must share the probe's failure", n)
+			}
+			if failClosed {
+				if got["unavailable/unavailable"] != 9 {
+					t.Errorf("outcomes %v, want all 9 unavailable", got)
+				}
+				if n := f.fallback.calls.Load() - fbBefore; n != 0 {
+					t.Errorf("%d fallback calls for a fail-closed rule", n)
+				}
+				return
+			}
+			// The fallback decides on this replica's share of the limit, and
+			// a key it has not seen starts with nothing to spend (so that
+			// an outage adds no burst to what the fleet admits): all 9 are
+			// denied there, none by a store call.
+			if got["deny/fallback"] != 9 {
+				t.Errorf("outcomes %v, want 9 deny, all from the fallback bucket", got)
+			}
+		})
 	}
 }
 

@@ -8,7 +8,8 @@ import (
 
 // fallBack decides c, whose store call has failed, by the rule's failure
 // mode: a rule that fails closed makes the request Unavailable; any other
-// takes from its local fallback bucket, Rule.Fallback (limit/replicas).
+// takes from its local fallback, Rule.Fallback (this replica's share of
+// the limit).
 func (e *Engine) fallBack(ctx context.Context, h *Hit, c *call) {
 	r := h.Rule
 	if r.FailClosed {

@@ -16,7 +16,9 @@ type Rule struct {
 	// Limit is the shared limit.
 	Limit limiter.Limit
 	// Fallback is the local limit used while the store is unavailable:
-	// Limit with Requests and Burst divided by the replica count.
+	// this replica's share of Limit among the replicas (limiter.Share), so
+	// that the replicas together admit at most Limit, however small it is
+	// beside their number.
 	Fallback limiter.Limit
 	// FailClosed makes the request Unavailable, instead of using Fallback,
 	// while the store is unavailable.
@@ -27,23 +29,36 @@ type Rule struct {
 	params   *limiter.Params
 	interval time.Duration // Period / Requests: the refill spacing
 	m        *metrics.Rule
+	// Set by Spread: whether hot keys take leases, the sub-counters of a
+	// split rule, and the lease and split metrics.
+	leases bool
+	split  *splitRule
+	lm     *metrics.LeaseRule
 }
 
 // NewRule validates a rule's limit and derives its fallback limit for the
-// given replica count (values below 1 count as 1).
+// given replica count (values below 1 count as 1), as replica 0. Use
+// NewSharedRule when the replica knows its place.
 func NewRule(policy, name string, lim limiter.Limit, replicas int32, failClosed, shadow bool, m *metrics.Metrics) (*Rule, error) {
+	return NewSharedRule(policy, name, lim, limiter.Share{Of: replicas}, failClosed, shadow, m)
+}
+
+// NewSharedRule validates a rule's limit and derives its fallback limit:
+// replica share.Index's share of lim among share.Of replicas (see
+// limiter.Share; Of below 2 means the whole limit).
+func NewSharedRule(policy, name string, lim limiter.Limit, share limiter.Share, failClosed, shadow bool, m *metrics.Metrics) (*Rule, error) {
 	p, err := limiter.NewParams(lim)
 	if err != nil {
 		return nil, err
 	}
+	if lim.Shared() {
+		return nil, fmt.Errorf("engine: rule limit %v is already a share", lim)
+	}
 	fb := lim
-	if replicas > 1 {
-		fb.Requests = max(1, lim.Requests/int64(replicas))
-		if lim.Burst > 0 {
-			fb.Burst = max(1, lim.Burst/int64(replicas))
-		}
+	if share.Of > 1 {
+		fb.Share = share
 		if err := fb.Validate(); err != nil {
-			return nil, fmt.Errorf("fallback limit %v for %d replicas: %w", fb, replicas, err)
+			return nil, fmt.Errorf("fallback share %d of %d: %w", share.Index, share.Of, err)
 		}
 	}
 	if m == nil {

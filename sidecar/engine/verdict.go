@@ -46,11 +46,14 @@ const (
 	FromFallback
 	// FromNowhere: the store was unavailable and the rule fails closed.
 	FromNowhere
+	// FromLease: admitted against the key's local lease, tokens already
+	// taken from the store, without a store call.
+	FromLease
 )
 
 // String returns the source's name, as deny events report it.
 func (s Source) String() string {
-	return [...]string{"none", "store", "local", "fallback", "unavailable"}[s]
+	return [...]string{"none", "store", "local", "fallback", "unavailable", "lease"}[s]
 }
 
 // Result is the decision on one hit.

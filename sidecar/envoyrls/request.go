@@ -8,9 +8,8 @@ import (
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
+	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
 // Request descriptors.
@@ -19,18 +18,19 @@ import (
 // request descriptor: a gateway describes one HTTP request in it and names
 // the policy, "<namespace>/<name>", to decide it on. The server rebuilds
 // the request (method, path and query, host, client address, and every
-// other entry as a header, keyed by its name) and runs the policy's HTTP
-// rules on it as the sidecar's proxy does (proxy.Check): the same path
-// cleaning, matching, key parts, cost and onMissingKey. Its hits join the
-// call's single engine decision with those of ordinary descriptors, so
-// tightest wins across the call.
+// other entry as a header, keyed by its name) and evaluates the policy's
+// HTTP rules on it as the sidecar's proxy does (proxy.Check, through
+// ruleset.Set.EvaluatePolicy): the same path cleaning, matching (hosts,
+// headers, query, sourceCIDRs, when), exemptions, key alternatives, cost
+// and onMissingKey. Its hits join the call's single engine decision with
+// those of ordinary descriptors, so tightest wins across the call.
 //
 // A request that a rule rejects (a key part missing under onMissingKey
-// Reject, or a malformed cost header), which the proxy answers 400, is
-// OVER_LIMIT here and charges nothing: the rate-limit API has no other
-// refusal, and an error would let Envoy admit the request. A request
-// descriptor naming no policy in force gets a bare OK, as a descriptor of
-// an unknown domain does.
+// Reject, a malformed cost header, or a token that does not verify), which
+// the proxy answers 400 or 401, is OVER_LIMIT here and charges nothing:
+// the rate-limit API has no other refusal, and an error would let Envoy
+// admit the request. A request descriptor naming no policy in force gets a
+// bare OK, as a descriptor of an unknown domain does.
 
 // isRequest reports whether d is a request descriptor.
 func isRequest(d *rlcommonv3.RateLimitDescriptor) bool {
@@ -47,8 +47,7 @@ type httpView struct {
 	// canon memoizes the canonical form of entry keys: a gateway sends
 	// the same few header names call after call.
 	canon map[string]string
-	dreq  descriptor.Request
-	idx   []int
+	eval  ruleset.Scratch
 }
 
 // maxCanon bounds httpView.canon.
@@ -108,9 +107,9 @@ func (hv *httpView) canonical(key string) string {
 }
 
 // requestHits decides request descriptor i of the call on its policy's
-// rules and appends a hit for every rule that matches and keys it. It
-// reports whether a rule rejects the request, in which case the hits it
-// appended for this descriptor must not count.
+// rules and appends a hit for every rule that matches, does not exempt the
+// request and keys it. It reports whether a rule rejects the request, in
+// which case it appends nothing.
 func (s *Server) requestHits(st *state, i int, d *rlcommonv3.RateLimitDescriptor, sc *scratch) (rejected bool) {
 	pol := st.set.Requests.Policy(d.Entries[0].Value)
 	if pol == nil {
@@ -118,28 +117,15 @@ func (s *Server) requestHits(st *state, i int, d *rlcommonv3.RateLimitDescriptor
 	}
 	hv := &sc.http
 	hv.fill(d)
-	path := match.CleanPath(hv.u.Path)
-	hv.idx = pol.Matcher.Match(path, hv.r.Method, hv.r.Host, hv.h, hv.idx[:0])
-	if len(hv.idx) == 0 {
-		return false
+	ev := &hv.eval
+	ev.Request.Reset(&hv.r, match.CleanPath(hv.u.Path), st.set.Policies)
+	if err := st.set.EvaluatePolicy(pol, ev); err != nil {
+		return true
 	}
-	hv.dreq.Reset(&hv.r, path, st.set.Policies)
-	for _, mi := range hv.idx {
-		rule := &st.set.Rules[pol.Rules[mi]]
-		key, ok, err := rule.Extract.Key(&hv.dreq)
-		if err != nil {
-			return true
-		}
-		if !ok {
-			continue
-		}
-		cost, err := rule.Cost.Of(hv.h)
-		if err != nil {
-			return true
-		}
-		sc.hits = append(sc.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
+	for k := range ev.Hits {
+		sc.hits = append(sc.hits, ev.Hits[k])
 		sc.owner = append(sc.owner, int32(i))
-		sc.hrule = append(sc.hrule, pol.Reported[mi])
+		sc.hrule = append(sc.hrule, st.set.Requests.Reported(ev.Rules[k]))
 	}
 	return false
 }

@@ -251,7 +251,9 @@ func (q *Queue) write(e Event, count int64) {
 		slog.String("source", e.Source),
 		slog.Int64("limit", e.Limit),
 		slog.Int64("cost", e.Cost),
-		slog.Duration("retryAfter", e.RetryAfter),
+		// In seconds, and named so: a bare duration is nanoseconds in
+		// JSON, which no reader of a deny log expects.
+		slog.Float64("retryAfterSeconds", e.RetryAfter.Seconds()),
 		slog.String("method", e.Method),
 		slog.String("path", e.Path),
 		slog.String("client", e.Client),

@@ -55,7 +55,7 @@ func TestQueueDropsWhenFullAndNeverBlocks(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 5 {
-			ok := q.Publish(Event{Policy: "p", Rule: "r", Key: "uid:r:abc", Cost: int64(i)})
+			ok := q.Publish(Event{Policy: "p", Rule: "r", Key: "uid:r:abc", Cost: int64(i), RetryAfter: 1500 * time.Millisecond})
 			if want := i < 2; ok != want {
 				t.Errorf("publish %d: %v, want %v", i, ok, want)
 			}
@@ -86,6 +86,10 @@ func TestQueueDropsWhenFullAndNeverBlocks(t *testing.T) {
 	}
 	if rec["msg"] != "rate limit deny" || rec["policy"] != "p" || rec["key"] != "uid:r:abc" {
 		t.Errorf("event record %v", rec)
+	}
+	// The wait is in seconds and says so (it was nanoseconds, unnamed).
+	if rec["retryAfterSeconds"] != 1.5 || rec["retryAfter"] != nil {
+		t.Errorf("event record %v: want retryAfterSeconds 1.5 and no unitless retryAfter", rec)
 	}
 }
 

@@ -32,6 +32,9 @@ type state struct {
 	// emptied is set when inForce is the empty document applied after
 	// the ConfigMap stayed deleted past the grace period.
 	emptied bool
+	// failed names the policies of inForce that the sidecar could not
+	// compile and does not enforce.
+	failed []string
 }
 
 // condition is a pod condition without its timestamps.
@@ -65,6 +68,9 @@ func desired(s state, cm string, grace time.Duration) (condition, bool) {
 	case s.lastErr != "":
 		c = condition{corev1.ConditionTrue, config.ReasonRevisionRejected,
 			fmt.Sprintf("revision %s stays in force: revision %s was rejected: %s", s.inForce, orUnknown(s.seen), s.lastErr)}
+	case len(s.failed) > 0:
+		// The message is read back by floodgate-manager: keep it whole.
+		return condition{corev1.ConditionTrue, config.ReasonPartiallyLoaded, config.PartialMessage(s.inForce, s.failed)}, true
 	default:
 		c = condition{corev1.ConditionTrue, config.ReasonLoaded, s.inForce}
 	}

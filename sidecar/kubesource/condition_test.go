@@ -30,6 +30,8 @@ func TestDesired(t *testing.T) {
 			ok: true, status: corev1.ConditionFalse, reason: config.ReasonRejected, msg: []string{"revision r1", "no earlier revision is in force: bad"}},
 		{name: "loaded", st: state{synced: true, present: true, seen: "r1", inForce: "r1"},
 			ok: true, status: corev1.ConditionTrue, reason: config.ReasonLoaded, msg: []string{"r1"}},
+		{name: "loaded but for one policy", st: state{synced: true, present: true, seen: "r1", inForce: "r1", failed: []string{"broken"}},
+			ok: true, status: corev1.ConditionTrue, reason: config.ReasonPartiallyLoaded, msg: []string{"r1; not loaded: broken"}},
 		{name: "later document rejected", st: state{synced: true, present: true, seen: "r2", inForce: "r1", lastErr: "bad"},
 			ok: true, status: corev1.ConditionTrue, reason: config.ReasonRevisionRejected, msg: []string{"revision r1 stays in force", "revision r2 was rejected: bad"}},
 		{name: "rejected document without a revision", st: state{synced: true, present: true, inForce: "r1", lastErr: "no config.json key"},

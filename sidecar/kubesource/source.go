@@ -316,13 +316,14 @@ func (l *loop) empty() {
 
 // send delivers u and records what the runner did with it.
 func (l *loop) send(u configsource.Update) {
-	u.Result = func(inForce string, err error) {
-		l.st.inForce = inForce
+	u.Result = func(o configsource.Outcome) {
+		l.st.inForce = o.InForce
 		l.st.emptied = false
 		l.st.lastErr = ""
-		if err != nil {
-			l.st.lastErr = err.Error()
+		if o.Err != nil {
+			l.st.lastErr = o.Err.Error()
 		}
+		l.st.failed = o.Failed
 	}
 	l.deliver(u)
 	l.report()

@@ -46,7 +46,9 @@ func Micros(t time.Time) int64 {
 // state was written under the Params sp; sp may be nil when s is absent or
 // when it was written under p. Take updates s and reports write = true only
 // when the request is admitted with a non-zero cost; a deny or a peek
-// leaves s untouched. For SlidingLog use TakeLog.
+// leaves s untouched, except on a shared limit's new key, whose first
+// sight is written (it starts empty; see Share). For SlidingLog use
+// TakeLog; a shared limit of any algorithm uses Take.
 //
 // Take does no I/O and does not retain s or sp. Callers serialise access to
 // one State.
@@ -55,7 +57,10 @@ func (p *Params) Take(s *State, sp *Params, nowUs, n int64) (d Decision, write b
 		return Decision{}, false, err
 	}
 	st := *s
-	if st.Set && sp != nil && sp.Limit.Algorithm != p.Limit.Algorithm {
+	if p.Limit.Shared() {
+		return p.TakeShare(s, sp, p.Limit.Share, nowUs, n)
+	}
+	if st.Set && sp != nil && (sp.Limit.Algorithm != p.Limit.Algorithm || sp.Limit.Shared()) {
 		// State of another algorithm means nothing here: start afresh.
 		st = State{}
 	}
@@ -125,22 +130,8 @@ func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decis
 }
 
 func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
-	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
-	t := div(now, q)
-	l, last := s.Level(), s.LastTick()
-	switch {
-	case !s.Set:
-		l, last = cu, t
-	case !p.sameScale(sp):
-		spent := min(sp.Capacity-l/sp.TokenUnits, c)
-		l = cu - spent*k
-		last = ceilDiv(last*sp.TickMicros, q)
-	}
-	if t > last {
-		e := min(t-last, p.FullTicks)
-		l = min(l+e*u, cu)
-		last = t
-	}
+	q, u, k, c := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity
+	l, last := p.tokenBucketLevel(s, sp, now)
 	var allowed, write bool
 	var retry int64
 	switch {
@@ -155,38 +146,45 @@ func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool
 		w := ceilDivBy(n*k-l, u)
 		retry = (last+w)*q - now
 	}
-	var reset int64
-	if l != cu {
-		reset = (last+ceilDivBy(cu-l, u))*q - now
-	}
 	s.setTokenBucket(l, last)
-	return p.decision(allowed, l/k, reset, retry), write
+	return p.decision(allowed, l/k, p.tokenBucketReset(l, last, now), retry), write
+}
+
+// tokenBucketLevel returns a TokenBucket's level and last tick at now:
+// absent is full, a state written under another scale is converted
+// (ALGORITHMS.md section 3.1), and the refill up to now is added.
+func (p *Params) tokenBucketLevel(s *State, sp *Params, now int64) (l, last int64) {
+	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
+	t := div(now, q)
+	l, last = s.Level(), s.LastTick()
+	switch {
+	case !s.Set:
+		l, last = cu, t
+	case !p.sameScale(sp):
+		spent := min(sp.Capacity-l/sp.TokenUnits, c)
+		l = cu - spent*k
+		last = ceilDiv(last*sp.TickMicros, q)
+	}
+	if t > last {
+		e := min(t-last, p.FullTicks)
+		l = min(l+e*u, cu)
+		last = t
+	}
+	return l, last
+}
+
+// tokenBucketReset is how long a bucket at level l, last refilled at tick
+// last, takes from now to be full.
+func (p *Params) tokenBucketReset(l, last, now int64) int64 {
+	if l == p.CapacityUnits {
+		return 0
+	}
+	return (last+ceilDivBy(p.CapacityUnits-l, p.TickUnits))*p.TickMicros - now
 }
 
 func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
-	t := div(now, q)
-	a, f := s.TAT(), s.TATFraction()
-	switch {
-	case !s.Set:
-		a, f = t, 0
-	case !p.sameScale(sp):
-		to := now / sp.TickMicros
-		bo := max(to, a-ceilDiv(sp.TokenUnits*sp.Capacity, sp.TickUnits))
-		var do int64
-		if a >= bo {
-			do = (a-bo)*sp.TickUnits + f
-		}
-		spent := min(ceilDiv(do, sp.TokenUnits), c)
-		debt := spent * k
-		b := ceilDiv(bo*sp.TickMicros, q)
-		a, f = b+debt/u, debt%u
-	}
-	b := max(t, a-p.FullTicks)
-	var debt int64
-	if a >= b {
-		debt = (a-b)*u + f
-	}
+	a, f, b, debt := p.gcraDebt(s, sp, now)
 	var allowed, write bool
 	var retry int64
 	switch {
@@ -202,21 +200,53 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 		w := ceilDivBy(debt+n*k-cu, u)
 		retry = (b+w)*q - now
 	}
-	var reset int64
-	if debt != 0 {
-		reset = (b+ceilDivBy(debt, u))*q - now
-	}
 	s.setGCRA(a, f)
-	return p.decision(allowed, max(0, cu-debt)/k, reset, retry), write
+	return p.decision(allowed, max(0, cu-debt)/k, p.gcraReset(b, debt, now), retry), write
+}
+
+// gcraDebt returns a GCRA key's theoretical arrival time (a whole ticks
+// and f units) and its debt in units measured from tick b: absent is no
+// debt, a state written under another scale is converted (ALGORITHMS.md
+// section 4), and b is clamped so that the debt is at most a full bucket
+// plus a tick.
+func (p *Params) gcraDebt(s *State, sp *Params, now int64) (a, f, b, debt int64) {
+	q, u, k, c := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity
+	t := div(now, q)
+	a, f = s.TAT(), s.TATFraction()
+	switch {
+	case !s.Set:
+		a, f = t, 0
+	case !p.sameScale(sp):
+		to := now / sp.TickMicros
+		bo := max(to, a-ceilDiv(sp.TokenUnits*sp.Capacity, sp.TickUnits))
+		var do int64
+		if a >= bo {
+			do = (a-bo)*sp.TickUnits + f
+		}
+		spent := min(ceilDiv(do, sp.TokenUnits), c)
+		d := spent * k
+		bn := ceilDiv(bo*sp.TickMicros, q)
+		a, f = bn+d/u, d%u
+	}
+	b = max(t, a-p.FullTicks)
+	if a >= b {
+		debt = (a-b)*u + f
+	}
+	return a, f, b, debt
+}
+
+// gcraReset is how long a debt measured from tick b takes from now to be
+// paid off.
+func (p *Params) gcraReset(b, debt, now int64) int64 {
+	if debt == 0 {
+		return 0
+	}
+	return (b+ceilDivBy(debt, p.TickUnits))*p.TickMicros - now
 }
 
 func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	per, c := p.PeriodMicros, p.Capacity
-	ws := now - now%per
-	w, cnt := s.WindowStart(), s.Count()
-	if !s.Set || ws > w {
-		w, cnt = ws, 0
-	}
+	w, cnt := p.fixedWindowCount(s, now)
 	var allowed, write bool
 	var retry int64
 	switch {
@@ -238,17 +268,21 @@ func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	return p.decision(allowed, max(0, c-cnt), reset, retry), write
 }
 
+// fixedWindowCount returns a FixedWindow key's window start and count at
+// now: a new window starts at zero, and a clock that went back keeps the
+// stored window.
+func (p *Params) fixedWindowCount(s *State, now int64) (w, cnt int64) {
+	ws := now - now%p.PeriodMicros
+	w, cnt = s.WindowStart(), s.Count()
+	if !s.Set || ws > w {
+		w, cnt = ws, 0
+	}
+	return w, cnt
+}
+
 func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 	per, c, q, pw := p.PeriodMicros, p.Capacity, p.TickMicros, p.WindowTicks
-	ws := now - now%per
-	w, cur, prev := s.WindowStart(), s.Count(), s.PrevCount()
-	if !s.Set {
-		w, cur, prev = ws, 0, 0
-	} else if d := ws - w; d >= 2*per {
-		w, cur, prev = ws, 0, 0
-	} else if d > 0 {
-		w, cur, prev = ws, 0, cur
-	}
+	w, cur, prev := p.slidingWindowCounts(s, now)
 	var e int64
 	if now > w {
 		e = div(now-w, q)
@@ -266,29 +300,55 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 		x += n * pw
 		allowed, write = true, true
 	default:
-		e2 := pw
-		if a := c - cur - n; a >= 0 {
-			e2 = pw - a*pw/prev
-		}
-		if e2 <= pw-1 {
-			retry = w + e2*q - now
-		} else if b := c - n; cur <= b {
-			retry = w + per - now
-		} else if e3 := pw - b*pw/cur; e3 <= pw-1 {
-			retry = w + per + e3*q - now
-		} else {
-			retry = w + 2*per - now
-		}
-	}
-	var reset int64
-	switch {
-	case cur > 0:
-		reset = w + 2*per - now
-	case prev > 0:
-		reset = w + per - now
+		retry = p.slidingWindowRetry(w, cur, prev, now, n)
 	}
 	s.setWindow(w, cur, prev)
-	return p.decision(allowed, max(0, c*pw-x)/pw, reset, retry), write
+	return p.decision(allowed, max(0, c*pw-x)/pw, slidingWindowReset(w, cur, prev, per, now), retry), write
+}
+
+// slidingWindowCounts returns a SlidingWindow key's window start and its
+// current and previous counts at now, rolled forward to now's window.
+func (p *Params) slidingWindowCounts(s *State, now int64) (w, cur, prev int64) {
+	per := p.PeriodMicros
+	ws := now - now%per
+	w, cur, prev = s.WindowStart(), s.Count(), s.PrevCount()
+	if !s.Set {
+		w, cur, prev = ws, 0, 0
+	} else if d := ws - w; d >= 2*per {
+		w, cur, prev = ws, 0, 0
+	} else if d > 0 {
+		w, cur, prev = ws, 0, cur
+	}
+	return w, cur, prev
+}
+
+// slidingWindowRetry is how long until a request of cost n, which the
+// counts deny at now, would be admitted.
+func (p *Params) slidingWindowRetry(w, cur, prev, now, n int64) int64 {
+	per, c, q, pw := p.PeriodMicros, p.Capacity, p.TickMicros, p.WindowTicks
+	e2 := pw
+	if a := c - cur - n; a >= 0 {
+		e2 = pw - a*pw/prev
+	}
+	if e2 <= pw-1 {
+		return w + e2*q - now
+	} else if b := c - n; cur <= b {
+		return w + per - now
+	} else if e3 := pw - b*pw/cur; e3 <= pw-1 {
+		return w + per + e3*q - now
+	}
+	return w + 2*per - now
+}
+
+// slidingWindowReset is how long until the counts weigh nothing.
+func slidingWindowReset(w, cur, prev, per, now int64) int64 {
+	switch {
+	case cur > 0:
+		return w + 2*per - now
+	case prev > 0:
+		return w + per - now
+	}
+	return 0
 }
 
 // div, mod and ceilDivBy skip the hardware division for the common divisor

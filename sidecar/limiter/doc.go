@@ -56,6 +56,16 @@
 // bytes per admitted unit in a Redis sorted set. Requests is capped at
 // MaxLogRequests. Pick it only for small limits that must be exact.
 //
+// # Leases and split counters
+//
+// Params.Lease takes a batch of tokens from a key in one step (and gives
+// back what an earlier batch did not use), so that a sidecar can spend
+// them locally: the Leaser interface is the stores' side of it, LeaseSize
+// sizes a batch from the local arrival rate and what the key has left.
+// Every algorithm but SlidingLog can lease (Algorithm.Leasable says why
+// not). SplitLimit spreads a limit over sub-counters whose limits add up
+// to it exactly. ALGORITHMS.md sections 8 and 9 give the arithmetic.
+//
 // # Edge cases, for every algorithm
 //
 // A cost of 0 is a peek: allowed, state unchanged. A cost above the

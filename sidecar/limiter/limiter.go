@@ -83,7 +83,49 @@ type Limit struct {
 	// requests a client that has been idle may send at once. 0 means
 	// Requests. The window algorithms reject a non-zero Burst.
 	Burst int64
+	// Share, when Share.Of > 1, makes this one replica's share of the
+	// limit, for replicas that enforce it together without a shared store
+	// (the fail-open fallback). See Share. Only the in-memory store takes
+	// a shared limit.
+	Share Share
 }
+
+// MaxShareReplicas bounds Share.Of.
+const MaxShareReplicas = 100_000
+
+// Share places one replica among Of replicas that enforce a limit
+// together, each deciding alone: the fail-open fallback while the shared
+// store is unreachable.
+//
+// Whatever the algorithm, a shared limit is a token bucket of the limit's
+// capacity (Burst, or Requests) refilled at Requests per Period, dealt out
+// to the replicas: token j (the j-th of the limit's tokens since the Unix
+// epoch, arriving at j*Period/Requests) belongs to replica j mod Of, and
+// stays usable while it is one of the newest Capacity tokens. So no two
+// replicas ever spend the same token: together the replicas admit at most
+// what one bucket of the whole limit admits, for every Requests and Of,
+// including Requests < Of, where most replicas hold no token most of the
+// time. A key is empty when a replica first sees it, so the fleet does not
+// add a fresh burst to what the shared store had already counted.
+//
+// Each replica must have its own Index in [0, Of); two replicas with one
+// index spend the same tokens, each once, which still holds the limit over
+// a whole period but lets them admit at the same instants. One replica
+// holds at most ceil(Capacity/Of) tokens at once, reported as
+// Decision.Limit.
+//
+// A share's state is the token index from which the replica may still
+// spend, so it reads the same under another Of or Index: a replica count
+// that changes keeps what was spent.
+type Share struct {
+	// Of is the number of replicas; 0 or 1 means the whole limit.
+	Of int32
+	// Index is this replica, 0 to Of-1.
+	Index int32
+}
+
+// Shared reports whether l is a replica's share of a limit.
+func (l Limit) Shared() bool { return l.Share.Of > 1 }
 
 // Capacity returns the most cost a single key can spend at once.
 func (l Limit) Capacity() int64 {
@@ -109,6 +151,11 @@ func (l Limit) Validate() error {
 	}
 	if l.Burst < 0 || l.Burst > MaxRequests {
 		errs = append(errs, fmt.Errorf("burst: must be between 0 and %d, got %d", MaxRequests, l.Burst))
+	}
+	if l.Share.Of < 0 || l.Share.Of > MaxShareReplicas {
+		errs = append(errs, fmt.Errorf("share: replicas must be between 0 and %d, got %d", MaxShareReplicas, l.Share.Of))
+	} else if l.Share.Index < 0 || l.Share.Index >= max(l.Share.Of, 1) {
+		errs = append(errs, fmt.Errorf("share: index must be between 0 and %d, got %d", max(l.Share.Of, 1)-1, l.Share.Index))
 	}
 	switch l.Algorithm {
 	case SlidingWindow, FixedWindow, SlidingLog:

@@ -86,6 +86,9 @@ func (l Limit) String() string {
 	if l.Burst > 0 {
 		s += fmt.Sprintf(" burst %d", l.Burst)
 	}
+	if l.Shared() {
+		s += fmt.Sprintf(" share %d of %d", l.Share.Index, l.Share.Of)
+	}
 	return s
 }
 

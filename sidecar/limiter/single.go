@@ -64,7 +64,7 @@ func (lim *Limiter) AllowN(t time.Time, n int64) (Decision, error) {
 	defer lim.mu.Unlock()
 	var d Decision
 	var err error
-	if lim.p.Limit.Algorithm == SlidingLog {
+	if lim.p.Limit.Algorithm == SlidingLog && !lim.p.Limit.Shared() {
 		d, _, err = lim.p.TakeLog(&lim.lg, Micros(t), n)
 	} else {
 		var write bool

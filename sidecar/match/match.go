@@ -1,24 +1,41 @@
 // Package match selects the rules that apply to a request: by path (Exact,
-// Prefix, RegularExpression), method, headers and host.
+// Prefix, RegularExpression), method, host, headers, query parameters,
+// client network and CEL conditions; and decides a rule's exemptions.
+//
+// Paths are compared as a client cannot sidestep: on the cleaned path
+// (CleanPath), ignoring ASCII case and a trailing slash, because many
+// applications serve "/login", "/login/" and "/LOGIN" alike. A regular
+// expression is matched case-insensitively, against the path and against
+// it without its trailing slash.
 //
 // Rules are indexed so that the number of rules does not dominate the cost
 // of a match: exact paths sit in a map, prefixes in a trie of path
 // elements, and a regular expression hangs off the trie node of the path
 // elements its literal prefix spells out, so it is only run for paths that
-// reach that node. A match costs O(path elements + candidate rules).
+// reach that node. A match costs O(path elements + candidate rules). A
+// candidate's cheap tests run first (method, host, headers, query, path
+// expression, client network) and its CEL conditions last.
+//
+// Requests are read through *descriptor.Request, the head abstraction the
+// key extraction uses too.
 //
 // A Matcher is immutable after New and safe for concurrent use.
 package match
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"path"
 	"regexp"
 	"regexp/syntax"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
+	"github.com/floodgate-dev/floodgate/sidecar/expr"
 )
 
 // Matcher matches requests against an indexed set of rules.
@@ -38,22 +55,42 @@ type rule struct {
 	re      *regexp.Regexp
 	methods uint16   // bit set of well-known methods
 	other   []string // methods outside the bit set
-	headers []header
-	hosts   []string // exact names, or ".example.com" for *.example.com
+	hosts   *Hosts
+	headers []value
+	query   []value
+	cidrs   []netip.Prefix
+	when    *expr.Program
+	policy  *descriptor.Policy
 }
 
-type header struct {
-	name  string // canonical
-	value string
+// value is a compiled header or query match.
+type value struct {
+	name   string // canonical header name, or the query parameter's
+	value  string
+	re     *regexp.Regexp
+	absent bool
+	invert bool
 }
 
-// New indexes rules; rule i of the result is ms[i]. It returns an error
+// Rule is one rule to index: its match, and the policy whose
+// trustedProxies and jwt its client networks and conditions read.
+type Rule struct {
+	Match  config.Match
+	Policy *descriptor.Policy
+}
+
+// New indexes rules; rule i of the result is rules[i]. It returns an error
 // naming the rule when a match is invalid, which config.Validate would have
 // caught.
-func New(ms []config.Match) (*Matcher, error) {
-	m := &Matcher{rules: make([]rule, len(ms)), exact: map[string][]int{}, root: &node{}}
-	for i, cm := range ms {
+func New(rules []Rule) (*Matcher, error) {
+	m := &Matcher{rules: make([]rule, len(rules)), exact: map[string][]int{}, root: &node{}}
+	for i := range rules {
+		cm := &rules[i].Match
 		r := &m.rules[i]
+		r.policy = rules[i].Policy
+		if r.policy == nil && (len(cm.SourceCIDRs) > 0 || len(cm.When) > 0) {
+			return nil, fmt.Errorf("rule %d: sourceCIDRs and when need the rule's policy", i)
+		}
 		for _, meth := range cm.Methods {
 			if b := methodBit(meth); b != 0 {
 				r.methods |= b
@@ -61,21 +98,52 @@ func New(ms []config.Match) (*Matcher, error) {
 				r.other = append(r.other, meth)
 			}
 		}
-		for _, h := range cm.Headers {
-			r.headers = append(r.headers, header{name: http.CanonicalHeaderKey(h.Name), value: h.Value})
+		var err error
+		if r.hosts, err = NewHosts(cm.Hosts); err != nil {
+			return nil, fmt.Errorf("rule %d: %w", i, err)
 		}
-		for _, h := range cm.Hosts {
-			r.hosts = append(r.hosts, strings.ToLower(strings.TrimPrefix(h, "*")))
+		for j, h := range cm.Headers {
+			v, err := newValue(http.CanonicalHeaderKey(h.Name), h.Value, h.Regex, h.Absent, h.Invert)
+			if err != nil {
+				return nil, fmt.Errorf("rule %d: headers[%d]: %w", i, j, err)
+			}
+			r.headers = append(r.headers, v)
+		}
+		for j, q := range cm.Query {
+			v, err := newValue(q.Name, q.Value, q.Regex, q.Absent, q.Invert)
+			if err != nil {
+				return nil, fmt.Errorf("rule %d: query[%d]: %w", i, j, err)
+			}
+			r.query = append(r.query, v)
+		}
+		if r.cidrs, err = prefixes(cm.SourceCIDRs); err != nil {
+			return nil, fmt.Errorf("rule %d: sourceCIDRs: %w", i, err)
+		}
+		if len(cm.When) > 0 {
+			if r.when, err = expr.CompileConditions(cm.When); err != nil {
+				return nil, fmt.Errorf("rule %d: %w", i, err)
+			}
 		}
 		if cm.Path == nil {
-			m.root.rules = append(m.root.rules, i)
+			// Conditions that require a path prefix index the rule where
+			// a regular expression's literal prefix would.
+			n := m.root
+			if r.when != nil {
+				if pre := r.when.PathPrefix(); strings.HasPrefix(pre, "/") {
+					// The trie holds paths as they are compared: lower
+					// case.
+					n = m.root.descend(string(descriptor.AppendNormalizedPath(nil, pre[:strings.LastIndexByte(pre, '/')+1])))
+				}
+			}
+			n.rules = append(n.rules, i)
 			continue
 		}
 		switch cm.Path.Type {
 		case config.PathExact:
-			m.exact[cm.Path.Value] = append(m.exact[cm.Path.Value], i)
+			v := string(descriptor.AppendNormalizedPath(nil, cm.Path.Value))
+			m.exact[v] = append(m.exact[v], i)
 		case config.PathPrefix:
-			n := m.root.descend(strings.TrimSuffix(cm.Path.Value, "/"))
+			n := m.root.descend(string(descriptor.AppendNormalizedPath(nil, cm.Path.Value)))
 			n.rules = append(n.rules, i)
 		case config.PathRegularExpression:
 			re, lit, err := compileRegex(cm.Path.Value)
@@ -95,10 +163,11 @@ func New(ms []config.Match) (*Matcher, error) {
 	return m, nil
 }
 
-// compileRegex anchors expr to the whole path and returns it with the
-// literal text every match starts with.
+// compileRegex anchors expr to the whole path, makes it ignore case, and
+// returns it with the literal text, in lower case, every match starts
+// with.
 func compileRegex(expr string) (*regexp.Regexp, string, error) {
-	anchored := `^(?:` + expr + `)$`
+	anchored := `(?i)^(?:` + expr + `)$`
 	re, err := regexp.Compile(anchored)
 	if err != nil {
 		return nil, "", err
@@ -110,9 +179,10 @@ func compileRegex(expr string) (*regexp.Regexp, string, error) {
 	return re, literalPrefix(st.Simplify()), nil
 }
 
-// literalPrefix returns the literal, case-sensitive text at the start of
-// every match of re; "" when there is none or the expression does not
-// start with '/'.
+// literalPrefix returns the literal text, in lower case, at the start of
+// every match of re, which matches without regard to case; "" when there
+// is none or the expression does not start with '/'. Only ASCII literals
+// count: the trie holds paths lowered in ASCII.
 func literalPrefix(re *syntax.Regexp) string {
 	var b strings.Builder
 	var walk func(*syntax.Regexp) bool // reports whether to continue
@@ -121,10 +191,12 @@ func literalPrefix(re *syntax.Regexp) string {
 		case syntax.OpBeginText, syntax.OpBeginLine, syntax.OpEmptyMatch:
 			return true
 		case syntax.OpLiteral:
-			if re.Flags&syntax.FoldCase != 0 {
-				return false
+			for _, r := range re.Rune {
+				if r >= utf8.RuneSelf {
+					return false
+				}
+				b.WriteByte(lower(byte(r)))
 			}
-			b.WriteString(string(re.Rune))
 			return true
 		case syntax.OpCapture:
 			return walk(re.Sub[0]) && false
@@ -165,43 +237,56 @@ func (n *node) descend(prefix string) *node {
 	return n
 }
 
+// Programs returns the CEL conditions of the rules that have some, in rule
+// order, for reporting how they run (expr.Program.Native).
+func (m *Matcher) Programs() []*expr.Program {
+	var out []*expr.Program
+	for i := range m.rules {
+		if m.rules[i].when != nil {
+			out = append(out, m.rules[i].when)
+		}
+	}
+	return out
+}
+
 // Len returns the number of rules.
 func (m *Matcher) Len() int { return len(m.rules) }
 
 // Match appends to dst, in ascending order, the indices of the rules that
-// match a request with the given cleaned path (see CleanPath), method,
-// headers and host (the Host header or :authority, with or without its
-// port), and returns the extended slice.
-func (m *Matcher) Match(p, method, host string, h http.Header, dst []int) []int {
-	host = hostName(host)
+// match the request (whose Path is cleaned, see CleanPath), and returns the
+// extended slice. Paths compare without regard to ASCII case or a trailing
+// slash.
+func (m *Matcher) Match(r *descriptor.Request, dst []int) []int {
 	start := len(dst)
-	bit := methodBit(method)
-	for _, i := range m.exact[p] {
-		dst = m.appendIf(dst, i, p, method, host, bit, h)
+	bit := methodBit(r.Method())
+	var stack [256]byte
+	norm := descriptor.AppendNormalizedPath(stack[:0], r.Path)
+	for _, i := range m.exact[string(norm)] {
+		dst = m.appendIf(dst, i, r, bit)
 	}
 	n := m.root
-	rest := p
+	rest := norm
 	for n != nil {
 		for _, i := range n.rules {
-			dst = m.appendIf(dst, i, p, method, host, bit, h)
+			dst = m.appendIf(dst, i, r, bit)
 		}
 		for _, i := range n.regexes {
-			dst = m.appendIf(dst, i, p, method, host, bit, h)
+			dst = m.appendIf(dst, i, r, bit)
 		}
 		// Next path element.
 		for len(rest) > 0 && rest[0] == '/' {
 			rest = rest[1:]
 		}
-		if rest == "" || n.children == nil {
+		if len(rest) == 0 || n.children == nil {
 			break
 		}
 		seg := rest
-		if j := strings.IndexByte(rest, '/'); j >= 0 {
+		if j := bytes.IndexByte(rest, '/'); j >= 0 {
 			seg, rest = rest[:j], rest[j:]
 		} else {
-			rest = ""
+			rest = nil
 		}
-		n = n.children[seg]
+		n = n.children[string(seg)]
 	}
 	// Few rules match a request: insertion sort keeps the order stable
 	// without allocating.
@@ -214,42 +299,185 @@ func (m *Matcher) Match(p, method, host string, h http.Header, dst []int) []int 
 	return dst
 }
 
-func (m *Matcher) appendIf(dst []int, i int, p, method, host string, bit uint16, h http.Header) []int {
-	r := &m.rules[i]
-	if r.hosts != nil && !hostMatches(r.hosts, host) {
-		return dst
+func (m *Matcher) appendIf(dst []int, i int, r *descriptor.Request, bit uint16) []int {
+	if m.rules[i].matches(r, bit) {
+		return append(dst, i)
 	}
-	if r.methods != 0 || r.other != nil {
-		ok := bit != 0 && r.methods&bit != 0
-		for _, o := range r.other {
-			ok = ok || o == method
+	return dst
+}
+
+// matches runs the rule's tests other than the path index's, cheapest
+// first.
+func (ru *rule) matches(r *descriptor.Request, bit uint16) bool {
+	if ru.methods != 0 || ru.other != nil {
+		ok := bit != 0 && ru.methods&bit != 0
+		for _, o := range ru.other {
+			ok = ok || o == r.Method()
 		}
 		if !ok {
-			return dst
+			return false
 		}
 	}
-	for _, hm := range r.headers {
-		vs := h[hm.name]
-		if len(vs) == 0 {
-			return dst
-		}
-		if hm.value != "" {
-			found := false
-			for _, v := range vs {
-				if v == hm.value {
-					found = true
-					break
-				}
-			}
-			if !found {
-				return dst
-			}
+	if ru.hosts != nil && !ru.hosts.Match(r.Host()) {
+		return false
+	}
+	for i := range ru.headers {
+		if !ru.headers[i].matchHeader(r) {
+			return false
 		}
 	}
-	if r.re != nil && !r.re.MatchString(p) {
-		return dst
+	for i := range ru.query {
+		if !ru.query[i].matchQuery(r) {
+			return false
+		}
 	}
-	return append(dst, i)
+	if ru.re != nil && !ru.re.MatchString(r.Path) {
+		// "/x/" is "/x" too.
+		p := r.Path
+		if len(p) < 2 || p[len(p)-1] != '/' || !ru.re.MatchString(p[:len(p)-1]) {
+			return false
+		}
+	}
+	if len(ru.cidrs) > 0 && !contains(ru.cidrs, r.ClientIP(ru.policy)) {
+		return false
+	}
+	if ru.when != nil && !ru.when.Holds(r.Activation(ru.policy)) {
+		return false
+	}
+	return true
+}
+
+func newValue(name, v, re string, absent, invert bool) (value, error) {
+	out := value{name: name, value: v, absent: absent, invert: invert}
+	if re != "" {
+		var err error
+		if out.re, err = regexp.Compile(`^(?:` + re + `)$`); err != nil {
+			return value{}, fmt.Errorf("regex: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// test reports whether one value matches.
+func (v *value) test(s string) bool {
+	switch {
+	case v.re != nil:
+		return v.re.MatchString(s)
+	case v.value != "":
+		return s == v.value
+	}
+	return true
+}
+
+// matchHeader applies the match to a header.
+func (v *value) matchHeader(r *descriptor.Request) bool {
+	vs := r.HeaderValues(v.name)
+	if v.absent {
+		return len(vs) == 0
+	}
+	found := false
+	for _, s := range vs {
+		if v.test(s) {
+			found = true
+			break
+		}
+	}
+	return found != v.invert
+}
+
+// matchQuery applies the match to a query parameter.
+func (v *value) matchQuery(r *descriptor.Request) bool {
+	present, found := false, false
+	r.QueryValues(v.name, func(s string) bool {
+		present = true
+		found = v.test(s)
+		return !found
+	})
+	if v.absent {
+		return !present
+	}
+	return found != v.invert
+}
+
+func prefixes(cidrs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// contains reports whether a is in one of the networks. An invalid
+// address (no client IP) is in none.
+func contains(ps []netip.Prefix, a netip.Addr) bool {
+	if !a.IsValid() {
+		return false
+	}
+	a = a.Unmap()
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Hosts matches a request's host against exact names and wildcards, as
+// config.Match.Hosts describes. A nil *Hosts matches every host. It is
+// immutable and safe for concurrent use.
+type Hosts struct {
+	exact    map[string]bool
+	suffixes []string // ".example.com" for "*.example.com"
+}
+
+// NewHosts compiles a hosts list; nil for an empty one.
+func NewHosts(hosts []string) (*Hosts, error) {
+	if len(hosts) == 0 {
+		return nil, nil
+	}
+	h := &Hosts{exact: map[string]bool{}}
+	for _, name := range hosts {
+		name = strings.ToLower(strings.TrimSuffix(name, "."))
+		switch {
+		case name == "" || name == "*":
+			return nil, fmt.Errorf("hosts: %q is not a host name", name)
+		case strings.HasPrefix(name, "*."):
+			h.suffixes = append(h.suffixes, name[1:])
+		case strings.Contains(name, "*"):
+			return nil, fmt.Errorf("hosts: %q: a wildcard must be the whole first label", name)
+		default:
+			h.exact[name] = true
+		}
+	}
+	return h, nil
+}
+
+// Match reports whether host (lower case, without port, as
+// descriptor.Request.Host gives it) is accepted.
+func (h *Hosts) Match(host string) bool {
+	if h == nil {
+		return true
+	}
+	if h.exact[host] {
+		return true
+	}
+	for _, s := range h.suffixes {
+		if len(host) > len(s) && strings.HasSuffix(host, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + ('a' - 'A')
+	}
+	return c
 }
 
 func methodBit(m string) uint16 {
@@ -291,32 +519,4 @@ func CleanPath(p string) string {
 		return c + "/"
 	}
 	return c
-}
-
-// hostName is the name part of a Host header: without the port and a
-// trailing dot. IPv6 literals keep their brackets. Case is left to
-// hostMatches.
-func hostName(host string) string {
-	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
-		host = host[:i]
-	}
-	return strings.TrimSuffix(host, ".")
-}
-
-// hostMatches reports whether host matches one of hosts: an exact name,
-// or a suffix ".example.com" (a wildcard *.example.com) that host ends in
-// after at least one label. The comparison ignores case.
-func hostMatches(hosts []string, host string) bool {
-	for _, h := range hosts {
-		if h[0] == '.' {
-			if len(host) > len(h) && strings.EqualFold(host[len(host)-len(h):], h) {
-				return true
-			}
-			continue
-		}
-		if strings.EqualFold(host, h) {
-			return true
-		}
-	}
-	return false
 }

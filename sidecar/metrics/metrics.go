@@ -8,7 +8,11 @@
 package metrics
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 const namespace = "floodgate_sidecar"
@@ -61,13 +65,35 @@ type Metrics struct {
 	// or summed into a summary line), dropped (queue full) or unlogged
 	// (the log level is above info).
 	DenyEventsTotal *prometheus.CounterVec
+	// ExemptTotal counts requests that a rule matched but its exempt
+	// section (or its policy's) left alone, by policy and rule.
+	ExemptTotal *prometheus.CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
-	// (400: bad cost or missing key part) and upstream_error (502).
+	// (400: bad cost or missing key part; 401: invalid token; 431: header
+	// block too large) and upstream_error (502).
 	RequestsTotal *prometheus.CounterVec
+	// PolicyFailed is 1 for each policy of the config in force that this
+	// sidecar could not compile and does not enforce, by policy
+	// (namespace/name); the other policies are in force.
+	PolicyFailed *prometheus.GaugeVec
+	// ConfigFromState is 1 while the config in force is the last good one
+	// that the sidecar saved in its state directory and read back at
+	// start, because its source (the API server) has not delivered one
+	// yet.
+	ConfigFromState prometheus.Gauge
+	// Lease holds the metrics of leases and split counters.
+	Lease *Leases
 
 	denyCacheSize func() float64
 }
+
+// The labels that name a rule, and the one of a decision's or call's result.
+const (
+	policyLabel = "policy"
+	ruleLabel   = "rule"
+	resultLabel = "result"
+)
 
 // NewMetrics creates the collectors and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -75,7 +101,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Rate-limit decisions by policy, rule and result (allowed, denied, shadow_denied, unavailable).",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{policyLabel, ruleLabel, resultLabel}),
 		DecisionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "decision_duration_seconds",
 			Help:    "Time to decide one request over all its matching rules, store calls included.",
@@ -84,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		StoreOpsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "store_operations_total",
 			Help: "Counter store calls by store, shard and result (ok, unavailable, error).",
-		}, []string{"store", "shard", "result"}),
+		}, []string{"store", "shard", resultLabel}),
 		StoreOpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "store_operation_duration_seconds",
 			Help:    "Counter store call latency by store and shard.",
@@ -93,11 +119,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LocalDenialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "local_denials_total",
 			Help: "Requests denied from the local deny cache without a store call, by policy and rule.",
-		}, []string{"policy", "rule"}),
+		}, []string{policyLabel, ruleLabel}),
 		FallbackDecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "fallback_decisions_total",
 			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
-		}, []string{"policy", "rule", "result"}),
+		}, []string{policyLabel, ruleLabel, resultLabel}),
 		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "fallback_active",
 			Help: "1 while the last call to some shard of the counter store failed, so rules on its keys follow their failure mode.",
@@ -109,7 +135,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ConfigLoadsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_loads_total",
 			Help: "Sidecar config loads by result (ok, error).",
-		}, []string{"result"}),
+		}, []string{resultLabel}),
 		ConfigErrorsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "config_errors_total",
 			Help: "Sidecar configs rejected as invalid; the last good config stays in force.",
@@ -126,6 +152,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "deny_events_total",
 			Help: "Deny events by outcome: logged (alone or summed into a summary line), dropped because the queue was full, or unlogged because the log level is above info.",
 		}, []string{"outcome"}),
+		ExemptTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "exempt_total",
+			Help: "Requests a rule matched but did not limit because they are exempt (its exempt section or its policy's), by policy and rule.",
+		}, []string{policyLabel, ruleLabel}),
 		RequestsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
 			Help: "Requests handled by the sidecar, by outcome (proxied, denied, unavailable, rejected, upstream_error).",
@@ -140,10 +170,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return m.denyCacheSize()
 	})
+	m.PolicyFailed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "floodgate_sidecar_policy_failed",
+		Help: "1 for each policy of the config in force that this sidecar could not compile and does not enforce; the other policies are in force.",
+	}, []string{"policy"})
+	m.ConfigFromState = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "floodgate_sidecar_config_from_state",
+		Help: "1 while the config in force is the last good one read back from --state-dir at start, because its source has not delivered one yet.",
+	})
 	reg.MustRegister(m.DecisionsTotal, m.DecisionDuration, m.StoreOpsTotal, m.StoreOpDuration,
 		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
-		m.DenyEventsTotal, m.RequestsTotal)
+		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal, m.PolicyFailed, m.ConfigFromState)
+	m.Lease = newLeases()
+	reg.MustRegister(m.Lease.collectors()...)
 	return m
 }
 
@@ -173,9 +213,81 @@ func (m *Metrics) ForRule(policy, rule string) *Rule {
 }
 
 // ForgetRule deletes the series of a rule that is no longer configured.
+// It deletes each series by its exact labels, the ones ForRule made, so its
+// cost does not grow with the number of series: forgetting n rules is
+// O(n).
 func (m *Metrics) ForgetRule(policy, rule string) {
-	labels := prometheus.Labels{"policy": policy, "rule": rule}
-	m.DecisionsTotal.DeletePartialMatch(labels)
-	m.LocalDenialsTotal.DeletePartialMatch(labels)
-	m.FallbackDecisionsTotal.DeletePartialMatch(labels)
+	for _, result := range []string{ResultAllowed, ResultDenied, ResultShadowDenied, ResultUnavailable} {
+		m.DecisionsTotal.DeleteLabelValues(policy, rule, result)
+	}
+	m.LocalDenialsTotal.DeleteLabelValues(policy, rule)
+	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultAllowed)
+	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultDenied)
+	m.ExemptTotal.DeleteLabelValues(policy, rule)
+	m.Lease.forget(policy, rule)
+}
+
+// RuleTotals are one rule's counters, by result, and its exempt count.
+type RuleTotals struct {
+	Policy, Rule                               string
+	Allowed, Denied, ShadowDenied, Unavailable uint64
+	Exempt                                     uint64
+}
+
+// Totals reads the decision and exempt counters of every rule, ordered by
+// policy and rule. It reads the collectors as a scrape does, so it never
+// touches the decision path; it is safe for concurrent use.
+func (m *Metrics) Totals() []RuleTotals {
+	byRule := map[[2]string]*RuleTotals{}
+	get := func(labels []*dto.LabelPair) (*RuleTotals, string) {
+		var policy, rule, result string
+		for _, l := range labels {
+			switch l.GetName() {
+			case policyLabel:
+				policy = l.GetValue()
+			case "rule":
+				rule = l.GetValue()
+			case resultLabel:
+				result = l.GetValue()
+			}
+		}
+		k := [2]string{policy, rule}
+		t := byRule[k]
+		if t == nil {
+			t = &RuleTotals{Policy: policy, Rule: rule}
+			byRule[k] = t
+		}
+		return t, result
+	}
+	read := func(c prometheus.Collector, f func(t *RuleTotals, result string, v uint64)) {
+		ch := make(chan prometheus.Metric, 64)
+		go func() { c.Collect(ch); close(ch) }()
+		for pm := range ch {
+			var out dto.Metric
+			if err := pm.Write(&out); err != nil {
+				continue
+			}
+			t, result := get(out.GetLabel())
+			f(t, result, uint64(out.GetCounter().GetValue()))
+		}
+	}
+	read(m.DecisionsTotal, func(t *RuleTotals, result string, v uint64) {
+		switch result {
+		case ResultAllowed:
+			t.Allowed = v
+		case ResultDenied:
+			t.Denied = v
+		case ResultShadowDenied:
+			t.ShadowDenied = v
+		case ResultUnavailable:
+			t.Unavailable = v
+		}
+	})
+	read(m.ExemptTotal, func(t *RuleTotals, _ string, v uint64) { t.Exempt = v })
+	out := make([]RuleTotals, 0, len(byRule))
+	for _, t := range byRule {
+		out = append(out, *t)
+	}
+	slices.SortFunc(out, func(a, b RuleTotals) int { return cmp.Or(cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Rule, b.Rule)) })
+	return out
 }

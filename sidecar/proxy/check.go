@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -32,6 +33,15 @@ const (
 	Rejected
 	// NoConfig answers 503: no config has been loaded yet.
 	NoConfig
+	// Unauthorized answers 401 with WWW-Authenticate: a rule keys on a
+	// jwtClaim and the request's bearer token does not verify (forged,
+	// expired, of another issuer), and the policy does not key such
+	// requests by the next alternative.
+	Unauthorized
+	// TooLarge answers 431: the request's header block is larger than
+	// Options.MaxHeaderBytes. ServeHTTP decides it; another front bounds
+	// the head as it reads it.
+	TooLarge
 )
 
 // Decision is the result of Check. It lives in a State and is valid until
@@ -52,17 +62,14 @@ type Decision struct {
 // concurrent use; a connection may keep one and reuse it for each of its
 // requests.
 type State struct {
-	idx  []int
-	hits []engine.Hit
-	rule []int // set rule index of each hit
-	v    engine.Verdict
-	dreq descriptor.Request
-	d    Decision
+	ruleset.Scratch
+	v engine.Verdict
+	d Decision
 }
 
 func (st *State) reset() {
-	st.dreq.Reset(nil, "", 0)
-	clear(st.hits)
+	st.Request.Reset(nil, "", 0)
+	clear(st.Hits)
 	st.d = Decision{}
 }
 
@@ -80,41 +87,31 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		d.Outcome = NoConfig
 		return d
 	}
-	path := match.CleanPath(r.URL.Path)
-	st.idx = set.Matcher.Match(path, r.Method, r.Host, r.Header, st.idx[:0])
-	st.hits, st.rule = st.hits[:0], st.rule[:0]
-	if len(st.idx) > 0 {
-		st.dreq.Reset(r, path, set.Policies)
-		for _, i := range st.idx {
-			rule := &set.Rules[i]
-			key, ok, err := rule.Extract.Key(&st.dreq)
-			if err != nil {
-				p.rejected.Inc()
-				d.Outcome, d.Detail = Rejected, err.Error()+" (rule "+rule.PolicyName+")"
-				return d
-			}
-			if !ok {
-				continue
-			}
-			cost, err := rule.Cost.Of(r.Header)
-			if err != nil {
-				p.rejected.Inc()
-				d.Outcome, d.Detail = Rejected, err.Error()
-				return d
-			}
-			st.hits = append(st.hits, engine.Hit{Rule: rule.Engine, Key: key, Cost: cost})
-			st.rule = append(st.rule, i)
+	st.Request.Reset(r, match.CleanPath(r.URL.Path), set.Policies)
+	if err := set.Evaluate(&st.Scratch); err != nil {
+		p.rejected.Inc()
+		d.Outcome, d.Detail = Rejected, err.Error()
+		var rej *ruleset.RejectError
+		var cost *ruleset.CostError
+		if errors.As(err, &rej) && !errors.As(err, &cost) {
+			// A key the rule could not take: name the rule.
+			d.Detail += " (rule " + rej.Rule.PolicyName + ")"
 		}
+		var bad *descriptor.InvalidTokenError
+		if errors.As(err, &bad) {
+			d.Outcome = Unauthorized
+		}
+		return d
 	}
-	if len(st.hits) == 0 {
+	if len(st.Hits) == 0 {
 		p.proxied.Inc()
 		d.Outcome = Pass
 		return d
 	}
 	v := &st.v
-	p.o.Engine.Decide(r.Context(), st.hits, v)
+	p.o.Engine.Decide(r.Context(), st.Hits, v)
 	if v.Binding >= 0 {
-		rule := &set.Rules[st.rule[v.Binding]]
+		rule := &set.Rules[st.Rules[v.Binding]]
 		d.Rule, d.Result = rule, v.Results[v.Binding]
 		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, d.Result.Decision, v.Outcome != engine.Allow)
 	}
@@ -148,7 +145,7 @@ func (p *Proxy) publish(r *http.Request, st *State, v *engine.Verdict) {
 			p.o.Events.Publish(events.Event{})
 			continue
 		}
-		p.o.Events.Publish(events.Deny(time.Now(), &st.hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
+		p.o.Events.Publish(events.Deny(time.Now(), &st.Hits[i], &v.Results[i], r.Method, r.URL.Path, r.RemoteAddr))
 	}
 }
 
@@ -167,6 +164,9 @@ type problemSpec struct {
 	secs               int64  // Retry-After and retryAfter, in seconds; 0 for none
 }
 
+// detail is the problem's detail in one string.
+func (ps *problemSpec) detail() string { return ps.d0 + ps.d1 + ps.d2 + ps.d3 + ps.d4 }
+
 // problem is the problem answer of a decision that is not proxied.
 func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
@@ -181,6 +181,10 @@ func (d *Decision) problem() problemSpec {
 			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
 	case Rejected:
 		return problemSpec{status: http.StatusBadRequest, typ: ProblemBadRequest, title: "Bad Request", d0: d.Detail}
+	case Unauthorized:
+		return problemSpec{status: http.StatusUnauthorized, typ: ProblemBadToken, title: "Unauthorized", d0: d.Detail}
+	case TooLarge:
+		return problemSpec{status: http.StatusRequestHeaderFieldsTooLarge, typ: ProblemTooLarge, title: "Request Header Fields Too Large", d0: d.Detail}
 	case NoConfig:
 		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: "Service Unavailable",
 			d0: "the rate limiter has no configuration yet", secs: ratelimitheaders.RetrySeconds(time.Second)}
@@ -224,6 +228,11 @@ func AppendProblem(b []byte, d *Decision, date []byte, closing bool) []byte {
 	b = append(b, ' ')
 	b = append(b, ps.title...)
 	b = append(b, "\r\nCache-Control: no-store\r\nContent-Type: application/problem+json\r\n"...)
+	if d.Outcome == Unauthorized {
+		b = append(b, "WWW-Authenticate: "...)
+		b = append(b, invalidTokenChallenge[0]...)
+		b = append(b, "\r\n"...)
+	}
 	if d.Rule != nil {
 		b = AppendFields(b, d) // Retry-After among them
 	} else if ps.secs > 0 {

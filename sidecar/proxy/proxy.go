@@ -23,6 +23,27 @@
 //
 // A deny adds Retry-After (whole seconds, rounded up, at least 1) and an
 // RFC 9457 application/problem+json body.
+//
+// # gRPC
+//
+// A gRPC call (Content-Type application/grpc) that the sidecar refuses is
+// answered as gRPC, not as HTTP: a Trailers-Only answer with grpc-status 8
+// (RESOURCE_EXHAUSTED) for a deny, grpc-retry-pushback-ms, and the
+// rate-limit fields in the trailers (ratelimitheaders.GRPCRefusal). A gRPC
+// client reads a bare HTTP 429 as UNAVAILABLE and retries it at once.
+//
+// # The path the application sees
+//
+// Rules match the cleaned path (match.CleanPath: "/a/../admin" is
+// "/admin"). When cleaning changes the path, the application is sent the
+// cleaned path, so that it serves the path the rules matched and not
+// another one its router would make of the raw path.
+//
+// # Header size
+//
+// With Options.MaxHeaderBytes, a request whose header block (request line
+// and fields, as sent on HTTP/1.1) is larger is answered 431, exactly at
+// the bound.
 package proxy
 
 import (
@@ -43,6 +64,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
+	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -55,6 +77,8 @@ const (
 	ProblemBadRequest  = "https://floodgate.dev/problems/bad-request"
 	ProblemNoConfig    = "https://floodgate.dev/problems/no-config"
 	ProblemUpstream    = "https://floodgate.dev/problems/upstream-unreachable"
+	ProblemBadToken    = "https://floodgate.dev/problems/invalid-token"
+	ProblemTooLarge    = "https://floodgate.dev/problems/header-too-large"
 )
 
 // Options configure a Proxy.
@@ -74,6 +98,9 @@ type Options struct {
 	Events *events.Queue
 	// Log receives upstream errors; nil uses slog.Default().
 	Log *slog.Logger
+	// MaxHeaderBytes, when positive, answers 431 to a request whose
+	// header block is larger (see HeaderSize).
+	MaxHeaderBytes int
 }
 
 // Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
@@ -106,6 +133,10 @@ func New(o Options) (*Proxy, error) {
 	up := o.Upstream
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// The application serves the path the rules matched.
+			if clean := match.CleanPath(pr.In.URL.Path); clean != pr.In.URL.Path {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = clean, ""
+			}
 			pr.SetURL(up)
 			// The application sees the Host the client asked for.
 			pr.Out.Host = pr.In.Host
@@ -124,7 +155,7 @@ func New(o Options) (*Proxy, error) {
 			}
 			p.UpstreamFailed(err, r.Method, r.URL.Path)
 			ps := UpstreamError.problem()
-			problem(w, &ps)
+			problem(w, r, nil, &ps)
 		},
 	}
 	rt := o.Metrics.RequestsTotal
@@ -166,6 +197,14 @@ func (p *Proxy) Rules() *ruleset.Set { return p.rules.Load() }
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if max := p.o.MaxHeaderBytes; max > 0 && HeaderSize(r) > max {
+		// net/http lets up to 4096 bytes more through; the bound is
+		// exact here.
+		p.rejected.Inc()
+		ps := (&Decision{Outcome: TooLarge, Detail: "the request header block is larger than " + strconv.Itoa(max) + " bytes"}).problem()
+		problem(w, r, nil, &ps)
+		return
+	}
 	st := p.pool.Get().(*State)
 	defer p.release(st)
 	d := p.Check(r, st)
@@ -180,10 +219,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		ps := d.problem()
 		if d.Rule != nil {
-			refuse(w, &d.Binding, &ps)
+			refuse(w, r, &d.Binding, &ps)
 			return
 		}
-		problem(w, &ps)
+		var challenge []string
+		if d.Outcome == Unauthorized {
+			// RFC 6750: the token is the problem, not the request.
+			challenge = invalidTokenChallenge
+		}
+		problem(w, r, challenge, &ps)
 	}
 }
 
@@ -225,10 +269,57 @@ func setValues(h http.Header, all string, ends []int, names []string) {
 	}
 }
 
+// HeaderSize is the size of r's header block as HTTP/1.1 sends it: the
+// request line, each field as "Name: value" and CRLF (Host included), and
+// the empty line that ends the block. It is what --max-header-bytes
+// bounds, for HTTP/2 requests as well.
+func HeaderSize(r *http.Request) int {
+	uri := r.RequestURI
+	if uri == "" {
+		uri = r.URL.RequestURI()
+	}
+	n := len(r.Method) + 1 + len(uri) + 1 + len(r.Proto) + 2
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host) + 2
+	}
+	for name, vs := range r.Header {
+		for _, v := range vs {
+			n += len(name) + 2 + len(v) + 2
+		}
+	}
+	return n + 2
+}
+
+// WriteGRPCRefusal answers a gRPC call that the sidecar refuses with the
+// HTTP status status: a Trailers-Only gRPC answer whose trailers carry the
+// gRPC status for it (ratelimitheaders.GRPCStatus), msg, the retry
+// pushback when retry is positive, and b's rate-limit fields when b is not
+// nil.
+func WriteGRPCRefusal(w http.ResponseWriter, b *ratelimitheaders.Binding, status int, msg string, retry time.Duration) {
+	var buf [20]string
+	pairs := ratelimitheaders.GRPCRefusal(buf[:0], b, ratelimitheaders.GRPCStatus(status), msg, retry)
+	h := w.Header()
+	h["Content-Type"] = grpcContentType
+	for i := 0; i+1 < len(pairs); i += 2 {
+		h[pairs[i]] = pairs[i+1 : i+2 : i+2]
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// isGRPC reports whether r is a gRPC call.
+func isGRPC(r *http.Request) bool {
+	ct := r.Header["Content-Type"]
+	return len(ct) == 1 && ratelimitheaders.IsGRPC(ct[0])
+}
+
 // refuse answers a request that binding b refused: its response fields
 // (Retry-After among them), and the problem+json body ps, whose
-// retryAfter is the Retry-After field.
-func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, ps *problemSpec) {
+// retryAfter is the Retry-After field; for a gRPC call, the gRPC answer.
+func refuse(w http.ResponseWriter, r *http.Request, b *ratelimitheaders.Binding, ps *problemSpec) {
+	if isGRPC(r) {
+		WriteGRPCRefusal(w, b, ps.status, ps.detail(), time.Duration(b.RetrySeconds())*time.Second)
+		return
+	}
 	body := appendProblemBody(make([]byte, 0, 256), ps)
 	// The fields and Content-Length share one string and one backing
 	// array.
@@ -250,8 +341,17 @@ func refuse(w http.ResponseWriter, b *ratelimitheaders.Binding, ps *problemSpec)
 }
 
 // problem writes an RFC 9457 problem+json answer that no rule's fields go
-// with; ps.secs > 0 adds a Retry-After of that many seconds.
-func problem(w http.ResponseWriter, ps *problemSpec) {
+// with, or the gRPC answer to a gRPC call; ps.secs > 0 adds a Retry-After
+// of that many seconds. challenge, when not nil, is the WWW-Authenticate
+// field.
+func problem(w http.ResponseWriter, r *http.Request, challenge []string, ps *problemSpec) {
+	if challenge != nil {
+		w.Header()["Www-Authenticate"] = challenge
+	}
+	if isGRPC(r) {
+		WriteGRPCRefusal(w, nil, ps.status, ps.detail(), time.Duration(ps.secs)*time.Second)
+		return
+	}
 	body := appendProblemBody(make([]byte, 0, 256), ps)
 	var buf [40]byte
 	out := strconv.AppendInt(buf[:0], int64(len(body)), 10)
@@ -272,9 +372,11 @@ func problem(w http.ResponseWriter, ps *problemSpec) {
 // The constant header values of a problem answer, shared by all: their
 // capacity equals their length, so an append to one copies it.
 var (
-	problemContentType = []string{"application/problem+json"}
-	noStore            = []string{"no-store"}
-	problemHeaders     = [2]string{"Content-Length", "Retry-After"}
+	grpcContentType       = []string{ratelimitheaders.GRPCContentType}
+	invalidTokenChallenge = []string{`Bearer error="invalid_token"`}
+	problemContentType    = []string{"application/problem+json"}
+	noStore               = []string{"no-store"}
+	problemHeaders        = [2]string{"Content-Length", "Retry-After"}
 )
 
 // appendJSONString appends s as a JSON string (see appendJSONEscaped).
@@ -347,8 +449,9 @@ func (bufferPool) Get() []byte { return *(buffers.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // NotReady answers a request that arrives before any config is loaded:
-// 503 with Retry-After, as a fail-closed sidecar should.
-func NotReady(w http.ResponseWriter) {
+// 503 with Retry-After, as a fail-closed sidecar should (UNAVAILABLE with
+// a retry pushback to a gRPC call).
+func NotReady(w http.ResponseWriter, r *http.Request) {
 	ps := (&Decision{Outcome: NoConfig}).problem()
-	problem(w, &ps)
+	problem(w, r, nil, &ps)
 }

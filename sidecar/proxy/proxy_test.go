@@ -212,3 +212,82 @@ func BenchmarkServeHTTPDenied(b *testing.B) {
 		p.ServeHTTP(rec, req)
 	}
 }
+
+// Conditions, hosts, key expressions and exemptions over real sockets: the
+// app sees every request the rule leaves alone, and the rule limits only
+// the POSTs to api.example.com, per organisation.
+func TestConditionsOverSockets(t *testing.T) {
+	t.Parallel()
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(backend.Close)
+	c, err := config.Load([]byte(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  exempt: {sourceCIDRs: ["203.0.113.0/24"]}
+  trustedProxies: {cidrs: [127.0.0.0/8]}
+  rules:
+  - name: orders
+    match: {hosts: [api.example.com], when: ["request.method == 'POST'"]}
+    key: [{expression: "request.headers['x-org']"}]
+    limit: {requests: 2, per: 1h}
+    exempt: {when: ["request.headers['x-probe'] == 'health'"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	set, err := ruleset.Compile(c, labels.Set{}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := memstore.New()
+	e, _ := engine.New(engine.Options{Store: st, Fallback: st, Metrics: m})
+	u, _ := url.Parse(backend.URL)
+	p, err := New(Options{Upstream: u, Engine: e, Metrics: m, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetRules(set)
+	front := httptest.NewServer(p)
+	t.Cleanup(front.Close)
+
+	send := func(method, host string, h map[string]string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, front.URL+"/orders", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	acme := map[string]string{"X-Org": "acme"}
+	for i, want := range []int{200, 200, 429, 429} {
+		if got := send("POST", "API.example.com:443", acme); got != want {
+			t.Errorf("POST %d of acme: %d, want %d", i, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		what, method, host string
+		h                  map[string]string
+	}{
+		{"another organisation", "POST", "api.example.com", map[string]string{"X-Org": "globex"}},
+		{"a GET", "GET", "api.example.com", acme},
+		{"another host", "POST", "www.example.com", acme},
+		{"a health probe", "POST", "api.example.com", map[string]string{"X-Org": "acme", "X-Probe": "health"}},
+		{"an exempt network", "POST", "api.example.com", map[string]string{"X-Org": "acme", "X-Forwarded-For": "203.0.113.9"}},
+		{"no organisation: the key part is missing", "POST", "api.example.com", nil},
+	} {
+		if got := send(tc.method, tc.host, tc.h); got != http.StatusOK {
+			t.Errorf("%s: %d, want 200", tc.what, got)
+		}
+	}
+}

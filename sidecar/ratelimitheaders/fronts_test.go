@@ -92,15 +92,20 @@ var fieldCases = []fieldCase{
 	{name: "fail-closed", rules: []rule{{name: "fail-closed", limit: tb, extra: "failureMode: Closed", down: true}},
 		cost: 1, status: 503,
 		want: [...]string{"4", "0", "1", `"p.fail-closed";q=2;w=60`, `"p.fail-closed";r=0;t=1`, "1"}},
-	// A fail-open rule decides on its local share, limit/replicas: 1 per
-	// minute, burst 2. X-RateLimit-Limit is that bucket's capacity, the
-	// bucket that Remaining and Reset describe; RateLimit-Policy is still
-	// the rule's policy.
-	{name: "fallback", rules: []rule{{name: "fallback", limit: tb, down: true}}, cost: 1, status: 200,
-		want: [...]string{"2", "1", "60", `"p.fallback";q=2;w=60`, `"p.fallback";r=1;t=60`, ""}},
+	// A fail-open rule decides on this replica's share of the limit
+	// (limiter.Share): 2 per minute, burst 4, dealt out to 2 replicas, a
+	// token every 30 s, each replica holding at most 2. The sidecar has
+	// no pod name, so it is replica 1 (a hash of ""), which owns the odd
+	// tokens; the key starts empty, and t0 is 10 s before token
+	// 56666667 arrives (t0*2/60s = 56666666.67). X-RateLimit-Limit is the
+	// share's capacity, the bucket that Remaining and Reset describe (full
+	// when tokens up to 56666670 have arrived, 100 s on);
+	// RateLimit-Policy is still the rule's policy.
+	{name: "fallback", rules: []rule{{name: "fallback", limit: tb, down: true}}, cost: 1, status: 429,
+		want: [...]string{"2", "0", "100", `"p.fallback";q=2;w=60`, `"p.fallback";r=0;t=100`, "10"}},
 	{name: "fallback-denied", rules: []rule{{name: "fallback-denied", limit: tb, down: true}},
 		before: []int64{1, 1}, cost: 1, status: 429,
-		want: [...]string{"2", "0", "120", `"p.fallback-denied";q=2;w=60`, `"p.fallback-denied";r=0;t=120`, "60"}},
+		want: [...]string{"2", "0", "100", `"p.fallback-denied";q=2;w=60`, `"p.fallback-denied";r=0;t=100`, "10"}},
 }
 
 // policies renders the table's rules as a sidecar config, in one form or
@@ -373,7 +378,8 @@ func TestFrontsDenyEventsAgree(t *testing.T) {
 	type event struct {
 		Msg, Policy, Rule, Key, Source, Method, Path, Client string
 		Shadow                                               bool
-		Limit, Cost, RetryAfter                              int64
+		Limit, Cost                                          int64
+		RetryAfterSeconds                                    float64
 	}
 	c := &fieldCase{name: "cost-denied"}
 	got := map[string]event{}
@@ -394,13 +400,13 @@ func TestFrontsDenyEventsAgree(t *testing.T) {
 		e := event{Msg: raw["msg"].(string), Policy: raw["policy"].(string), Rule: raw["rule"].(string), Key: raw["key"].(string),
 			Source: raw["source"].(string), Method: raw["method"].(string), Path: raw["path"].(string), Client: raw["client"].(string),
 			Shadow: raw["shadow"].(bool), Limit: int64(raw["limit"].(float64)), Cost: int64(raw["cost"].(float64)),
-			RetryAfter: int64(raw["retryAfter"].(float64))}
+			RetryAfterSeconds: raw["retryAfterSeconds"].(float64)}
 		got[f.name] = e
 	}
 	h, g := got["http"], got["grpc"]
 	for _, e := range []event{h, g} {
 		if e.Msg != "rate limit deny" || e.Policy != "p" || e.Rule != "cost-denied" || e.Source != "store" ||
-			e.Shadow || e.Limit != 4 || e.Cost != 3 || e.RetryAfter != int64(30*time.Second) ||
+			e.Shadow || e.Limit != 4 || e.Cost != 3 || e.RetryAfterSeconds != 30 ||
 			!strings.HasPrefix(e.Key, "up:cost-denied:") || e.Client != "127.0.0.1" {
 			t.Errorf("deny event %+v", e)
 		}

@@ -170,7 +170,9 @@ func newDescriptorBuilder() *descriptorBuilder {
 }
 
 // add compiles descriptor rule r of policy p (index pi).
-func (b *descriptorBuilder) add(pi int, p *config.Policy, r *config.Rule, m *metrics.Metrics) error {
+// prepare compiles descriptor rule r of policy p without adding it: add
+// it with insert once every rule of the policy has compiled.
+func prepare(p *config.Policy, r *config.Rule, share limiter.Share, m *metrics.Metrics) (*DescriptorRule, error) {
 	dm := r.Match.Descriptors
 	dr := &DescriptorRule{
 		Policy: p.Name, Name: r.Name, PolicyName: p.Name + "." + r.Name, Domain: dm.Domain,
@@ -184,21 +186,30 @@ func (b *descriptorBuilder) add(pi int, p *config.Policy, r *config.Rule, m *met
 		l.Requests = 1
 		lim, err := l.Limiter()
 		if err != nil {
-			return fmt.Errorf("limit: %w", err)
+			return nil, fmt.Errorf("limit: %w", err)
 		}
 		lim.Requests = 0
 		dr.Limit, dr.Block = lim, true
 	default:
 		lim, err := r.Limit.Limiter()
 		if err != nil {
-			return fmt.Errorf("limit: %w", err)
+			return nil, fmt.Errorf("limit: %w", err)
 		}
-		er, err := engine.NewRule(p.Name, r.Name, lim, p.Replicas, r.FailureMode == config.FailureClosed, dr.Shadow, m)
+		er, err := engine.NewSharedRule(p.Name, r.Name, lim, share, r.FailureMode == config.FailureClosed, dr.Shadow, m)
 		if err != nil {
-			return fmt.Errorf("limit: %w", err)
+			return nil, fmt.Errorf("limit: %w", err)
+		}
+		if err := er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m); err != nil {
+			return nil, fmt.Errorf("limit: %w", err)
 		}
 		dr.Limit, dr.Engine = lim, er
 	}
+	return dr, nil
+}
+
+// insert adds a prepared descriptor rule of the policy with index pi.
+func (b *descriptorBuilder) insert(pi int, r *config.Rule, dr *DescriptorRule) {
+	dm := r.Match.Descriptors
 	root := b.d.domains[dm.Domain]
 	if root == nil {
 		root = &DescriptorNode{}
@@ -217,7 +228,6 @@ func (b *descriptorBuilder) add(pi int, p *config.Policy, r *config.Rule, m *met
 	if len(dm.Replaces) > 0 {
 		b.pending = append(b.pending, pendingReplace{rule: dr, policy: pi, names: dm.Replaces})
 	}
-	return nil
 }
 
 // finish resolves replaces, which may name rules later in the policy.

@@ -1,8 +1,6 @@
 package ruleset
 
 import (
-	"fmt"
-
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 )
@@ -13,19 +11,17 @@ import (
 // immutable once built and safe for concurrent use.
 type Requests struct {
 	policies map[string]*RequestPolicy
+	// reported describes each rule of the set (reported[i] is Set.Rules[i])
+	// as the Envoy front reports a rule in a descriptor status and the
+	// response fields.
+	reported []*DescriptorRule
 }
 
-// RequestPolicy is one policy's HTTP rules, matched on their own.
+// RequestPolicy is one policy's HTTP rules, matched on their own (see
+// Set.EvaluatePolicy): its matcher's rule i is Set.Rules[first+i].
 type RequestPolicy struct {
-	// Matcher indexes the policy's rules: matcher rule i is set rule
-	// Rules[i].
-	Matcher *match.Matcher
-	// Rules are indices into Set.Rules.
-	Rules []int
-	// Reported describes each of Rules (Reported[i] is Rules[i]) as the
-	// Envoy front reports a rule in a descriptor status and the response
-	// fields: its engine rule, names, limit and mode.
-	Reported []*DescriptorRule
+	matcher *match.Matcher
+	first   int
 }
 
 // Policy returns the rules of the policy a request descriptor names,
@@ -38,6 +34,10 @@ func (r *Requests) Policy(id string) *RequestPolicy {
 	return r.policies[id]
 }
 
+// Reported describes Set.Rules[i] as the Envoy front reports a rule: its
+// engine rule, names, limit and mode.
+func (r *Requests) Reported(i int) *DescriptorRule { return r.reported[i] }
+
 // Len returns the number of policies.
 func (r *Requests) Len() int {
 	if r == nil {
@@ -46,34 +46,29 @@ func (r *Requests) Len() int {
 	return len(r.policies)
 }
 
-// newRequests groups rules, whose matches are ms (ms[i] is rules[i]'s), by
-// policy.
-func newRequests(rules []Rule, ms []config.Match) (*Requests, error) {
-	out := &Requests{policies: map[string]*RequestPolicy{}}
-	matches := map[string][]config.Match{}
-	var order []string
+// newRequests starts an empty index; CompileFor adds each policy in force.
+func newRequests() *Requests { return &Requests{policies: map[string]*RequestPolicy{}} }
+
+// add indexes the policy namespace/name, whose HTTP rules are the n set
+// rules from first on, matched by m. A second policy of the same name
+// (which a valid document does not hold) is left out.
+func (r *Requests) add(namespace, name string, m *match.Matcher, first, n int) {
+	id := config.PolicyEntryValue(namespace, name)
+	if _, dup := r.policies[id]; dup || n == 0 {
+		return
+	}
+	r.policies[id] = &RequestPolicy{matcher: m, first: first}
+}
+
+// finish describes the set's rules for the Envoy front.
+func (r *Requests) finish(rules []Rule) *Requests {
+	r.reported = make([]*DescriptorRule, len(rules))
 	for i := range rules {
-		id := config.PolicyEntryValue(rules[i].Namespace, rules[i].Engine.Policy)
-		p := out.policies[id]
-		if p == nil {
-			p = &RequestPolicy{}
-			out.policies[id] = p
-			order = append(order, id)
-		}
-		p.Rules = append(p.Rules, i)
 		er := rules[i].Engine
-		p.Reported = append(p.Reported, &DescriptorRule{
+		r.reported[i] = &DescriptorRule{
 			Engine: er, Policy: er.Policy, Name: er.Name, PolicyName: rules[i].PolicyName,
 			Limit: er.Limit, Shadow: er.Shadow,
-		})
-		matches[id] = append(matches[id], ms[i])
-	}
-	for _, id := range order {
-		m, err := match.New(matches[id])
-		if err != nil {
-			return nil, fmt.Errorf("policy %s: %w", id, err)
 		}
-		out.policies[id].Matcher = m
 	}
-	return out, nil
+	return r
 }

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -34,9 +35,17 @@ func (c *Config) Check(w io.Writer, path string) error {
 	if err != nil {
 		return fmt.Errorf("pod labels: %w", err)
 	}
-	set, err := ruleset.Compile(cfg, lbls, metrics.NewMetrics(prometheus.NewRegistry()))
+	set, err := ruleset.CompileFor(cfg, ruleset.Pod{Labels: lbls, Name: c.PodName}, metrics.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		return fmt.Errorf("%s does not compile:\n%w", path, err)
+	}
+	if len(set.Failed) > 0 {
+		// A sidecar would enforce the others; a check reports them all.
+		errs := make([]error, len(set.Failed))
+		for i := range set.Failed {
+			errs[i] = fmt.Errorf("policies[%d] (%s): %w", set.Failed[i].Index, set.Failed[i].ID(), set.Failed[i].Err)
+		}
+		return fmt.Errorf("%s: %d policies do not compile (a sidecar would enforce the others):\n%w", path, len(set.Failed), errors.Join(errs...))
 	}
 	if _, err := fmt.Fprintf(w, "%s: valid (revision %s)\n", path, cfg.Revision); err != nil {
 		return err
@@ -44,7 +53,8 @@ func (c *Config) Check(w io.Writer, path string) error {
 	if err := rlsimport.Explain(w, cfg, format, mapping); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "\nfor a pod with labels {%s}: %d HTTP rules, %d Envoy descriptor rules in %d domains; ignored policies (podSelector): %v\n",
-		lbls.String(), len(set.Rules), len(set.Descriptors.Rules()), set.Descriptors.Domains(), set.Ignored)
+	native, total := set.Conditions()
+	_, err = fmt.Fprintf(w, "\nfor a pod with labels {%s}: %d HTTP rules, %d Envoy descriptor rules in %d domains; ignored policies (podSelector): %v; replaced rules (replacedBy): %v; CEL conditions: %d, of which %d run as Go and %d in the interpreter\n",
+		lbls.String(), len(set.Rules), len(set.Descriptors.Rules()), set.Descriptors.Domains(), set.Ignored, set.Replaced, total, native, total-native)
 	return err
 }

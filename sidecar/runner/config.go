@@ -68,6 +68,7 @@ type Config struct {
 	RedisAddrs      string
 	RedisPassword   string
 	RedisPassFile   string
+	RedisUserFile   string
 	RedisTLS        bool
 	RedisTLSCAFile  string
 	RedisTLSServer  string
@@ -115,6 +116,11 @@ type Config struct {
 	// CheckConfig, when set, validates and explains this policy file and
 	// exits without serving.
 	CheckConfig string
+	// StateDir, when set, is where the sidecar saves the last document it
+	// applied from its source, and reads it back at start: a restarted
+	// sidecar enforces its last good revision until the source (the API
+	// server) answers. The injector sets it to an emptyDir.
+	StateDir string
 
 	// debugClockStart is --debug-manual-clock, which only a build with
 	// DebugClockTag has (debugclock.go).
@@ -145,12 +151,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodLabelsFile, "pod-labels-file", "", "file of this pod's labels, one key=\"value\" per line (a downward API volume); merged with --pod-labels")
 	fs.BoolVar(&c.Kubernetes, "kubernetes", false, "Kubernetes mode: watch the namespace's "+config.ConfigMapName+" ConfigMap instead of --policy-file, and report the pod condition")
 	fs.StringVar(&c.Namespace, "namespace", "", "Kubernetes mode: the pod's namespace (default $"+config.EnvPodNamespace+")")
-	fs.StringVar(&c.PodName, "pod-name", "", "Kubernetes mode: the pod's name (default $"+config.EnvPodName+")")
+	fs.StringVar(&c.PodName, "pod-name", "", "the pod's name (default $"+config.EnvPodName+"): finds this sidecar's replica index in the config (fail-open shares); required with --kubernetes")
+	fs.StringVar(&c.StateDir, "state-dir", "", "directory where the last applied config is saved and read back at start, so that a restarted sidecar enforces it until its source answers; empty: off")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file; empty uses the in-cluster service account")
 	fs.StringVar(&c.ConfigMapName, "configmap-name", config.ConfigMapName, "Kubernetes mode: the ConfigMap of the namespace to watch; the central rate-limit service watches "+config.RateLimitServiceConfigMapName)
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
+	fs.StringVar(&c.RedisUserFile, "redis-username-file", "", "file holding the Redis ACL user to authenticate as with the password, read with it for every new connection; a missing file means the default user")
 	fs.BoolVar(&c.RedisTLS, "redis-tls", false, "use TLS to Redis")
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
@@ -162,8 +170,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RedisBreakerFailures, "redis-breaker-failures", redisstore.DefaultBreakerFailures,
 		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode)")
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
-		"how long an open breaker fails fast before one probe call tests the shard again")
-	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted; larger gets 431")
+		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
+	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
@@ -277,6 +285,13 @@ func (c *Config) Validate() error {
 		bad("redis-addrs", "given with --store memory")
 	}
 	c.validateRedis(bad)
+	if c.StateDir != "" {
+		if st, err := os.Stat(c.StateDir); err != nil {
+			bad("state-dir", "%v", err)
+		} else if !st.IsDir() {
+			bad("state-dir", "%s is not a directory", c.StateDir)
+		}
+	}
 	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
 		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)
 	}
@@ -325,6 +340,9 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		if _, err := os.Stat(c.RedisPassFile); err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 			bad("redis-password-file", "%v", err)
 		}
+	}
+	if c.RedisUserFile != "" && c.RedisPassFile == "" {
+		bad("redis-username-file", "needs --redis-password-file")
 	}
 	if c.RedisTLSCAFile != "" {
 		if _, err := os.Stat(c.RedisTLSCAFile); err != nil {

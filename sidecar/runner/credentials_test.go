@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -48,5 +49,28 @@ func TestCredentialsFollowThePasswordFile(t *testing.T) {
 	}
 	if _, pw := creds(); pw != "from-env" {
 		t.Errorf("password %q, want the environment's", pw)
+	}
+
+	// The ACL user is read with the password; without its file, the
+	// default user.
+	uf := filepath.Join(dir, "username")
+	if err := os.WriteFile(pf, []byte("pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	creds, err = (&Config{RedisPassFile: pf, RedisUserFile: uf, Kubernetes: true}).credentials(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user, pw := creds(); user != "" || pw != "pw" {
+		t.Errorf("credentials (%q, %q) without a username file, want the default user and pw", user, pw)
+	}
+	if err := os.WriteFile(uf, []byte("floodgate-sidecar\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if user, pw := creds(); user != "floodgate-sidecar" || pw != "pw" {
+		t.Errorf("credentials (%q, %q), want (floodgate-sidecar, pw)", user, pw)
+	}
+	if err := (&Config{RedisUserFile: uf, Listen: ":0"}).Validate(); err == nil || !strings.Contains(err.Error(), "--redis-username-file") {
+		t.Errorf("Validate with a username file and no password file: %v, want an error naming --redis-username-file", err)
 	}
 }

@@ -97,12 +97,15 @@ type scriptedSource struct {
 
 func (s *scriptedSource) Run(ctx context.Context, deliver func(configsource.Update)) {
 	for _, u := range s.updates {
-		u.Result = func(inForce string, err error) {
+		u.Result = func(o configsource.Outcome) {
 			msg := "applied"
-			if err != nil {
-				msg = "rejected: " + err.Error()
+			if o.Err != nil {
+				msg = "rejected: " + o.Err.Error()
 			}
-			s.results <- inForce + " " + msg
+			if len(o.Failed) > 0 {
+				msg += " but " + strings.Join(o.Failed, ",")
+			}
+			s.results <- o.InForce + " " + msg
 		}
 		deliver(u)
 	}

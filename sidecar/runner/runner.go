@@ -48,10 +48,29 @@ type Runner struct {
 	reg *prometheus.Registry
 	m   *metrics.Metrics
 	ev  *events.Queue
+	// started is when the counters started, for the usage report.
+	started time.Time
 
 	adminLn, proxyLn net.Listener
 	grpcLn           net.Listener     // nil unless --grpc-listen
 	rls              *envoyrls.Server // nil unless --grpc-listen
+
+	// applyMu serialises applies: the source's updates, key-file
+	// reloads and the state read at start.
+	applyMu sync.Mutex
+	// lastData and lastOrigin are the document in force as delivered, to
+	// apply it again when a key file it names changes; keys are the
+	// fingerprints of those files when it was applied. Guarded by
+	// applyMu.
+	lastData   []byte
+	lastOrigin string
+	keys       map[string]fileStamp
+	// forget holds the sets whose removed rules' metrics are still to be
+	// deleted, by the cleanup goroutine or before the next compile,
+	// whichever comes first; guarded by applyMu. cleanup wakes the
+	// goroutine.
+	forget  []forgetSets
+	cleanup chan struct{}
 
 	mu      sync.Mutex // guards status and the fields below
 	status  Status
@@ -79,12 +98,39 @@ type Status struct {
 	Store           StoreStatus `json:"store"`
 	StoreDrift      string      `json:"storeDrift,omitempty"`
 	IgnoredPolicies []string    `json:"ignoredPolicies,omitempty"`
-	Rules           int         `json:"rules"`
+	// ReplacedRules names, as "<policy>.<rule>", the rules this pod does
+	// not enforce because a policy it enforces replaces them.
+	ReplacedRules []string `json:"replacedRules,omitempty"`
+	// FailedPolicies are the policies of the config in force that could
+	// not be compiled here, with why; the others are in force.
+	FailedPolicies []FailedPolicy `json:"failedPolicies,omitempty"`
+	// FromState is set while the config in force was read back from
+	// --state-dir at start and its source has not delivered one yet.
+	FromState bool `json:"fromState,omitempty"`
+	Rules     int  `json:"rules"`
+	// Conditions counts the CEL conditions of the HTTP rules, and how many
+	// of them run as Go rather than in cel-go's interpreter.
+	Conditions ConditionStatus `json:"conditions"`
 	// DescriptorRules counts the rules served on the Envoy rate-limit API.
 	DescriptorRules int `json:"descriptorRules"`
 	// Format is the format the config in force was written in.
 	Format string         `json:"format,omitempty"`
 	Config *config.Config `json:"config,omitempty"`
+}
+
+// ConditionStatus counts CEL conditions.
+type ConditionStatus struct {
+	Total  int `json:"total"`
+	Native int `json:"native"`
+}
+
+// FailedPolicy is a policy that could not be compiled.
+type FailedPolicy struct {
+	Policy string `json:"policy"`
+	Error  string `json:"error"`
+	// name is the policy's name within its namespace, as the pod
+	// condition names it for the manager.
+	name string
 }
 
 // StoreStatus describes the store in use; it never holds the password.
@@ -117,7 +163,7 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	if source == nil {
 		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
-	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry()}
+	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), cleanup: make(chan struct{}, 1), started: time.Now().UTC().Truncate(time.Millisecond)}
 	if r.clock, r.clockHandler, err = debugClock(cfg); err != nil {
 		return nil, err
 	}
@@ -185,11 +231,24 @@ func (r *Runner) Run(ctx context.Context) error {
 	evCtx, stopEvents := context.WithCancel(context.WithoutCancel(ctx))
 	go r.ev.Run(evCtx)
 
+	// The last good config saved before a restart is in force until the
+	// source delivers one: the API server may be unreachable.
+	r.applySaved()
 	srcCtx, stopSource := context.WithCancel(ctx)
 	srcDone := make(chan struct{})
 	go func() {
 		defer close(srcDone)
 		r.source.Run(srcCtx, r.apply)
+	}()
+	keysDone := make(chan struct{})
+	go func() {
+		defer close(keysDone)
+		r.watchKeyFiles(srcCtx)
+	}()
+	cleanDone := make(chan struct{})
+	go func() {
+		defer close(cleanDone)
+		r.cleanMetrics(srcCtx)
 	}()
 
 	// The proxy listener serves from the start: 503 until the first good
@@ -198,10 +257,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	proxyErr := make(chan error, 1)
 	ls := r.leanServer()
 	if ls != nil {
-		go func() { proxyErr <- ls.Serve(r.proxyLn) }()
+		go func() { proxyErr <- ls.Serve(lingerListener{r.proxyLn}) }()
 		go func() { _ = srv.Serve(ls.Handoff()) }()
 	} else {
-		go func() { proxyErr <- srv.Serve(r.proxyLn) }()
+		go func() { proxyErr <- srv.Serve(lingerListener{r.proxyLn}) }()
 	}
 	// The Envoy rate-limit service serves from the start too: UNAVAILABLE
 	// and health NOT_SERVING until the first good config.
@@ -227,6 +286,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.ready.Store(false)
 	stopSource()
 	<-srcDone
+	<-keysDone
+	<-cleanDone
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
 	defer cancel()
 	grpcDone := make(chan struct{})
@@ -260,8 +321,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	_ = admin.Shutdown(drainCtx)
 	r.mu.Lock()
-	st := r.store
+	st, eng := r.store, r.engine
 	r.mu.Unlock()
+	if eng != nil {
+		// Give back the unused tokens of every lease before the store
+		// closes, so that the other sidecars can spend them.
+		leaseCtx, cancelLeases := context.WithTimeout(context.WithoutCancel(ctx), leaseReturnTimeout)
+		if e := eng.Close(leaseCtx); e != nil {
+			err = errors.Join(err, fmt.Errorf("closing the engine: %w", e))
+		}
+		cancelLeases()
+	}
 	if st != nil && st.close != nil {
 		if e := st.close(); e != nil {
 			err = errors.Join(err, fmt.Errorf("closing store: %w", e))
@@ -273,6 +343,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	return err
 }
 
+// leaseReturnTimeout bounds the return of the leases at shutdown.
+const leaseReturnTimeout = 2 * time.Second
+
+// leaseOptions are the engine's lease options: leases with the defaults
+// on a remote store, where they save a round trip per request, and none
+// on the memory store, which decides locally anyway.
+func leaseOptions(remote bool) *engine.LeaseOptions {
+	if !remote {
+		return nil
+	}
+	return &engine.LeaseOptions{}
+}
+
 func (r *Runner) proxyServer() *http.Server {
 	var ps http.Protocols
 	ps.SetHTTP1(true)
@@ -282,8 +365,12 @@ func (r *Runner) proxyServer() *http.Server {
 		Protocols:         &ps,
 		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
+		// net/http lets up to 4096 bytes more through; the proxy answers
+		// 431 exactly at the bound (proxy.HeaderSize), and net/http's own
+		// 431 for larger blocks reaches the client because the listener
+		// lingers on close.
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
 	}
 }
 
@@ -316,51 +403,67 @@ func (r *Runner) serveProxy(w http.ResponseWriter, req *http.Request) {
 		p.ServeHTTP(w, req)
 		return
 	}
-	proxy.NotReady(w)
+	proxy.NotReady(w, req)
 }
 
 // apply is the one place a config update takes effect: parse, validate and
 // compile it, and install it, or keep the last good config and report why.
 // The first good config also opens the store and starts the proxy.
 func (r *Runner) apply(u configsource.Update) {
-	r.applyUpdate(u)
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	applied := r.applyUpdate(u, false)
+	if applied {
+		r.lastData, r.lastOrigin = u.Data, u.Origin
+		r.save(u.Data)
+	}
 	if u.Result != nil {
 		st := r.Status()
-		var err error
+		o := configsource.Outcome{InForce: st.Revision}
 		if st.LastError != "" {
-			err = errors.New(st.LastError)
+			o.Err = errors.New(st.LastError)
 		}
-		u.Result(st.Revision, err)
+		for _, f := range st.FailedPolicies {
+			o.Failed = append(o.Failed, f.name)
+		}
+		u.Result(o)
 	}
 }
 
-func (r *Runner) applyUpdate(u configsource.Update) {
+// applyUpdate applies u and reports whether it is now in force.
+func (r *Runner) applyUpdate(u configsource.Update, fromState bool) bool {
+	// The metrics of rules removed by the last update go before a new set
+	// can make series of the same names again.
+	r.forgetPending()
 	if u.Err != nil {
 		r.reject(u.Origin, u.Err)
-		return
+		return false
 	}
 	// A policy file may be floodgate's sidecar config or an
 	// envoyproxy/ratelimit config, told apart by shape.
 	c, format, _, err := rlsimport.LoadAny(u.Data, rlsimport.Options{})
 	if err != nil {
 		r.reject(u.Origin, err)
-		return
+		return false
 	}
 	r.mu.Lock()
 	if r.engine == nil {
 		if err := r.openLocked(c); err != nil {
 			r.mu.Unlock()
 			r.reject(u.Origin, err)
-			return
+			return false
 		}
 	}
 	r.mu.Unlock()
-	set, err := ruleset.Compile(c, r.labels, r.m)
+	keys := stampKeyFiles(c)
+	set, err := ruleset.CompileFor(c, ruleset.Pod{Labels: r.labels, Name: r.cfg.PodName}, r.m)
 	if err != nil {
 		r.reject(u.Origin, fmt.Errorf("compile sidecar config: %w", err))
-		return
+		return false
 	}
-	r.install(u.Origin, c, set, format)
+	r.keys = keys
+	r.install(u.Origin, c, set, format, fromState)
+	return true
 }
 
 // openLocked opens the store for the first config and builds the engine
@@ -382,13 +485,15 @@ func (r *Runner) openLocked(c *config.Config) error {
 	eng, err := engine.New(engine.Options{
 		Store: st.store, StoreName: sel.Type, Fallback: fallback,
 		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote, Now: r.clock,
+		Leases: leaseOptions(st.remote),
 	})
 	if err != nil {
 		_ = closeStore(st)
 		return err
 	}
 	up, _ := url.Parse(r.cfg.Upstream) // validated
-	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log})
+	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log,
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes})
 	if err != nil {
 		_ = closeStore(st)
 		return err
@@ -406,8 +511,11 @@ func closeStore(st *storeHandle) error {
 	return st.close()
 }
 
-// install puts a compiled set in force.
-func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, format rlsimport.Format) {
+// install puts a compiled set in force. The metrics of the rules it
+// removes are deleted afterwards, off the apply and off r.mu (see
+// cleanMetrics), so that neither the update, /debug/config nor the pod
+// condition waits for them.
+func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, format rlsimport.Format, fromState bool) {
 	r.mu.Lock()
 	old := r.current
 	r.current = set
@@ -419,27 +527,49 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 		// A limit may have been raised: local denials may be stale. The
 		// shared counters are untouched.
 		r.engine.ForgetLocalState()
-		r.forgetRemovedRules(old, set)
 	}
 	now := time.Now()
 	r.status.Revision, r.status.Origin, r.status.AppliedAt = c.Revision, origin, &now
 	r.status.LastError, r.status.LastErrorAt = "", nil
 	r.status.IgnoredPolicies, r.status.Rules, r.status.Config = set.Ignored, len(set.Rules), c
+	r.status.ReplacedRules = set.Replaced
+	r.status.Conditions.Native, r.status.Conditions.Total = set.Conditions()
+	r.status.FromState = fromState
+	r.status.FailedPolicies = nil
+	for _, f := range set.Failed {
+		r.status.FailedPolicies = append(r.status.FailedPolicies, FailedPolicy{Policy: f.ID(), Error: f.Err.Error(), name: f.Name})
+	}
 	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""
 	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
-		r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
-		r.log.Warn("store section changed; it takes effect at restart", "type", want.Type, "addresses", want.Addresses)
+		r.followStoreLocked(want)
 	}
 	first := !r.ready.Load()
 	r.mu.Unlock()
 
+	if old != nil {
+		r.forget = append(r.forget, forgetSets{old: old, cur: set})
+		select {
+		case r.cleanup <- struct{}{}:
+		default:
+		}
+	}
+	r.m.PolicyFailed.Reset()
+	for _, f := range set.Failed {
+		r.m.PolicyFailed.WithLabelValues(f.ID()).Set(1)
+		r.log.Error("policy not enforced: it does not compile here; the other policies are in force", "policy", f.ID(), "err", f.Err)
+	}
+	if fromState {
+		r.m.ConfigFromState.Set(1)
+	} else {
+		r.m.ConfigFromState.Set(0)
+	}
 	r.m.ConfigInfo.Reset()
 	r.m.ConfigInfo.WithLabelValues(c.Revision).Set(1)
 	r.m.ConfigLoadsTotal.WithLabelValues("ok").Inc()
 	r.m.ConfigValid.Set(1)
 	r.m.ConfigLastSuccess.Set(float64(now.Unix()))
-	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "ignoredPolicies", set.Ignored)
+	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "ignoredPolicies", set.Ignored, "failedPolicies", len(set.Failed))
 	if first {
 		r.px.Store(r.proxy)
 		r.ready.Store(true)
@@ -450,8 +580,60 @@ func sameStore(sel storeSelection, s StoreStatus) bool {
 	return sel.Type == s.Type && reflect.DeepEqual(sel.Addresses, s.Addresses)
 }
 
+// followStoreLocked handles a config whose store section differs from the
+// store in use. New addresses of the same Redis store (every node of a
+// managed store replaced, or its masters changed) are followed at once:
+// the store loads the slot map from them and switches to it. Another
+// store type or TLS setting takes effect at restart. r.mu is held.
+func (r *Runner) followStoreLocked(want storeSelection) {
+	cur := r.status.Store
+	if want.Type == cur.Type && want.Type == config.StoreRedis && (want.TLS != nil) == cur.TLS && r.store.setAddrs != nil {
+		if err := r.store.setAddrs(want.Addresses); err != nil {
+			r.status.StoreDrift = fmt.Sprintf("the policy file names the store at %v, which cannot be used: %v", want.Addresses, err)
+			r.log.Warn("the store's new addresses cannot be used; keeping the old ones", "addresses", want.Addresses, "err", err)
+			return
+		}
+		r.log.Info("following the store to new addresses", "from", cur.Addresses, "to", want.Addresses)
+		r.status.Store.Addresses = want.Addresses
+		return
+	}
+	r.status.StoreDrift = fmt.Sprintf("the policy file now names a %s store at %v; restart the sidecar to switch", want.Type, want.Addresses)
+	r.log.Warn("store section changed; it takes effect at restart", "type", want.Type, "addresses", want.Addresses)
+}
+
+// forgetSets is a change of rule set whose removed rules' metrics are to
+// be deleted.
+type forgetSets struct{ old, cur *ruleset.Set }
+
+// forgetPending deletes the metrics of the rules the pending changes
+// removed. The caller holds applyMu, which keeps any later set from
+// making series of those names before they are deleted.
+func (r *Runner) forgetPending() {
+	for _, f := range r.forget {
+		r.forgetRemovedRules(f.old, f.cur)
+	}
+	r.forget = nil
+}
+
+// cleanMetrics deletes removed rules' metrics soon after each update,
+// until ctx ends.
+func (r *Runner) cleanMetrics(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.cleanup:
+		}
+		r.applyMu.Lock()
+		r.forgetPending()
+		r.applyMu.Unlock()
+	}
+}
+
+// forgetRemovedRules deletes the metrics of the rules of old that cur no
+// longer has: O(rules), each series deleted by its labels.
 func (r *Runner) forgetRemovedRules(old, cur *ruleset.Set) {
-	keep := map[[2]string]bool{}
+	keep := make(map[[2]string]bool, len(cur.Rules))
 	for _, ru := range cur.Rules {
 		keep[[2]string{ru.Engine.Policy, ru.Engine.Name}] = true
 	}
@@ -502,6 +684,18 @@ func (r *Runner) adminHandler() http.Handler {
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET "+config.UsagePath, func(w http.ResponseWriter, _ *http.Request) {
+		u := config.Usage{Started: r.started, Rules: []config.RuleUsage{}}
+		r.mu.Lock()
+		u.Revision = r.status.Revision
+		r.mu.Unlock()
+		for _, t := range r.m.Totals() {
+			u.Rules = append(u.Rules, config.RuleUsage{Policy: t.Policy, Rule: t.Rule, Allowed: t.Allowed, Denied: t.Denied,
+				ShadowDenied: t.ShadowDenied, Unavailable: t.Unavailable, Exempt: t.Exempt})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(u)
 	})
 	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
 		st := r.Status()

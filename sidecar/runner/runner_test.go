@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow", "SlidingLog"}
@@ -108,10 +111,11 @@ limit: {requests: 2, per: 1m, algorithm: FixedWindow}`), true)
 	if p["status"] != 429.0 || p["retryAfter"] != float64(ra) {
 		t.Errorf("problem body %s disagrees with the response", body)
 	}
-	// A request no rule matches carries no rate-limit fields.
+	// A request without the key is counted, in the one counter that all
+	// such requests share (onMissingKey's default, Shared).
 	res, _ = get(t, c, sc.url+"/a")
-	if res.StatusCode != 200 || res.Header.Get("RateLimit") != "" {
-		t.Errorf("unkeyed request: %d, RateLimit %q", res.StatusCode, res.Header.Get("RateLimit"))
+	if res.StatusCode != 200 || !regexp.MustCompile(`^"p\.r";r=1;t=\d+$`).MatchString(res.Header.Get("RateLimit")) {
+		t.Errorf("unkeyed request: %d, RateLimit %q, want the shared counter's first request", res.StatusCode, res.Header.Get("RateLimit"))
 	}
 }
 
@@ -197,7 +201,7 @@ policies:
 		return res.StatusCode
 	}
 	// Forged tokens naming alice, each with a different sub or signature,
-	// all land in the one shared "no verified token" counter.
+	// are answered 401 and counted nowhere: never in alice's counter.
 	forged := []string{
 		tok(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "alice"),
 		tok(jwt.SigningMethodHS256, []byte("not-the-secret-not-the-secret-xx"), "alice"),
@@ -208,8 +212,8 @@ policies:
 	for _, f := range forged {
 		got = append(got, status(f))
 	}
-	if fmt.Sprint(got) != "[200 200 429 429]" {
-		t.Errorf("forged tokens: %v, want [200 200 429 429] (one shared counter)", got)
+	if fmt.Sprint(got) != "[401 401 401 401]" {
+		t.Errorf("forged tokens: %v, want [401 401 401 401]", got)
 	}
 	// alice's real counter was not touched by the forgeries.
 	real := tok(jwt.SigningMethodHS256, secret, "alice")
@@ -240,6 +244,21 @@ limit: {requests: 1, per: 1h}`), true)
 	}
 	if got := sc.metric(t, `floodgate_sidecar_decisions_total{policy="p",result="shadow_denied",rule="r"}`); got != 4 {
 		t.Errorf("shadow_denied = %v, want 4", got)
+	}
+	// The usage report says the same, for floodgate-manager.
+	res, err := http.Get(sc.admin + config.UsagePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage config.Usage
+	err = json.NewDecoder(res.Body).Decode(&usage)
+	_ = res.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []config.RuleUsage{{Policy: "p", Rule: "r", Allowed: 1, ShadowDenied: 4}}
+	if !reflect.DeepEqual(usage.Rules, want) || usage.Started.IsZero() || usage.Started.After(time.Now()) {
+		t.Errorf("usage report = %+v, want rules %+v and the start time", usage, want)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for strings.Count(sc.logs.String(), `"rate limit shadow deny"`) < 4 && time.Now().Before(deadline) {

@@ -59,6 +59,9 @@ type storeHandle struct {
 	store  limiter.Store
 	remote bool
 	close  func() error
+	// setAddrs, when set, moves the store to new seed addresses without
+	// a restart (a Redis Cluster whose nodes were all replaced).
+	setAddrs func([]string) error
 }
 
 // openStore is the one place a counter store is built. clock, when set,
@@ -92,38 +95,58 @@ func memOptions(cfg Config, clock func() time.Time) []memstore.Option {
 // updates) is used without a restart; a file that cannot be read keeps the
 // last password read. In Kubernetes mode the file may not exist yet: the
 // injected Secret volume is optional, and fills in once the manager has
-// mirrored the store's password into the namespace.
+// mirrored the store's password into the namespace. --redis-username-file
+// is read with it: a missing file means the default user (a store without
+// ACL users), one that cannot be read otherwise keeps the last user read.
 func (c *Config) credentials(log *slog.Logger) (func() (string, string), error) {
 	if c.RedisPassFile == "" {
 		pw := c.RedisPassword
 		return func() (string, string) { return "", pw }, nil
 	}
-	read := func() (string, error) {
-		b, err := readFile(c.RedisPassFile)
+	read := func(path string) (string, error) {
+		b, err := readFile(path)
 		if err != nil {
 			return "", err
 		}
 		return strings.TrimRight(string(b), "\r\n"), nil
 	}
-	first, err := read()
+	first, err := read(c.RedisPassFile)
 	if err != nil && (!c.Kubernetes || !errors.Is(err, fs.ErrNotExist)) {
 		return nil, err
 	}
 	var mu sync.Mutex
-	last, warned := first, ""
+	last, lastUser, warned := first, "", ""
+	warn := func(file string, err error) {
+		// Once per distinct error: connections are dialled again and
+		// again while a store is down.
+		if err.Error() != warned {
+			warned = err.Error()
+			log.Warn("reading a Redis credentials file; keeping the last value read", "file", file, "err", err)
+		}
+	}
 	return func() (string, string) {
-		pw, err := read()
+		pw, err := read(c.RedisPassFile)
+		var user string
+		var userErr error
+		if c.RedisUserFile != "" {
+			user, userErr = read(c.RedisUserFile)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
 		case err == nil:
 			last, warned = pw, ""
-		case (!errors.Is(err, fs.ErrNotExist) || last != "") && err.Error() != warned:
-			// Once per distinct error: connections are dialled again
-			// and again while a store is down.
-			warned = err.Error()
-			log.Warn("reading the Redis password file; keeping the last password read", "file", c.RedisPassFile, "err", err)
+		case !errors.Is(err, fs.ErrNotExist) || last != "":
+			warn(c.RedisPassFile, err)
 		}
-		return "", last
+		switch {
+		case userErr == nil:
+			lastUser = user
+		case errors.Is(userErr, fs.ErrNotExist):
+			lastUser = ""
+		default:
+			warn(c.RedisUserFile, userErr)
+		}
+		return lastUser, last
 	}, nil
 }

@@ -258,9 +258,9 @@ func TestGRPCInterceptorsBehindTheSidecar(t *testing.T) {
 	if e := time.Since(start); e < 800*time.Millisecond {
 		t.Errorf("the first call took %v: it did not wait the application's pushback", e)
 	}
-	// That spent the key's two calls. The sidecar's own 429 reaches gRPC
-	// as UNAVAILABLE with no pushback: retried with backoff until the key
-	// has room again, about 4s later.
+	// That spent the key's two calls. The sidecar denies the next as a
+	// gRPC error, RESOURCE_EXHAUSTED with grpc-retry-pushback-ms: retried
+	// after the pushback, when the key has room again, about 4s later.
 	start = time.Now()
 	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("second call, denied by the sidecar then retried: %v", err)
@@ -279,7 +279,7 @@ func TestGRPCInterceptorsBehindTheSidecar(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = raw.Close() })
 	_, err = healthpb.NewHealthClient(raw).Check(ctx, &healthpb.HealthCheckRequest{})
-	if got, want := status.Code(err), codes.Unavailable; got != want || !strings.Contains(err.Error(), "429") {
-		t.Errorf("a plain client got %v, want UNAVAILABLE carrying the sidecar's HTTP 429", err)
+	if got, want := status.Code(err), codes.ResourceExhausted; got != want || !strings.Contains(err.Error(), "rate limit") {
+		t.Errorf("a plain client got %v, want the sidecar's RESOURCE_EXHAUSTED", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 // answer is what a request got.
@@ -84,6 +85,21 @@ func pathHits(ctx context.Context, pods []corev1.Pod, path string) int64 {
 		n += hits(ctx, p.Status.PodIP)[path]
 	}
 	return n
+}
+
+// fallbackDenied sums, over pods, the sidecars' fail-open denials
+// (floodgate_sidecar_fallback_decisions_total{result="denied"}): requests
+// a rule's local share answered 429 because a store call failed.
+func fallbackDenied(ctx context.Context, pods []corev1.Pod) int64 {
+	GinkgoHelper()
+	var n float64
+	for _, p := range pods {
+		v, err := simnode.MetricSum(ctx, "http://"+p.Status.PodIP+":9090/metrics",
+			"floodgate_sidecar_fallback_decisions_total", map[string]string{"result": "denied"})
+		Expect(err).NotTo(HaveOccurred())
+		n += v
+	}
+	return int64(n)
 }
 
 // readyPods returns the Running, Ready, not terminating pods of a

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,7 +29,8 @@ func restoreStore(ctx context.Context) {
 
 var _ = Describe("with the store down", Ordered, func() {
 	// The fail-open rule's shared limit: 30 per second with a bucket of 6,
-	// so each of 3 sidecars falls back to 10 per second with a bucket of 2.
+	// so each of 3 sidecars falls back to its share, every third token: 10
+	// per second, holding at most 2.
 	const (
 		rate     = 30
 		burst    = 6
@@ -96,7 +99,7 @@ spec:
 		AddReportEntry("store killed -> all 3 sidecars on fallback", time.Since(killed).Round(time.Millisecond).String())
 	}, NodeTimeout(3*time.Minute))
 
-	It("caps a fail-open rule at 1.1 × the limit across the three sidecars, each on a local bucket of limit/replicas, and still admits", func(ctx SpecContext) {
+	It("caps a fail-open rule at 1.1 × the limit across the three sidecars, each on its share of the limit, and still admits", func(ctx SpecContext) {
 		hits0 := backendHits(fleet)
 		fb0 := metricSum(ctx, fleet, "floodgate_sidecar_fallback_decisions_total", map[string]string{"policy": "outage", "rule": "open", "result": "allowed"})
 		res := drive(ctx, fleet, loadSpec{
@@ -114,7 +117,7 @@ spec:
 			per = append(per, fmt.Sprintf("%s: %d", m.pod, res.perSidecar[i][http.StatusOK]))
 		}
 		AddReportEntry("fail-open with the store down",
-			fmt.Sprintf("admitted %d of %d over %s; limit×window = %.0f, bound 1.1× = %.0f, floor 0.5× = %.0f; local buckets allow at most burst+rate×span = %.0f; per sidecar %v",
+			fmt.Sprintf("admitted %d of %d over %s; limit×window = %.0f, bound 1.1× = %.0f, floor 0.5× = %.0f; the shares allow at most burst+rate×span = %.0f; per sidecar %v",
 				admitted, total, res.span.Round(time.Millisecond), limit, 1.1*limit, 0.5*limit, burst+rate*res.span.Seconds(), per))
 
 		Expect(res.transportErrors).To(BeZero())
@@ -156,6 +159,57 @@ spec:
 		Expect(un - un0).To(Equal(30.0))
 	})
 
+	It("recomputes the local share within 10 s when the app scales from 3 to 6 pods during the outage, and caps the six at 1.1 × the limit", func(ctx SpecContext) {
+		By("starting three more pods while the store is down")
+		var docs []string
+		for i := replicas; i < 2*replicas; i++ {
+			docs = append(docs, podYAML(ns, fmt.Sprintf("outage-%d", i), "outage"))
+		}
+		apply(ctx, "outage-more-pods.yaml", strings.Join(docs, "---\n"))
+		var more []*member
+		for i := replicas; i < 2*replicas; i++ {
+			m := startMember(ctx, ns, fmt.Sprintf("outage-%d", i))
+			DeferCleanup(m.stop)
+			more = append(more, m)
+		}
+		for _, m := range more {
+			_, err := stack.WaitPolicyLoaded(ctx, ns, m.pod, 30*time.Second)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(stack.MarkPodReady(ctx, ns, m.pod)).To(Succeed())
+		}
+		ready := time.Now()
+		all := append(append([]*member(nil), fleet...), more...)
+
+		By("waiting until every sidecar enforces the share of six")
+		Eventually(func(g Gomega) {
+			for _, m := range all {
+				g.Expect(inForceReplicas(ctx, m, "outage")).To(Equal(int32(2*replicas)), "sidecar of %s", m.pod)
+			}
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		recomputed := time.Since(ready)
+		AddReportEntry("scale 3 -> 6 pods during the outage: last new pod Ready -> all six sidecars on the share of 6 (bound 10s)", recomputed.Round(time.Millisecond).String())
+		Expect(recomputed).To(BeNumerically("<=", 10*time.Second))
+
+		By("driving over-limit traffic through all six")
+		res := drive(ctx, all, loadSpec{
+			duration: window, workers: 1, pause: 10 * time.Millisecond,
+			method: http.MethodGet, path: "/open", header: []string{"X-Tenant", "scaled"},
+		})
+		admitted := res.byStatus[http.StatusOK]
+		limit := rate * res.span.Seconds()
+		var per []string
+		for i, m := range all {
+			per = append(per, fmt.Sprintf("%s: %d", m.pod, res.perSidecar[i][http.StatusOK]))
+		}
+		AddReportEntry("fail-open with the store down, 6 sidecars after the scale-up",
+			fmt.Sprintf("admitted %d over %s; limit×span = %.0f, bound 1.1× = %.0f (each sidecar on limit/6, bucket burst/6); per sidecar %v",
+				admitted, res.span.Round(time.Millisecond), limit, 1.1*limit, per))
+		Expect(res.transportErrors).To(BeZero())
+		Expect(res.byStatus).To(HaveKey(http.StatusTooManyRequests), "the load must exceed the limit")
+		Expect(float64(admitted)).To(BeNumerically("<=", 1.1*limit), "the six together stay within 1.1 × the limit")
+		Expect(float64(admitted)).To(BeNumerically(">=", 0.5*limit), "fail-open still admits")
+	})
+
 	It("counts in the store again once it is back", func(ctx SpecContext) {
 		outage := time.Since(killed)
 		restoreStore(ctx)
@@ -173,3 +227,30 @@ spec:
 		AddReportEntry("store outage", fmt.Sprintf("down %s; sidecars back on the store %s after the cluster was ok", outage.Round(time.Millisecond), time.Since(back).Round(time.Millisecond)))
 	}, NodeTimeout(3*time.Minute))
 })
+
+// inForceReplicas returns the replica count of policy in the config that
+// m's sidecar has in force (its /debug/config): the count its fallback
+// share divides the limit by.
+func inForceReplicas(ctx context.Context, m *member, policy string) int32 {
+	GinkgoHelper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.sidecar.AdminURL+"/debug/config", nil)
+	Expect(err).NotTo(HaveOccurred())
+	resp, err := httpClient.Do(req)
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = resp.Body.Close() }()
+	var st struct {
+		Config struct {
+			Policies []struct {
+				Name     string `json:"name"`
+				Replicas int32  `json:"replicas"`
+			} `json:"policies"`
+		} `json:"config"`
+	}
+	Expect(json.NewDecoder(resp.Body).Decode(&st)).To(Succeed())
+	for _, p := range st.Config.Policies {
+		if p.Name == policy {
+			return p.Replicas
+		}
+	}
+	return 0
+}

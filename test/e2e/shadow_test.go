@@ -3,9 +3,13 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"sigs.k8s.io/yaml"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 )
 
 var _ = Describe("a shadow-mode rule", func() {
@@ -55,5 +59,29 @@ spec:
 		Expect(shadowDenied).To(Equal(7.0))
 		Expect(denied).To(BeZero())
 		Expect(proxied).To(Equal(12.0))
+
+		By("showing the would-have-denied count in the policy's status within 30 s")
+		start := time.Now()
+		var status string
+		Eventually(func(g Gomega) {
+			status = kubectl(ctx, "-n", ns, "get", "rlp", "trial", "-o", "yaml")
+			var p v1alpha1.RateLimitPolicy
+			g.Expect(yaml.Unmarshal([]byte(status), &p)).To(Succeed())
+			g.Expect(p.Status.Rules).To(HaveLen(1))
+			r := p.Status.Rules[0]
+			g.Expect(r.Name).To(Equal("per-tenant-trial"))
+			g.Expect(r.Mode).To(Equal(v1alpha1.ModeShadow))
+			g.Expect(r.WouldHaveDenied).To(HaveValue(Equal(int64(7))))
+			g.Expect(r.Denied).To(BeNil())
+			g.Expect(p.Status.Usage).NotTo(BeNil())
+			g.Expect(p.Status.Usage.Pods).To(Equal(int32(1)))
+			g.Expect(p.Status.Enforcing).To(Equal("1/1"))
+			g.Expect(p.Status.Store).To(Equal(storeName))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
+		took := time.Since(start).Round(100 * time.Millisecond)
+		AddReportEntry(fmt.Sprintf("kubectl get rlp -o yaml, %v after the traffic", took), status)
+		out := kubectl(ctx, "-n", ns, "get", "rlp", "trial")
+		AddReportEntry("kubectl get rlp", out)
+		Expect(out).To(MatchRegexp(`(?m)^trial\s+True\s+True\s+1/1\s+` + storeName + `\s+\S+$`))
 	})
 })

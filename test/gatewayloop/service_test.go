@@ -28,6 +28,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
@@ -56,14 +58,19 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 	Expect(k8sClient.Status().Update(ctx, pod)).To(Succeed())
 	DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pod))).To(Succeed()) })
 
-	// The chart mounts the password the manager mirrors for the service.
+	// The chart mounts the credentials the manager mirrors for the
+	// service: the store's sidecar ACL user, as injected sidecars get.
 	var auth corev1.Secret
 	Eventually(func() error {
 		return k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceStoreAuthSecret}, &auth)
 	}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
-	passwordFile := filepath.Join(GinkgoT().TempDir(), config.StoreAuthKey)
-	Expect(os.WriteFile(passwordFile, auth.Data[config.StoreAuthKey], 0o600)).To(Succeed())
-	env := map[string]string{config.EnvRedisPasswordFile: passwordFile}
+	dir := GinkgoT().TempDir()
+	env := map[string]string{}
+	for key, variable := range map[string]string{config.StoreAuthKey: config.EnvRedisPasswordFile, config.StoreAuthUserKey: config.EnvRedisUsernameFile} {
+		file := filepath.Join(dir, key)
+		Expect(os.WriteFile(file, auth.Data[key], 0o600)).To(Succeed())
+		env[variable] = file
+	}
 
 	var rc runner.Config
 	fs := flag.NewFlagSet("floodgate-sidecar", flag.ContinueOnError)
@@ -135,6 +142,9 @@ func condition(p *v1alpha1.RateLimitPolicy, typ string) metav1.Condition {
 	return metav1.Condition{}
 }
 
+// sidecarPassword is the store's sidecar user's password.
+const sidecarPassword = "gateway-sidecar-0123456789abcdef"
+
 var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() {
 	const ns = "shop"
 	var (
@@ -147,15 +157,25 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 
 		store = "gateway-store"
-		// The store's password, published in the manager's namespace as
-		// the CounterStore controller publishes it.
+		// A managed store as the CounterStore controller keeps it: its
+		// auth Secret in the manager's namespace holds the admin password
+		// and the sidecar user's, and every node has the sidecar user,
+		// which may run the counter scripts on fg:* keys and nothing else.
+		sess := formation.NewSession(formation.Dialer{Password: redis.Password()})
+		DeferCleanup(sess.Close)
+		_, err := sess.EnsureUser(ctx, redis.Addrs(), formation.User{
+			Name: counterstore.SidecarUser, Passwords: []string{sidecarPassword}, Rules: counterstore.SidecarACLRules})
+		Expect(err).NotTo(HaveOccurred())
 		Expect(k8sClient.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: store + "-auth", Namespace: serviceNamespace},
-			Data:       map[string][]byte{config.StoreAuthKey: []byte(redis.Password())},
+			ObjectMeta: metav1.ObjectMeta{Name: counterstore.AuthSecretName(store), Namespace: serviceNamespace},
+			Data: map[string][]byte{
+				counterstore.PasswordKey:        []byte(redis.Password()),
+				counterstore.SidecarPasswordKey: []byte(sidecarPassword),
+			},
 		})).To(Succeed())
 		cs := &v1alpha1.CounterStore{
 			ObjectMeta: metav1.ObjectMeta{Name: store},
-			Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{v1alpha1.HostPort(redis.Addrs()[0])}}},
+			Spec:       v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}},
 		}
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 		cs.Status = v1alpha1.CounterStoreStatus{
@@ -164,7 +184,7 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 				Message: "test store", LastTransitionTime: metav1.Now(), ObservedGeneration: cs.Generation}},
 			SlotsCovered:   v1alpha1.RedisClusterSlots,
 			Endpoints:      redis.Addrs(),
-			AuthSecretName: store + "-auth",
+			AuthSecretName: counterstore.AuthSecretName(store),
 		}
 		Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
 
@@ -200,9 +220,14 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			Spec: v1alpha1.RateLimitPolicySpec{
 				TargetRef: &v1alpha1.TargetReference{Group: v1alpha1.GatewayAPIGroup, Kind: v1alpha1.KindHTTPRoute, Name: "api"},
 				StoreRef:  &v1alpha1.StoreReference{Name: store},
+				// Requests from the monitoring network are exempt.
+				Exempt: &v1alpha1.Exempt{SourceCIDRs: []v1alpha1.CIDR{"198.51.100.0/24"}},
 				Rules: []v1alpha1.Rule{{
-					Name:        "per-key",
-					Match:       &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchPrefix, Value: "/api"}},
+					Name: "per-key",
+					Match: &v1alpha1.RuleMatch{
+						Path:  &v1alpha1.PathMatch{Type: v1alpha1.PathMatchPrefix, Value: "/api"},
+						Hosts: []v1alpha1.Hostname{"api.example.com"},
+					},
 					Key:         []v1alpha1.KeyPart{{Header: "X-Api-Key"}},
 					Limit:       v1alpha1.Limit{Requests: 5, Per: metav1.Duration{Duration: time.Hour}},
 					FailureMode: v1alpha1.FailureModeClosed,
@@ -227,6 +252,14 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(doc.Policies[0].Namespace).To(Equal(ns))
 			g.Expect(doc.Policies[0].Name).To(Equal("edge"))
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+
+		var auth corev1.Secret
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceStoreAuthSecret}, &auth)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(string(auth.Data[config.StoreAuthUserKey])).To(Equal(counterstore.SidecarUser))
+		Expect(string(auth.Data[config.StoreAuthKey])).To(Equal(sidecarPassword),
+			"the central service gets the store's sidecar user, never its admin password")
 
 		var sidecarDoc corev1.ConfigMap
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &sidecarDoc)).
@@ -257,6 +290,8 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(prog.Status).To(Equal(metav1.ConditionTrue), prog.Message)
 			g.Expect(prog.ObservedGeneration).To(Equal(p.Generation))
 			g.Expect(p.Status.EnforcingPods).To(Equal(int32(2)))
+			g.Expect(p.Status.Enforcing).To(Equal("2/2"), "kubectl get's ENFORCING: replicas loaded over running")
+			g.Expect(p.Status.Store).To(Equal(store))
 		}).WithContext(ctx).WithTimeout(60 * time.Second).Should(Succeed())
 
 		// The route actions of the EnvoyFilter the manager generates for
@@ -280,14 +315,14 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			clients[i] = rlsv3.NewRateLimitServiceClient(conn)
 		}
 		n := 0
-		ask := func(path, key string) rlsv3.RateLimitResponse_Code {
+		askAs := func(host, client, path, key string) rlsv3.RateLimitResponse_Code {
 			h := http.Header{}
 			if key != "" {
 				h.Set("X-Api-Key", key)
 			}
 			call, err := envoyemu.Call(config.GatewayDomain, rls, gatewayconfig.Stage, &envoyemu.Request{
-				Method: http.MethodGet, Target: path, Authority: "api.example.com", Headers: h,
-				Client: netip.MustParseAddr("203.0.113.7"),
+				Method: http.MethodGet, Target: path, Authority: host, Headers: h,
+				Client: netip.MustParseAddr(client),
 			})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(call).NotTo(BeNil())
@@ -296,6 +331,9 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			n++
 			Expect(err).NotTo(HaveOccurred())
 			return resp.GetOverallCode()
+		}
+		ask := func(path, key string) rlsv3.RateLimitResponse_Code {
+			return askAs("api.example.com", "203.0.113.7", path, key)
 		}
 
 		var got []string
@@ -307,7 +345,13 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 		Expect(ask("/api/items", "key-2")).To(Equal(rlsv3.RateLimitResponse_OK), "another key has its own count")
 		for range 3 {
 			Expect(ask("/health", "key-1")).To(Equal(rlsv3.RateLimitResponse_OK), "a path the rule does not match is not limited")
+			Expect(askAs("www.example.com:443", "203.0.113.7", "/api/items", "key-1")).To(Equal(rlsv3.RateLimitResponse_OK),
+				"a host the rule does not match is not limited")
+			Expect(askAs("api.example.com", "198.51.100.9", "/api/items", "key-1")).To(Equal(rlsv3.RateLimitResponse_OK),
+				"a client of the exempt network is not limited")
 		}
+		Expect(askAs("API.example.com:443", "203.0.113.7", "/api/items", "key-1")).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT),
+			"the host is compared without its port and case")
 
 	})
 })

@@ -93,7 +93,7 @@ var _ = BeforeSuite(func() {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions(serviceNamespace),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	pr := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(app.Name)}

@@ -31,8 +31,11 @@ const (
 	injectPath          = "/mutate-v1-pod"
 	validateWebhookName = "validate.ratelimitpolicy.floodgate.dev"
 	validatePath        = "/validate-ratelimit-floodgate-dev-v1alpha1-ratelimitpolicy"
-	optedInExpression   = "has(object.metadata.annotations) && 'floodgate.dev/inject' in object.metadata.annotations && object.metadata.annotations['floodgate.dev/inject'] == 'true'"
-	defaultCertDir      = "/tmp/k8s-webhook-server/serving-certs"
+	// The ClusterRateLimitPolicy validator's.
+	validateClusterWebhookName = "validate.clusterratelimitpolicy.floodgate.dev"
+	validateClusterPath        = "/validate-ratelimit-floodgate-dev-v1alpha1-clusterratelimitpolicy"
+	optedInExpression          = "has(object.metadata.annotations) && 'floodgate.dev/inject' in object.metadata.annotations && object.metadata.annotations['floodgate.dev/inject'] == 'true'"
+	defaultCertDir             = "/tmp/k8s-webhook-server/serving-certs"
 )
 
 func fromUnstructured(t *testing.T, u *unstructured.Unstructured, into any) {
@@ -403,8 +406,8 @@ func TestWebhookConfigurationsFollowContract(t *testing.T) {
 
 			var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 			fromUnstructured(t, objs.Get(t, "ValidatingWebhookConfiguration", f["validating-webhook-config"]), &vwc)
-			if len(vwc.Webhooks) != 1 {
-				t.Fatalf("%s has %d webhooks, want 1", vwc.Name, len(vwc.Webhooks))
+			if len(vwc.Webhooks) != 2 {
+				t.Fatalf("%s has %d webhooks, want 2", vwc.Name, len(vwc.Webhooks))
 			}
 			v := vwc.Webhooks[0]
 			wantV := admissionregistrationv1.ValidatingWebhook{
@@ -425,6 +428,15 @@ func TestWebhookConfigurationsFollowContract(t *testing.T) {
 			if !reflect.DeepEqual(v, wantV) {
 				t.Errorf("validator webhook differs from the contract:\n got: %s\nwant: %s", toYAML(t, v), toYAML(t, wantV))
 			}
+			cluster := admissionregistrationv1.ClusterScope
+			wantCV := *wantV.DeepCopy()
+			wantCV.Name = validateClusterWebhookName
+			wantCV.ClientConfig.Service.Path = ptr(validateClusterPath)
+			wantCV.Rules[0].Resources = []string{"clusterratelimitpolicies"}
+			wantCV.Rules[0].Scope = &cluster
+			if cv := vwc.Webhooks[1]; !reflect.DeepEqual(cv, wantCV) {
+				t.Errorf("cluster policy validator webhook differs from the contract:\n got: %s\nwant: %s", toYAML(t, cv), toYAML(t, wantCV))
+			}
 
 			spec := managerPodSpec(t, objs)
 			vol := volumeAt(t, spec, c, f["webhook-cert-dir"])
@@ -440,7 +452,7 @@ func TestWebhookConfigurationsFollowContract(t *testing.T) {
 				if len(objs.OfKind("Certificate")) != 0 || len(objs.OfKind("Issuer")) != 0 {
 					t.Error("cert-manager objects rendered in self-managed mode")
 				}
-				if m.ClientConfig.CABundle != nil || v.ClientConfig.CABundle != nil {
+				if m.ClientConfig.CABundle != nil || v.ClientConfig.CABundle != nil || vwc.Webhooks[1].ClientConfig.CABundle != nil {
 					t.Error("the chart sets a caBundle that the manager owns")
 				}
 				return
@@ -545,6 +557,25 @@ func TestCustomValues(t *testing.T) {
 	}
 	if objs.Find("ClusterRole", "ratelimit-metrics-auth") != nil {
 		t.Error("metrics auth ClusterRole rendered with metrics.secure false")
+	}
+	// The manager may patch its own webhook configurations only, by the
+	// names the values give them.
+	var role rbacv1.ClusterRole
+	fromUnstructured(t, objs.Get(t, "ClusterRole", "ratelimit-manager"), &role)
+	webhookRules := 0
+	for _, r := range role.Rules {
+		if slices.Contains(r.APIGroups, "admissionregistration.k8s.io") {
+			webhookRules++
+			if !slices.Equal(r.ResourceNames, []string{"platform-floodgate-injector", "platform-floodgate-validator"}) {
+				t.Errorf("webhook configuration rule %+v, want it limited to the configured names", r)
+			}
+		}
+	}
+	if webhookRules != 1 {
+		t.Errorf("%d rules on webhook configurations, want 1", webhookRules)
+	}
+	if d.Spec.Template.Labels["ratelimit.floodgate.dev/store-client"] != "true" {
+		t.Errorf("the manager pods lack the label the stores' NetworkPolicies admit: %v", d.Spec.Template.Labels)
 	}
 	for _, o := range objs {
 		if o.GetLabels()["team"] != "platform" {

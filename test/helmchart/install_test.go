@@ -99,7 +99,7 @@ func TestInstallOnEnvtest(t *testing.T) {
 	}
 
 	t.Run("CRDs from crds/ are established", func(t *testing.T) {
-		for _, name := range []string{"counterstores.ratelimit.floodgate.dev", "ratelimitpolicies.ratelimit.floodgate.dev"} {
+		for _, name := range []string{"counterstores.ratelimit.floodgate.dev", "ratelimitpolicies.ratelimit.floodgate.dev", "clusterratelimitpolicies.ratelimit.floodgate.dev"} {
 			var crd apiextensionsv1.CustomResourceDefinition
 			if err := c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
 				t.Errorf("CRD %s: %v", name, err)
@@ -246,7 +246,7 @@ func TestInstallOnEnvtest(t *testing.T) {
 		for _, crd := range crds.Items {
 			kept[crd.Name] = true
 		}
-		for _, name := range []string{"counterstores.ratelimit.floodgate.dev", "ratelimitpolicies.ratelimit.floodgate.dev"} {
+		for _, name := range []string{"counterstores.ratelimit.floodgate.dev", "ratelimitpolicies.ratelimit.floodgate.dev", "clusterratelimitpolicies.ratelimit.floodgate.dev"} {
 			if !kept[name] {
 				t.Errorf("CRD %s was removed by helm uninstall; helm keeps crds/ CRDs so that stored policies survive", name)
 			}

@@ -86,7 +86,8 @@ var _ = Describe("kubectl floodgate check", func() {
 		files, err := filepath.Glob(filepath.Join("..", "..", "config", "samples", "*.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(files).NotTo(BeEmpty())
-		for i, b := range append(append([]policycases.Bad(nil), policycases.Schema...), policycases.Webhook...) {
+		bad := append(append(append([]policycases.Bad(nil), policycases.Schema...), policycases.ClusterSchema...), policycases.Webhook...)
+		for i, b := range bad {
 			f := filepath.Join(dir, fmt.Sprintf("bad-%02d.yaml", i))
 			Expect(os.WriteFile(f, []byte("# "+b.Name+"\n"+policycases.Manifest(b)), 0o600)).To(Succeed())
 			files = append(files, f)
@@ -135,7 +136,7 @@ var _ = Describe("kubectl floodgate check", func() {
 			fmt.Fprintf(&report, "%s: invalid, as kubectl apply printed:\n  %s\n", filepath.Base(f), strings.ReplaceAll(kout, "\n", "\n  "))
 		}
 		Expect(valid).To(Equal(6), "the samples are valid")
-		Expect(invalid).To(Equal(len(policycases.Schema) + len(policycases.Webhook)))
+		Expect(invalid).To(Equal(len(bad)))
 		AddReportEntry("kubectl floodgate check against kubectl apply", report.String())
 		GinkgoWriter.Print(report.String())
 	})

@@ -103,7 +103,10 @@ func newStore(ctx context.Context, password string) string {
 	})).To(Succeed())
 	cs := &v1alpha1.CounterStore{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{"127.0.0.1:6379"}}},
+		Spec: v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{
+			Addresses:         []v1alpha1.HostPort{"127.0.0.1:6379"},
+			PasswordSecretRef: &v1alpha1.SecretKeySelector{Namespace: managerNamespace, Name: auth, Key: "password"},
+		}},
 	}
 	Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 	cs.Status = v1alpha1.CounterStoreStatus{
@@ -114,7 +117,7 @@ func newStore(ctx context.Context, password string) string {
 		}},
 		SlotsCovered:   v1alpha1.RedisClusterSlots,
 		Endpoints:      []string{"127.0.0.1:6379"},
-		AuthSecretName: auth,
+		AuthSecretName: "floodgate-store-auth",
 	}
 	Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
 	DeferCleanup(func(ctx SpecContext) {

@@ -50,7 +50,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(c.Image).To(Equal(sidecarImage))
 		Expect(c.RestartPolicy).To(HaveValue(Equal(corev1.ContainerRestartPolicyAlways)))
 		Expect(c.Args).To(Equal([]string{"--listen=:15080", "--admin-listen=:9090", "--upstream=http://127.0.0.1:8080",
-			"--pod-labels-file=/etc/floodgate/podinfo/labels"}))
+			"--pod-labels-file=/etc/floodgate/podinfo/labels", "--state-dir=/var/run/floodgate/state"}))
 		Expect(c.Ports).To(ConsistOf(
 			corev1.ContainerPort{Name: "http", ContainerPort: 15080, Protocol: corev1.ProtocolTCP},
 			corev1.ContainerPort{Name: "fg-admin", ContainerPort: 9090, Protocol: corev1.ProtocolTCP},
@@ -74,6 +74,7 @@ var _ = Describe("the sidecar injector", func() {
 		Expect(env["POD_NAMESPACE"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.namespace"))
 		Expect(env).NotTo(HaveKey("FLOODGATE_REDIS_PASSWORD"), "the password comes from a file that follows rotations")
 		Expect(env["FLOODGATE_REDIS_PASSWORD_FILE"].Value).To(Equal("/etc/floodgate/store-auth/password"))
+		Expect(env["FLOODGATE_REDIS_USERNAME_FILE"].Value).To(Equal("/etc/floodgate/store-auth/username"))
 		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.PodInfoVolume, MountPath: "/etc/floodgate/podinfo", ReadOnly: true}))
 		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: injection.StoreAuthVolume, MountPath: "/etc/floodgate/store-auth", ReadOnly: true}))
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
 
 var _ = Describe("the sidecar's identity", func() {
@@ -38,9 +39,10 @@ var _ = Describe("the sidecar's identity", func() {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
 			var b rbacv1.RoleBinding
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.RoleName}, &b)).To(Succeed())
+			g.Expect(b.Subjects).To(ContainElement(HaveField("Name", "default")), "the pod's service account is bound")
 		}).Should(Succeed())
 
-		cs, err := kubernetes.NewForConfig(podIdentity(ns))
+		cs, err := kubernetes.NewForConfig(podIdentity(ctx, pod))
 		Expect(err).NotTo(HaveOccurred())
 		cms := cs.CoreV1().ConfigMaps(ns)
 
@@ -110,8 +112,9 @@ var _ = Describe("the sidecar's identity", func() {
 			Expect(isForbidden(err)).To(BeTrue(), "%s: got %v, want Forbidden", what, err)
 		}
 
-		By("saying the same through kubectl auth can-i")
-		as := []string{"--as=system:serviceaccount:" + ns + ":default", "--as-group=system:serviceaccounts", "--as-group=system:serviceaccounts:" + ns}
+		By("saying the same through kubectl auth can-i, with the sidecar's own token")
+		sk, err := kubetest.ForConfig(podIdentity(ctx, pod), GinkgoT().TempDir(), "sidecar")
+		Expect(err).NotTo(HaveOccurred())
 		for _, tc := range []struct {
 			args []string
 			want string
@@ -124,8 +127,8 @@ var _ = Describe("the sidecar's identity", func() {
 			{[]string{"get", "secrets/" + sidecaraccess.SecretName}, "no"},
 			{[]string{"patch", "pods"}, "no"},
 		} {
-			args := append(append([]string{"auth", "can-i", "-n", ns}, tc.args...), as...)
-			out, _ := kubectl.Run(ctx, args...)
+			args := append([]string{"auth", "can-i", "-n", ns}, tc.args...)
+			out, _ := sk.Run(ctx, args...)
 			Expect(strings.TrimSpace(out)).To(Equal(tc.want), "kubectl %s", strings.Join(args, " "))
 		}
 	})

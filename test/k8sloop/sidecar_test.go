@@ -19,24 +19,47 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
 )
 
-// podIdentity returns cfg impersonating what a pod of ns running as the
-// default service account authenticates as.
-func podIdentity(ns string) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	c.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + ns + ":default",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+// podIdentity returns a config that authenticates as pod does on a node:
+// with a token of its service account bound to the pod (TokenRequest with
+// the pod as bound object, what the kubelet mounts), whose user info names
+// the pod (authentication.kubernetes.io/pod-name). envtest runs no
+// ServiceAccount controller, so the pod's service account is created here
+// when missing.
+func podIdentity(ctx context.Context, pod *corev1.Pod) *rest.Config {
+	GinkgoHelper()
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
 	}
+	err := k8sClient.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: sa}})
+	Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
+	var current corev1.Pod
+	Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), &current)).To(Succeed())
+	cs, err := kubernetes.NewForConfig(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	tr, err := cs.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: current.Name, UID: current.UID},
+		},
+	}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	c := rest.AnonymousClientConfig(cfg)
+	c.BearerToken = tr.Status.Token
 	return c
 }
 
@@ -120,8 +143,11 @@ func startSidecar(ctx context.Context, pod *corev1.Pod, upstream string, grace t
 	Expect(rc.Kubernetes).To(BeTrue(), "the injected environment selects Kubernetes mode")
 	Expect(rc.Namespace).To(Equal(pod.Namespace))
 	Expect(rc.PodName).To(Equal(pod.Name))
+	// The state directory is the pod's emptyDir; here, one of the test's.
+	Expect(rc.StateDir).To(Equal(config.StateDir))
+	rc.StateDir = GinkgoT().TempDir()
 
-	cs, err := kubernetes.NewForConfig(podIdentity(pod.Namespace))
+	cs, err := kubernetes.NewForConfig(podIdentity(ctx, pod))
 	Expect(err).NotTo(HaveOccurred())
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(logs, GinkgoWriter), &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -105,19 +105,31 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: managerNamespace}})).To(Succeed())
+	// The policy that keeps each sidecar to its own pod's condition, as
+	// config/rbac and the Helm chart install it.
+	out, err := kubectl.Run(ctx, "apply", "-f", filepath.Join("..", "..", "config", "rbac", "sidecar_pod_status_policy.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	GinkgoWriter.Println(out)
 
 	// The manager is composed as floodgate-manager composes it (same
-	// scheme, cache options and setup functions), with the webhook
-	// server on envtest's host and port and a self-managed certificate
-	// that also names that host.
+	// scheme, cache options and setup functions, same RBAC), with the
+	// webhook server on envtest's host and port and a self-managed
+	// certificate that also names that host.
 	wio := &testEnv.WebhookInstallOptions
 	webhookAddr = net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
 	certDir := GinkgoT().TempDir()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	// The manager runs as its own service account, with exactly the
+	// roles config/rbac grants it: a permission the manager needs and
+	// the roles lack fails the suite.
+	managerCfg, err := kubetest.ManagerIdentity(ctx, kubectl, cfg, filepath.Join("..", ".."))
+	Expect(err).NotTo(HaveOccurred())
+	mgr, err := ctrl.NewManager(managerCfg, ctrl.Options{
+		// The conflict spec injects 409s into the manager's writes.
+		NewClient:              conflicting,
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  app.CacheOptions(),
+		Cache:                  app.CacheOptions(managerNamespace),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: certDir,
 		}),
@@ -183,7 +195,7 @@ func webhookConfigurations() (*admissionregistrationv1.MutatingWebhookConfigurat
 		}
 	}
 	Expect(m.Webhooks).To(HaveLen(1))
-	Expect(v.Webhooks).To(HaveLen(1))
+	Expect(v.Webhooks).To(HaveLen(2), "the RateLimitPolicy and ClusterRateLimitPolicy validators")
 	m.Name, v.Name = injectorConfig, validatorConfig
 	return &m, &v
 }

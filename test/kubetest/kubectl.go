@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -37,6 +40,29 @@ func NewKubectl(env *envtest.Environment, dir string) (*Kubectl, error) {
 	}
 	path := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	return &Kubectl{Path: bin, Kubeconfig: path}, nil
+}
+
+// ForConfig returns a Kubectl that authenticates as cfg does (a bearer
+// token, say, of a pod's service account), writing its kubeconfig into
+// dir. Only cfg's server, CA and credentials are used.
+func ForConfig(cfg *rest.Config, dir, name string) (*Kubectl, error) {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, CertificateAuthority: cfg.CAFile}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{
+		Token: cfg.BearerToken, ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData,
+		ClientCertificate: cfg.CertFile, ClientKey: cfg.KeyFile,
+	}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "user"}
+	kc.CurrentContext = "test"
+	path := filepath.Join(dir, name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
 	bin, err := Binary()

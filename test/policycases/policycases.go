@@ -42,6 +42,9 @@ const okRule = `
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`
 
+// unsupported is how the API server refuses a value outside an enum.
+const unsupported = "Unsupported value"
+
 // Schema are the inputs that the CRD's OpenAPI schema and CEL rules
 // refuse, RateLimitPolicies and CounterStores.
 var Schema = []Bad{
@@ -55,7 +58,7 @@ var Schema = []Bad{
 		Want: []string{"spec.rules", "should have at least 1 items"}},
 	{Name: "no podSelector", Doc: `
   rules:` + okRule,
-		Want: []string{"spec.podSelector", "Required value"}, SchemaOnly: true},
+		Want: []string{"spec.podSelector", "set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef"}, SchemaOnly: true},
 	{Name: "requests is 0", Doc: `
   podSelector: {}
   rules:
@@ -104,7 +107,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m, algorithm: LeakyBucket}`,
-		Want: []string{"spec.rules[0].limit.algorithm", "Unsupported value", "LeakyBucket"}},
+		Want: []string{"spec.rules[0].limit.algorithm", unsupported, "LeakyBucket"}},
 	{Name: "SlidingLog above 100000 requests", Doc: `
   podSelector: {}
   rules:
@@ -128,6 +131,50 @@ var Schema = []Bad{
     limit: {requests: 100, per: 1s, burst: 5}
     cost: {default: 6}`,
 		Want: []string{"spec.rules[0].cost.default", "must not exceed the rule's capacity"}},
+	{Name: "an unknown lease mode", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, lease: Always}`,
+		Want: []string{"spec.rules[0].limit.lease", unsupported, "Always"}},
+	{Name: "split above 16", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, split: 17}`,
+		Want: []string{"spec.rules[0].limit.split", "should be less than or equal to 16"}},
+	{Name: "split above requests", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 2, per: 1s, split: 3}`,
+		Want: []string{"spec.rules[0].limit.split", "split must not exceed requests"}},
+	{Name: "split above burst", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 100, per: 1s, burst: 2, split: 3}`,
+		Want: []string{"spec.rules[0].limit.split", "split must not exceed burst"}},
+	{Name: "cost.default above one sub-counter", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 3}
+    cost: {default: 4}`,
+		Want: []string{"spec.rules[0].cost.default", "cost.default must fit one sub-counter"}},
+	{Name: "cost.max above one sub-counter", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, split: 2}
+    cost: {fromHeader: X-Cost, max: 6}`,
+		Want: []string{"spec.rules[0].cost.max", "cost.max must fit one sub-counter"}},
 	{Name: "cost.max without fromHeader", Doc: `
   podSelector: {}
   rules:
@@ -168,28 +215,43 @@ var Schema = []Bad{
     match: {methods: [FETCH]}
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].match.methods[0]", "Unsupported value", "FETCH"}},
-	{Name: "no key parts", Doc: `
+		Want: []string{"spec.rules[0].match.methods[0]", unsupported, "FETCH"}},
+	{Name: "key and keys", Doc: `
   podSelector: {}
   rules:
   - name: r
-    key: []
+    key: [{clientIP: {}}]
+    keys: [[{header: X-API-Key}]]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].key", "should have at least 1 items"}},
+		Want: []string{"spec.rules[0].keys", "set key or keys, not both"}},
+	{Name: "no key alternative", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    keys: []
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].keys", "should have at least 1 items"}},
+	{Name: "hops without cidrs", Doc: `
+  podSelector: {}
+  trustedProxies: {hops: 1}
+  rules:
+  - name: r
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.trustedProxies.cidrs", "hops alone is not enough"}},
 	{Name: "a key part with two fields", Doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{header: X-API-Key, clientIP: {}}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path or method"}},
+		Want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
 	{Name: "an empty key part", Doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{}]
     limit: {requests: 10, per: 1s}`,
-		Want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path or method"}},
+		Want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
 	{Name: "a header key that is not a header name", Doc: `
   podSelector: {}
   rules:
@@ -211,7 +273,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     failureMode: Maybe`,
-		Want: []string{"spec.rules[0].failureMode", "Unsupported value", "Maybe"}},
+		Want: []string{"spec.rules[0].failureMode", unsupported, "Maybe"}},
 	{Name: "unknown mode", Doc: `
   podSelector: {}
   rules:
@@ -219,7 +281,7 @@ var Schema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s}
     mode: Audit`,
-		Want: []string{"spec.rules[0].mode", "Unsupported value", "Audit"}},
+		Want: []string{"spec.rules[0].mode", unsupported, "Audit"}},
 	{Name: "a CIDR with host bits", Doc: `
   podSelector: {}
   trustedProxies: {cidrs: [10.1.2.3/8]}
@@ -234,7 +296,7 @@ var Schema = []Bad{
   podSelector: {}
   trustedProxies: {}
   rules:` + okRule,
-		Want: []string{"spec.trustedProxies", "set cidrs, hops, or both"}},
+		Want: []string{"spec.trustedProxies.cidrs", "cidrs is required"}},
 	{Name: "too many hops", Doc: `
   podSelector: {}
   trustedProxies: {hops: 33}
@@ -266,6 +328,90 @@ var Schema = []Bad{
   storeRef: {name: "Main Store"}
   rules:` + okRule,
 		Want: []string{"spec.storeRef.name", shouldMatch}},
+	{Name: "a header match with value and regex", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {headers: [{name: X-Tier, value: free, regex: "fr.*"}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.headers[0]", "set at most one of value, regex and absent"}},
+	{Name: "a header both absent and inverted", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {headers: [{name: X-Tier, absent: true, invert: true}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.headers[0].invert", "invert cannot go with absent"}},
+	{Name: "a query match with value and absent", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {query: [{name: page, value: "1", absent: true}]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.query[0]", "set at most one of value, regex and absent"}},
+	{Name: "a host with a port", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {hosts: ["api.example.com:443"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.hosts[0]", shouldMatch}},
+	{Name: "a source network with host bits", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {sourceCIDRs: [10.1.2.3/8]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.sourceCIDRs[0]", "must be a CIDR with no host bits set"}},
+	{Name: "an exempt network that is not a CIDR", Doc: `
+  podSelector: {}
+  exempt: {sourceCIDRs: [internal]}
+  rules:` + okRule,
+		Want: []string{"spec.exempt.sourceCIDRs[0]", "must be a CIDR with no host bits set"}},
+	{Name: "an empty exemption", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}
+    exempt: {}`,
+		Want: []string{"spec.rules[0].exempt", "set sourceCIDRs, when, or both"}},
+	{Name: "a key part with an expression and a header", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{expression: "request.path", header: X-Key}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].key[0]", "exactly one of header, query, clientIP, jwtClaim, path, method or expression"}},
+	{Name: "an empty condition", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: [""]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.when[0]", "should be at least 1 chars long"}},
+	{Name: "nine conditions", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: ["true", "true", "true", "true", "true", "true", "true", "true", "true"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.when", "must have at most 8 items"}},
+	{Name: "a condition longer than 2048 characters", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    match: {when: ["` + strings.Repeat("true && ", 256) + `true"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}`,
+		Want: []string{"spec.rules[0].match.when[0]", "Too long", "2048"}},
 	{Name: "a CounterStore both managed and external", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: CounterStore
 metadata: {name: both}
@@ -291,6 +437,50 @@ metadata: {name: empty}
 spec:
   managed: {shards: 0}`,
 		Want: []string{"spec.managed.shards", "should be greater than or equal to 1"}, SchemaOnly: true},
+}
+
+// ClusterSchema are the ClusterRateLimitPolicies that the CRD's schema and
+// CEL rules refuse.
+var ClusterSchema = []Bad{
+	{Name: "a ClusterRateLimitPolicy with no rules", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-empty}
+spec:
+  namespaceSelector: {}
+  podSelector: {}`,
+		Want: []string{"spec", "set defaults, overrides, or both"}},
+	{Name: "a ClusterRateLimitPolicy name too long for the sidecars", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: ` + strings.Repeat("n", 56) + `}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      "),
+		Want: []string{"the name must be at most 55 characters"}},
+	{Name: "a ClusterRateLimitPolicy keyed on a jwtClaim", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-jwt}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  overrides:
+    rules:
+    - name: r
+      key: [{jwtClaim: sub}]
+      limit: {requests: 10, per: 1s}`,
+		Want: []string{"cannot key on jwtClaim"}},
+	{Name: "a ClusterRateLimitPolicy rule both default and override", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-both}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      ") + `
+  overrides:
+    rules:` + strings.ReplaceAll(okRule, "\n  ", "\n      "),
+		Want: []string{"spec.overrides", "a rule name is either a default or an override, not both"}},
 }
 
 // Webhook are the inputs that the CRD's schema and CEL rules admit and
@@ -348,6 +538,34 @@ spec:
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1m}`, LongName),
 		Want: []string{`The RateLimitPolicy "` + LongName + `" is invalid: spec: Invalid value: the compiled policy fails the sidecar's validation: policies[0].name: must be 1-63`}},
+	{Name: "a condition that is not a condition", Doc: `
+  podSelector: {matchLabels: {app: api}}
+  rules:
+  - name: api
+    match: {when: ["request.method"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1m}`,
+		Want: []string{`spec.rules[0].match.when[0]: Invalid value: "request.method": must be a condition (of type bool), but is of type string`}},
+	{Name: "a condition whose worst case costs too much", Doc: `
+  podSelector: {matchLabels: {app: api}}
+  rules:
+  - name: api
+    match: {when: ["request.headers.all(a, request.headers.all(b, a != b))"]}
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1m}`,
+		Want: []string{"spec.rules[0].match.when[0]", "its estimated worst-case cost", "exceeds the limit 1000000"}},
+	{Name: "a ClusterRateLimitPolicy key expression that does not compile", Doc: `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: bad-expression}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:
+    - name: per-org
+      key: [{expression: "request.headers['x-org'"}]
+      limit: {requests: 10, per: 1m}`,
+		Want: []string{`spec.defaults.rules[0].key[0].expression`, "not a valid CEL expression"}},
 	{Name: "a jwtClaim key without a verified key source (caught by the CRD's CEL rule first)", Doc: `
   podSelector: {matchLabels: {app: api}}
   rules:

@@ -14,10 +14,12 @@
 //     Running and Ready once the sidecar reports its policy loaded.
 //
 // Only loopback addresses are used. What differs from a real node is
-// explicit: there is no pod network namespace, so the sidecar's injected
-// listen, admin and upstream addresses are overridden with free loopback
-// ones, and it reaches the API server with a kubeconfig instead of the
-// in-cluster service account.
+// explicit: there is no pod network namespace, so each pod gets a loopback
+// address of its own as its pod IP (PodIP), where its sidecar serves the
+// injected admin port, as floodgate-manager expects to read it; the
+// sidecar's listen and upstream addresses are overridden with free
+// loopback ones, and it reaches the API server with a kubeconfig instead
+// of the in-cluster service account.
 //
 // # Lifetimes
 //

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,9 +44,30 @@ func InjectedSidecar(pod *corev1.Pod) (*corev1.Container, error) {
 	return nil, fmt.Errorf("pod %s/%s has %d %s containers, want exactly one", pod.Namespace, pod.Name, len(found), config.ContainerName)
 }
 
+// PodIP is the address this node gives a pod: a loopback address of its
+// own, derived from its uid (127.0.0.1 is never one), so that each pod's
+// sidecar can serve its admin port at the pod IP and the port the webhook
+// chose, as in a cluster, where floodgate-manager reads it.
+func PodIP(pod *corev1.Pod) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(pod.UID))
+	n := h.Sum32()
+	return fmt.Sprintf("127.%d.%d.%d", 1+n%254, (n>>8)%256, 1+(n>>16)%254)
+}
+
+// adminPort returns the sidecar's admin port as injected.
+func adminPort(sc *corev1.Container) (int32, bool) {
+	for _, p := range sc.Ports {
+		if p.Name == injection.AdminPortName {
+			return p.ContainerPort, true
+		}
+	}
+	return 0, false
+}
+
 // ResolveEnv turns a container's env into plain NAME=value pairs, as the
 // kubelet would: literal values, the downward-API fields the injector uses
-// (the pod IP is loopback here) and Secret keys. A missing Secret is an
+// (the pod IP is the pod's loopback address, PodIP) and Secret keys. A missing Secret is an
 // error unless the reference is optional.
 func (s *Stack) ResolveEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container) ([]string, error) {
 	var env []string
@@ -61,7 +85,7 @@ func (s *Stack) ResolveEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Conta
 			case "metadata.uid":
 				v = string(pod.UID)
 			case "status.podIP":
-				v = "127.0.0.1"
+				v = PodIP(pod)
 			case "spec.serviceAccountName":
 				v = pod.Spec.ServiceAccountName
 			case "spec.nodeName":
@@ -112,7 +136,8 @@ type Sidecar struct {
 	Proc *Process
 	// URL is where it proxies (http://127.0.0.1:port).
 	URL string
-	// AdminURL serves /metrics, /readyz and /debug/config.
+	// AdminURL serves /metrics, /readyz, /usage and /debug/config, at
+	// the pod's IP (PodIP) and the injected admin port.
 	AdminURL string
 	// Injected is the container as the webhook injected it.
 	Injected corev1.Container
@@ -126,9 +151,10 @@ type Sidecar struct {
 // StartSidecar runs the sidecar injected into o.Pod as a local process:
 // it resolves the injected env, writes the downward-API labels file and the
 // store password file (waiting for the Secret the manager mirrors), starts
-// the binary with the injected args plus overrides for the addresses (free
-// loopback ports, o.Upstream, a kubeconfig, the labels and password
-// files), and waits until /readyz answers.
+// the binary with the injected args plus overrides for the addresses (a
+// free loopback port for the proxy, the pod's IP and injected port for the
+// admin server, o.Upstream, a kubeconfig, the labels and password files),
+// and waits until /readyz answers.
 func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, error) {
 	if o.Namespace == "" || o.Pod == "" || o.Upstream == "" {
 		return nil, fmt.Errorf("simnode: SidecarOptions need Namespace, Pod and Upstream, got %+v", o)
@@ -168,22 +194,29 @@ func (s *Stack) StartSidecar(ctx context.Context, o SidecarOptions) (*Sidecar, e
 	bin := filepath.Join(s.opts.Bin, "floodgate-sidecar")
 	// A free port can be taken by another process before the sidecar
 	// binds it; the sidecar then exits at once, and gets other ports.
+	port, ok := adminPort(sc)
+	if !ok {
+		return nil, fmt.Errorf("pod %s/%s: the injected sidecar has no %s port", pod.Namespace, pod.Name, injection.AdminPortName)
+	}
+	admin := net.JoinHostPort(PodIP(pod), strconv.Itoa(int(port)))
 	for attempt := 1; ; attempt++ {
-		side, err := s.startSidecarOnce(ctx, o, bin, sc, env, labels, password)
+		side, err := s.startSidecarOnce(ctx, o, bin, sc, env, labels, password, admin)
 		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return side, err
 		}
 	}
 }
 
-func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin string, sc *corev1.Container, env []string, labels, password string) (*Sidecar, error) {
+func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin string, sc *corev1.Container, env []string, labels, password, admin string) (*Sidecar, error) {
 	listen, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	admin, err := FreeAddr()
-	if err != nil {
-		return nil, err
+	// The pod's state emptyDir: a directory per sidecar that outlives a
+	// restart of its process, as the emptyDir outlives a container restart.
+	state := filepath.Join(s.opts.Work, "state", o.Name)
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", state, err)
 	}
 	// Later flags win, so the overrides follow the injected arguments.
 	args := append(append([]string{}, sc.Args...),
@@ -192,9 +225,11 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 		"--upstream", o.Upstream,
 		"--kubeconfig", s.Kubectl.Kubeconfig,
 		"--pod-labels-file", labels,
+		"--state-dir", state,
 	)
 	if password != "" {
-		args = append(args, "--redis-password-file", password)
+		args = append(args, "--redis-password-file", password,
+			"--redis-username-file", filepath.Join(filepath.Dir(password), config.StoreAuthUserKey))
 	}
 	p, err := s.StartProcess(o.Name, env, bin, args...)
 	if err != nil {
@@ -264,6 +299,13 @@ func (s *Stack) writeStoreAuth(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	if err := os.WriteFile(path, v, 0o600); err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
 	}
+	// The user, when the store has one for the sidecars, sits beside it;
+	// without it the sidecar authenticates as the default user.
+	if u, ok := sec.Data[config.StoreAuthUserKey]; ok {
+		if err := os.WriteFile(filepath.Join(dir, config.StoreAuthUserKey), u, 0o600); err != nil {
+			return "", fmt.Errorf("writing the store user: %w", err)
+		}
+	}
 	return path, nil
 }
 
@@ -326,15 +368,20 @@ func (s *Stack) WaitPolicyLoaded(ctx context.Context, namespace, name string, ti
 }
 
 // MarkPodReady plays the kubelet once the containers run: the pod becomes
-// Running on 127.0.0.1 with PodScheduled, ContainersReady and Ready true.
+// Running at its PodIP with PodScheduled, ContainersReady and Ready true.
 // The sidecar's own condition is left as it reported it.
 func (s *Stack) MarkPodReady(ctx context.Context, namespace, name string) error {
+	pod, err := s.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+	}
+	ip := PodIP(pod)
 	now := metav1.Now()
 	patch := map[string]any{
 		"status": map[string]any{
 			"phase":  "Running",
-			"podIP":  "127.0.0.1",
-			"podIPs": []map[string]string{{"ip": "127.0.0.1"}},
+			"podIP":  ip,
+			"podIPs": []map[string]string{{"ip": ip}},
 			"conditions": []corev1.PodCondition{
 				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
 				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},

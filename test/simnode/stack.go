@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -162,17 +163,31 @@ func (s *Stack) StartManager(ctx context.Context) (*Manager, error) {
 	if _, err := s.Kubectl.Run(ctx, "create", "namespace", s.opts.OperatorNamespace); err != nil {
 		return nil, err
 	}
+	return s.startManager(ctx, "floodgate-manager", true)
+}
+
+// StartManagerReplica starts one more replica of floodgate-manager, as a
+// Deployment of two or more runs it: the replicas elect a leader (every
+// replica runs with --leader-elect). With webhooks, it serves the
+// registered webhooks, which only one process on the machine can (the
+// previous one must be gone); otherwise it serves them on a port of its
+// own that nothing calls. name names its process and log.
+func (s *Stack) StartManagerReplica(ctx context.Context, name string, webhooks bool) (*Manager, error) {
+	return s.startManager(ctx, name, webhooks)
+}
+
+func (s *Stack) startManager(ctx context.Context, name string, registered bool) (*Manager, error) {
 	// A free port can be taken by another process before the manager
 	// binds it; the manager then exits at once, and gets other ports.
 	for attempt := 1; ; attempt++ {
-		m, err := s.startManagerOnce(ctx)
+		m, err := s.startManagerOnce(ctx, name, registered)
 		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return m, err
 		}
 	}
 }
 
-func (s *Stack) startManagerOnce(ctx context.Context) (*Manager, error) {
+func (s *Stack) startManagerOnce(ctx context.Context, name string, registered bool) (*Manager, error) {
 	probe, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -182,7 +197,16 @@ func (s *Stack) startManagerOnce(ctx context.Context) (*Manager, error) {
 		return nil, err
 	}
 	_, port, certDir := s.WebhookServing()
-	p, err := s.StartProcess("floodgate-manager", nil, filepath.Join(s.opts.Bin, "floodgate-manager"),
+	if !registered {
+		free, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		if _, p, err := net.SplitHostPort(free); err == nil {
+			port, _ = strconv.Atoi(p)
+		}
+	}
+	p, err := s.StartProcess(name, nil, filepath.Join(s.opts.Bin, "floodgate-manager"),
 		"--kubeconfig", s.Kubectl.Kubeconfig,
 		"--namespace", s.opts.OperatorNamespace,
 		"--health-probe-bind-address", probe,
@@ -193,6 +217,9 @@ func (s *Stack) startManagerOnce(ctx context.Context) (*Manager, error) {
 		"--webhook-cert-mode", "external",
 		"--sidecar-image", s.opts.SidecarImage,
 		"--zap-log-level", "info",
+		// As the Helm chart runs it: one replica leads at a time.
+		"--leader-elect",
+		"--leader-election-namespace", s.opts.OperatorNamespace,
 	)
 	if err != nil {
 		return nil, err

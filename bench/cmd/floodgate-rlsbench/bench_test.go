@@ -174,3 +174,26 @@ func TestCentralRatios(t *testing.T) {
 		t.Error("a sidecar case got a central ratio")
 	}
 }
+
+// The Redis command count sums the calls of every command clients send,
+// not INFO's (the harness's own reads) nor those scripts run inside Redis.
+func TestParseCommandStats(t *testing.T) {
+	t.Parallel()
+	info := "# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=1200,usec=5000,usec_per_call=4.17,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=7,usec=300,usec_per_call=42.86,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_cluster|slots:calls=3,usec=90,usec_per_call=30.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_time:calls=1200,usec=600,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_set:calls=1100,usec=900,usec_per_call=0.82,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_incrby:calls=40,usec=40,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\n"
+	got, err := parseCommandStats(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(1243); got != want {
+		t.Errorf("parseCommandStats = %d, want %d", got, want)
+	}
+	if _, err := parseCommandStats("cmdstat_evalsha:calls=x,usec=1\r\n"); err == nil {
+		t.Error("no error for a calls field that is not a number")
+	}
+}

@@ -18,7 +18,10 @@ import (
 	"os"
 	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -40,9 +43,11 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
+	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
+	"github.com/floodgate-dev/floodgate/controllers/usage"
 )
 
 // Name is the binary's name, also the Event reporter's.
@@ -57,6 +62,12 @@ type component struct {
 // components are the manager's controllers and webhooks, set up in order.
 var components = []component{
 	{name: policy.ControllerName, setup: setupPolicy},
+	{name: policy.ClusterControllerName, setup: func(_ context.Context, mgr ctrl.Manager, _ *Options) error {
+		return (&policy.ClusterReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	}},
+	{name: podlimits.ControllerName, setup: func(_ context.Context, mgr ctrl.Manager, _ *Options) error {
+		return (&podlimits.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Name)}).SetupWithManager(mgr)
+	}},
 	{name: counterstore.ControllerName, setup: func(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 		return counterstore.Setup(ctx, mgr, storeMetrics(), counterstore.Options{Namespace: o.Webhook.Namespace}, controller.Options{})
 	}},
@@ -74,6 +85,13 @@ var storeMetrics = sync.OnceValue(func() *counterstore.Metrics { return counters
 
 func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 	r := &policy.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name)}
+	if o.UsageInterval > 0 {
+		c := usage.New(mgr.GetClient(), usage.Options{Interval: o.UsageInterval, Window: o.UsageWindow})
+		if err := mgr.Add(c); err != nil {
+			return fmt.Errorf("add the usage collector: %w", err)
+		}
+		r.Usage = c
+	}
 	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
 }
 
@@ -200,7 +218,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		RenewDeadline:                 &o.RenewDeadline,
 		RetryPeriod:                   &o.RetryPeriod,
 		GracefulShutdownTimeout:       &graceful,
-		Cache:                         CacheOptions(),
+		Cache:                         CacheOptions(o.Webhook.Namespace),
 		WebhookServer:                 webhookServer(&o, tlsOpts),
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
@@ -229,17 +247,26 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 	return mgr, nil
 }
 
-// CacheOptions keeps the cache to what the controllers need: ConfigMaps
-// only with the policy controller's label, no managedFields on any object.
-// A component that needs other ConfigMaps adds its own label selector
-// here.
-func CacheOptions() cache.Options {
+// CacheOptions keeps the cache to what the controllers need, and to what
+// the manager's RBAC lets it watch: ConfigMaps only with the policy
+// controller's label; Secrets, StatefulSets, Services,
+// PodDisruptionBudgets and NetworkPolicies only in the manager's own
+// namespace (managerNamespace), where the managed stores and the webhook
+// certificate live; no managedFields on any object. A component that needs
+// other ConfigMaps adds its own label selector here.
+func CacheOptions(managerNamespace string) cache.Options {
+	own := cache.ByObject{Namespaces: map[string]cache.Config{managerNamespace: {}}}
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.ConfigMap{}: {
 				Label: labels.SelectorFromSet(labels.Set{policy.ManagedByLabel: policy.ManagedByValue}),
 			},
+			&corev1.Secret{}:                {Namespaces: own.Namespaces},
+			&corev1.Service{}:               {Namespaces: own.Namespaces},
+			&appsv1.StatefulSet{}:           {Namespaces: own.Namespaces},
+			&policyv1.PodDisruptionBudget{}: {Namespaces: own.Namespaces},
+			&networkingv1.NetworkPolicy{}:   {Namespaces: own.Namespaces},
 		},
 	}
 }

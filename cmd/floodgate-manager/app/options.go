@@ -54,6 +54,11 @@ type Options struct {
 	// GracefulShutdown bounds how long the manager waits for running
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
+	// UsageInterval is how often the leader reads the sidecars' usage
+	// reports for the policies' status (package usage); 0 disables it.
+	UsageInterval time.Duration
+	// UsageWindow is the span of the counts in the policies' status.
+	UsageWindow time.Duration
 
 	// Kubeconfig is the kubeconfig file to use. When empty, the manager
 	// uses $KUBECONFIG, the in-cluster config, or ~/.kube/config, in that
@@ -72,6 +77,20 @@ type Options struct {
 	skipNameValidation bool
 }
 
+// Leader election defaults. When the leader dies without releasing its
+// Lease (SIGKILL, a lost node), a standby takes over once the Lease has
+// gone unrenewed for LeaseDuration as the standby saw it; the standby
+// looks every RetryPeriod, stretched by up to 120% of jitter, so it may see
+// the last renewal up to 2.2 periods late and act up to 2.2 periods after
+// the expiry: at worst LeaseDuration + 4.4 RetryPeriods, 12.4s, typically
+// about 9s. A leader that cannot renew for RenewDeadline (the API server
+// down that long) stops leading and exits, to be restarted.
+const (
+	DefaultLeaseDuration = 8 * time.Second
+	DefaultRenewDeadline = 6 * time.Second
+	DefaultRetryPeriod   = time.Second
+)
+
 // DefaultOptions returns the options the flags default to.
 func DefaultOptions() Options {
 	return Options{
@@ -79,13 +98,15 @@ func DefaultOptions() Options {
 		SecureMetrics:        true,
 		ProbeAddr:            ":8081",
 		LeaderElectionID:     "floodgate-manager.ratelimit.floodgate.dev",
-		LeaseDuration:        15 * time.Second,
-		RenewDeadline:        10 * time.Second,
-		RetryPeriod:          2 * time.Second,
+		LeaseDuration:        DefaultLeaseDuration,
+		RenewDeadline:        DefaultRenewDeadline,
+		RetryPeriod:          DefaultRetryPeriod,
 		PolicyConcurrency:    4,
 		RateLimitServiceName: "floodgate-ratelimit",
 		RateLimitServicePort: 8082,
 		GracefulShutdown:     30 * time.Second,
+		UsageInterval:        10 * time.Second,
+		UsageWindow:          5 * time.Minute,
 		Webhook:              defaultWebhookOptions(),
 		Zap:                  zap.Options{Development: false},
 	}
@@ -126,6 +147,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The gRPC port of the central rate-limit service's Service.")
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
+	fs.DurationVar(&o.UsageInterval, "usage-interval", o.UsageInterval,
+		"How often the leader reads each sidecar's usage report (its admin port) for the rule counts in the policies' status; 0 disables it.")
+	fs.DurationVar(&o.UsageWindow, "usage-window", o.UsageWindow,
+		"The span of the rule counts in the policies' status.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
 		"Path to a kubeconfig; only needed out of cluster. Empty uses $KUBECONFIG, the in-cluster config or ~/.kube/config.")
 	o.Webhook.bindFlags(fs)
@@ -178,6 +203,12 @@ func (o *Options) Validate() error {
 	}
 	if o.GracefulShutdown < 0 {
 		errs = append(errs, fmt.Errorf("--graceful-shutdown-timeout: must not be negative, got %v", o.GracefulShutdown))
+	}
+	if o.UsageInterval < 0 || (o.UsageInterval > 0 && o.UsageInterval < time.Second) {
+		errs = append(errs, fmt.Errorf("--usage-interval: must be 0 (off) or at least 1s, got %v", o.UsageInterval))
+	}
+	if o.UsageInterval > 0 && o.UsageWindow < 2*o.UsageInterval {
+		errs = append(errs, fmt.Errorf("--usage-window: must be at least twice --usage-interval (%v), got %v", o.UsageInterval, o.UsageWindow))
 	}
 	errs = append(errs, o.Webhook.validate()...)
 	return errors.Join(errs...)

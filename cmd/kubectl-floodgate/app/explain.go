@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/describe"
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/load"
@@ -20,6 +21,10 @@ type ExplainReport struct {
 	Policies []describe.Policy `json:"policies"`
 	// Warnings are the notes of an envoyproxy/ratelimit conversion.
 	Warnings []string `json:"warnings,omitempty"`
+	// Notes say, for RateLimitPolicies compiled with
+	// ClusterRateLimitPolicies, whether each rule named as a cluster
+	// default replaces it (it tightens it) or not, and why.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // compileFlags are the flags of the verbs that compile their input.
@@ -36,6 +41,12 @@ func (f *compileFlags) add(cmd *cobra.Command) {
 }
 
 func (f *compileFlags) compile(o *options, args []string) (*policies.Set, error) {
+	return f.compileFor(o, args, nil)
+}
+
+// compileFor compiles the input for a pod with podLabels, or for every
+// pod when podLabels is nil.
+func (f *compileFlags) compileFor(o *options, args []string, podLabels labels.Set) (*policies.Set, error) {
 	paths := append(f.files, args...)
 	if len(paths) == 0 {
 		return nil, errors.New("give at least one file")
@@ -51,7 +62,7 @@ func (f *compileFlags) compile(o *options, args []string) (*policies.Set, error)
 	if err != nil {
 		return nil, err
 	}
-	return policies.Compile(docs, v, policies.Options{Namespace: o.namespace(), Replicas: f.replicas, MountDir: f.mountDir})
+	return policies.Compile(docs, v, policies.Options{Namespace: o.namespace(), Replicas: f.replicas, MountDir: f.mountDir, PodLabels: podLabels})
 }
 
 func newExplain(o *options) *cobra.Command {
@@ -63,8 +74,9 @@ func newExplain(o *options) *cobra.Command {
 how many it admits per how long, what a request costs, what a request without the key
 gets, and what happens when the counter store is unreachable.
 
-The input is RateLimitPolicies (validated as admission would, then compiled by floodgate's
-policy compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.`,
+The input is RateLimitPolicies of one namespace and ClusterRateLimitPolicies, each taken to
+select that namespace (validated as admission would, then compiled by floodgate's policy
+compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.`,
 		Example: `  kubectl floodgate explain config/samples/ratelimit_v1alpha1_ratelimitpolicy_per_user.yaml
   kubectl floodgate explain policy.yaml --replicas 5
   kubectl floodgate explain envoy-ratelimit.yaml -o json`,
@@ -77,7 +89,7 @@ policy compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.
 			if err != nil {
 				return err
 			}
-			rep := ExplainReport{From: set.From, Sources: set.Sources, Policies: ps}
+			rep := ExplainReport{From: set.From, Sources: set.Sources, Policies: ps, Notes: set.Notes}
 			if set.Mapping != nil {
 				rep.Warnings = set.Mapping.Warnings
 			}
@@ -113,7 +125,16 @@ func printExplain(o *options, rep ExplainReport, defaultReplicas bool) {
 			if r.MissingKey != "" {
 				o.printf("    missing  %s\n", r.MissingKey)
 			}
+			if r.Exempt != "" {
+				o.printf("    exempt   %s\n", r.Exempt)
+			}
+			if len(r.ReplacedBy) > 0 {
+				o.printf("    replaced on the pods of %s, whose own rule tightens it\n", strings.Join(r.ReplacedBy, ", "))
+			}
 		}
+	}
+	for _, n := range rep.Notes {
+		o.printf("\nnote: %s\n", n)
 	}
 	for _, w := range rep.Warnings {
 		o.printf("\nwarning: %s\n", w)

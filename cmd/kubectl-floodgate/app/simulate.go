@@ -121,15 +121,15 @@ func runSimulate(o *options, f *simulateFlags, args []string) error {
 	if err != nil {
 		return err
 	}
-	set, err := f.compile(o, args)
-	if err != nil {
-		return err
-	}
 	var podLabels labels.Set
 	if f.podLabels != "" {
 		if podLabels, err = labels.ConvertSelectorToLabelsMap(f.podLabels); err != nil {
 			return fmt.Errorf("--pod-labels: %w", err)
 		}
+	}
+	set, err := f.compileFor(o, args, podLabels)
+	if err != nil {
+		return err
 	}
 	if f.writeConf != "" {
 		data, err := compiler.Marshal(set.Config)

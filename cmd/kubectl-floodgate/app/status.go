@@ -148,12 +148,12 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			o.printf("\n")
 			tw = tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
 			if recent == "" {
-				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\n")
+				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\tEXEMPT\n")
 			} else {
-				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\tALLOWED (%s)\tDENIED (%s)\n", recent, recent)
+				fprintf(tw, "  RULE\tALLOWED\tDENIED\tSHADOW DENIED\tUNAVAILABLE\tEXEMPT\tALLOWED (%s)\tDENIED (%s)\n", recent, recent)
 			}
 			for _, r := range p.Rules {
-				fprintf(tw, "  %s\t%.0f\t%.0f\t%.0f\t%.0f", r.Rule, r.Allowed, r.Denied, r.ShadowDenied, r.Unavailable)
+				fprintf(tw, "  %s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f", r.Rule, r.Allowed, r.Denied, r.ShadowDenied, r.Unavailable, r.Exempt)
 				if recent != "" {
 					fprintf(tw, "\t%.0f\t%.0f", r.RecentAllowed, r.RecentDenied)
 				}

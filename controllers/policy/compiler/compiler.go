@@ -74,6 +74,24 @@ type Input struct {
 	// pods, every one of which enforces every policy (see
 	// CompileRateLimitService).
 	RateLimitService bool
+	// NamespaceLabels are the namespace's labels, on which
+	// ClusterRateLimitPolicies select namespaces.
+	NamespaceLabels map[string]string
+	// ClusterPolicies are the cluster's ClusterRateLimitPolicies; Compile
+	// keeps those that select the namespace. Those being deleted are
+	// ignored.
+	ClusterPolicies []v1alpha1.ClusterRateLimitPolicy
+	// Objects says which Secrets and ConfigMaps of the namespace exist,
+	// for the policies' JWT key references. Nil means unknown: the
+	// references are taken to resolve.
+	Objects *Objects
+}
+
+// Objects are the Secrets and ConfigMaps of a namespace that the policies
+// reference, by name: true when the object exists.
+type Objects struct {
+	Secrets    map[string]bool
+	ConfigMaps map[string]bool
 }
 
 // Action says what to do with the namespace's ConfigMap.
@@ -112,6 +130,28 @@ type Output struct {
 	Data string
 	// Policies has one result per live input policy, ordered by name.
 	Policies []PolicyResult
+	// Clusters has one result per live ClusterRateLimitPolicy that
+	// selects the namespace, ordered by name.
+	Clusters []ClusterResult
+}
+
+// ClusterResult is what Compile found about one ClusterRateLimitPolicy in
+// the namespace.
+type ClusterResult struct {
+	// Name is the policy's name.
+	Name string `json:"name"`
+	// UID is the policy's uid.
+	UID string `json:"uid"`
+	// Invalid lists the spec's problems; empty when it is accepted.
+	Invalid field.ErrorList `json:"invalid,omitempty"`
+	// TargetedPods is the number of running pods of the namespace its
+	// podSelector matches.
+	TargetedPods int32 `json:"targetedPods"`
+	// CompiledGeneration is the generation whose entry the document
+	// holds, 0 when it holds none: a namespace without RateLimitPolicies
+	// gets the cluster policy's entry only while some pod it targets runs
+	// floodgate's sidecar.
+	CompiledGeneration int64 `json:"compiledGeneration"`
 }
 
 // PolicyResult is what Compile found about one policy, the input of its
@@ -133,6 +173,11 @@ type PolicyResult struct {
 	StoreReason string `json:"storeReason"`
 	// StoreMessage explains StoreReason.
 	StoreMessage string `json:"storeMessage"`
+	// RefReason is v1alpha1.ReasonRefNotFound when a Secret or ConfigMap
+	// the policy names does not exist, and empty otherwise.
+	RefReason string `json:"refReason,omitempty"`
+	// RefMessage names the field and the object that RefReason is about.
+	RefMessage string `json:"refMessage,omitempty"`
 	// TargetedPods is the number of running pods the selector matches.
 	TargetedPods int32 `json:"targetedPods"`
 	// ReadyPods is how many of those are Ready.
@@ -141,13 +186,32 @@ type PolicyResult struct {
 	// holds: Generation when the current spec is compiled, an earlier one
 	// when an earlier entry is carried over, 0 when the policy has none.
 	CompiledGeneration int64 `json:"compiledGeneration"`
+	// ClusterDefaults reports, by rule name, how the policy's rules relate
+	// to the ClusterRateLimitPolicy defaults of the same name.
+	ClusterDefaults map[string]v1alpha1.ClusterDefaultStatus `json:"clusterDefaults,omitempty"`
+	// ClusterRules are the ClusterRateLimitPolicy rules that apply to the
+	// policy's pods, or that one of its rules replaces there.
+	ClusterRules []v1alpha1.ClusterRuleStatus `json:"clusterRules,omitempty"`
 }
 
 // Accepted reports whether the policy's spec is valid.
 func (r *PolicyResult) Accepted() bool { return len(r.Invalid) == 0 }
 
-// RefsResolved reports whether the policy's store resolves.
-func (r *PolicyResult) RefsResolved() bool { return r.StoreReason == v1alpha1.ReasonResolvedRefs }
+// RefsResolved reports whether every object the policy names resolves: its
+// store, and the Secret or ConfigMap of its JWT keys.
+func (r *PolicyResult) RefsResolved() bool {
+	return r.StoreReason == v1alpha1.ReasonResolvedRefs && r.RefReason == ""
+}
+
+// RefsCondition returns the reason and message of the ResolvedRefs
+// condition: the store's when it does not resolve, else the JWT
+// reference's when it does not, else the store's ResolvedRefs.
+func (r *PolicyResult) RefsCondition() (reason, message string) {
+	if r.StoreReason == v1alpha1.ReasonResolvedRefs && r.RefReason != "" {
+		return r.RefReason, r.RefMessage
+	}
+	return r.StoreReason, r.StoreMessage
+}
 
 // Compile compiles one namespace. Problems with single policies are
 // reported in their PolicyResult, never as an error; the error is for a
@@ -161,12 +225,21 @@ func Compile(in Input) (Output, error) {
 			live = append(live, p)
 		}
 	}
-	if len(live) == 0 {
+	var clusters []*v1alpha1.ClusterRateLimitPolicy
+	for i := range in.ClusterPolicies {
+		if c := &in.ClusterPolicies[i]; c.DeletionTimestamp == nil && selectsNamespace(c, in.NamespaceLabels) {
+			clusters = append(clusters, c)
+		}
+	}
+	if len(live) == 0 && len(clusters) == 0 {
 		return Output{Action: Delete, Policies: []PolicyResult{}}, nil
 	}
 	// The earliest policy decides the namespace's store, so adding a
 	// policy never moves the store under the ones already running.
 	slices.SortFunc(live, func(a, b *v1alpha1.RateLimitPolicy) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	slices.SortFunc(clusters, func(a, b *v1alpha1.ClusterRateLimitPolicy) int {
 		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
 	})
 
@@ -180,11 +253,29 @@ func Compile(in Input) (Output, error) {
 			Store:      p.StoreName(),
 		}
 	}
-	nsStore := results[0].Store
-	for i := range results {
-		if results[i].Accepted() {
-			nsStore = results[i].Store
-			break
+	cresults := make([]ClusterResult, len(clusters))
+	for i, c := range clusters {
+		cresults[i] = ClusterResult{Name: c.Name, UID: string(c.UID), Invalid: c.ValidateSemantics()}
+	}
+	// The namespace's store: that of its earliest accepted policy; with
+	// none, that of its earliest accepted ClusterRateLimitPolicy.
+	var nsStore string
+	switch {
+	case len(live) > 0:
+		nsStore = results[0].Store
+		for i := range results {
+			if results[i].Accepted() {
+				nsStore = results[i].Store
+				break
+			}
+		}
+	default:
+		nsStore = clusters[0].StoreName()
+		for i, c := range clusters {
+			if len(cresults[i].Invalid) == 0 {
+				nsStore = c.StoreName()
+				break
+			}
 		}
 	}
 	fresh, freshReason, freshMsg := resolveStore(nsStore, in.Stores)
@@ -207,8 +298,26 @@ func Compile(in Input) (Output, error) {
 			previous[pp.UID] = pp
 		}
 	}
+	carry := func(uid string) (config.Policy, bool) {
+		prev, ok := previous[uid]
+		if !ok || store == nil {
+			return config.Policy{}, false
+		}
+		// A shallow copy: the entry shares slices with Previous, which
+		// neither side modifies.
+		entry := *prev
+		entry.Replicas = 1
+		// A nil selector selects every pod (config.Policy.PodSelector).
+		if s, err := selectorOrEverything(entry.PodSelector); err == nil {
+			_, ready := countPods(s, in.Pods)
+			entry.Replicas = replicas(ready)
+		}
+		return entry, true
+	}
 
 	var entries []config.Policy
+	// fresh team policies, by index, for the cluster defaults they replace.
+	var freshTeams []int
 	for i, p := range live {
 		r := &results[i]
 		switch {
@@ -230,6 +339,7 @@ func Compile(in Input) (Output, error) {
 		if selErr == nil {
 			r.TargetedPods, r.ReadyPods = countPods(sel, in.Pods)
 		}
+		r.RefReason, r.RefMessage = resolveRefs(p, in.Objects)
 
 		if r.Accepted() && r.RefsResolved() {
 			entry := compilePolicy(p, replicas(r.ReadyPods))
@@ -238,46 +348,184 @@ func Compile(in Input) (Output, error) {
 			} else {
 				r.CompiledGeneration = p.Generation
 				entries = append(entries, entry)
+				freshTeams = append(freshTeams, i)
 				continue
 			}
 		}
-		if prev, ok := previous[string(p.UID)]; ok && store != nil {
-			// A shallow copy: the entry shares slices with Previous, which
-			// neither side modifies.
-			entry := *prev
-			entry.Replicas = 1
-			// A nil selector selects every pod (config.Policy.PodSelector).
-			if s, err := selectorOrEverything(entry.PodSelector); err == nil {
-				_, ready := countPods(s, in.Pods)
-				entry.Replicas = replicas(ready)
-			}
+		if entry, ok := carry(string(p.UID)); ok {
 			r.CompiledGeneration = entry.Generation
 			entries = append(entries, entry)
 		}
 	}
+	teamEntries := slices.Clone(entries)
+
+	for i, c := range clusters {
+		cr := &cresults[i]
+		sel, err := metav1.LabelSelectorAsSelector(&c.Spec.PodSelector)
+		if err != nil {
+			continue
+		}
+		var ready int32
+		cr.TargetedPods, ready = countPods(sel, in.Pods)
+		if len(live) == 0 && countSidecars(sel, in.Pods) == 0 {
+			// No pod here enforces it: no document just for it.
+			continue
+		}
+		uid := ClusterEntryUID(string(c.UID), in.Namespace)
+		if len(cr.Invalid) > 0 || fresh == nil {
+			if entry, ok := carry(uid); ok {
+				cr.CompiledGeneration = entry.Generation
+				entries = append(entries, entry)
+			}
+			continue
+		}
+		entry := compileCluster(c, in.Namespace, replicas(ready))
+		applyReplacements(c, &entry, live, freshTeams, results, in.Pods)
+		doc := config.Config{APIVersion: config.APIVersion, Store: *store, Policies: append([]config.Policy{entry}, teamEntries...)}
+		if err := doc.Validate(); err != nil {
+			cr.Invalid = append(cr.Invalid, field.InternalError(field.NewPath("spec"),
+				fmt.Errorf("the compiled policy fails the sidecar's validation: %w", err)))
+			continue
+		}
+		cr.CompiledGeneration = c.Generation
+		entries = append(entries, entry)
+	}
+	entries = pruneReplacedBy(entries)
 	slices.SortFunc(results, func(a, b PolicyResult) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
 	})
+	slices.SortFunc(cresults, func(a, b ClusterResult) int { return cmp.Compare(a.Name, b.Name) })
 
 	// Entries exist only with a store section: fresh ones need a usable
 	// store, carried ones the previous document's.
-	out := Output{Policies: results}
-	switch {
-	case len(entries) == 0:
+	out := Output{Policies: results, Clusters: cresults}
+	if len(entries) == 0 {
 		out.Action = Delete
-	default:
-		slices.SortFunc(entries, func(a, b config.Policy) int {
-			return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
-		})
-		out.Action = Apply
-		out.Config = &config.Config{APIVersion: config.APIVersion, Store: *store, Policies: entries}
-		data, err := Marshal(out.Config)
-		if err != nil {
-			return Output{}, err
-		}
-		out.Data = data
+		return out, nil
+	}
+	if err := out.assemble(entries, *store, in.Pods, live); err != nil {
+		return Output{}, err
 	}
 	return out, nil
+}
+
+// assemble sets out's document to entries under store, leaving out the
+// policy created last (live is ordered by creation) for as long as the
+// document does not fit in the ConfigMap, so that one policy too many
+// never keeps the others from being written.
+func (out *Output) assemble(entries []config.Policy, store config.Store, pods []corev1.Pod, live []*v1alpha1.RateLimitPolicy) error {
+	slices.SortFunc(entries, func(a, b config.Policy) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
+	})
+	out.Action = Apply
+	for {
+		out.Config = &config.Config{APIVersion: config.APIVersion, Store: store, Policies: entries}
+		placeReplicas(out.Config, pods)
+		data, err := Marshal(out.Config)
+		if err != nil {
+			return err
+		}
+		out.Data = data
+		if len(data) <= MaxDocumentBytes || len(entries) == 1 {
+			return nil
+		}
+		entries = dropNewest(entries, live, out.Policies)
+	}
+}
+
+// applyReplacements decides, for each default rule of cluster policy c,
+// which freshly compiled team policies replace it (entry's rules'
+// ReplacedBy), and reports on the cluster rules in the team policies'
+// results.
+func applyReplacements(c *v1alpha1.ClusterRateLimitPolicy, entry *config.Policy, live []*v1alpha1.RateLimitPolicy, freshTeams []int, results []PolicyResult, pods []corev1.Pod) {
+	byName := map[string]*config.Rule{}
+	for i := range entry.Rules {
+		byName[entry.Rules[i].Name] = &entry.Rules[i]
+	}
+	for _, ti := range freshTeams {
+		team, res := live[ti], &results[ti]
+		for _, cr := range clusterRules(c) {
+			var own *v1alpha1.Rule
+			for j := range team.Spec.Rules {
+				if team.Spec.Rules[j].Name == cr.rule.Name {
+					own = &team.Spec.Rules[j]
+				}
+			}
+			status := v1alpha1.ClusterRuleStatus{Policy: c.Name, Rule: cr.rule.Name, Kind: cr.kind}
+			if own != nil && cr.kind == v1alpha1.ClusterRuleDefault {
+				if _, seen := res.ClusterDefaults[own.Name]; !seen {
+					st := replacement(c, cr.rule, team, own)
+					if res.ClusterDefaults == nil {
+						res.ClusterDefaults = map[string]v1alpha1.ClusterDefaultStatus{}
+					}
+					res.ClusterDefaults[own.Name] = st
+					if st.Replaced {
+						rule := byName[cr.rule.Name]
+						rule.ReplacedBy = append(rule.ReplacedBy, string(team.UID))
+						slices.Sort(rule.ReplacedBy)
+						status.ReplacedBy = own.Name
+					}
+				}
+			}
+			if status.ReplacedBy != "" || overlaps(c, team, pods) {
+				res.ClusterRules = append(res.ClusterRules, status)
+			}
+		}
+	}
+}
+
+// pruneReplacedBy drops, from every rule's ReplacedBy, the uids of
+// policies the document does not hold (a carried entry may name a policy
+// since removed). It copies what it changes: entries may share slices
+// with the previous document.
+func pruneReplacedBy(entries []config.Policy) []config.Policy {
+	uids := map[string]bool{}
+	for i := range entries {
+		uids[entries[i].UID] = true
+	}
+	for i := range entries {
+		e := &entries[i]
+		for j := range e.Rules {
+			rb := e.Rules[j].ReplacedBy
+			if len(rb) == 0 || !slices.ContainsFunc(rb, func(u string) bool { return !uids[u] }) {
+				continue
+			}
+			rules := slices.Clone(e.Rules)
+			rules[j].ReplacedBy = slices.DeleteFunc(slices.Clone(rb), func(u string) bool { return !uids[u] })
+			if len(rules[j].ReplacedBy) == 0 {
+				rules[j].ReplacedBy = nil
+			}
+			e.Rules = rules
+		}
+	}
+	return entries
+}
+
+// MaxDocumentBytes bounds the compiled document, so that the ConfigMap
+// holding it stays under the API server's 1 MiB object limit.
+const MaxDocumentBytes = 1000 << 10
+
+// dropNewest removes from entries the one of the policy created last,
+// and reports why in its result. live is ordered by creation.
+func dropNewest(entries []config.Policy, live []*v1alpha1.RateLimitPolicy, results []PolicyResult) []config.Policy {
+	for i := len(live) - 1; i >= 0; i-- {
+		uid := string(live[i].UID)
+		j := slices.IndexFunc(entries, func(e config.Policy) bool { return e.UID == uid })
+		if j < 0 {
+			continue
+		}
+		for k := range results {
+			// A result has a Namespace only when the document spans
+			// namespaces (the central rate-limit service's).
+			if results[k].Name == live[i].Name && (results[k].Namespace == "" || results[k].Namespace == live[i].Namespace) {
+				results[k].Invalid = append(results[k].Invalid, field.Invalid(field.NewPath("spec", "rules"), len(live[i].Spec.Rules),
+					fmt.Sprintf("the namespace's compiled policies would exceed the %d bytes a ConfigMap can hold; this policy, created last, is left out: merge rules or move workloads to another namespace", MaxDocumentBytes)))
+				results[k].CompiledGeneration = 0
+			}
+		}
+		return slices.Delete(entries, j, j+1)
+	}
+	return entries[:len(entries)-1]
 }
 
 // Marshal sets c.Revision to the hash of c's content and returns the
@@ -308,6 +556,70 @@ func selectorOrEverything(sel *metav1.LabelSelector) (labels.Selector, error) {
 
 // replicas is the local share divisor: the ready pods, at least 1.
 func replicas(ready int32) int32 { return max(ready, 1) }
+
+// placeReplicas lists, in c, the ready pods each policy targets, so that
+// every sidecar knows its place among the replicas that share a limit while
+// the store is unreachable: c.Pods holds the names, sorted, and each
+// policy's ReplicaPods the indexes of its ready pods, with Replicas their
+// number. Over config.MaxPods pods, the lists are left out and the
+// sidecars place themselves by a hash of their names.
+func placeReplicas(c *config.Config, pods []corev1.Pod) {
+	ready := map[int][]string{}
+	var all []string
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		sel := labels.Everything()
+		if p.PodSelector != nil {
+			s, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+			if err != nil {
+				continue
+			}
+			sel = s
+		}
+		for j := range pods {
+			pod := &pods[j]
+			if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed ||
+				!podstatus.Ready(pod) || !sel.Matches(labels.Set(pod.Labels)) {
+				continue
+			}
+			ready[i] = append(ready[i], pod.Name)
+			all = append(all, pod.Name)
+		}
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	if len(all) == 0 || len(all) > config.MaxPods {
+		return
+	}
+	c.Pods = all
+	for i, names := range ready {
+		p := &c.Policies[i]
+		slices.Sort(names)
+		p.ReplicaPods = make([]int32, 0, len(names))
+		for _, n := range names {
+			idx, _ := slices.BinarySearch(all, n)
+			p.ReplicaPods = append(p.ReplicaPods, int32(idx))
+		}
+		p.Replicas = int32(len(names))
+	}
+}
+
+// resolveRefs checks that the Secret or ConfigMap holding p's JWT keys
+// exists, when objs says which do. It returns v1alpha1.ReasonRefNotFound
+// and a message naming the field, or "" when the references resolve.
+func resolveRefs(p *v1alpha1.RateLimitPolicy, objs *Objects) (reason, message string) {
+	j := p.Spec.JWT
+	if j == nil || objs == nil {
+		return "", ""
+	}
+	if ref := j.HMACSecretRef; ref != nil && !objs.Secrets[ref.Name] {
+		return v1alpha1.ReasonRefNotFound, fmt.Sprintf("spec.jwt.hmacSecretRef: Secret %q not found in namespace %s; tokens cannot be verified, so the policy is not enforced until it exists", ref.Name, p.Namespace)
+	}
+	if ref := j.JWKSConfigMapRef; ref != nil && !objs.ConfigMaps[ref.Name] {
+		return v1alpha1.ReasonRefNotFound, fmt.Sprintf("spec.jwt.jwksConfigMapRef: ConfigMap %q not found in namespace %s; tokens cannot be verified, so the policy is not enforced until it exists", ref.Name, p.Namespace)
+	}
+	return "", ""
+}
 
 // countPods counts the running pods sel matches, and how many are Ready.
 // Pods being deleted or finished do not count.

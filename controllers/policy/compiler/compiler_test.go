@@ -10,9 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
@@ -59,6 +61,14 @@ func readInput(t *testing.T, file string) Input {
 			var s v1alpha1.CounterStore
 			strict(&s)
 			in.Stores[s.Name] = &s
+		case "ClusterRateLimitPolicy":
+			var c v1alpha1.ClusterRateLimitPolicy
+			strict(&c)
+			in.ClusterPolicies = append(in.ClusterPolicies, c)
+		case "Namespace":
+			var ns corev1.Namespace
+			strict(&ns)
+			in.Namespace, in.NamespaceLabels = ns.Name, ns.Labels
 		case "ConfigMap":
 			var cm corev1.ConfigMap
 			strict(&cm)
@@ -79,6 +89,12 @@ type golden struct {
 	Action   Action          `json:"action"`
 	Config   json.RawMessage `json:"config,omitempty"`
 	Policies []goldenResult  `json:"policies"`
+	Clusters []goldenCluster `json:"clusters,omitempty"`
+}
+
+type goldenCluster struct {
+	ClusterResult
+	Invalid []string `json:"invalid,omitempty"`
 }
 
 type goldenResult struct {
@@ -99,6 +115,14 @@ func render(t *testing.T, out Output) []byte {
 		}
 		gr.PolicyResult.Invalid = nil
 		g.Policies = append(g.Policies, gr)
+	}
+	for _, c := range out.Clusters {
+		gc := goldenCluster{ClusterResult: c}
+		for _, e := range c.Invalid {
+			gc.Invalid = append(gc.Invalid, e.Error())
+		}
+		gc.ClusterResult.Invalid = nil
+		g.Clusters = append(g.Clusters, gc)
 	}
 	b, err := json.MarshalIndent(g, "", "  ")
 	if err != nil {
@@ -352,4 +376,179 @@ func ExampleCompile() {
 	r := out.Config.Policies[0].Rules[0]
 	fmt.Println(out.Action, out.Config.Store.Addresses, r.Limit.Algorithm, r.Limit.Per.Duration, out.Config.Policies[0].Replicas)
 	// Output: Apply [redis-0.redis:6379] TokenBucket 1m0s 1
+}
+
+// A policy whose JWT key Secret or ConfigMap does not exist gets
+// ResolvedRefs=False (RefNotFound, naming the field) and is not compiled;
+// the other policies of the namespace are (the bypass of issue 18: the
+// document named a file no sidecar could read, and the sidecars rejected
+// it whole, the valid login limit beside it included).
+func TestMissingJWTRefIsIsolated(t *testing.T) {
+	t.Parallel()
+	in := readInput(t, "testdata/defaults.yaml")
+	login := in.Policies[0]
+	login.Name, login.UID = "login", "5d0f3c1e-0000-4000-8000-00000000000a"
+	broken := in.Policies[0]
+	broken.Name, broken.UID = "per-user", "5d0f3c1e-0000-4000-8000-00000000000b"
+	broken.Spec.JWT = &v1alpha1.JWT{HMACSecretRef: &v1alpha1.KeyReference{Name: "jwt-key", Key: "hmac"}}
+	broken.Spec.Rules = []v1alpha1.Rule{{Name: "per-user", Key: []v1alpha1.KeyPart{{JWTClaim: "sub"}},
+		Limit: v1alpha1.Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}}}}
+	jwks := broken
+	jwks.Name, jwks.UID = "per-tenant", "5d0f3c1e-0000-4000-8000-00000000000c"
+	jwks.Spec.JWT = &v1alpha1.JWT{JWKSConfigMapRef: &v1alpha1.KeyReference{Name: "jwks", Key: "keys.json"}}
+	in.Policies = []v1alpha1.RateLimitPolicy{login, broken, jwks}
+	in.Objects = &Objects{Secrets: map[string]bool{}, ConfigMaps: map[string]bool{"jwks": true}}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := map[string]PolicyResult{}
+	for _, r := range out.Policies {
+		results[r.Name] = r
+	}
+	if r := results["per-user"]; r.RefsResolved() || r.RefReason != v1alpha1.ReasonRefNotFound ||
+		!strings.Contains(r.RefMessage, "spec.jwt.hmacSecretRef") || !strings.Contains(r.RefMessage, `Secret "jwt-key"`) || r.CompiledGeneration != 0 {
+		t.Errorf("per-user: %+v, want RefNotFound naming spec.jwt.hmacSecretRef, not compiled", r)
+	}
+	pu := results["per-user"]
+	if reason, _ := pu.RefsCondition(); reason != v1alpha1.ReasonRefNotFound {
+		t.Errorf("per-user ResolvedRefs reason %q", reason)
+	}
+	for _, name := range []string{"login", "per-tenant"} {
+		if r := results[name]; !r.RefsResolved() || r.CompiledGeneration == 0 {
+			t.Errorf("%s: %+v, want resolved and compiled", name, r)
+		}
+	}
+	var names []string
+	for _, p := range out.Config.Policies {
+		names = append(names, p.Name)
+	}
+	if fmt.Sprint(names) != "[login per-tenant]" {
+		t.Errorf("document policies %v, want [login per-tenant]", names)
+	}
+}
+
+// Key alternatives, a rule without a key, and the defaults that close the
+// bypasses are written out: onMissingKey Shared, onInvalidToken Reject.
+func TestCompileKeysAndSafeDefaults(t *testing.T) {
+	t.Parallel()
+	in := readInput(t, "testdata/defaults.yaml")
+	p := &in.Policies[0]
+	p.Spec.JWT = &v1alpha1.JWT{UpstreamVerified: true}
+	p.Spec.TrustedProxies = &v1alpha1.TrustedProxies{CIDRs: []v1alpha1.CIDR{"10.0.0.0/8"}, Header: "X-Real-IP"}
+	p.Spec.Rules = []v1alpha1.Rule{{
+		Name:  "chain",
+		Keys:  [][]v1alpha1.KeyPart{{{JWTClaim: "sub"}}, {{Header: "X-API-Key"}}, {{ClientIP: &v1alpha1.ClientIPKey{IPv6PrefixLength: 48}}}},
+		Limit: v1alpha1.Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}},
+	}, {
+		Name:  "global",
+		Limit: v1alpha1.Limit{Requests: 1000, Per: metav1.Duration{Duration: time.Second}},
+	}}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Policies[0].Invalid) > 0 || out.Config == nil {
+		t.Fatalf("not compiled: %v", out.Policies[0].Invalid)
+	}
+	c := out.Config.Policies[0]
+	chain, global := c.Rules[0], c.Rules[1]
+	if len(chain.Keys) != 3 || chain.Keys[0][0].JWTClaim != "sub" || chain.Keys[1][0].Header != "X-API-Key" ||
+		chain.Keys[2][0].ClientIP == nil || chain.Keys[2][0].ClientIP.IPv6PrefixLength != 48 || len(chain.Key) != 0 {
+		t.Errorf("chain keys %+v, key %+v", chain.Keys, chain.Key)
+	}
+	if chain.OnMissingKey != config.OnMissingKeyShared || c.JWT.OnInvalidToken != config.OnInvalidTokenReject {
+		t.Errorf("defaults: onMissingKey %q, onInvalidToken %q", chain.OnMissingKey, c.JWT.OnInvalidToken)
+	}
+	if len(global.Key) != 0 || len(global.Keys) != 0 {
+		t.Errorf("global rule keyed: %+v %+v", global.Key, global.Keys)
+	}
+	if c.TrustedProxies.Header != "X-Real-IP" {
+		t.Errorf("trustedProxies %+v", c.TrustedProxies)
+	}
+}
+
+// Each policy lists its ready pods, by index into the document's sorted pod
+// names, so that each sidecar knows its place among the replicas sharing
+// the limit while the store is down.
+func TestReplicaPodsPlaceEverySidecar(t *testing.T) {
+	t.Parallel()
+	pod := func(name, app string, ready bool) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}}}
+		p.Status.Phase = corev1.PodRunning
+		st := corev1.ConditionFalse
+		if ready {
+			st = corev1.ConditionTrue
+		}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
+		return p
+	}
+	in := readInput(t, "testdata/defaults.yaml")
+	a := in.Policies[0]
+	a.Name, a.Spec.PodSelector = "a", metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+	all := in.Policies[0]
+	all.Name, all.UID = "all", "5d0f3c1e-0000-4000-8000-00000000000d"
+	in.Policies = []v1alpha1.RateLimitPolicy{a, all}
+	in.Pods = []corev1.Pod{pod("web-b", "web", true), pod("db-0", "db", true), pod("web-a", "web", true), pod("web-c", "web", false)}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := out.Config
+	if fmt.Sprint(c.Pods) != "[db-0 web-a web-b]" {
+		t.Errorf("pods %v, want the ready pods, sorted", c.Pods)
+	}
+	for _, p := range c.Policies {
+		want := map[string]string{"a": "[1 2]", "all": "[0 1 2]"}[p.Name]
+		if fmt.Sprint(p.ReplicaPods) != want || int(p.Replicas) != len(p.ReplicaPods) {
+			t.Errorf("policy %s: replicaPods %v replicas %d, want %s", p.Name, p.ReplicaPods, p.Replicas, want)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("the document fails the sidecar's validation: %v", err)
+	}
+}
+
+// Policies that together do not fit in the ConfigMap leave out the one
+// created last, which is reported on its own; the others are written.
+func TestDocumentTooLargeLeavesOutTheNewestPolicy(t *testing.T) {
+	t.Parallel()
+	in := readInput(t, "testdata/defaults.yaml")
+	base := in.Policies[0]
+	var rules []v1alpha1.Rule
+	for i := range 64 {
+		rules = append(rules, v1alpha1.Rule{Name: fmt.Sprintf("rule-%02d", i),
+			Match: &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchRegularExpression, Value: "/" + strings.Repeat("x", 900)}},
+			Key:   []v1alpha1.KeyPart{{Header: "X-API-Key"}}, Limit: v1alpha1.Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}}})
+	}
+	in.Policies = nil
+	for i := range 25 {
+		p := base
+		p.Name, p.UID = fmt.Sprintf("p%02d", i), types.UID(fmt.Sprintf("5d0f3c1e-0000-4000-8000-%012d", i))
+		p.CreationTimestamp = metav1.NewTime(time.Unix(1_700_000_000+int64(i), 0))
+		p.Spec.Rules = rules
+		in.Policies = append(in.Policies, p)
+	}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Data) > MaxDocumentBytes {
+		t.Fatalf("document of %d bytes, over %d", len(out.Data), MaxDocumentBytes)
+	}
+	kept := len(out.Config.Policies)
+	if kept == 0 || kept == 25 {
+		t.Fatalf("%d policies kept, want some but not all", kept)
+	}
+	for _, r := range out.Policies {
+		inDoc := slices.ContainsFunc(out.Config.Policies, func(p config.Policy) bool { return p.Name == r.Name })
+		var idx int
+		_, _ = fmt.Sscanf(r.Name, "p%d", &idx)
+		if inDoc != (idx < kept) {
+			t.Errorf("%s in the document: %v; want the %d created first", r.Name, inDoc, kept)
+		}
+		if !inDoc && (r.Accepted() || !strings.Contains(r.Invalid.ToAggregate().Error(), "created last, is left out")) {
+			t.Errorf("%s left out without a reason: %v", r.Name, r.Invalid)
+		}
+	}
 }

@@ -266,17 +266,7 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 	interval := max(1, per/l.Requests)
 	now := 1_700_000_000_000_000 + rng.Int64N(per)
 	for i := range steps {
-		switch rng.IntN(6) {
-		case 0:
-		case 1:
-			now += 1 + rng.Int64N(3)
-		case 2, 3:
-			now += rng.Int64N(interval + 1)
-		case 4:
-			now += rng.Int64N(per/4 + 1)
-		default:
-			now += rng.Int64N(2*per + 1)
-		}
+		now = advance(rng, now, per, interval)
 		n := rng.Int64N(l.Capacity() + 2)
 		if rng.IntN(3) > 0 {
 			n = min(n, 1+rng.Int64N(2))
@@ -292,6 +282,23 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 			t.Fatalf("%v step %d: deny with RetryAfter %v", l, i, got.RetryAfter)
 		}
 	}
+}
+
+// advance moves a trace's clock forward by a random amount: zero, a
+// microsecond, a fraction of the emission interval, up to two periods.
+func advance(rng *rand.Rand, now, per, interval int64) int64 {
+	switch rng.IntN(6) {
+	case 0:
+	case 1:
+		now += 1 + rng.Int64N(3)
+	case 2, 3:
+		now += rng.Int64N(interval + 1)
+	case 4:
+		now += rng.Int64N(per/4 + 1)
+	default:
+		now += rng.Int64N(2*per + 1)
+	}
+	return now
 }
 
 // take is s.Take without the shard.

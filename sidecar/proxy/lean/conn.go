@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/floodgate-dev/floodgate/sidecar/h1"
+	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -564,7 +565,14 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 	q := &c.req
 	b = append(b, q.Method...)
 	b = append(b, ' ')
-	b = append(b, q.Target...)
+	if clean := match.CleanPath(c.url.Path); clean != c.url.Path {
+		// The application serves the path the rules matched, as on the
+		// net/http path ("/a/../admin" is sent as "/admin").
+		u := url.URL{Path: clean, RawQuery: c.url.RawQuery}
+		b = append(b, u.RequestURI()...)
+	} else {
+		b = append(b, q.Target...)
+	}
 	b = append(b, " HTTP/1.1\r\n"...)
 	var xff [][]byte
 	for i := range q.Fields {

@@ -8,7 +8,7 @@
 // Request.Key, in sharded open-addressing tables (linear probing,
 // backward-shift deletion) whose 32-byte slots hold the algorithm state
 // inline: hash, two state words, expiry, and the id of the limit the state
-// was written under. A table doubles when 7/8 full, so while keys arrive it
+// was written under with a use count that eviction reads. A table doubles when 7/8 full, so while keys arrive it
 // is at least 7/16 full and a key costs at most 32/(7/16) ≈ 73 bytes of
 // heap, index included (measured: 67 bytes per key after a million keys).
 // Tables do not shrink: after keys expire, the memory stays at its peak,
@@ -27,8 +27,13 @@
 // time plus limiter.StateTTL(ResetAfter), when the state is back to full
 // and so the same as no state), rounded up to a whole second. Expired slots are read as
 // absent, reclaimed a few at a time as new keys arrive, and all at once by
-// Sweep. A shard that reaches its share of the maximum key count evicts,
-// from a sample of slots, the key that expires first: the idlest one.
+// Sweep. A shard that reaches its share of the maximum key count evicts
+// one key: a key whose state has expired, if the shard holds one (a key
+// with a live count is never evicted while an idle one is there); else,
+// from a sample of slots, as Redis's sampled LFU does, the least used key,
+// whose use count drops by one each time eviction passes it by, so that a
+// flood of new keys evicts its own keys before the keys in steady use,
+// whatever their rules' windows.
 //
 // # Time
 //
@@ -46,6 +51,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -155,7 +161,7 @@ func New(opts ...Option) (*Store, error) {
 	}
 	s.limits.init()
 	for i := range s.shards {
-		s.shards[i] = shard{maxKeys: shardCap, maxLen: maxLen, limits: &s.limits, total: &s.keys, maxTotal: int64(o.maxKeys)}
+		s.shards[i] = shard{maxKeys: shardCap, maxLen: maxLen, limits: &s.limits, total: &s.keys, maxTotal: int64(o.maxKeys), nextExpiry: math.MaxUint32}
 	}
 	return s, nil
 }
@@ -179,8 +185,23 @@ func (s *Store) shardOf(h uint64) *shard {
 // invalid limit, a negative cost, a time outside the representable range).
 // The store is one shard to its callers: the shard is always "". ctx is
 // not used.
+//
+// A shared limit (req.Limit.Shared) is interned in one canonical form
+// whatever its replica count and index, which are passed with the call, so
+// that a changing replica count adds no limits to the store's table.
 func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, string, error) {
-	lp, err := s.limits.get(req.Limit)
+	var share limiter.Share
+	var lp *limitParams
+	var err error
+	if req.Limit.Shared() {
+		// The share is checked by TakeShare; the rest of the limit once,
+		// when interned.
+		l := req.Limit
+		share, l.Share = l.Share, canonicalShare
+		lp, err = s.limits.get(&l)
+	} else {
+		lp, err = s.limits.get(&req.Limit)
+	}
 	if err != nil {
 		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
 	}
@@ -188,7 +209,7 @@ func (s *Store) Take(_ context.Context, req limiter.Request) (limiter.Decision, 
 	h := hashKey(req.Key)
 	sh := s.shardOf(h)
 	sh.mu.Lock()
-	d, err := sh.take(h, lp, now, req.Cost)
+	d, err := sh.take(h, lp, share, now, req.Cost)
 	sh.mu.Unlock()
 	if err != nil {
 		return limiter.Decision{}, "", fmt.Errorf("memstore take: %w", err)
@@ -241,6 +262,10 @@ func (s *Store) Sweep(now time.Time) int {
 	return n
 }
 
+// canonicalShare stands for every replica count and index in the limit
+// table: the state of a share does not depend on them.
+var canonicalShare = limiter.Share{Of: 2}
+
 // limitParams is an interned limit.
 type limitParams struct {
 	p  *limiter.Params
@@ -249,7 +274,7 @@ type limitParams struct {
 
 // limitTable interns the limits seen, so that a decision neither revalidates
 // its limit nor searches for the clock scale, and so that a slot can name
-// the limit its state was written under in 4 bytes. Lookups are lock-free:
+// the limit its state was written under in 3 bytes. Lookups are lock-free:
 // a direct-mapped cache in front of a copy-on-write map. Limits come from
 // configuration, not from clients, so the table stays small; each entry
 // costs about 200 bytes for the life of the Store.
@@ -268,22 +293,22 @@ func (t *limitTable) init() {
 	t.snap.Store(&limitSnap{byLimit: map[limiter.Limit]*limitParams{}})
 }
 
-func cacheSlot(l limiter.Limit) uint8 {
+func cacheSlot(l *limiter.Limit) uint8 {
 	x := uint64(l.Requests)*0x9E3779B97F4A7C15 ^ uint64(l.Period) ^ uint64(l.Burst)<<17 ^ uint64(l.Algorithm)<<7
 	x ^= x >> 29
 	x *= 0xBF58476D1CE4E5B9
 	return uint8(x >> 56)
 }
 
-func (t *limitTable) get(l limiter.Limit) (*limitParams, error) {
+func (t *limitTable) get(l *limiter.Limit) (*limitParams, error) {
 	slot := &t.cache[cacheSlot(l)]
-	if lp := slot.Load(); lp != nil && lp.p.Limit == l {
+	if lp := slot.Load(); lp != nil && lp.p.Limit == *l {
 		return lp, nil
 	}
-	lp, ok := t.snap.Load().byLimit[l]
+	lp, ok := t.snap.Load().byLimit[*l]
 	if !ok {
 		var err error
-		if lp, err = t.add(l); err != nil {
+		if lp, err = t.add(*l); err != nil {
 			return nil, err
 		}
 	}
@@ -302,7 +327,7 @@ func (t *limitTable) add(l limiter.Limit) (*limitParams, error) {
 	if lp, ok := old.byLimit[l]; ok {
 		return lp, nil
 	}
-	if len(old.byID) >= 1<<32-1 {
+	if len(old.byID) >= limitMask {
 		return nil, errors.New("too many distinct limits")
 	}
 	next := &limitSnap{byLimit: make(map[limiter.Limit]*limitParams, len(old.byLimit)+1), byID: append(old.byID[:len(old.byID):len(old.byID)], p)}

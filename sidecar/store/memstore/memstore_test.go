@@ -359,3 +359,98 @@ func TestExistingKeyAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestEvictionKeepsKeysInUse: a flood of new keys on a long-window rule
+// must not evict the keys of a short-window rule that clients keep using:
+// evicting them resets their counts (the bypass of issue 18: eviction took
+// the soonest-expiring key, which is the busy short-window one).
+func TestEvictionKeepsKeysInUse(t *testing.T) {
+	t.Parallel()
+	const maxKeys = 1000
+	now := time.Unix(1_700_000_000, 0)
+	clk := limitertest.NewClock(now)
+	s := newStore(t, memstore.WithMaxKeys(maxKeys), memstore.WithShards(4), memstore.WithClock(clk.Now))
+	short := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Period: time.Second}
+	long := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1000, Period: 24 * time.Hour}
+	take := func(key string, l limiter.Limit, n int64) limiter.Decision {
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	const active = 100
+	for i := range active {
+		take("active"+strconv.Itoa(i), short, 1)
+	}
+	// The flood: 20 new keys for every request of each active client, all
+	// within one second, so no count expires.
+	for round := range 100 {
+		clk.Set(now.Add(time.Duration(round) * 5 * time.Millisecond))
+		for i := range active {
+			take("active"+strconv.Itoa(i), short, 0)
+		}
+		for i := range 20 * active / 10 {
+			take("flood"+strconv.Itoa(round*1000+i), long, 1)
+			if got := s.Len(); got > maxKeys {
+				t.Fatalf("Len = %d, above the bound %d", got, maxKeys)
+			}
+		}
+	}
+	kept := 0
+	for i := range active {
+		if d := take("active"+strconv.Itoa(i), short, 0); d.Remaining == 9 {
+			kept++
+		}
+	}
+	if kept != active {
+		t.Fatalf("%d of %d keys in use kept their counts through the flood, want all", kept, active)
+	}
+}
+
+// TestEvictionPrefersIdleKeys: at the bound, a key whose count has expired
+// goes before any key with a live count.
+func TestEvictionPrefersIdleKeys(t *testing.T) {
+	t.Parallel()
+	const maxKeys = 64
+	now := time.Unix(1_700_000_000, 0)
+	clk := limitertest.NewClock(now)
+	s := newStore(t, memstore.WithMaxKeys(maxKeys), memstore.WithShards(1), memstore.WithClock(clk.Now))
+	short := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Period: time.Second}
+	long := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Period: time.Hour}
+	take := func(key string, l limiter.Limit, n int64) limiter.Decision {
+		d, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// Half the keys have counts that expire; the other half live on.
+	for i := range maxKeys / 2 {
+		take("idle"+strconv.Itoa(i), short, 1)
+		take("live"+strconv.Itoa(i), long, 1)
+	}
+	clk.Set(now.Add(10 * time.Second))
+	for i := range maxKeys / 2 {
+		take("new"+strconv.Itoa(i), long, 1)
+	}
+	for i := range maxKeys / 2 {
+		if d := take("live"+strconv.Itoa(i), long, 0); d.Remaining != 9 {
+			t.Errorf("live%d lost its count while idle keys were there to evict", i)
+		}
+	}
+}
+
+// TestLeaseConformance runs the lease suite against the memory store.
+func TestLeaseConformance(t *testing.T) {
+	t.Parallel()
+	limitertest.RunLease(t, func(t *testing.T, now func() time.Time) limitertest.LeaseStore { return newStore(t, clocked(now)...) })
+}
+
+// TestLeaseConformanceTinyShards runs the lease suite on one shard.
+func TestLeaseConformanceTinyShards(t *testing.T) {
+	t.Parallel()
+	limitertest.RunLease(t, func(t *testing.T, now func() time.Time) limitertest.LeaseStore {
+		return newStore(t, clocked(now, memstore.WithShards(1))...)
+	})
+}

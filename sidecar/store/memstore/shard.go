@@ -21,7 +21,43 @@ type slot struct {
 	// absent: the Redis TTL's end rounded up to a whole second (saturated
 	// after 2106, when the state is simply kept until evicted).
 	expires uint32
-	limit   uint32 // id in limitTable of the limit the state was written under
+	// meta holds the id in limitTable of the limit the state was written
+	// under (the low 24 bits) and the key's use count (the high 8 bits),
+	// which eviction reads: see evict.
+	meta uint32
+}
+
+const (
+	limitBits = 24
+	limitMask = 1<<limitBits - 1
+	maxUses   = 0xff
+)
+
+// limitID returns the id of the limit e's state was written under.
+func (e *slot) limitID() uint32 { return e.meta & limitMask }
+
+// setLimit records the limit e's state is written under.
+func (e *slot) setLimit(id uint32) { e.meta = e.meta&^limitMask | id }
+
+// uses returns e's use count: decisions on the key since it was last
+// aged, saturating at 255.
+func (e *slot) uses() uint32 { return e.meta >> limitBits }
+
+// used counts one decision on e.
+func (e *slot) used() {
+	if e.uses() < maxUses {
+		e.meta += 1 << limitBits
+	}
+}
+
+// age takes one from e's use count, down to 1: a key keeps a count above
+// 1 only while it is used at least as often as eviction comes round to
+// it, and a key used once stays level with the others used once, among
+// which the one that expires first goes.
+func (e *slot) age() {
+	if e.uses() > 1 {
+		e.meta -= 1 << limitBits
+	}
 }
 
 // expiresAt returns the slot expiry for a write at now (µs) whose decision
@@ -53,9 +89,13 @@ type shard struct {
 	total    *atomic.Int64
 	maxTotal int64
 	cursor   int // next slot the incremental sweep and eviction look at
-	logs     []limiter.Log
-	free     []int32 // indexes of unused logs
-	limits   *limitTable
+	// nextExpiry is at most the earliest expiry (a slot's expires) of any
+	// key in the shard: until that second no key can have expired, so
+	// eviction need not look for one.
+	nextExpiry uint32
+	logs       []limiter.Log
+	free       []int32 // indexes of unused logs
+	limits     *limitTable
 }
 
 // find returns the index of h's slot, or false.
@@ -74,7 +114,10 @@ func (sh *shard) find(h uint64) (int, bool) {
 	}
 }
 
-func (sh *shard) take(h uint64, lp *limitParams, now, cost int64) (limiter.Decision, error) {
+// take decides a request of cost at now (µs) on key hash h under the
+// limit lp, or, when share.Of > 1, under replica share.Index's share of it
+// (lp is then the limit's canonical shared form; see Store.Take).
+func (sh *shard) take(h uint64, lp *limitParams, share limiter.Share, now, cost int64) (limiter.Decision, error) {
 	p := lp.p
 	i, found := sh.find(h)
 	if found && sh.table[i].expired(now) {
@@ -82,15 +125,35 @@ func (sh *shard) take(h uint64, lp *limitParams, now, cost int64) (limiter.Decis
 		sh.deleteAt(i)
 		i, found = sh.find(h)
 	}
-	if p.Limit.Algorithm == limiter.SlidingLog {
+	if isLogLimit(p) {
 		return sh.takeLog(h, i, found, lp, now, cost)
 	}
+	i, found, st, sp := sh.load(h, i, found, p)
+	var d limiter.Decision
+	var write bool
+	var err error
+	if share.Of > 1 {
+		d, write, err = p.TakeShare(&st, sp, share, now, cost)
+	} else {
+		d, write, err = p.Take(&st, sp, now, cost)
+	}
+	if err != nil || !write {
+		return d, err
+	}
+	sh.store(h, i, found, lp, now, st, d.ResetAfter)
+	return d, nil
+}
+
+// load reads the fixed-size state of h, at slot i when found, and the
+// Params it was written under (p when there is none).
+func (sh *shard) load(h uint64, i int, found bool, p *limiter.Params) (int, bool, limiter.State, *limiter.Params) {
 	var st limiter.State
 	sp := p
 	if found {
 		e := &sh.table[i]
-		sp = sh.limits.byID(e.limit)
-		if sp.Limit.Algorithm == limiter.SlidingLog {
+		e.used()
+		sp = sh.limits.byID(e.limitID())
+		if isLogLimit(sp) {
 			// The key changed from SlidingLog: drop its log.
 			sh.deleteAt(i)
 			i, found = sh.find(h)
@@ -99,27 +162,40 @@ func (sh *shard) take(h uint64, lp *limitParams, now, cost int64) (limiter.Decis
 			st = unpack(e, sp)
 		}
 	}
-	d, write, err := p.Take(&st, sp, now, cost)
-	if err != nil || !write {
-		return d, err
-	}
+	return i, found, st, sp
+}
+
+// store writes st, computed under lp at now, as h's state, inserting h when
+// it was not found, with the expiry of a decision with resetAfter.
+func (sh *shard) store(h uint64, i int, found bool, lp *limitParams, now int64, st limiter.State, resetAfter time.Duration) {
 	if !found {
 		i = sh.insert(h, now)
 	}
 	e := &sh.table[i]
-	pack(e, p, st)
-	e.limit = lp.id
-	e.expires = expiresAt(now, d.ResetAfter)
-	return d, nil
+	pack(e, lp.p, st)
+	e.setLimit(lp.id)
+	sh.setExpiry(e, expiresAt(now, resetAfter))
+}
+
+// setExpiry sets e's expiry, keeping nextExpiry a lower bound.
+func (sh *shard) setExpiry(e *slot, expires uint32) {
+	e.expires = expires
+	sh.nextExpiry = min(sh.nextExpiry, expires)
 }
 
 func (sh *shard) isLog(e *slot) bool {
-	return sh.limits.byID(e.limit).Limit.Algorithm == limiter.SlidingLog
+	return isLogLimit(sh.limits.byID(e.limitID()))
+}
+
+// isLogLimit reports whether p's state is a limiter.Log: SlidingLog, unless
+// shared (a share keeps one number whatever the algorithm).
+func isLogLimit(p *limiter.Params) bool {
+	return p.Limit.Algorithm == limiter.SlidingLog && !p.Limit.Shared()
 }
 
 func unpack(e *slot, sp *limiter.Params) limiter.State {
 	st := limiter.State{A: e.a, B: e.b, Set: true}
-	if sp.Limit.Algorithm == limiter.SlidingWindow {
+	if sp.Limit.Algorithm == limiter.SlidingWindow && !sp.Limit.Shared() {
 		st.B, st.C = int64(uint64(e.b)>>32), int64(uint32(e.b))
 	}
 	return st
@@ -127,7 +203,7 @@ func unpack(e *slot, sp *limiter.Params) limiter.State {
 
 func pack(e *slot, p *limiter.Params, st limiter.State) {
 	e.a, e.b = st.A, st.B
-	if p.Limit.Algorithm == limiter.SlidingWindow {
+	if p.Limit.Algorithm == limiter.SlidingWindow && !p.Limit.Shared() {
 		e.b = int64(uint64(st.B)<<32 | uint64(uint32(st.C)))
 	}
 }
@@ -147,18 +223,19 @@ func (sh *shard) takeLog(h uint64, i int, found bool, lp *limitParams, now, cost
 		i = sh.insert(h, now)
 		e := &sh.table[i]
 		e.a = int64(sh.newLog(empty))
-		e.limit = lp.id
-		e.expires = expiresAt(now, d.ResetAfter)
+		e.setLimit(lp.id)
+		sh.setExpiry(e, expiresAt(now, d.ResetAfter))
 		return d, nil
 	}
 	e := &sh.table[i]
+	e.used()
 	d, _, err := lp.p.TakeLog(&sh.logs[e.a], now, cost)
 	if err != nil {
 		return d, err
 	}
 	if d.Allowed && cost > 0 {
-		e.limit = lp.id
-		e.expires = expiresAt(now, d.ResetAfter)
+		e.setLimit(lp.id)
+		sh.setExpiry(e, expiresAt(now, d.ResetAfter))
 	}
 	return d, nil
 }
@@ -179,13 +256,13 @@ func (sh *shard) newLog(lg limiter.Log) int32 {
 func (sh *shard) insert(h uint64, now int64) int {
 	sh.sweep(now, sweepStep)
 	if sh.count >= sh.maxKeys || (sh.total.Load() >= sh.maxTotal && sh.count > 0) {
-		sh.evict()
+		sh.evict(now)
 	}
 	if (sh.count+1)*8 > len(sh.table)*7 && len(sh.table) < sh.maxLen {
 		sh.grow()
 	}
 	i, _ := sh.find(h)
-	sh.table[i] = slot{hash: h}
+	sh.table[i] = slot{hash: h, meta: 1 << limitBits}
 	sh.count++
 	sh.total.Add(1)
 	return i
@@ -258,36 +335,78 @@ func (sh *shard) sweep(now int64, n int) int {
 
 func (sh *shard) sweepAll(now int64) int {
 	removed := 0
+	next := uint32(math.MaxUint32)
 	for i := 0; i < len(sh.table); {
-		if e := &sh.table[i]; e.hash != 0 && e.expired(now) {
+		e := &sh.table[i]
+		if e.hash != 0 && e.expired(now) {
 			sh.deleteAt(i) // a later slot may move into i: look again
 			removed++
 			continue
 		}
+		if e.hash != 0 {
+			next = min(next, e.expires)
+		}
 		i++
 	}
+	sh.nextExpiry = next
 	if sh.count == 0 {
 		sh.logs, sh.free = nil, nil
 	}
 	return removed
 }
 
-// evict deletes, among the next evictSample occupied slots from the cursor,
-// the one that expires first: the idlest key, or an expired one.
-func (sh *shard) evict() {
+// evict deletes one key. It looks at the next evictSample occupied slots
+// from the cursor and deletes, as Redis's sampled LFU does, a key whose
+// state has expired (it holds no live count) if there is one, else the
+// least used, and among equally used ones the one that expires first,
+// whose count matters least. The cursor then moves one key on, and that
+// key is aged (its use count drops by one, down to 1): every key is aged
+// once per round of the cursor through the shard, so a key keeps a count
+// above 1 only while it is used at least once in the time that evictions
+// take to go round the shard. A flood of keys used once therefore evicts
+// its own keys before a key in steady use, whatever their windows.
+//
+// Before sampling, a key whose count has expired is looked for in the
+// whole shard, but only once some key may have expired (nextExpiry has
+// passed), which happens at most once per second: a key with a live count
+// is never evicted while the shard holds an expired one.
+func (sh *shard) evict(now int64) {
+	if now >= int64(sh.nextExpiry)*1_000_000 && sh.sweepAll(now) > 0 {
+		return
+	}
 	mask := len(sh.table) - 1
-	best, seen := -1, 0
+	best, first, seen := -1, -1, 0
 	for c := sh.cursor; seen < evictSample && seen < sh.count; c = (c + 1) & mask {
-		if sh.table[c].hash == 0 {
+		e := &sh.table[c]
+		if e.hash == 0 {
 			continue
 		}
 		seen++
-		if best < 0 || sh.table[c].expires < sh.table[best].expires {
+		if first < 0 {
+			first = c
+		}
+		if e.expired(now) {
+			best = c
+			break
+		}
+		if best < 0 || idler(e, &sh.table[best]) {
 			best = c
 		}
-		sh.cursor = (c + 1) & mask
+	}
+	if first >= 0 {
+		sh.table[first].age()
+		sh.cursor = (first + 1) & mask
 	}
 	if best >= 0 {
 		sh.deleteAt(best)
 	}
+}
+
+// idler reports whether a is a better key to evict than b: less used, or
+// as used and expiring sooner.
+func idler(a, b *slot) bool {
+	if ua, ub := a.uses(), b.uses(); ua != ub {
+		return ua < ub
+	}
+	return a.expires < b.expires
 }

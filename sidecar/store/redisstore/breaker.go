@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,9 +35,16 @@ func (s BreakerState) String() string {
 }
 
 // breaker is a per-shard circuit breaker: threshold consecutive failed
-// calls open it; while open it fails fast; after cooldown one probe goes
+// calls open it; while open it fails fast; after a cooldown one probe goes
 // through (half-open), and the probe's success closes it while its failure
 // opens it again for another cooldown.
+//
+// Each cooldown is jittered: it lasts a uniformly random time between half
+// and one and a half times the configured one (the mean). The breakers of
+// a fleet of sidecars open together when a shard goes down; with a fixed
+// cooldown they would probe it together, every cooldown, and when it comes
+// back every sidecar would reconnect, reload its slot map and resume in
+// the same millisecond. Jittered, their probes spread over a cooldown.
 //
 // The closed, healthy path is one atomic load per call and one per
 // outcome; the mutex is taken only while failures are being counted or the
@@ -46,16 +54,26 @@ type breaker struct {
 	cooldown  time.Duration
 	now       func() time.Time
 	onChange  func(BreakerState)
+	// jitter returns the length of one cooldown.
+	jitter func(time.Duration) time.Duration
 
 	state    atomic.Int32 // BreakerState
 	failing  atomic.Bool  // failures > 0
 	mu       sync.Mutex
 	failures int
-	openedAt time.Time
+	probeAt  time.Time // while open: when the next probe may go
 }
 
 func newBreaker(threshold int, cooldown time.Duration, now func() time.Time, onChange func(BreakerState)) *breaker {
-	return &breaker{threshold: threshold, cooldown: cooldown, now: now, onChange: onChange}
+	return &breaker{threshold: threshold, cooldown: cooldown, now: now, onChange: onChange, jitter: jitterCooldown}
+}
+
+// jitterCooldown returns a uniformly random duration in [d/2, 3d/2).
+func jitterCooldown(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d)
 }
 
 // State returns the breaker's current state.
@@ -74,7 +92,7 @@ func (b *breaker) allow() (ok, probe bool) {
 	case BreakerClosed:
 		return true, false
 	case BreakerOpen:
-		if b.now().Sub(b.openedAt) < b.cooldown {
+		if b.now().Before(b.probeAt) {
 			return false, false
 		}
 		b.setLocked(BreakerHalfOpen)
@@ -113,12 +131,10 @@ func (b *breaker) failure(probe bool, n int) {
 		b.failures += n
 		b.failing.Store(true)
 		if b.failures >= b.threshold {
-			b.openedAt = b.now()
-			b.setLocked(BreakerOpen)
+			b.openLocked()
 		}
 	case probe && st == BreakerHalfOpen:
-		b.openedAt = b.now()
-		b.setLocked(BreakerOpen)
+		b.openLocked()
 	}
 }
 
@@ -131,9 +147,15 @@ func (b *breaker) release(probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if BreakerState(b.state.Load()) == BreakerHalfOpen {
-		b.openedAt = b.now().Add(-b.cooldown)
+		b.probeAt = b.now()
 		b.setLocked(BreakerOpen)
 	}
+}
+
+// openLocked opens the breaker for one jittered cooldown; b.mu is held.
+func (b *breaker) openLocked() {
+	b.probeAt = b.now().Add(b.jitter(b.cooldown))
+	b.setLocked(BreakerOpen)
 }
 
 func (b *breaker) setLocked(s BreakerState) {

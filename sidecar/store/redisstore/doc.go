@@ -37,6 +37,19 @@
 // parts. TestDifferentialExtremes holds the scripts to package limiter's
 // int64 arithmetic at those magnitudes.
 //
+// # Leases and split counters
+//
+// Lease (limiter.Leaser) runs a lease script (lua/lease_*.lua, one per
+// algorithm that can lease) on the same key as the algorithm's script: it
+// gives back a lease's unused tokens and takes a batch in one step
+// (ALGORITHMS.md section 9). Its reply has seven integers; its call
+// discipline is Take's, so a lease call that times out is never sent
+// again (its tokens may have been taken: the caller under-admits by at
+// most that batch, never over-admits). SplitKey names the sub-counters of
+// a split key so that they lie in the middle of equal parts of the slot
+// space, and so on different masters of a cluster with equal contiguous
+// slot ranges (ALGORITHMS.md section 10).
+//
 // # Call discipline
 //
 // Every call has a deadline (Options.Timeout, 50ms by default, or the
@@ -90,11 +103,26 @@
 //
 // Each master address has a breaker. Options.BreakerFailures consecutive
 // unavailable calls open it; while open, decisions for its slots fail at
-// once with ErrUnavailable (and nudge a slot-map reload, so that after a
-// failover the slots route to the new master, whose breaker is closed).
-// After Options.BreakerCooldown one probe goes through; its success closes
-// the breaker, its failure opens it for another cooldown. A dead shard
-// costs a decision one map lookup and one atomic load.
+// once with ErrUnavailable. After a cooldown one probe goes through; its
+// success closes the breaker, its failure opens it for another cooldown.
+// Each cooldown is drawn at random between half and one and a half
+// Options.BreakerCooldown, so that the sidecars whose breakers opened
+// together, when a shard died, probe it at different instants and do not
+// all come back in the same millisecond. The breaker reloads the slot map
+// in the background when it opens and at each probe, and the calls it
+// fails fast ask for a reload at most every 125ms to 375ms (jittered), so
+// that after a failover the slots route to the new master, whose breaker
+// is closed, within a few hundred milliseconds. A dead shard costs a
+// decision one map lookup and one atomic load.
+//
+// A connection that fails (the node restarted, say) is dialled again after
+// a random pause of up to 100ms, for the same reason: every sidecar loses
+// its connection to a restarted node at the same instant. A call whose
+// deadline comes before the new connection can fails at once. The
+// slot-map client (go-redis) retries a node it cannot reach every second
+// in the background; from its third failed dial in a row to a node, each
+// failure is reported after a random pause of up to a second, so that the
+// fleet's retries, which started in the same instant, drift apart.
 //
 // Redis replicates asynchronously: a replica promoted by a failover may
 // lack the last few milliseconds of its master's writes, so counters can

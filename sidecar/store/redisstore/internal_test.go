@@ -101,6 +101,7 @@ func TestBreaker(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	var changes []BreakerState
 	b := newBreaker(3, time.Second, clk.now, func(s BreakerState) { changes = append(changes, s) })
+	b.jitter = func(d time.Duration) time.Duration { return d } // exact cooldowns; TestBreakerJitter covers the jitter
 
 	mustAllow := func(step string, wantOK, wantProbe bool) {
 		t.Helper()
@@ -154,6 +155,45 @@ func TestBreaker(t *testing.T) {
 	for i := range want {
 		if changes[i] != want[i] {
 			t.Fatalf("state changes %v, want %v", changes, want)
+		}
+	}
+}
+
+// TestBreakerJitter opens 1000 breakers at one instant, as a fleet of
+// sidecars does when a shard dies, and checks that their probes spread
+// over the cooldown instead of all coming at its end: each waits between
+// half and one and a half cooldowns, and every tenth of that window gets
+// some of them.
+func TestBreakerJitter(t *testing.T) {
+	t.Parallel()
+	const cooldown = 500 * time.Millisecond
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	opened := clk.t
+	var buckets [10]int
+	for range 1000 {
+		b := newBreaker(1, cooldown, clk.now, nil)
+		clk.t = opened
+		b.failure(false, 1)
+		// Step a millisecond at a time to the first allowed probe.
+		for {
+			if ok, probe := b.allow(); ok {
+				if !probe {
+					t.Fatal("an open breaker let a call through that is not the probe")
+				}
+				break
+			}
+			clk.t = clk.t.Add(time.Millisecond)
+		}
+		wait := clk.t.Sub(opened)
+		if wait < cooldown/2 || wait > cooldown*3/2 {
+			t.Fatalf("probe after %v, want within [%v, %v]", wait, cooldown/2, cooldown*3/2)
+		}
+		buckets[min(9, int((wait-cooldown/2)*10/cooldown))]++
+	}
+	for i, n := range buckets {
+		// 100 expected per bucket; 40 is over 6 standard deviations away.
+		if n < 40 {
+			t.Errorf("only %d of 1000 probes in tenth %d of the cooldown window %v: %v", n, i, cooldown, buckets)
 		}
 	}
 }

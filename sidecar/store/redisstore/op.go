@@ -25,6 +25,10 @@ type op struct {
 	now      string // µs, or "" for Redis TIME
 	n        int64
 	probe    bool // the half-open probe of the breaker it was admitted by
+	// lease, when leased is set, is a lease script's ARGV after the
+	// limit's constants: want, return, window.
+	lease  [3]int64
+	leased bool
 
 	// EVALSHA until a NOSCRIPT answer, then EVAL; asking sends ASKING
 	// first; hops counts redirects followed.
@@ -79,7 +83,13 @@ func (o *op) AppendCommand(b []byte) []byte {
 	b = resp.AppendBulk(b, o.key)
 	b = resp.AppendBulk(b, o.now)
 	b = resp.AppendBulkInt(b, o.n)
-	return append(b, o.la.tailRESP...)
+	b = append(b, o.la.tailRESP...)
+	if o.leased {
+		for _, v := range o.lease {
+			b = resp.AppendBulkInt(b, v)
+		}
+	}
+	return b
 }
 
 // decision turns o's answer into a Decision.

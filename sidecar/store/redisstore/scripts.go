@@ -72,6 +72,12 @@ type limitArgs struct {
 }
 
 func newLimitArgs(p *limiter.Params) *limitArgs {
+	return buildLimitArgs(p, scripts[p.Limit.Algorithm], 0)
+}
+
+// buildLimitArgs is newLimitArgs for script sc, whose ARGV has extra
+// arguments after the limit's constants (an op's lease arguments).
+func buildLimitArgs(p *limiter.Params, sc *script, extra int) *limitArgs {
 	var tail []int64
 	switch p.Limit.Algorithm {
 	case limiter.TokenBucket, limiter.GCRA:
@@ -81,13 +87,13 @@ func newLimitArgs(p *limiter.Params) *limitArgs {
 	default: // FixedWindow, SlidingLog
 		tail = []int64{p.Capacity, p.PeriodMicros}
 	}
-	la := &limitArgs{p: p, sc: scripts[p.Limit.Algorithm], tail: make([]string, len(tail))}
+	la := &limitArgs{p: p, sc: sc, tail: make([]string, len(tail))}
 	for i, v := range tail {
 		la.tail[i] = strconv.FormatInt(v, 10)
 		la.tailRESP = resp.AppendBulk(la.tailRESP, la.tail[i])
 	}
-	// EVALSHA sha numkeys key now n, then the tail.
-	argc := 6 + len(tail)
+	// EVALSHA sha numkeys key now n, then the tail and the extra.
+	argc := 6 + len(tail) + extra
 	la.shaHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVALSHA"), la.sc.sha), "1")
 	la.evalHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVAL"), la.sc.src), "1")
 	return la

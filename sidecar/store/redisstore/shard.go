@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,16 +28,27 @@ type shard struct {
 	dialMu  sync.Mutex
 	dialing *dialCall
 	closed  bool // under dialMu
+	// lost is set when the connection failed: the next dial waits a
+	// random pause first (under dialMu).
+	lost bool
 
 	stats pipe.Stats
 }
 
 // dialCall is one connection attempt that callers wait for.
 type dialCall struct {
+	at   time.Time // when the dial starts
 	done chan struct{}
 	c    *pipe.Conn
 	err  error
 }
+
+// maxRedialPause bounds the random pause before a shard is dialled again
+// after its connection failed. When a node restarts, every sidecar loses
+// its connection to it at the same instant; the pause spreads their
+// reconnections (and the handshakes and script loads that follow) over
+// up to this long instead of the millisecond their next calls share.
+const maxRedialPause = 100 * time.Millisecond
 
 func newShard(s *Store, addr string) *shard {
 	sh := &shard{s: s, addr: addr}
@@ -65,7 +77,11 @@ func (sh *shard) close() {
 func (sh *shard) do(ctx context.Context, o *op) (string, error) {
 	ok, probe := sh.br.allow()
 	if !ok {
-		sh.s.reloadTopology() // a failover may have moved the slots
+		// A failover may have moved the slots to a replica: reload the
+		// slot map, at most every ~250ms (jittered) however many calls
+		// fail, so that a fleet waiting out an outage asks the cluster
+		// for its map at staggered times, not all at once.
+		sh.s.reloadWhileOpen()
 		return sh.addr, unavailable(sh.addr, errors.New("circuit breaker open; failing fast"))
 	}
 	o.probe = probe
@@ -125,6 +141,11 @@ func (sh *shard) connect(ctx context.Context, deadline time.Time) (*pipe.Conn, e
 		}
 		return nil, errors.New("connection lost")
 	}
+	if d.at.After(deadline) {
+		// The reconnection waits its pause past this call's deadline:
+		// fail now rather than at the deadline.
+		return nil, fmt.Errorf("reconnecting in %v, after the call deadline", time.Until(d.at).Round(time.Millisecond))
+	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -156,9 +177,18 @@ func (sh *shard) startDial() (*dialCall, error) {
 	if sh.dialing != nil {
 		return sh.dialing, nil
 	}
-	d := &dialCall{done: make(chan struct{})}
+	d := &dialCall{at: time.Now(), done: make(chan struct{})}
+	var pause time.Duration
+	if sh.lost {
+		sh.lost = false
+		pause = rand.N(maxRedialPause)
+		d.at = d.at.Add(pause)
+	}
 	sh.dialing = d
 	go func() {
+		if pause > 0 {
+			time.Sleep(pause)
+		}
 		o := sh.s.opts
 		c, err := pipe.Dial(pipe.Config{
 			Addr: sh.addr, TLS: o.TLS, Credentials: o.Credentials, ClientName: o.ClientName,
@@ -183,8 +213,13 @@ func (sh *shard) startDial() (*dialCall, error) {
 }
 
 // Closed implements pipe.Handler: it forgets c, a failed connection, so
-// that the next call dials.
-func (sh *shard) Closed(c *pipe.Conn) { sh.conn.CompareAndSwap(c, nil) }
+// that the next call dials, after a random pause (maxRedialPause).
+func (sh *shard) Closed(c *pipe.Conn) {
+	sh.dialMu.Lock()
+	sh.lost = true
+	sh.dialMu.Unlock()
+	sh.conn.CompareAndSwap(c, nil)
+}
 
 // Failed implements pipe.Handler: a call that got no answer leaves the
 // count unknown. One the node never saw tells the breaker nothing.

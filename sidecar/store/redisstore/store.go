@@ -5,6 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -31,7 +34,9 @@ const paramsCacheSize = 4096
 // safe for concurrent use.
 type Store struct {
 	opts Options
-	cc   *redis.ClusterClient // slot map only; nil in single mode
+	// cc keeps the slot map only; nil in single mode. SetAddrs replaces
+	// it with one seeded from new addresses.
+	cc atomic.Pointer[redis.ClusterClient]
 	// route guards topology lookups: when no node can tell the slot map,
 	// it fails decisions fast like a shard breaker.
 	route *breaker
@@ -42,6 +47,12 @@ type Store struct {
 	pmu    sync.Mutex
 	params map[limiter.Limit]*limitArgs
 
+	// seedMu guards seeds (the addresses cc was built from, sorted) and
+	// reseed (the replacement being loaded, if any).
+	seedMu sync.Mutex
+	seeds  []string
+	reseed *reseed
+
 	// The first slot-map load is shared by the callers that arrive before
 	// it ends, instead of each loading it (go-redis would).
 	loadMu   sync.Mutex
@@ -49,6 +60,9 @@ type Store struct {
 	inflight *slotLoad
 
 	closed atomic.Bool
+	// nextOpenReload is when (Unix ns) a call failed fast by an open
+	// breaker may next ask for a slot-map reload.
+	nextOpenReload atomic.Int64
 }
 
 // slotLoad is one slot-map load in flight.
@@ -74,44 +88,192 @@ func New(opts Options) (*Store, error) {
 	empty := map[string]*shard{}
 	s.shards.Store(&empty)
 	if !o.Single {
-		s.cc = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:               o.Addrs,
-			CredentialsProvider: o.Credentials,
-			TLSConfig:           cloneTLS(o.TLS),
-			Protocol:            2,
-			// The cluster client only loads the slot map (CLUSTER
-			// SLOTS); the scripts go through the store's own pipelined
-			// connections. Still, nothing in it may retry.
-			MaxRedirects:          -1,
-			MaxRetries:            -1,
-			DialTimeout:           o.DialTimeout,
-			DialerRetries:         1,
-			ReadTimeout:           time.Second,
-			WriteTimeout:          time.Second,
-			ContextTimeoutEnabled: true,
-			PoolSize:              2,
-			DisableIdentity:       true,
-			// A connection that is not authenticated when the node
-			// wants it to be is refused here (checkAuth) rather than
-			// pooled. The name is a courtesy to whoever reads CLIENT
-			// LIST: a node that refuses it (ACLs) still serves the slot
-			// map, where go-redis's own ClientName would fail the
-			// connection.
-			OnConnect: func(ctx context.Context, cn *redis.Conn) error {
-				if err := checkAuth(ctx, cn); err != nil {
-					return err
-				}
-				_ = cn.ClientSetName(ctx, o.ClientName).Err()
-				return nil
-			},
-			ClusterStateReloadInterval: 5 * time.Second,
-			MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
+		s.seeds = sortedCopy(o.Addrs)
+		s.cc.Store(newClusterClient(o, o.Addrs))
 		// Start loading the slot map now; the first decisions wait for
 		// this load instead of starting their own.
 		go func() { _ = s.loadSlots(context.Background()) }()
 	}
 	return s, nil
+}
+
+// newClusterClient returns the go-redis client that keeps the slot map,
+// seeded with addrs.
+func newClusterClient(o Options, addrs []string) *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:               addrs,
+		CredentialsProvider: o.Credentials,
+		TLSConfig:           cloneTLS(o.TLS),
+		Protocol:            2,
+		// The cluster client only loads the slot map (CLUSTER
+		// SLOTS); the scripts go through the store's own pipelined
+		// connections. Still, nothing in it may retry.
+		MaxRedirects:          -1,
+		MaxRetries:            -1,
+		DialTimeout:           o.DialTimeout,
+		DialerRetries:         1,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		ContextTimeoutEnabled: true,
+		PoolSize:              2,
+		DisableIdentity:       true,
+		// A connection that is not authenticated when the node wants
+		// it to be is refused here (checkAuth) rather than pooled. The
+		// name is a courtesy to whoever reads CLIENT LIST: a node that
+		// refuses it (ACLs) still serves the slot map, where go-redis's
+		// own ClientName would fail the connection.
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			if err := checkAuth(ctx, cn); err != nil {
+				return err
+			}
+			_ = cn.ClientSetName(ctx, o.ClientName).Err()
+			return nil
+		},
+		ClusterStateReloadInterval: 5 * time.Second,
+		MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		Dialer:                     slotMapDialer(o),
+	})
+}
+
+// maxSlotMapDialPause bounds the random pause after a repeated failed
+// dial of the slot-map client.
+const maxSlotMapDialPause = time.Second
+
+// slotMapDialer dials a node for the slot-map client as go-redis would,
+// but reports the third and later failed dials in a row to a node only
+// after a random pause of up to maxSlotMapDialPause (or the dial's context
+// end). After two failures go-redis stops dialling the node for its
+// callers and retries it every second in the background; every sidecar
+// loses the node in the same instant, so without the pause their retries,
+// and the connections that follow them, would reach the node back in the
+// same millisecond. The first two failures are not delayed: a slot-map
+// load that meets a dead node moves on to the next one at once.
+func slotMapDialer(o Options) func(context.Context, string, string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 5 * time.Minute}
+	var td *tls.Dialer
+	if o.TLS != nil {
+		td = &tls.Dialer{NetDialer: nd, Config: cloneTLS(o.TLS)}
+	}
+	var mu sync.Mutex
+	failures := map[string]int{}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		var err error
+		if td != nil {
+			c, err = td.DialContext(ctx, network, addr)
+		} else {
+			c, err = nd.DialContext(ctx, network, addr)
+		}
+		mu.Lock()
+		n := 0
+		if err != nil {
+			failures[addr]++
+			n = failures[addr]
+		} else {
+			delete(failures, addr)
+		}
+		mu.Unlock()
+		if n > 2 {
+			t := time.NewTimer(rand.N(maxSlotMapDialPause))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		return c, err
+	}
+}
+
+func sortedCopy(a []string) []string {
+	out := append([]string(nil), a...)
+	sort.Strings(out)
+	return out
+}
+
+// reseed is one replacement of the slot map's client being loaded.
+type reseed struct {
+	cancel context.CancelFunc
+}
+
+// reseedRetry is the pause, jittered, between attempts to load the slot
+// map from new seed addresses that do not answer yet.
+const reseedRetry = time.Second
+
+// Seeds returns the seed addresses the slot map is loaded from, sorted.
+func (s *Store) Seeds() []string {
+	s.seedMu.Lock()
+	defer s.seedMu.Unlock()
+	if s.opts.Single {
+		return append([]string(nil), s.opts.Addrs...)
+	}
+	return append([]string(nil), s.seeds...)
+}
+
+// SetAddrs gives the store new seed addresses, as when every node of the
+// cluster was replaced and the old addresses answer no more: the slot map
+// is loaded from the new seeds in the background, retried until one of
+// them answers, and then replaces the old one, so that decisions route to
+// the new masters without a restart. Until then the old map stays in
+// use. Counts live in Redis, so nothing is lost by the switch. An
+// unchanged set of addresses (in any order) changes nothing. It is an
+// error in single mode, and for an address that is not host:port.
+func (s *Store) SetAddrs(addrs []string) error {
+	if s.opts.Single {
+		return errors.New("redisstore: a single-server store cannot change its address")
+	}
+	o := s.opts
+	o.Addrs = addrs
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	next := sortedCopy(addrs)
+	s.seedMu.Lock()
+	defer s.seedMu.Unlock()
+	if slices.Equal(next, s.seeds) || s.closed.Load() {
+		return nil
+	}
+	if s.reseed != nil {
+		s.reseed.cancel() // superseded
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &reseed{cancel: cancel}
+	s.reseed, s.seeds = r, next
+	go s.runReseed(ctx, r, newClusterClient(s.opts, next))
+	return nil
+}
+
+// runReseed loads the slot map with cc until it succeeds, then makes cc
+// the store's slot map client; it gives up, closing cc, when ctx ends (a
+// newer SetAddrs, or Close).
+func (s *Store) runReseed(ctx context.Context, r *reseed, cc *redis.ClusterClient) {
+	for {
+		lctx, cancel := context.WithTimeout(ctx, slotLoadTimeout)
+		_, err := cc.MasterForKey(lctx, "fg:{}")
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = cc.Close()
+			return
+		case <-time.After(jitterCooldown(reseedRetry)):
+		}
+	}
+	s.seedMu.Lock()
+	if s.reseed != r || s.closed.Load() {
+		s.seedMu.Unlock()
+		_ = cc.Close()
+		return
+	}
+	s.reseed = nil
+	old := s.cc.Swap(cc)
+	s.seedMu.Unlock()
+	s.loadMu.Lock()
+	s.loaded.Store(true)
+	s.loadMu.Unlock()
+	_ = old.Close()
 }
 
 func cloneTLS(c *tls.Config) *tls.Config {
@@ -135,13 +297,19 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.seedMu.Lock()
+	if s.reseed != nil {
+		s.reseed.cancel()
+		s.reseed = nil
+	}
+	s.seedMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sh := range *s.shards.Load() {
 		sh.close()
 	}
-	if s.cc != nil {
-		if err := s.cc.Close(); err != nil {
+	if cc := s.cc.Load(); cc != nil {
+		if err := cc.Close(); err != nil {
 			return fmt.Errorf("redisstore: close the slot map's client: %w", err)
 		}
 	}
@@ -224,7 +392,7 @@ func (s *Store) shardFor(ctx context.Context, deadline time.Time, key string) (*
 			return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
 		}
 	}
-	c, err := s.cc.MasterForKey(ctx, key)
+	c, err := s.cc.Load().MasterForKey(ctx, key)
 	if err != nil {
 		s.route.failure(probe, 1)
 		return nil, unavailable("cluster", fmt.Errorf("slot map: %w", err))
@@ -253,7 +421,7 @@ func (s *Store) loadSlots(ctx context.Context) error {
 			lctx, cancel := context.WithTimeout(context.Background(), slotLoadTimeout)
 			defer cancel()
 			// MasterForKey loads the whole map when there is none.
-			_, err := s.cc.MasterForKey(lctx, "fg:{}")
+			_, err := s.cc.Load().MasterForKey(lctx, "fg:{}")
 			s.loadMu.Lock()
 			l.err = err
 			if err == nil {
@@ -273,12 +441,30 @@ func (s *Store) loadSlots(ctx context.Context) error {
 	}
 }
 
+// openReloadInterval is the mean spacing of the slot-map reloads that the
+// calls a breaker fails fast ask for (each spacing drawn between half and
+// one and a half of it): often enough that the sidecars find a promoted
+// replica a few hundred milliseconds after a failover, rarely enough that
+// a fleet waiting out an outage asks little of the cluster when it is back.
+const openReloadInterval = 250 * time.Millisecond
+
+// reloadWhileOpen reloads the slot map for a call that an open breaker
+// failed fast, at most once per jittered openReloadInterval.
+func (s *Store) reloadWhileOpen() {
+	now := time.Now().UnixNano()
+	next := s.nextOpenReload.Load()
+	if now < next || !s.nextOpenReload.CompareAndSwap(next, now+int64(jitterCooldown(openReloadInterval))) {
+		return
+	}
+	s.reloadTopology()
+}
+
 // reloadTopology asks the cluster client to reload the slot map in the
 // background. Concurrent requests coalesce into one reload at a time, at
 // most one per 200ms.
 func (s *Store) reloadTopology() {
-	if s.cc != nil && !s.closed.Load() {
-		s.cc.ReloadState(context.Background())
+	if cc := s.cc.Load(); cc != nil && !s.closed.Load() {
+		cc.ReloadState(context.Background())
 	}
 }
 
@@ -322,19 +508,40 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if err != nil {
 		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
+	o, addr, err := s.send(ctx, req.Key, la, req.Cost, nil)
+	if err != nil {
+		return limiter.Decision{}, addr, err // o may still be in flight: not reused
+	}
+	d, err := o.decision(la.p)
+	putOp(o)
+	return d, addr, err
+}
+
+// send checks a call's input, runs la's script for key on the master of
+// its slot and returns the answered op, for the caller to read and
+// recycle, with the address of the master that answered or failed. lease,
+// when set, is a lease call's arguments: they are checked as such and sent
+// after the limit's constants.
+func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64, lease *limiter.LeaseArgs) (*op, string, error) {
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
 	haveNow := s.opts.Now != nil
 	if haveNow {
 		nowUs = limiter.Micros(s.opts.Now())
 	}
-	if err := limiter.CheckInput(nowUs, req.Cost); err != nil {
-		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
+	var err error
+	if lease != nil {
+		err = limiter.CheckLease(la.p.Limit.Algorithm, nowUs, *lease)
+	} else {
+		err = limiter.CheckInput(nowUs, cost)
 	}
-	if req.Key == "" {
-		return limiter.Decision{}, UnknownShard, errors.New("redisstore: empty key")
+	if err != nil {
+		return nil, UnknownShard, fmt.Errorf("redisstore: %w", err)
+	}
+	if key == "" {
+		return nil, UnknownShard, errors.New("redisstore: empty key")
 	}
 	if s.closed.Load() {
-		return limiter.Decision{}, UnknownShard, unavailable("store", errors.New("store is closed"))
+		return nil, UnknownShard, unavailable("store", errors.New("store is closed"))
 	}
 
 	deadline := time.Now().Add(s.opts.Timeout)
@@ -343,23 +550,24 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	}
 	// The pipelined connection finishes every op by its deadline (see
 	// package pipe), so the hot path needs no timer of its own.
-	key := counterKey(req.Key, la.p.Limit.Algorithm)
-	sh, err := s.shardFor(ctx, deadline, key)
+	rkey := counterKey(key, la.p.Limit.Algorithm)
+	sh, err := s.shardFor(ctx, deadline, rkey)
 	if err != nil {
-		return limiter.Decision{}, UnknownShard, err
+		return nil, UnknownShard, err
 	}
 	o := getOp()
-	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, key, req.Cost
+	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, rkey, cost
+	if lease != nil {
+		o.lease, o.leased = [3]int64{lease.Want, lease.Return, lease.Window}, true
+	}
 	if haveNow {
 		o.now = strconv.FormatInt(nowUs, 10)
 	}
 	addr, err := sh.do(ctx, o)
 	if err != nil {
-		return limiter.Decision{}, addr, err // o may still be in flight: not reused
+		return nil, addr, err
 	}
-	d, err := o.decision(la.p)
-	putOp(o)
-	return d, addr, err
+	return o, addr, nil
 }
 
 // unavailable wraps cause as limiter.ErrUnavailable, naming the shard.

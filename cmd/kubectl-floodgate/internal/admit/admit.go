@@ -66,6 +66,10 @@ import (
 // server names it in every rejection.
 const WebhookName = "validate.ratelimitpolicy.floodgate.dev"
 
+// ClusterWebhookName is the name of floodgate's validating webhook for
+// ClusterRateLimitPolicies.
+const ClusterWebhookName = "validate.clusterratelimitpolicy.floodgate.dev"
+
 // LastAppliedAnnotation is the annotation kubectl apply adds to what it
 // creates; it counts towards the metadata's size limit.
 const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
@@ -283,8 +287,9 @@ func (v *Validator) Create(obj []byte, namespace string) (*unstructured.Unstruct
 		return nil, err
 	}
 
-	// 4. floodgate's validating webhook.
-	if gvk.GroupKind() == v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind() {
+	// 4. floodgate's validating webhooks.
+	switch gvk.GroupKind() {
+	case v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind():
 		var p v1alpha1.RateLimitPolicy
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
 			return nil, fmt.Errorf("reading the object as the webhook does: %w", err)
@@ -292,6 +297,15 @@ func (v *Validator) Create(obj []byte, namespace string) (*unstructured.Unstruct
 		if errs := admission.Validate(&p); len(errs) > 0 {
 			st := apierrors.NewInvalid(gvk.GroupKind(), p.Name, errs).Status()
 			return nil, webhookerrors.ToStatusErr(WebhookName, &st)
+		}
+	case v1alpha1.GroupVersion.WithKind("ClusterRateLimitPolicy").GroupKind():
+		var p v1alpha1.ClusterRateLimitPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+			return nil, fmt.Errorf("reading the object as the webhook does: %w", err)
+		}
+		if errs := admission.ValidateCluster(&p); len(errs) > 0 {
+			st := apierrors.NewInvalid(gvk.GroupKind(), p.Name, errs).Status()
+			return nil, webhookerrors.ToStatusErr(ClusterWebhookName, &st)
 		}
 	}
 	return u, nil

@@ -42,6 +42,19 @@ spec:
     key: [{clientIP: {}}]
 `
 
+const clusterPolicy = `apiVersion: ratelimit.floodgate.dev/v1alpha1
+kind: ClusterRateLimitPolicy
+metadata: {name: floor}
+spec:
+  namespaceSelector: {}
+  podSelector: {}
+  defaults:
+    rules:
+    - name: per-ip
+      key: [{clientIP: {}}]
+      limit: {requests: 1000, per: 1s}
+`
+
 // The agreement with a real API server is tested against envtest in
 // test/k8sloop; these are the offline cases that name each step.
 func TestCreate(t *testing.T) {
@@ -60,6 +73,12 @@ func TestCreate(t *testing.T) {
 			`spec.rules[0].limit.per: Invalid value: "500ms": must be between 1s and 366d (8784h)`},
 		{"the webhook", policy + "    limit: {requests: 1, per: 1.0000005s}\n", metav1.StatusReasonInvalid,
 			`admission webhook "validate.ratelimitpolicy.floodgate.dev" denied the request: RateLimitPolicy.ratelimit.floodgate.dev "p" is invalid: spec.rules[0].limit.per: Invalid value: "1.0000005s": must be a whole number of microseconds`},
+		{"the webhook: CEL", policy + "    match: {when: [\"request.method\"]}\n    limit: {requests: 1, per: 1s}\n", metav1.StatusReasonInvalid,
+			`admission webhook "validate.ratelimitpolicy.floodgate.dev" denied the request: RateLimitPolicy.ratelimit.floodgate.dev "p" is invalid: spec.rules[0].match.when[0]: Invalid value: "request.method": must be a condition (of type bool), but is of type string`},
+		{"schema: a network with host bits", policy + "    match: {sourceCIDRs: [10.1.2.3/8]}\n    limit: {requests: 1, per: 1s}\n", metav1.StatusReasonInvalid,
+			`spec.rules[0].match.sourceCIDRs[0]`},
+		{"the cluster webhook: CEL cost", clusterPolicy + "      match: {when: [\"request.headers.all(a, request.headers.all(b, a != b))\"]}\n", metav1.StatusReasonInvalid,
+			`admission webhook "validate.clusterratelimitpolicy.floodgate.dev" denied the request: ClusterRateLimitPolicy.ratelimit.floodgate.dev "floor" is invalid: spec.defaults.rules[0].match.when[0]: Invalid value: "request.headers.all(a, request.headers.all(b, a != b))": its estimated worst-case cost`},
 		{"metadata", strings.Replace(policy, "{name: p}", "{name: Not_A_Name}", 1) + "    limit: {requests: 1, per: 1s}\n", metav1.StatusReasonInvalid,
 			`metadata.name: Invalid value: "Not_A_Name"`},
 	} {
@@ -87,7 +106,7 @@ func TestCreateDefaultsAsTheServerDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	rule := u.Object["spec"].(map[string]any)["rules"].([]any)[0].(map[string]any)
-	for k, want := range map[string]string{"onMissingKey": "Skip", "failureMode": "Open", "mode": "Enforce"} {
+	for k, want := range map[string]string{"onMissingKey": "Shared", "failureMode": "Open", "mode": "Enforce"} {
 		if got := rule[k]; got != want {
 			t.Errorf("%s = %v, want the default %q", k, got, want)
 		}

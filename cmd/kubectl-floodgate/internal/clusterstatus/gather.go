@@ -205,7 +205,7 @@ func ParseMetrics(data []byte) ([]Sample, error) {
 		return nil, fmt.Errorf("parsing /metrics: %w", err)
 	}
 	var out []Sample
-	for _, name := range []string{MetricDecisions, MetricConfig, MetricFallback} {
+	for _, name := range []string{MetricDecisions, MetricConfig, MetricFallback, MetricExempt} {
 		mf := mfs[name]
 		if mf == nil {
 			continue

@@ -135,6 +135,9 @@ type RuleCounts struct {
 	Denied       float64 `json:"denied"`
 	ShadowDenied float64 `json:"shadowDenied,omitempty"`
 	Unavailable  float64 `json:"unavailable,omitempty"`
+	// Exempt counts the requests the rule matched and left alone as
+	// exempt (its exempt section or its policy's).
+	Exempt float64 `json:"exempt,omitempty"`
 	// Recent* are the increases over the window.
 	RecentAllowed float64 `json:"recentAllowed"`
 	RecentDenied  float64 `json:"recentDenied"`
@@ -145,6 +148,7 @@ const (
 	MetricDecisions = "floodgate_sidecar_decisions_total"
 	MetricConfig    = "floodgate_sidecar_config_info"
 	MetricFallback  = "floodgate_sidecar_fallback_active"
+	MetricExempt    = "floodgate_sidecar_exempt_total"
 )
 
 // Build builds the report.
@@ -238,6 +242,7 @@ func policyStatus(in *Input, p *v1alpha1.RateLimitPolicy) (PolicyStatus, []strin
 			sum.Denied += rc.Denied
 			sum.ShadowDenied += rc.ShadowDenied
 			sum.Unavailable += rc.Unavailable
+			sum.Exempt += rc.Exempt
 			sum.RecentAllowed += rc.RecentAllowed
 			sum.RecentDenied += rc.RecentDenied
 		}
@@ -317,6 +322,10 @@ func podStatus(in *Input, pod *corev1.Pod, policy, revision string) PodStatus {
 				rc.ShadowDenied = s.Value
 			case "unavailable":
 				rc.Unavailable = s.Value
+			}
+		case MetricExempt:
+			if s.Labels["policy"] == policy {
+				get(s.Labels["rule"]).Exempt = s.Value
 			}
 		}
 	}

@@ -83,6 +83,8 @@ func TestBuild(t *testing.T) {
 				{Name: MetricConfig, Labels: map[string]string{"revision": rev}, Value: 1},
 				{Name: MetricFallback, Value: 1},
 				{Name: MetricDecisions, Labels: map[string]string{"policy": "other", "rule": "r", "result": "denied"}, Value: 99},
+				{Name: MetricExempt, Labels: map[string]string{"policy": "api", "rule": "r"}, Value: 6},
+				{Name: MetricExempt, Labels: map[string]string{"policy": "other", "rule": "r"}, Value: 50},
 			}},
 			"b": {Err: "connection refused"},
 		},
@@ -114,13 +116,13 @@ func TestBuild(t *testing.T) {
 	if !a.Enforces || a.MetricsRevision != rev || !a.FallbackActive || len(a.Rules) != 1 {
 		t.Fatalf("pod a: %+v", a)
 	}
-	if r := a.Rules[0]; r.Allowed != 15 || r.Denied != 4 || r.ShadowDenied != 2 || r.RecentAllowed != 5 || r.RecentDenied != 3 {
-		t.Errorf("pod a's counts %+v, want totals 15/4/2 and recent 5/3", r)
+	if r := a.Rules[0]; r.Allowed != 15 || r.Denied != 4 || r.ShadowDenied != 2 || r.Exempt != 6 || r.RecentAllowed != 5 || r.RecentDenied != 3 {
+		t.Errorf("pod a's counts %+v, want totals 15/4/2, 6 exempt and recent 5/3", r)
 	}
 	if got, want := byName["b"].MetricsError, "connection refused"; got != want {
 		t.Errorf("pod b's metrics error %q, want %q", got, want)
 	}
-	if len(ps.Rules) != 1 || ps.Rules[0].RecentDenied != 3 {
+	if len(ps.Rules) != 1 || ps.Rules[0].RecentDenied != 3 || ps.Rules[0].Exempt != 6 {
 		t.Errorf("rule sums %+v", ps.Rules)
 	}
 	wantProblems := []string{

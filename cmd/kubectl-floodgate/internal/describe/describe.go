@@ -53,6 +53,13 @@ type Rule struct {
 	Cost string `json:"cost,omitempty"`
 	// MissingKey says what happens to a request without the key parts.
 	MissingKey string `json:"missingKey,omitempty"`
+	// Exempt says which requests the rule matches but never limits (its
+	// exempt section and its policy's).
+	Exempt string `json:"exempt,omitempty"`
+	// ReplacedBy names the policies whose pods do not enforce the rule,
+	// because a rule of theirs replaces it (a cluster default that a
+	// team's policy tightens).
+	ReplacedBy []string `json:"replacedBy,omitempty"`
 	// Failure says what happens when the store is unreachable.
 	Failure string `json:"failure"`
 	// Fallback is the local limit of each replica when the store is
@@ -69,12 +76,21 @@ type Limit struct {
 	Per       string `json:"per"`
 	Burst     int64  `json:"burst,omitempty"`
 	Algorithm string `json:"algorithm"`
+	// SharedBy, on a fail-open fallback, is the number of replicas that
+	// deal the limit's tokens out among themselves (each spends every
+	// SharedBy-th one): Requests and Burst are then each replica's share,
+	// when it is a whole number, and else the fleet's.
+	SharedBy int32 `json:"sharedBy,omitempty"`
 }
 
 // Config describes every rule of every policy of c, whatever pods they
 // select.
 func Config(c *config.Config) ([]Policy, error) {
 	m := metrics.NewMetrics(prometheus.NewRegistry())
+	names := make(map[string]string, len(c.Policies))
+	for i := range c.Policies {
+		names[c.Policies[i].UID] = c.Policies[i].Name
+	}
 	out := make([]Policy, 0, len(c.Policies))
 	for i := range c.Policies {
 		p := &c.Policies[i]
@@ -83,6 +99,11 @@ func Config(c *config.Config) ([]Policy, error) {
 			r, err := rule(p, &p.Rules[j], m)
 			if err != nil {
 				return nil, fmt.Errorf("policy %s, rule %s: %w", p.Name, p.Rules[j].Name, err)
+			}
+			for k, uid := range r.ReplacedBy {
+				if n, ok := names[uid]; ok {
+					r.ReplacedBy[k] = n
+				}
 			}
 			dp.Rules = append(dp.Rules, r)
 		}
@@ -112,13 +133,15 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 		return descriptorRule(p, r, out, m)
 	}
 	out.Applies = applies(&r.Match)
-	out.Counter = counter(r.Key)
+	out.Counter = counter(r.KeyAlternatives())
 	lim, err := limited(&out, p, r, m)
 	if err != nil {
 		return Rule{}, err
 	}
 	out.Cost = cost(r.Cost, lim.Capacity())
 	out.MissingKey = missingKey(r)
+	out.Exempt = exempt(p.Exempt, r.Exempt)
+	out.ReplacedBy = slices.Clone(r.ReplacedBy)
 	return out, nil
 }
 
@@ -212,12 +235,47 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	if er.FailClosed {
 		return "fails closed: 503 while the store is unreachable", nil
 	}
-	n := max(replicas, 1)
-	s := fmt.Sprintf("fails open to %s per %s per replica on %d %s", requests(er.Fallback.Requests), period(er.Fallback.Period), n, plural(int64(n), "replica", "replicas"))
-	if b := er.Fallback.Burst; b > 0 && b != er.Fallback.Requests {
-		s += fmt.Sprintf(" (burst %d)", b)
+	n := int64(max(replicas, 1))
+	l := er.Limit
+	fb := limitOf(l)
+	if n == 1 {
+		s := fmt.Sprintf("fails open to %s per %s per replica on 1 replica", requests(l.Requests), period(l.Period))
+		if fb.Burst > 0 && fb.Burst != fb.Requests {
+			s += fmt.Sprintf(" (burst %d)", fb.Burst)
+		}
+		return s, fb
 	}
-	return s, limitOf(er.Fallback)
+	fb.SharedBy = int32(n)
+	capacity := l.Capacity()
+	if l.Requests%n == 0 {
+		// Each replica's share is a whole number of requests per period.
+		fb.Requests /= n
+		s := fmt.Sprintf("fails open to %s per %s per replica on %d replicas", requests(l.Requests/n), period(l.Period), n)
+		if b := capacity / n; fb.Burst > 0 {
+			fb.Burst = max(b, 1)
+			if fb.Burst != fb.Requests {
+				s += fmt.Sprintf(" (burst %d)", fb.Burst)
+			}
+		}
+		return s, fb
+	}
+	return fmt.Sprintf("fails open to every %s of the limit's tokens per replica on %d replicas: %s per %s across them",
+		ordinal(n), n, requests(l.Requests), period(l.Period)), fb
+}
+
+// ordinal is "2nd", "3rd", "10th".
+func ordinal(n int64) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.FormatInt(n, 10) + suffix
 }
 
 func requests(n int64) string {
@@ -255,6 +313,9 @@ func applies(m *config.Match) string {
 	} else {
 		what = "requests"
 	}
+	if len(m.Hosts) > 0 {
+		what += " for " + strings.Join(m.Hosts, " or ")
+	}
 	if p := m.Path; p != nil {
 		switch p.Type {
 		case config.PathExact:
@@ -264,33 +325,83 @@ func applies(m *config.Match) string {
 		default:
 			what += " to paths matching " + p.Value
 		}
-	} else {
+	} else if len(m.Hosts) == 0 && len(m.Query) == 0 && len(m.SourceCIDRs) == 0 && len(m.When) == 0 {
 		what = "all " + what
 	}
-	for i, h := range m.Headers {
-		if i == 0 {
-			what += " with"
-		} else {
-			what += " and"
-		}
-		if h.Value == "" {
-			what += " a " + h.Name + " header"
-		} else {
-			what += fmt.Sprintf(" header %s: %s", h.Name, h.Value)
-		}
+	with := make([]string, 0, len(m.Headers)+len(m.Query))
+	for _, h := range m.Headers {
+		with = append(with, valueMatch("header", h.Name, h.Value, h.Regex, h.Absent, h.Invert))
+	}
+	for _, q := range m.Query {
+		with = append(with, valueMatch("query parameter", q.Name, q.Value, q.Regex, q.Absent, q.Invert))
+	}
+	if len(with) > 0 {
+		what += " with " + strings.Join(with, " and ")
+	}
+	if len(m.SourceCIDRs) > 0 {
+		what += " from " + strings.Join(m.SourceCIDRs, " or ")
+	}
+	if len(m.When) > 0 {
+		what += " when " + strings.Join(m.When, " and ")
 	}
 	return what
 }
 
-func counter(key []config.KeyPart) string {
-	if len(key) == 0 {
-		return "all of them together (one counter)"
+// valueMatch words one header or query parameter match.
+func valueMatch(kind, name, value, regex string, absent, invert bool) string {
+	switch {
+	case absent:
+		return "no " + name + " " + kind
+	case value != "" && invert:
+		return fmt.Sprintf("%s %s other than %s", kind, name, value)
+	case value != "":
+		return fmt.Sprintf("%s %s: %s", kind, name, value)
+	case regex != "" && invert:
+		return fmt.Sprintf("%s %s not matching %s", kind, name, regex)
+	case regex != "":
+		return fmt.Sprintf("%s %s matching %s", kind, name, regex)
+	case invert:
+		return "no " + name + " " + kind
 	}
-	parts := make([]string, 0, len(key))
-	for _, k := range key {
-		parts = append(parts, keyPart(k))
+	return "a " + name + " " + kind
+}
+
+// exempt words the exemptions of a rule and its policy, or "": a request
+// from one of the networks, or one for which every condition of a section
+// holds, is exempt.
+func exempt(sections ...*config.Exempt) string {
+	var alternatives []string
+	for _, x := range sections {
+		if x == nil {
+			continue
+		}
+		if len(x.SourceCIDRs) > 0 {
+			alternatives = append(alternatives, "requests from "+strings.Join(x.SourceCIDRs, " or "))
+		}
+		if len(x.When) > 0 {
+			alternatives = append(alternatives, "requests when "+strings.Join(x.When, " and "))
+		}
 	}
-	return "each " + strings.Join(parts, " and ")
+	if len(alternatives) == 0 {
+		return ""
+	}
+	return strings.Join(alternatives, ", or ") + ": never limited, counted as exempt"
+}
+
+func counter(alts [][]config.KeyPart) string {
+	var words []string
+	for _, key := range alts {
+		if len(key) == 0 {
+			words = append(words, "all of them together (one counter)")
+			continue
+		}
+		parts := make([]string, 0, len(key))
+		for _, k := range key {
+			parts = append(parts, keyPart(k))
+		}
+		words = append(words, "each "+strings.Join(parts, " and "))
+	}
+	return strings.Join(words, ", else ")
 }
 
 func keyPart(k config.KeyPart) string {
@@ -300,13 +411,15 @@ func keyPart(k config.KeyPart) string {
 	case k.Query != "":
 		return "query parameter " + k.Query
 	case k.ClientIP != nil:
-		return "client IP"
+		return clientIP(k.ClientIP)
 	case k.JWTClaim != "":
 		return "JWT claim " + k.JWTClaim
 	case k.Path != nil:
 		return "path"
 	case k.Method != nil:
 		return "method"
+	case k.Expression != "":
+		return "value of " + k.Expression
 	}
 	return "?"
 }
@@ -324,24 +437,42 @@ func cost(c config.Cost, capacity int64) string {
 }
 
 func missingKey(r *config.Rule) string {
-	// The client IP, the path and the method are always there.
+	// The client IP, the path and the method are always there: an
+	// alternative of those alone (or none) keys every request.
 	var names []string
-	for _, k := range r.Key {
-		if k.Header != "" || k.Query != "" || k.JWTClaim != "" {
-			names = append(names, keyPart(k))
+	for _, alt := range r.KeyAlternatives() {
+		var parts []string
+		for _, k := range alt {
+			if k.Header != "" || k.Query != "" || k.JWTClaim != "" || k.Expression != "" {
+				parts = append(parts, keyPart(k))
+			}
 		}
-	}
-	if len(names) == 0 {
-		return ""
+		if len(parts) == 0 {
+			return ""
+		}
+		names = append(names, strings.Join(parts, " and "))
 	}
 	without := "requests without " + strings.Join(names, " or ")
 	switch r.OnMissingKey {
-	case config.OnMissingKeyShared:
-		return without + " share one counter"
 	case config.OnMissingKeyReject:
 		return without + " are answered 400"
+	case config.OnMissingKeySkip:
+		return without + " are not limited by this rule"
 	}
-	return without + " are not limited by this rule"
+	return without + " share one counter"
+}
+
+// clientIP names a client IP key part, with its prefix lengths when they
+// are not the defaults (each IPv4 address, each IPv6 /64).
+func clientIP(k *config.ClientIPKey) string {
+	s := "client IP"
+	if v4 := k.IPv4PrefixLength; v4 > 0 && v4 != 32 {
+		s += fmt.Sprintf(" (IPv4 by /%d)", v4)
+	}
+	if v6 := k.IPv6PrefixLength; v6 > 0 && v6 != config.DefaultIPv6PrefixLength {
+		s += fmt.Sprintf(" (IPv6 by /%d)", v6)
+	}
+	return s
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,17 +1,22 @@
 // Package policies turns kubectl floodgate's input into the one sidecar
-// config that explain and simulate work on: RateLimitPolicies, validated
-// as admission would and compiled by floodgate's own policy compiler, or a
-// sidecar or envoyproxy/ratelimit config loaded as the sidecar loads it.
+// config that explain and simulate work on: RateLimitPolicies and
+// ClusterRateLimitPolicies, validated as admission would and compiled by
+// floodgate's own policy compiler, or a sidecar or envoyproxy/ratelimit
+// config loaded as the sidecar loads it.
 package policies
 
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -35,6 +40,9 @@ type Options struct {
 	// config expects Secret and ConfigMap keys (compiler.MountDir), so
 	// that JWT keys can be read from a local copy.
 	MountDir string
+	// PodLabels, when set, are the labels of the one pod the policies are
+	// compiled for (see standInPods).
+	PodLabels labels.Set
 }
 
 // Set is the compiled config and where it came from.
@@ -47,6 +55,10 @@ type Set struct {
 	// Format and Mapping describe an envoyproxy/ratelimit input.
 	Format  rlsimport.Format
 	Mapping *rlsimport.Mapping
+	// Notes say how the RateLimitPolicies' rules relate to the cluster
+	// defaults of their names: replaced because they tighten them, or
+	// not, and why.
+	Notes []string
 }
 
 // FromRateLimitPolicies is Set.From for compiled RateLimitPolicies.
@@ -56,27 +68,28 @@ const FromRateLimitPolicies = "RateLimitPolicy"
 // RateLimitPolicies (of one namespace; CounterStores and other objects are
 // ignored) or exactly one sidecar or envoyproxy/ratelimit config.
 func Compile(docs []load.Doc, v *admit.Validator, o Options) (*Set, error) {
-	var rlps []load.Doc
-	var configs []load.Doc
+	var rlps, crlps, configs []load.Doc
 	for _, d := range docs {
 		switch {
 		case d.Format != load.Manifest:
 			configs = append(configs, d)
 		case d.GVK.GroupKind() == v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind():
 			rlps = append(rlps, d)
+		case d.GVK.GroupKind() == v1alpha1.GroupVersion.WithKind("ClusterRateLimitPolicy").GroupKind():
+			crlps = append(crlps, d)
 		}
 	}
 	var set *Set
 	var err error
 	switch {
-	case len(rlps) > 0 && len(configs) > 0, len(configs) > 1:
-		return nil, fmt.Errorf("give either RateLimitPolicies or one sidecar or envoyproxy/ratelimit config, not both or several; got %d RateLimitPolicies and %d configs", len(rlps), len(configs))
+	case len(rlps)+len(crlps) > 0 && len(configs) > 0, len(configs) > 1:
+		return nil, fmt.Errorf("give either (Cluster)RateLimitPolicies or one sidecar or envoyproxy/ratelimit config, not both or several; got %d RateLimitPolicies, %d ClusterRateLimitPolicies and %d configs", len(rlps), len(crlps), len(configs))
 	case len(configs) == 1:
 		set, err = loadConfig(configs[0])
-	case len(rlps) > 0:
-		set, err = compileRateLimitPolicies(rlps, v, o.Namespace)
+	case len(rlps)+len(crlps) > 0:
+		set, err = compileRateLimitPolicies(rlps, crlps, v, o)
 	default:
-		return nil, errors.New("no RateLimitPolicy, sidecar config or envoyproxy/ratelimit config in the input")
+		return nil, errors.New("no RateLimitPolicy, ClusterRateLimitPolicy, sidecar config or envoyproxy/ratelimit config in the input")
 	}
 	if err != nil {
 		return nil, err
@@ -113,12 +126,15 @@ func loadConfig(d load.Doc) (*Set, error) {
 // creation times order them in a cluster.
 var simulationEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func compileRateLimitPolicies(docs []load.Doc, v *admit.Validator, namespace string) (*Set, error) {
+// compileRateLimitPolicies compiles one namespace's RateLimitPolicies with
+// the ClusterRateLimitPolicies, each of which is taken to select the
+// namespace (offline, its labels are unknown).
+func compileRateLimitPolicies(docs, clusterDocs []load.Doc, v *admit.Validator, o Options) (*Set, error) {
 	set := &Set{From: FromRateLimitPolicies}
 	policies := make([]v1alpha1.RateLimitPolicy, 0, len(docs))
 	ns := ""
 	for i, d := range docs {
-		u, err := v.Create(d.JSON, namespace)
+		u, err := v.Create(d.JSON, o.Namespace)
 		if err != nil {
 			return nil, fmt.Errorf("%s: RateLimitPolicy %q would be rejected: %w", d.Where(), d.Name, err)
 		}
@@ -139,10 +155,32 @@ func compileRateLimitPolicies(docs []load.Doc, v *admit.Validator, namespace str
 		policies = append(policies, p)
 		set.Sources = appendOnce(set.Sources, d.Source)
 	}
+	clusters := make([]v1alpha1.ClusterRateLimitPolicy, 0, len(clusterDocs))
+	for _, d := range clusterDocs {
+		u, err := v.Create(d.JSON, "")
+		if err != nil {
+			return nil, fmt.Errorf("%s: ClusterRateLimitPolicy %q would be rejected: %w", d.Where(), d.Name, err)
+		}
+		var c v1alpha1.ClusterRateLimitPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c); err != nil {
+			return nil, fmt.Errorf("%s: %w", d.Where(), err)
+		}
+		c.UID = types.UID("offline-cluster-" + c.Name)
+		c.Generation = 1
+		c.Spec.NamespaceSelector = metav1.LabelSelector{}
+		c.Spec.StoreRef = nil
+		clusters = append(clusters, c)
+		set.Sources = appendOnce(set.Sources, d.Source)
+	}
+	if ns == "" {
+		ns = o.Namespace
+	}
 	out, err := compiler.Compile(compiler.Input{
-		Namespace: ns,
-		Policies:  policies,
-		Stores:    map[string]*v1alpha1.CounterStore{v1alpha1.DefaultCounterStoreName: standInStore()},
+		Namespace:       ns,
+		Policies:        policies,
+		Pods:            standInPods(ns, o.PodLabels, clusters),
+		Stores:          map[string]*v1alpha1.CounterStore{v1alpha1.DefaultCounterStoreName: standInStore()},
+		ClusterPolicies: clusters,
 	})
 	if err != nil {
 		return nil, err
@@ -153,12 +191,22 @@ func compileRateLimitPolicies(docs []load.Doc, v *admit.Validator, namespace str
 			errs = append(errs, fmt.Errorf("RateLimitPolicy %q does not compile: %w", r.Name,
 				apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind(), r.Name, r.Invalid)))
 		}
+		for _, rule := range slices.Sorted(maps.Keys(r.ClusterDefaults)) {
+			cd := r.ClusterDefaults[rule]
+			set.Notes = append(set.Notes, fmt.Sprintf("RateLimitPolicy %s, rule %s: %s", r.Name, rule, cd.Message))
+		}
+	}
+	for _, r := range out.Clusters {
+		if len(r.Invalid) > 0 {
+			errs = append(errs, fmt.Errorf("ClusterRateLimitPolicy %q does not compile: %w", r.Name,
+				apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("ClusterRateLimitPolicy").GroupKind(), r.Name, r.Invalid)))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	if out.Config == nil {
-		return nil, errors.New("the policies compiled to no config")
+		return nil, errors.New("the policies compiled to no config (a ClusterRateLimitPolicy alone applies only to the pods it selects)")
 	}
 	out.Config.Store = config.Store{Type: config.StoreMemory}
 	set.Config = out.Config
@@ -172,6 +220,31 @@ func appendOnce(s []string, v string) []string {
 		}
 	}
 	return append(s, v)
+}
+
+// standInPods are the pods the policies are compiled for, running the
+// sidecar and not Ready (so that every policy keeps a replica count of 1):
+// one with podLabels when they are given, otherwise one per
+// ClusterRateLimitPolicy with its matchLabels. A cluster policy's entry
+// goes into a namespace without RateLimitPolicies only while a pod it
+// selects runs the sidecar; whether a team's rule replaces a default does
+// not depend on the pods (the sidecar decides that per pod).
+func standInPods(ns string, podLabels labels.Set, clusters []v1alpha1.ClusterRateLimitPolicy) []corev1.Pod {
+	pod := func(l map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "offline-pod", Namespace: ns, Labels: l},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: config.ContainerName}}},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+		}
+	}
+	if podLabels != nil {
+		return []corev1.Pod{pod(podLabels)}
+	}
+	pods := make([]corev1.Pod, 0, len(clusters))
+	for i := range clusters {
+		pods = append(pods, pod(maps.Clone(clusters[i].Spec.PodSelector.MatchLabels)))
+	}
+	return pods
 }
 
 // standInStore is a Ready CounterStore: offline, the policies are decided

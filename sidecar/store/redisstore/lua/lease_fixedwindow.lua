@@ -1,0 +1,79 @@
+-- floodgate FixedWindow lease (sidecar/limiter/ALGORITHMS.md sections 5.1
+-- and 8): give back r unused tokens to their window, then take between n
+-- and m tokens in one step, or deny and take nothing. Granted tokens count
+-- in the current window and must be spent before it ends (valid_for).
+--
+-- KEYS[1]  state, fg:{<tag>}:fw:2, as fixedwindow.lua reads and writes it
+-- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
+-- ARGV[2]  n, the cost of the request that asks (an integer >= 0)
+-- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
+-- ARGV[5]  m, the most tokens to take, n included
+-- ARGV[6]  r, unused tokens of an earlier lease to give back first
+-- ARGV[7]  win, the window start (µs) the earlier lease counted in; the
+--          tokens go back only if it is the current window
+-- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us,
+--           granted, window start in µs, valid_for_us}
+--
+-- Sums and differences of times and counts only, exact in Lua's doubles.
+--
+-- Cost: at most three redis.call (TIME unless ARGV[1] is set, GET, and SET
+-- with PX when tokens were granted or returned).
+local ceil = math.ceil
+
+local now = tonumber(ARGV[1])
+if not now then
+  local tm = redis.call('TIME')
+  now = tm[1] * 1000000 + tm[2]
+end
+local n = tonumber(ARGV[2])
+local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
+local m, r, win = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if m < n then m = n end
+if n <= C and m > C then m = C end
+if r > C then r = C end
+
+local ws = now - now % P
+local st = redis.call('GET', KEYS[1])
+local W, N
+if not st then
+  W, N = ws, 0
+else
+  if #st ~= 16 then
+    return redis.error_reply('ERR floodgate: corrupt FixedWindow state at ' .. KEYS[1])
+  end
+  W, N = struct.unpack('<dd', st)
+  if ws > W then W, N = ws, 0 end
+end
+
+local changed = false
+if r > 0 and W == win then
+  local N2 = N - r
+  if N2 < 0 then N2 = 0 end
+  if N2 ~= N then N, changed = N2, true end
+end
+
+local allowed, retry, g = 0, 0, 0
+local a = C - N
+if a < 0 then a = 0 end
+if n > C then
+  retry = P
+elseif a >= n then
+  allowed = 1
+  g = m
+  if g > a then g = a end
+  N = N + g
+else
+  retry = (W - now) + P
+end
+
+local reset = 0
+if N ~= 0 then reset = (W - now) + P end
+local remaining = C - N
+if remaining < 0 then remaining = 0 end
+
+if g > 0 or changed then
+  local rs = reset
+  if rs < 0 then rs = 0 end
+  redis.call('SET', KEYS[1], struct.pack('<dd', W, N), 'PX', ceil(rs / 1000) + 1000)
+end
+return {allowed, remaining, reset, retry, g, W, (W - now) + P}

@@ -1,0 +1,95 @@
+-- floodgate TokenBucket lease (sidecar/limiter/ALGORITHMS.md sections 3
+-- and 8): give back r unused tokens, then take between n and m tokens in
+-- one step, or deny and take nothing.
+--
+-- KEYS[1]  state, fg:{<tag>}:tb:2, as tokenbucket.lua reads and writes it
+-- ARGV[1]  now in microseconds since the epoch, or "" to read Redis TIME
+-- ARGV[2]  n, the cost of the request that asks (an integer >= 0)
+-- ARGV[3]  C capacity          ARGV[4]  P period in microseconds
+-- ARGV[5]  q tick in µs        ARGV[6]  U units refilled per tick
+-- ARGV[7]  K units per token   ARGV[8]  CU = C*K, a full bucket
+-- ARGV[9]  FT ticks from empty to full
+-- ARGV[10] m, the most tokens to take, n included
+-- ARGV[11] r, unused tokens of an earlier lease to give back first
+-- ARGV[12] the window of the earlier lease (unused: a bucket has none)
+-- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us,
+--           granted, window (0), valid_for_us (0)}
+--
+-- The arithmetic is tokenbucket.lua's: every number is an integer below
+-- 2^53 (m and r are at most C, so m * K and r * K are at most CU).
+--
+-- Cost: at most three redis.call (TIME unless ARGV[1] is set, GET, and SET
+-- with PX when tokens were granted or returned).
+local floor, ceil = math.floor, math.ceil
+
+local now = tonumber(ARGV[1])
+if not now then
+  local tm = redis.call('TIME')
+  now = tm[1] * 1000000 + tm[2]
+end
+local n = tonumber(ARGV[2])
+local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
+local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
+local m, r = tonumber(ARGV[10]), tonumber(ARGV[11])
+if m < n then m = n end
+if n <= C and m > C then m = C end
+if r > C then r = C end
+
+local t = floor(now / q)
+local st = redis.call('GET', KEYS[1])
+local L, T
+if not st then
+  L, T = CU, t
+else
+  if #st ~= 48 then
+    return redis.error_reply('ERR floodgate: corrupt TokenBucket state at ' .. KEYS[1])
+  end
+  local sq, su, sk, sc
+  L, T, sq, su, sk, sc = struct.unpack('<dddddd', st)
+  if sq ~= q or su ~= U or sk ~= K or sc ~= C then
+    local spent = sc - floor(L / sk)
+    if spent > C then spent = C end
+    L = CU - spent * K
+    T = ceil(T * sq / q)
+  end
+end
+if t > T then
+  local e = t - T
+  if e > FT then e = FT end
+  L = L + e * U
+  if L > CU then L = CU end
+  T = t
+end
+
+local changed = false
+if r > 0 then
+  local L2 = L + r * K
+  if L2 > CU then L2 = CU end
+  if L2 ~= L then L, changed = L2, true end
+end
+
+local allowed, retry, g = 0, 0, 0
+local a = floor(L / K)
+if n > C then
+  retry = P
+elseif a >= n then
+  allowed = 1
+  g = m
+  if g > a then g = a end
+  L = L - g * K
+else
+  retry = (T * q - now) + ceil((n * K - L) / U) * q
+end
+
+local reset = 0
+if L ~= CU then
+  reset = (T * q - now) + ceil((CU - L) / U) * q
+end
+
+if g > 0 or changed then
+  local rs = reset
+  if rs < 0 then rs = 0 end
+  redis.call('SET', KEYS[1], struct.pack('<dddddd', L, T, q, U, K, C), 'PX', ceil(rs / 1000) + 1000)
+end
+return {allowed, floor(L / K), reset, retry, g, 0, 0}

@@ -1,0 +1,376 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+// sidecar is one replica's decision path as floodgate-sidecar builds it:
+// the engine (deny cache, fallback buckets) on its own Redis store client,
+// whose calls it records.
+type sidecar struct {
+	name  string
+	store *redisstore.Store
+	calls *callLog
+	eng   *engine.Engine
+	m     *metrics.Metrics
+}
+
+// storeCall is one call the engine made to the store.
+type storeCall struct {
+	at    time.Time
+	shard string
+	took  time.Duration
+	err   error
+}
+
+// callLog is a limiter.Store that records the calls to the store it wraps.
+type callLog struct {
+	s  limiter.Store
+	mu sync.Mutex
+	cs []storeCall
+}
+
+// Take implements limiter.Store.
+func (l *callLog) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
+	start := time.Now()
+	d, shard, err := l.s.Take(ctx, req)
+	l.mu.Lock()
+	l.cs = append(l.cs, storeCall{at: start, shard: shard, took: time.Since(start), err: err})
+	l.mu.Unlock()
+	return d, shard, err
+}
+
+// String describes the call.
+func (c storeCall) String() string {
+	return fmt.Sprintf("{%s took %v: %v}", c.shard, c.took, c.err)
+}
+
+// between returns the calls that started in [from, to].
+func (l *callLog) between(from, to time.Time) []storeCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []storeCall
+	for _, c := range l.cs {
+		if !c.at.Before(from) && !c.at.After(to) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// unanswered counts the calls to shard, started before before, that were
+// sent and got no answer (a timeout, a lost connection): the store says
+// they may have run, once.
+func (l *callLog) unanswered(shard string, before time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.cs {
+		if c.err == nil || c.shard != shard || !c.at.Before(before) {
+			continue
+		}
+		if msg := c.err.Error(); strings.Contains(msg, "may have run") || strings.Contains(msg, "no answer within the call deadline") {
+			n++
+		}
+	}
+	return n
+}
+
+// newSidecar builds a sidecar on cluster c's seeds with opts.
+func newSidecar(t testing.TB, name string, c *redistest.Cluster, opts redisstore.Options) *sidecar {
+	t.Helper()
+	opts.Addrs = c.Addrs()
+	opts.Password = c.Password()
+	opts.ClientName = "floodgate-sidecar:" + name
+	s, err := redisstore.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	fb, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewRegistry())
+	calls := &callLog{s: s}
+	e, err := engine.New(engine.Options{Store: calls, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sidecar{name: name, store: s, calls: calls, eng: e, m: m}
+}
+
+// newFleet builds n sidecars, named prefix-0 to prefix-n-1, on cluster c
+// with opts, and the rule each enforces as one of n replicas sharing the
+// fail-open limit lim.
+func newFleet(t testing.TB, c *redistest.Cluster, prefix string, n int, opts redisstore.Options, lim limiter.Limit) ([]*sidecar, []*engine.Rule) {
+	t.Helper()
+	fleet := make([]*sidecar, n)
+	rules := make([]*engine.Rule, n)
+	for i := range n {
+		fleet[i] = newSidecar(t, fmt.Sprintf("%s-%d", prefix, i), c, opts)
+		rules[i] = fleet[i].rule(t, lim, int32(n), false)
+	}
+	return fleet, rules
+}
+
+// warmUp has every sidecar of fleet decide on each key until the store
+// answers, so that a test starts with every connection up.
+func warmUp(t testing.TB, fleet []*sidecar, rules []*engine.Rule, keys ...string) {
+	t.Helper()
+	for i, sc := range fleet {
+		for _, k := range keys {
+			deadline := time.Now().Add(10 * time.Second)
+			for sc.decide(t.Context(), i, rules[i], k, nil).source != engine.FromStore {
+				if time.Now().After(deadline) {
+					t.Fatal("the store never answered the warm-up")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// rule builds the rule every replica of a fleet of replicas enforces.
+func (sc *sidecar) rule(t testing.TB, lim limiter.Limit, replicas int32, failClosed bool) *engine.Rule {
+	t.Helper()
+	r, err := engine.NewRule("faults", "r", lim, replicas, failClosed, false, sc.m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// decision is one decided request.
+type decision struct {
+	sidecar int
+	at      time.Time // when Decide was called
+	took    time.Duration
+	outcome engine.Outcome
+	source  engine.Source
+}
+
+// record collects decisions from concurrent callers.
+type record struct {
+	mu sync.Mutex
+	ds []decision
+}
+
+func (r *record) add(d decision) {
+	r.mu.Lock()
+	r.ds = append(r.ds, d)
+	r.mu.Unlock()
+}
+
+func (r *record) all() []decision {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ds)
+}
+
+// decide decides one request on key under rule and records it.
+func (sc *sidecar) decide(ctx context.Context, i int, r *engine.Rule, key string, rec *record) decision {
+	var v engine.Verdict
+	start := time.Now()
+	sc.eng.Decide(ctx, []engine.Hit{{Rule: r, Key: key, Cost: 1}}, &v)
+	d := decision{sidecar: i, at: start, took: time.Since(start), outcome: v.Outcome, source: v.Results[0].Source}
+	if rec != nil {
+		rec.add(d)
+	}
+	return d
+}
+
+// drive has every sidecar decide requests on key, each at rate per second
+// (open loop: a request is sent on schedule whether or not the last one
+// has been answered, as independent clients do), until stop is closed.
+func drive(ctx context.Context, fleet []*sidecar, rules []*engine.Rule, key string, rate float64, rec *record, stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / rate)
+	for i, sc := range fleet {
+		wg.Go(func() {
+			var inner sync.WaitGroup
+			defer inner.Wait()
+			next := time.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Until(next)):
+				}
+				inner.Go(func() { sc.decide(ctx, i, rules[i], key, rec) })
+				next = next.Add(interval)
+				if behind := time.Since(next); behind > 100*time.Millisecond {
+					next = time.Now() // the machine stalled: do not burst to catch up
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// counts sums decisions by outcome and source.
+func counts(ds []decision) map[string]int {
+	out := map[string]int{}
+	for _, d := range ds {
+		out[d.outcome.String()+"/"+d.source.String()]++
+	}
+	return out
+}
+
+// admitted counts the allowed decisions.
+func admitted(ds []decision) int {
+	n := 0
+	for _, d := range ds {
+		if d.outcome == engine.Allow {
+			n++
+		}
+	}
+	return n
+}
+
+// maxTook returns the slowest decision.
+func maxTook(ds []decision) time.Duration {
+	var m time.Duration
+	for _, d := range ds {
+		m = max(m, d.took)
+	}
+	return m
+}
+
+func percentile(ds []decision, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	t := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		t[i] = d.took
+	}
+	slices.Sort(t)
+	return t[min(len(t)-1, int(float64(len(t))*p))]
+}
+
+// noise measures how late this process's goroutines run on the shared
+// machine: goroutines sleep as long as a call budget, staggered so that one
+// wakes about every millisecond, and record when, and how much later than
+// asked, they woke. They wait as a store call waits for its deadline, among
+// the same goroutines. A timing bound in this package is the promise plus
+// the lateness measured around the decision it bounds (excuse), so that a machine
+// busy with other work does not fail it, while a stall of floodgate's own
+// (waiting several call budgets) still does: the sleepers are not late
+// then.
+type noise struct {
+	mu      sync.Mutex
+	samples []lateSample
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// lateSample is one sleep: it ran from start to end, late by late.
+type lateSample struct {
+	start, end time.Time
+	late       time.Duration
+}
+
+func startNoise() *noise {
+	n := &noise{stop: make(chan struct{}), done: make(chan struct{})}
+	const sleep = redisstore.DefaultTimeout
+	sleepers := int(sleep / time.Millisecond)
+	var wg sync.WaitGroup
+	for i := range sleepers {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * time.Millisecond)
+			for {
+				select {
+				case <-n.stop:
+					return
+				default:
+				}
+				start := time.Now()
+				time.Sleep(sleep)
+				end := time.Now()
+				n.mu.Lock()
+				n.samples = append(n.samples, lateSample{start: start, end: end, late: end.Sub(start) - sleep})
+				n.mu.Unlock()
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		n.mu.Lock()
+		slices.SortFunc(n.samples, func(a, b lateSample) int { return a.end.Compare(b.end) })
+		n.mu.Unlock()
+		close(n.done)
+	}()
+	return n
+}
+
+// end stops the measurement.
+func (n *noise) end() {
+	close(n.stop)
+	<-n.done
+}
+
+// during returns the worst lateness of the sleeps that overlap [from, to].
+func (n *noise) during(from, to time.Time) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(n.samples, from, func(s lateSample, t time.Time) int { return s.end.Compare(t) })
+	var worst time.Duration
+	for ; i < len(n.samples) && !n.samples[i].start.After(to); i++ {
+		worst = max(worst, n.samples[i].late)
+	}
+	return worst
+}
+
+// excuse returns what a decision that ran from at for took may exceed its
+// bound by, on account of the machine: the worst lateness of the sleeps
+// around it (from just before it started, when a stall may already have
+// held it up), with a quarter more for goroutines that wait longer to run
+// again than the sleepers did.
+func (n *noise) excuse(at time.Time, took time.Duration) time.Duration {
+	return n.during(at.Add(-10*time.Millisecond), at.Add(took)) * 5 / 4
+}
+
+// worst returns the worst lateness of the whole run.
+func (n *noise) worst() time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var w time.Duration
+	for _, s := range n.samples {
+		w = max(w, s.late)
+	}
+	return w
+}
+
+// keyOn returns a counter key (the engine's Hit.Key) whose slot master m
+// holds.
+func keyOn(t testing.TB, c *redistest.Cluster, m *redistest.Node, tag string) string {
+	t.Helper()
+	for i := range 100000 {
+		key := fmt.Sprintf("%s:%s:%d", t.Name(), tag, i)
+		owner, err := c.MasterForSlot(t.Context(), redisstore.KeySlot(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if owner == m {
+			return key
+		}
+	}
+	t.Fatalf("no key on %v", m)
+	return ""
+}

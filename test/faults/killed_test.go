@@ -1,0 +1,145 @@
+package faults
+
+import (
+	"testing"
+	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/redistest"
+)
+
+// failoverWindows returns, per sidecar, the span from its first to its last
+// fallback decision, and when it counted in the store again for good: its
+// first store decision after its last fallback one (zero when it never
+// fell back).
+func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back []time.Time) {
+	first := make([]time.Time, sidecars)
+	last := make([]time.Time, sidecars)
+	for _, d := range ds {
+		if d.source != engine.FromFallback && d.source != engine.FromNowhere {
+			continue
+		}
+		if first[d.sidecar].IsZero() || d.at.Before(first[d.sidecar]) {
+			first[d.sidecar] = d.at
+		}
+		if end := d.at.Add(d.took); end.After(last[d.sidecar]) {
+			last[d.sidecar] = end
+		}
+	}
+	spans = make([]time.Duration, sidecars)
+	back = make([]time.Time, sidecars)
+	for i := range sidecars {
+		if first[i].IsZero() {
+			continue
+		}
+		spans[i] = last[i].Sub(first[i])
+		for _, d := range ds {
+			if d.sidecar == i && d.source == engine.FromStore && !d.at.Before(last[i]) && (back[i].IsZero() || d.at.Before(back[i])) {
+				back[i] = d.at
+			}
+		}
+	}
+	return spans, back
+}
+
+// TestKilledMasterBounds kills (SIGKILL) the master of a key that three
+// sidecars flood far beyond a real limit, and holds the fleet to its
+// promises: every sidecar counts in the store again within the node
+// timeout + 2s of the kill (Redis fails the master over to its replica;
+// the sidecars' breakers probe and find the new master), and the fleet
+// admits no more than the limit over the run, plus the bucket's burst,
+// plus what each sidecar's fallback bucket (limit/replicas) can admit over
+// the window it was in fallback.
+func TestKilledMasterBounds(t *testing.T) {
+	const nodeTimeout = time.Second
+	c := redistest.StartCluster(t, redistest.Options{Masters: 3, Replicas: 1, NodeTimeout: nodeTimeout, PartialCoverage: true})
+	ctx := t.Context()
+	masters, err := c.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := masters[0]
+	key := keyOn(t, c, victim, "flooded")
+	const (
+		sidecars = 3
+		rate     = 100 // per sidecar per second: 300/s against a limit of 100/s
+	)
+	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second, Burst: 20}
+	// A budget a loaded machine meets, so that calls time out only
+	// when the master is gone; the breaker as shipped.
+	fleet, rules := newFleet(t, c, "killed", sidecars, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: 250 * time.Millisecond}, lim)
+	warmUp(t, fleet, rules, key)
+	// Let the bucket drain, so the run starts from an empty bucket...
+	time.Sleep(time.Second)
+
+	rec := &record{}
+	stop := make(chan struct{})
+	n := startNoise()
+	start := time.Now()
+	wg := drive(ctx, fleet, rules, key, rate, rec, stop)
+	time.Sleep(2 * time.Second)
+	if err := c.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	failedOver := make(chan time.Duration, 1)
+	go func() {
+		if _, err := c.WaitForFailover(victim, 30*time.Second); err != nil {
+			t.Error(err)
+		}
+		failedOver <- time.Since(killed)
+	}()
+	time.Sleep(nodeTimeout + 6*time.Second)
+	close(stop)
+	wg.Wait()
+	n.end()
+	ds := rec.all()
+	redisFailover := <-failedOver
+	end := start
+	for _, d := range ds {
+		if e := d.at.Add(d.took); e.After(end) {
+			end = e
+		}
+	}
+	span := end.Sub(start)
+
+	spans, back := failoverWindows(ds, sidecars)
+	var recovery time.Duration
+	for i := range sidecars {
+		if back[i].IsZero() {
+			t.Fatalf("sidecar %d never counted in the store again after the kill; %v", i, counts(ds))
+		}
+		recovery = max(recovery, back[i].Sub(killed))
+	}
+	// What the fleet may admit: the limit over the run, the burst, and
+	// each fallback bucket's burst and rate over its window.
+	fb := rules[0].Fallback
+	bound := lim.Requests*int64(span/time.Second) + int64(float64(lim.Requests)*(span%time.Second).Seconds()) + lim.Burst
+	var fallbackShare float64
+	for _, w := range spans {
+		if w > 0 {
+			fallbackShare += float64(fb.Burst) + float64(fb.Requests)*w.Seconds()/fb.Period.Seconds()
+		}
+	}
+	got := admitted(ds)
+	// The recovery is timed from the kill: excuse what the machine
+	// delayed goroutines by over that span.
+	lateness := n.during(killed, killed.Add(recovery))
+	recoveryBound := nodeTimeout + 2*time.Second + lateness
+	t.Logf("killed %s: Redis failed it over after %v; every sidecar counted in the store again %v after the SIGKILL (bound node timeout %v + 2s + lateness %v = %v); fallback windows %v",
+		victim.Addr(), redisFailover.Round(time.Millisecond), recovery.Round(time.Millisecond), nodeTimeout, lateness, recoveryBound, spans)
+	t.Logf("admitted %d of %d over %v: bound limit×T %d + burst %d + fallback shares %.1f (bucket %d/%v burst %d per sidecar) = %.1f; %v",
+		got, len(ds), span.Round(time.Millisecond), bound-lim.Burst, lim.Burst, fallbackShare, fb.Requests, fb.Period, fb.Burst,
+		float64(bound)+fallbackShare, counts(ds))
+	if recovery > recoveryBound {
+		t.Errorf("shared counting came back %v after the kill, more than node timeout + 2s (+ lateness %v)", recovery, lateness)
+	}
+	if float64(got) > float64(bound)+fallbackShare {
+		t.Errorf("admitted %d, more than limit×T + burst + fallback shares = %.1f", got, float64(bound)+fallbackShare)
+	}
+	if got < int(lim.Requests)*int(span/time.Second)/2 {
+		t.Errorf("admitted only %d over %v of a %d/s limit: the fleet starved", got, span, lim.Requests)
+	}
+}
