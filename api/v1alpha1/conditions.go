@@ -43,6 +43,10 @@ const (
 	// namespace's ConfigMap, and the sidecars have not yet reported it
 	// loaded.
 	ReasonWaitingForSidecars = "WaitingForSidecars"
+	// ReasonWaitingForRateLimitService: a policy with a targetRef is
+	// compiled into the central rate-limit service's ConfigMap, and the
+	// service's replicas have not yet reported it loaded (or none runs).
+	ReasonWaitingForRateLimitService = "WaitingForRateLimitService"
 	// ReasonPending: the current generation cannot be compiled until it is
 	// Accepted and its references resolve. The message says whether an
 	// earlier generation keeps running.

@@ -14,12 +14,22 @@ const DefaultCounterStoreName = "default"
 // limits, and where the shared counts live.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, (!has(r.key) || r.key.all(k, !has(k.jwtClaim))) && (!has(r.keys) || r.keys.all(a, a.all(k, !has(k.jwtClaim)))))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
+// +kubebuilder:validation:XValidation:rule="has(self.podSelector) != has(self.targetRef)",message="set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef (a Gateway API HTTPRoute or Gateway whose gateway enforces it)",fieldPath=".podSelector"
 type RateLimitPolicySpec struct {
 	// PodSelector selects the pods, in the policy's namespace, whose
 	// sidecars enforce this policy. The empty selector {} selects every pod
-	// of the namespace.
-	// +required
-	PodSelector metav1.LabelSelector `json:"podSelector"`
+	// of the namespace. Exactly one of podSelector and targetRef is set.
+	// (A zero LabelSelector is omitted when the object is written from
+	// Go; to select every pod from Go, set MatchLabels to an empty map.)
+	// +optional
+	PodSelector metav1.LabelSelector `json:"podSelector,omitzero"`
+
+	// TargetRef names a Gateway API HTTPRoute or Gateway, in the policy's
+	// namespace, whose gateway enforces this policy through floodgate's
+	// central rate-limit service, instead of pods' sidecars. Exactly one
+	// of podSelector and targetRef is set.
+	// +optional
+	TargetRef *TargetReference `json:"targetRef,omitempty"`
 
 	// StoreRef names the CounterStore that holds this policy's shared
 	// counts. When unset, the CounterStore named "default" is used. All the
@@ -746,12 +756,19 @@ type RateLimitPolicyStatus struct {
 	TargetedPods int32 `json:"targetedPods"`
 
 	// EnforcingPods is the number of targeted pods whose sidecar reports
-	// this policy loaded.
+	// this policy loaded. For a policy with a targetRef, it is the number
+	// of central rate-limit service replicas that report it loaded.
 	// +optional
 	EnforcingPods int32 `json:"enforcingPods"`
 
+	// Target reports the targetRef's object, for a policy with a
+	// targetRef (which targets no pods: targetedPods stays 0).
+	// +optional
+	Target *TargetStatus `json:"target,omitempty"`
+
 	// Enforcing is enforcingPods/targetedPods, such as "3/3", for kubectl
-	// get.
+	// get. For a policy with a targetRef, it is the central rate-limit
+	// service's replicas that have loaded it over those running.
 	// +optional
 	Enforcing string `json:"enforcing,omitempty"`
 
@@ -909,6 +926,7 @@ type UsageStatus struct {
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
 // +kubebuilder:printcolumn:name="Enforcing",type=string,JSONPath=`.status.enforcing`
 // +kubebuilder:printcolumn:name="Store",type=string,JSONPath=`.status.store`
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.target.ref`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -922,6 +940,10 @@ type RateLimitPolicy struct {
 	// +optional
 	Status RateLimitPolicyStatus `json:"status,omitempty"`
 }
+
+// GatewayEnforced reports whether the policy has a targetRef: a gateway,
+// through the central rate-limit service, enforces it instead of sidecars.
+func (p *RateLimitPolicy) GatewayEnforced() bool { return p.Spec.TargetRef != nil }
 
 // StoreName returns the name of the CounterStore the policy uses.
 func (p *RateLimitPolicy) StoreName() string {

@@ -108,6 +108,7 @@ func (p *RateLimitPolicy) ValidateSemantics() field.ErrorList {
 	if ls := p.Spec.LoadShedding; ls != nil {
 		errs = append(errs, validateLoadShedding(ls, spec.Child("loadShedding"))...)
 	}
+	errs = append(errs, p.validateTarget(spec)...)
 	if p.Spec.JWT != nil {
 		errs = append(errs, validateJWT(p.Spec.JWT, spec.Child("jwt"))...)
 	} else if usesJWT {

@@ -83,5 +83,5 @@ func kubernetesSource(cfg runner.Config, log *slog.Logger) (configsource.Source,
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return kubesource.New(kubesource.Options{Client: cs, Namespace: cfg.Namespace, PodName: cfg.PodName, Log: log})
+	return kubesource.New(kubesource.Options{Client: cs, Namespace: cfg.Namespace, PodName: cfg.PodName, ConfigMapName: cfg.ConfigMapName, Log: log})
 }

@@ -37,6 +37,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -288,6 +289,7 @@ func (v *Validator) warnings(ctx context.Context, old, p *v1alpha1.RateLimitPoli
 	case err == nil && !meta.IsStatusConditionTrue(cs.Status.Conditions, v1alpha1.ConditionReady):
 		w = append(w, fmt.Sprintf("spec.storeRef.name: CounterStore %q is not Ready; the policy is not enforced until it is", store))
 	}
+	w = append(w, v.meshWarnings(ctx, p)...)
 	var others v1alpha1.RateLimitPolicyList
 	if err := v.Reader.List(ctx, &others, client.InNamespace(p.Namespace)); err == nil {
 		var first *v1alpha1.RateLimitPolicy
@@ -340,4 +342,84 @@ func createdBefore(a, b *v1alpha1.RateLimitPolicy) bool {
 		return a.CreationTimestamp.Before(&b.CreationTimestamp)
 	}
 	return a.Name < b.Name
+}
+
+// istioProxy is the name of the container Istio injects.
+const istioProxy = "istio-proxy"
+
+// meshWarnings warns when a rule of p reads the client IP (a clientIP key
+// part, sourceCIDRs, or source.address in a condition or an expression)
+// without trustedProxies, and p selects pods that run Istio's sidecar:
+// Istio's inbound proxy connects to the pod from 127.0.0.6, so every
+// client would share one counter, and one network.
+func (v *Validator) meshWarnings(ctx context.Context, p *v1alpha1.RateLimitPolicy) cradmission.Warnings {
+	if p.GatewayEnforced() || p.Spec.TrustedProxies != nil || !readsClientIP(p) {
+		return nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := v.Reader.List(ctx, &pods, client.InNamespace(p.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil
+	}
+	meshed := MeshedPods(pods.Items)
+	if len(meshed) == 0 {
+		return nil
+	}
+	if len(meshed) > 3 {
+		meshed = append(meshed[:3], fmt.Sprintf("and %d more", len(meshed)-3))
+	}
+	return cradmission.Warnings{fmt.Sprintf("spec.rules: a rule reads the client IP (clientIP, sourceCIDRs or %s), and selected pods run Istio's sidecar (%s): "+
+		"Istio's inbound proxy connects from 127.0.0.6, so every client would look the same; "+
+		"set spec.trustedProxies to read the client from X-Forwarded-For, or key on something else (docs/gateways.md)",
+		config.VarSource, strings.Join(meshed, ", "))}
+}
+
+// readsClientIP reports whether a rule of p, or its exemptions, reads the
+// client IP.
+func readsClientIP(p *v1alpha1.RateLimitPolicy) bool {
+	exempt := func(e *v1alpha1.Exempt) bool {
+		return e != nil && (len(e.SourceCIDRs) > 0 || readsSource(e.When))
+	}
+	parts := func(ks []v1alpha1.KeyPart) bool {
+		return slices.ContainsFunc(ks, func(k v1alpha1.KeyPart) bool {
+			return k.ClientIP != nil || strings.Contains(string(k.Expression), config.VarSource)
+		})
+	}
+	if exempt(p.Spec.Exempt) {
+		return true
+	}
+	for _, r := range p.Spec.Rules {
+		if parts(r.Key) || slices.ContainsFunc(r.Keys, parts) || exempt(r.Exempt) {
+			return true
+		}
+		if m := r.Match; m != nil && (len(m.SourceCIDRs) > 0 || readsSource(m.When)) {
+			return true
+		}
+	}
+	return false
+}
+
+// readsSource reports whether a condition reads source.address.
+func readsSource(when []v1alpha1.Expression) bool {
+	return slices.ContainsFunc(when, func(e v1alpha1.Expression) bool { return strings.Contains(string(e), config.VarSource) })
+}
+
+// MeshedPods returns the names of the pods that run Istio's sidecar (an
+// istio-proxy container, or a native sidecar init container of that name).
+func MeshedPods(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		pod := &pods[i]
+		for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
+			if c.Name == istioProxy {
+				out = append(out, pod.Name)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

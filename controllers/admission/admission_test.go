@@ -3,10 +3,12 @@ package admission
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -213,6 +215,94 @@ func TestValidateUpdate(t *testing.T) {
 	}
 	if w, err := v.ValidateDelete(ctx, bad); err != nil || len(w) != 0 {
 		t.Errorf("ValidateDelete = %v, %v", w, err)
+	}
+}
+
+func TestMeshedPods(t *testing.T) {
+	t.Parallel()
+	always := corev1.ContainerRestartPolicyAlways
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "web-b"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "istio-proxy"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "floodgate-sidecar"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "web-a"}, Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: "istio-proxy", RestartPolicy: &always}},
+			Containers:     []corev1.Container{{Name: "app"}},
+		}},
+	}
+	if got, want := MeshedPods(pods), []string{"web-a", "web-b"}; !slices.Equal(got, want) {
+		t.Errorf("MeshedPods = %v, want %v", got, want)
+	}
+	if got := MeshedPods(pods[1:2]); got != nil {
+		t.Errorf("MeshedPods of an unmeshed pod = %v, want none", got)
+	}
+}
+
+// meshLister is the manager's cache with pods: some run Istio's sidecar.
+type meshLister struct {
+	policyLister
+	pods []corev1.Pod
+}
+
+func (l meshLister) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if pl, ok := list.(*corev1.PodList); ok {
+		pl.Items = l.pods
+		return nil
+	}
+	return l.policyLister.List(ctx, list, opts...)
+}
+
+// A policy that reads the client IP behind Istio's sidecar, where every
+// client arrives from 127.0.0.6, is admitted with a warning naming the
+// pods; trustedProxies, or a key that is not the client, silences it.
+func TestMeshWarnings(t *testing.T) {
+	t.Parallel()
+	istio := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "api-1", Namespace: "shop"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "istio-proxy"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "api-2", Namespace: "shop"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}}},
+	}
+	clientIP := func(p *v1alpha1.RateLimitPolicy) {
+		p.Spec.Rules[0].Key = []v1alpha1.KeyPart{{ClientIP: &v1alpha1.ClientIPKey{}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1alpha1.RateLimitPolicy)
+		pods   []corev1.Pod
+		warned bool
+	}{
+		{"a clientIP key", clientIP, istio, true},
+		{"a clientIP key among alternatives", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Key = nil
+			p.Spec.Rules[0].Keys = [][]v1alpha1.KeyPart{{{Header: "X-API-Key"}}, {{ClientIP: &v1alpha1.ClientIPKey{}}}}
+		}, istio, true},
+		{"sourceCIDRs", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match.SourceCIDRs = []v1alpha1.CIDR{"10.0.0.0/8"}
+		}, istio, true},
+		{"source.address in a condition", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match.When = []v1alpha1.Expression{"source.address != '10.0.0.1'"}
+		}, istio, true},
+		{"a clientIP key with trustedProxies", func(p *v1alpha1.RateLimitPolicy) {
+			clientIP(p)
+			p.Spec.TrustedProxies = &v1alpha1.TrustedProxies{CIDRs: []v1alpha1.CIDR{"127.0.0.6/32"}}
+		}, istio, false},
+		{"a header key", func(*v1alpha1.RateLimitPolicy) {}, istio, false},
+		{"no pod behind Istio", clientIP, istio[1:], false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := valid()
+			tc.mutate(p)
+			w, err := (&Validator{Reader: meshLister{pods: tc.pods}}).ValidateCreate(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := strings.Join(w, "\n")
+			if got := strings.Contains(all, "127.0.0.6"); got != tc.warned {
+				t.Fatalf("warned about the mesh = %v, want %v; warnings %q", got, tc.warned, w)
+			}
+			if tc.warned && !strings.Contains(all, "(api-1)") {
+				t.Errorf("the warning does not name the meshed pod api-1: %q", w)
+			}
+		})
 	}
 }
 

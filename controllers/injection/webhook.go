@@ -129,7 +129,7 @@ func (in *Injector) mounts(ctx context.Context, ns string, podLabels map[string]
 	for i := range policies.Items {
 		p := &policies.Items[i]
 		j := p.Spec.JWT
-		if j == nil {
+		if j == nil || p.GatewayEnforced() {
 			continue
 		}
 		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)

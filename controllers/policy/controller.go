@@ -337,7 +337,7 @@ func ownerReferences(policies []v1alpha1.RateLimitPolicy, clusters []compiler.Cl
 	}
 	for i := range policies {
 		p := &policies[i]
-		if p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil || p.GatewayEnforced() {
 			continue
 		}
 		refs = append(refs, metav1.OwnerReference{

@@ -57,7 +57,7 @@ var _ = Describe("config/samples", func() {
 		AddReportEntry("kubectl get rlp", out)
 		GinkgoWriter.Println(out)
 		lines := strings.Split(out, "\n")
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "ENFORCING", "STORE", "AGE"}))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "ACCEPTED", "PROGRAMMED", "ENFORCING", "STORE", "TARGET", "AGE"}))
 		Expect(lines).To(HaveLen(6))
 		// The pod has no sidecar: targeted, not enforcing.
 		Expect(out).To(MatchRegexp(`(?m)^login\s+True\s+False\s+0/1\s+default\s+\S+$`))

@@ -312,51 +312,74 @@ func (r *Reconciler) mirror(ctx context.Context, ns string, pods []corev1.Pod) e
 // pods are replaced, the copy holds the sidecar user. ok is false when the
 // CounterStore is gone: the copy is left as it is.
 func (r *Reconciler) credentials(ctx context.Context, ns string, store config.Store, pods []corev1.Pod) (creds Credentials, ok bool, err error) {
+	legacy := legacySidecars(pods)
+	creds, ok, admin, err := storeCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, store, len(legacy) > 0)
+	if admin {
+		log.FromContext(ctx).Info("some sidecars cannot use the store's sidecar user; mirroring the admin password until their pods are replaced",
+			"namespace", ns, "store", store.Name, "pods", legacy)
+	}
+	return creds, ok, err
+}
+
+// StoreCredentials returns what a sidecar of this version authenticates to
+// store with: a managed store's sidecar user (counterstore.SidecarUser),
+// whose ACL rules allow the counter scripts on fg:* keys and the cluster
+// topology, and nothing else; an external store's passwordSecretRef; or no
+// password. c reads the CounterStore (a cache will do); apiReader reads the
+// Secrets from the API server, as the manager caches no Secret's data;
+// managerNS holds a managed store's auth Secret. ok is false when the
+// CounterStore is gone. The central rate-limit service, which runs the
+// sidecar binary and the same scripts, authenticates with these too.
+func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) (creds Credentials, ok bool, err error) {
+	creds, ok, _, err = storeCredentials(ctx, c, apiReader, managerNS, store, false)
+	return creds, ok, err
+}
+
+// storeCredentials is StoreCredentials; with legacy set, a managed store
+// gives its admin password (the default user) instead of the sidecar
+// user, for sidecars that cannot read a user, and reports it in admin.
+func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store, legacy bool) (creds Credentials, ok, admin bool, err error) {
 	var cs v1alpha1.CounterStore
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); apierrors.IsNotFound(err) {
-		return Credentials{}, false, nil
+	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); apierrors.IsNotFound(err) {
+		return Credentials{}, false, false, nil
 	} else if err != nil {
-		return Credentials{}, false, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
+		return Credentials{}, false, false, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
 	}
 	read := func(sns, name string) (*corev1.Secret, error) {
 		var s corev1.Secret
-		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: sns, Name: name}, &s); err != nil {
+		if err := apiReader.Get(ctx, client.ObjectKey{Namespace: sns, Name: name}, &s); err != nil {
 			return nil, fmt.Errorf("read the credentials of CounterStore %s from Secret %s/%s: %w", store.Name, sns, name, err)
 		}
 		return &s, nil
 	}
 	switch {
 	case cs.Spec.Managed != nil:
-		s, err := read(r.ManagerNamespace, counterstore.AuthSecretName(store.Name))
+		s, err := read(managerNS, counterstore.AuthSecretName(store.Name))
 		if err != nil {
-			return Credentials{}, false, err
+			return Credentials{}, false, false, err
 		}
-		if pw := s.Data[counterstore.SidecarPasswordKey]; len(pw) > 0 {
-			legacy := legacySidecars(pods)
-			if len(legacy) == 0 {
-				return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, nil
-			}
-			log.FromContext(ctx).Info("some sidecars cannot use the store's sidecar user; mirroring the admin password until their pods are replaced",
-				"namespace", ns, "store", store.Name, "pods", legacy)
+		pw := s.Data[counterstore.SidecarPasswordKey]
+		if len(pw) > 0 && !legacy {
+			return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, false, nil
 		}
-		pw, found := s.Data[counterstore.PasswordKey]
+		adminPW, found := s.Data[counterstore.PasswordKey]
 		if !found {
-			return Credentials{}, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no key %q", r.ManagerNamespace, s.Name, store.Name, counterstore.PasswordKey)
+			return Credentials{}, false, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no key %q", managerNS, s.Name, store.Name, counterstore.PasswordKey)
 		}
-		return Credentials{Password: pw}, true, nil
+		return Credentials{Password: adminPW}, true, len(pw) > 0, nil
 	case cs.Spec.External != nil && cs.Spec.External.PasswordSecretRef != nil:
 		ref := cs.Spec.External.PasswordSecretRef
 		s, err := read(ref.Namespace, ref.Name)
 		if err != nil {
-			return Credentials{}, false, err
+			return Credentials{}, false, false, err
 		}
 		pw, found := s.Data[ref.Key]
 		if !found {
-			return Credentials{}, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+			return Credentials{}, false, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
 		}
-		return Credentials{Password: pw}, true, nil
+		return Credentials{Password: pw}, true, false, nil
 	}
-	return Credentials{Password: []byte{}}, true, nil
+	return Credentials{Password: []byte{}}, true, false, nil
 }
 
 // maxLegacyNames bounds the pod names a log line lists.

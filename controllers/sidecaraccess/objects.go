@@ -125,8 +125,9 @@ type Credentials struct {
 	Password []byte
 }
 
-// data returns the Secret data that holds c.
-func (c Credentials) data() map[string][]byte {
+// Data returns the Secret data that holds c: the password under
+// PasswordKey and, for an ACL user, its name under UsernameKey.
+func (c Credentials) Data() map[string][]byte {
 	d := map[string][]byte{PasswordKey: c.Password}
 	if c.Username != "" {
 		d[UsernameKey] = []byte(c.Username)
@@ -139,7 +140,7 @@ func DesiredSecret(ns, store string, c Credentials) *corev1ac.SecretApplyConfigu
 	return corev1ac.Secret(SecretName, ns).WithLabels(Labels()).
 		WithAnnotations(map[string]string{StoreAnnotation: store}).
 		WithType(corev1.SecretTypeOpaque).
-		WithData(c.data())
+		WithData(c.Data())
 }
 
 // roleUpToDate reports whether r already is DesiredRole.
@@ -166,7 +167,7 @@ func roleRefOK(b *rbacv1.RoleBinding) bool {
 func secretUpToDate(s *corev1.Secret, store string, c Credentials) bool {
 	return s.DeletionTimestamp == nil && hasLabels(s.Labels) && s.Annotations[StoreAnnotation] == store &&
 		s.Type == corev1.SecretTypeOpaque && len(s.StringData) == 0 &&
-		maps.EqualFunc(s.Data, c.data(), slices.Equal)
+		maps.EqualFunc(s.Data, c.Data(), slices.Equal)
 }
 
 func hasLabels(l map[string]string) bool {

@@ -25,7 +25,23 @@ type scratch struct {
 	blocks []blockHit
 	v      engine.Verdict
 	buf    []byte
+	// kind says what each descriptor of the call is (descOrdinary,
+	// descRequest or descRejected); http rebuilds request descriptors.
+	kind []descKind
+	http httpView
 }
+
+// descKind is what a descriptor of a call is.
+type descKind uint8
+
+const (
+	// descOrdinary is matched against the descriptor rules.
+	descOrdinary descKind = iota
+	// descRequest is a request descriptor (request.go).
+	descRequest
+	// descRejected is a request descriptor that a rule rejected.
+	descRejected
+)
 
 type blockHit struct {
 	desc int
@@ -38,7 +54,16 @@ type blockHit struct {
 func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateLimitResponse {
 	resp, blocks := newAnswer(len(req.Descriptors))
 	root := st.set.Descriptors.Domain(req.Domain)
-	if root == nil {
+	sc.kind = sc.kind[:0]
+	requests := false
+	for _, d := range req.Descriptors {
+		k := descOrdinary
+		if isRequest(d) {
+			k, requests = descRequest, true
+		}
+		sc.kind = append(sc.kind, k)
+	}
+	if root == nil && !requests {
 		// Unknown domain: nothing applies, as in envoyproxy/ratelimit.
 		for i := range blocks {
 			blocks[i].status.Code = rlsv3.RateLimitResponse_OK
@@ -50,7 +75,11 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 	// Walk every descriptor and collect what the matched rules replace.
 	sc.nodes = sc.nodes[:0]
 	sc.drop = sc.drop[:0]
-	for _, d := range req.Descriptors {
+	for i, d := range req.Descriptors {
+		if sc.kind[i] != descOrdinary {
+			sc.nodes = append(sc.nodes, nil)
+			continue
+		}
 		n := root
 		for _, e := range d.Entries {
 			if n = n.Next(e.Key, e.Value); n == nil {
@@ -72,6 +101,16 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 	for i, n := range sc.nodes {
 		cost := costOf(req, req.Descriptors[i])
 		sc.costs = append(sc.costs, cost)
+		if sc.kind[i] == descRequest {
+			from := len(sc.hits)
+			if s.requestHits(st, i, req.Descriptors[i], sc) {
+				// Rejected: none of its hits count, and the call is
+				// refused without charging any enforced rule.
+				sc.hits, sc.owner, sc.hrule = sc.hits[:from], sc.owner[:from], sc.hrule[:from]
+				sc.kind[i], blocked = descRejected, true
+			}
+			continue
+		}
 		if n == nil {
 			continue
 		}
@@ -104,7 +143,8 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 		}
 	}
 	if blocked {
-		// A rule that denies every call matched: charge no enforced rule.
+		// A rule that denies every call matched, or a rule rejected a
+		// request: charge no enforced rule.
 		k := 0
 		for j := range sc.hits {
 			if sc.hits[j].Rule.Shadow {
@@ -131,7 +171,7 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 	if s.o.ResponseHeaders {
 		resp.ResponseHeadersToAdd = s.headers(sc, v, blocked, now)
 	}
-	s.publish(ctx, sc, v)
+	s.publish(ctx, req, sc, v)
 	return resp
 }
 
@@ -158,13 +198,18 @@ func entriesHash(es []*rlcommonv3.RateLimitDescriptor_Entry, buf []byte) (descri
 }
 
 // publish queues a deny event for each denying hit, shadow ones included.
-func (s *Server) publish(ctx context.Context, sc *scratch, v *engine.Verdict) {
+func (s *Server) publish(ctx context.Context, req *rlsv3.RateLimitRequest, sc *scratch, v *engine.Verdict) {
 	if s.o.Events == nil {
 		return
 	}
 	var addr string
 	for j := range v.Results {
 		if !events.Denied(&v.Results[j]) {
+			continue
+		}
+		if sc.kind[sc.owner[j]] == descRequest {
+			method, path, client := requestEvent(req.Descriptors[sc.owner[j]])
+			s.o.Events.Publish(events.Deny(time.Now(), &sc.hits[j], &v.Results[j], method, path, client))
 			continue
 		}
 		if addr == "" {

@@ -18,11 +18,16 @@ func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.
 	var b ratelimitheaders.Binding
 	switch {
 	case blocked:
+		found := false
 		for _, bh := range sc.blocks {
 			if !bh.rule.Shadow {
-				b = blockBinding(bh.rule, now)
+				b, found = blockBinding(bh.rule, now), true
 				break
 			}
+		}
+		if !found {
+			// Only a rejected request: no rule to describe.
+			return nil
 		}
 	case v.Binding >= 0:
 		r := sc.hrule[v.Binding]

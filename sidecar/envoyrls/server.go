@@ -192,5 +192,7 @@ func (s *Server) release(sc *scratch) {
 	clear(sc.nodes)
 	clear(sc.drop)
 	clear(sc.blocks)
+	clear(sc.http.vals)
+	clear(sc.http.h)
 	s.pool.Put(sc)
 }

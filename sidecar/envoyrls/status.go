@@ -60,8 +60,14 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 	ds := &blk.status
 	ds.Code = rlsv3.RateLimitResponse_OK
 	n := sc.nodes[i]
-	if n == nil {
+	switch sc.kind[i] {
+	case descRejected:
+		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		return ds
+	case descOrdinary:
+		if n == nil {
+			return ds
+		}
 	}
 	var best *view
 	var cand view
@@ -99,6 +105,9 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 		pick(hitView(sc.hrule[j], j, v))
 	}
 	if best == nil {
+		if n == nil {
+			return ds
+		}
 		for _, r := range n.Rules {
 			if r.Unlimited && !replaced(sc.drop, r) {
 				unlimited = true

@@ -19,6 +19,11 @@ const (
 	MaxKeyLength          = 1024
 	MaxValueLength        = 16 << 10
 	MaxCost         int64 = limiter.MaxRequests
+	// MaxRequestValueLength bounds an entry value of a request
+	// descriptor, which carries a request's path and headers: the
+	// largest header block Envoy accepts (96 KiB), so that no request a
+	// gateway passes on is refused here, which Envoy would admit.
+	MaxRequestValueLength = 96 << 10
 )
 
 // Validate reports why a call is malformed, or nil.
@@ -45,14 +50,18 @@ func Validate(req *rlsv3.RateLimitRequest) error {
 		if len(d.Entries) > MaxEntries {
 			return fmt.Errorf("descriptors[%d]: at most %d entries, got %d", i, MaxEntries, len(d.Entries))
 		}
+		maxValue := MaxValueLength
+		if isRequest(d) {
+			maxValue = MaxRequestValueLength
+		}
 		for j, e := range d.Entries {
 			switch {
 			case e == nil || e.Key == "":
 				return fmt.Errorf("descriptors[%d].entries[%d]: key must not be empty", i, j)
 			case len(e.Key) > MaxKeyLength:
 				return fmt.Errorf("descriptors[%d].entries[%d]: key: at most %d bytes, got %d", i, j, MaxKeyLength, len(e.Key))
-			case len(e.Value) > MaxValueLength:
-				return fmt.Errorf("descriptors[%d].entries[%d]: value: at most %d bytes, got %d", i, j, MaxValueLength, len(e.Value))
+			case len(e.Value) > maxValue:
+				return fmt.Errorf("descriptors[%d].entries[%d]: value: at most %d bytes, got %d", i, j, maxValue, len(e.Value))
 			}
 		}
 		if h := d.GetHitsAddend(); h != nil && h.Value > uint64(MaxCost) {

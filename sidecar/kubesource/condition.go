@@ -46,9 +46,8 @@ type condition struct {
 
 // desired returns the condition that describes s, or false when there is
 // nothing to report yet (the informer has not synced and nothing was
-// delivered). It is pure.
-func desired(s state, namespace string, grace time.Duration) (condition, bool) {
-	cm := namespace + "/" + config.ConfigMapName
+// delivered); cm is the ConfigMap, namespace/name. It is pure.
+func desired(s state, cm string, grace time.Duration) (condition, bool) {
 	var c condition
 	switch {
 	case s.inForce == "" && s.lastErr != "":

@@ -44,7 +44,7 @@ func TestDesired(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c, ok := desired(tt.st, "shop", grace)
+			c, ok := desired(tt.st, "shop/"+config.ConfigMapName, grace)
 			if ok != tt.ok {
 				t.Fatalf("desired ok = %v, want %v (%+v)", ok, tt.ok, c)
 			}
@@ -68,7 +68,7 @@ func TestDesired(t *testing.T) {
 
 func TestDesiredBoundsTheMessage(t *testing.T) {
 	t.Parallel()
-	c, _ := desired(state{synced: true, present: true, inForce: "r1", lastErr: strings.Repeat("é", 2000)}, "shop", time.Second)
+	c, _ := desired(state{synced: true, present: true, inForce: "r1", lastErr: strings.Repeat("é", 2000)}, "shop/"+config.ConfigMapName, time.Second)
 	if len(c.Message) > maxMessage || !strings.HasSuffix(c.Message, "...") {
 		t.Errorf("message of %d bytes, want at most %d ending in ...", len(c.Message), maxMessage)
 	}

@@ -6,7 +6,8 @@
 // # Least privilege
 //
 // The informer lists and watches one object: the ConfigMap named
-// config.ConfigMapName in the sidecar's namespace, selected with a
+// Options.ConfigMapName (config.ConfigMapName unless the sidecar serves as
+// the central rate-limit service) in the sidecar's namespace, selected with a
 // metadata.name field selector. The API server authorizes such a list or
 // watch against the object's name, so the sidecar's Role can grant
 // get/list/watch on that single resourceName and nothing else. The
@@ -70,6 +71,10 @@ type Options struct {
 	Client kubernetes.Interface
 	// Namespace is the pod's namespace, which holds the ConfigMap.
 	Namespace string
+	// ConfigMapName is the ConfigMap to watch; empty means
+	// config.ConfigMapName, a namespace's sidecar document. The central
+	// rate-limit service watches config.RateLimitServiceConfigMapName.
+	ConfigMapName string
 	// PodName is the pod whose condition the source writes.
 	PodName string
 	// Log receives the source's events; nil discards them.
@@ -108,6 +113,9 @@ func New(o Options) (*Source, error) {
 	}
 	if o.DeleteGrace == 0 {
 		o.DeleteGrace = DefaultDeleteGrace
+	}
+	if o.ConfigMapName == "" {
+		o.ConfigMapName = config.ConfigMapName
 	}
 	log := o.Log
 	if log == nil {
@@ -158,12 +166,12 @@ func (s *Source) Run(ctx context.Context, deliver func(configsource.Update)) {
 	factory := informers.NewSharedInformerFactoryWithOptions(s.o.Client, 0,
 		informers.WithNamespace(s.o.Namespace),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", config.ConfigMapName).String()
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.o.ConfigMapName).String()
 		}))
 	defer factory.Shutdown()
 	inf := factory.Core().V1().ConfigMaps().Informer()
 	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		s.log.Warn("watching the ConfigMap failed; the config in force stays, retrying", "configmap", config.ConfigMapName, "err", err)
+		s.log.Warn("watching the ConfigMap failed; the config in force stays, retrying", "configmap", s.o.ConfigMapName, "err", err)
 	}); err != nil {
 		s.log.Error("cannot set the watch error handler", "err", err)
 	}
@@ -299,7 +307,7 @@ func (l *loop) empty() {
 	}
 	l.s.log.Warn("the ConfigMap stayed deleted; enforcing no policy", "grace", l.s.o.DeleteGrace)
 	l.delivered, l.errKey, l.st.seen = data, "", ""
-	l.send(configsource.Update{Data: data, Origin: "configmap " + l.s.o.Namespace + "/" + config.ConfigMapName + " (deleted)"})
+	l.send(configsource.Update{Data: data, Origin: "configmap " + l.s.o.Namespace + "/" + l.s.o.ConfigMapName + " (deleted)"})
 	if l.st.lastErr == "" {
 		l.st.emptied = true
 	}
@@ -323,7 +331,7 @@ func (l *loop) send(u configsource.Update) {
 
 // report hands the condition that describes the state to the reporter.
 func (l *loop) report() {
-	if c, ok := desired(l.st, l.s.o.Namespace, l.s.o.DeleteGrace); ok {
+	if c, ok := desired(l.st, l.s.o.Namespace+"/"+l.s.o.ConfigMapName, l.s.o.DeleteGrace); ok {
 		l.rep.set(c)
 	}
 }

@@ -55,6 +55,9 @@ type Set struct {
 	// Shedding is the load shedder's settings and priorities, or nil when
 	// no policy selecting this pod has loadShedding.
 	Shedding *Shedding
+	// Requests indexes Rules by policy, for the request descriptors of
+	// the Envoy rate-limit service front.
+	Requests *Requests
 }
 
 // PolicyError is a policy that could not be compiled.
@@ -160,6 +163,7 @@ func CompileFor(c *config.Config, pod Pod, m *metrics.Metrics) (*Set, error) {
 	var matches []match.Rule
 	descs := newDescriptorBuilder()
 	var adm admissionBuilder
+	reqs := newRequests()
 	// The policies this pod enforces, by uid, for replacedBy.
 	selected := map[string]bool{}
 	for i := range c.Policies {
@@ -186,12 +190,13 @@ func CompileFor(c *config.Config, pod Pod, m *metrics.Metrics) (*Set, error) {
 			}
 		}
 		var padm admissionBuilder
-		rules, ms, replaced, err := compilePolicy(s.Policies, i, c, p, pod, selected, descs, &padm, m)
+		rules, ms, pm, replaced, err := compilePolicy(s.Policies, i, c, p, pod, selected, descs, &padm, m)
 		if err != nil {
 			s.Failed = append(s.Failed, PolicyError{Index: i, Namespace: p.Namespace, Name: p.Name, Err: err})
 			continue
 		}
 		s.Policies++
+		reqs.add(p.Namespace, p.Name, pm, len(s.Rules), len(rules))
 		s.Rules = append(s.Rules, rules...)
 		s.Replaced = append(s.Replaced, replaced...)
 		matches = append(matches, ms...)
@@ -207,6 +212,7 @@ func CompileFor(c *config.Config, pod Pod, m *metrics.Metrics) (*Set, error) {
 	if err := adm.finish(s); err != nil {
 		return nil, err
 	}
+	s.Requests = reqs.finish(s.Rules)
 	return s, nil
 }
 
@@ -269,10 +275,22 @@ func (e *RejectError) Unwrap() error { return e.Err }
 // sc.Rules with the hits to decide: every matching rule that does not
 // exempt the request and has a key for it. A rule that rejects the request
 // stops the evaluation with a *RejectError, and nothing is spent.
-func (s *Set) Evaluate(sc *Scratch) error {
-	sc.idx = s.Matcher.Match(&sc.Request, sc.idx[:0])
+func (s *Set) Evaluate(sc *Scratch) error { return s.evaluate(s.Matcher, 0, sc) }
+
+// EvaluatePolicy is Evaluate on the rules of one policy only, those of a
+// request descriptor (see Requests): the same matching, exemptions, keys
+// and costs. sc.Rules holds indices into s.Rules.
+func (s *Set) EvaluatePolicy(p *RequestPolicy, sc *Scratch) error {
+	return s.evaluate(p.matcher, p.first, sc)
+}
+
+// evaluate is Evaluate through matcher m, whose rule i is
+// s.Rules[first+i].
+func (s *Set) evaluate(m *match.Matcher, first int, sc *Scratch) error {
+	sc.idx = m.Match(&sc.Request, sc.idx[:0])
 	sc.Hits, sc.Rules = sc.Hits[:0], sc.Rules[:0]
 	for _, i := range sc.idx {
+		i += first
 		rule := &s.Rules[i]
 		if rule.Exempt.Holds(&sc.Request) {
 			rule.Exempted.Inc()
@@ -308,13 +326,10 @@ func (s *Set) Evaluate(sc *Scratch) error {
 // returned in replacedRules. The policy's concurrency rules, priorities and
 // load shedding go to adm, which the caller keeps only when the policy
 // compiles.
-func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, selected map[string]bool, descs *descriptorBuilder, adm *admissionBuilder, m *metrics.Metrics) (rules []Rule, matches []match.Rule, replacedRules []string, err error) {
+func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, selected map[string]bool, descs *descriptorBuilder, adm *admissionBuilder, m *metrics.Metrics) (rules []Rule, matches []match.Rule, pm *match.Matcher, replacedRules []string, err error) {
 	pol, err := descriptor.NewPolicy(index, p)
 	if err != nil {
-		return nil, nil, nil, err
-	}
-	if _, err := match.New(policyMatches(p, pol)); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	share := replicaShare(c, p, pod.Name)
 	adm.policy(p)
@@ -384,29 +399,24 @@ func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, s
 		matches = append(matches, match.Rule{Match: r.Match, Policy: pol})
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
+	}
+	// The policy's own matcher: it proves the matches index (the set's
+	// matcher cannot fail on them then), and decides the policy's request
+	// descriptors (Requests).
+	if pm, err = match.New(matches); err != nil {
+		return nil, nil, nil, nil, err
 	}
 	prepared := make([]*DescriptorRule, len(descRules))
 	for k, r := range descRules {
 		if prepared[k], err = prepare(p, r, share, m); err != nil {
-			return nil, nil, nil, fmt.Errorf("rule %s: %w", r.Name, err)
+			return nil, nil, nil, nil, fmt.Errorf("rule %s: %w", r.Name, err)
 		}
 	}
 	for k, r := range descRules {
 		descs.insert(pi, r, prepared[k])
 	}
-	return rules, matches, replacedRules, nil
-}
-
-// policyMatches returns the HTTP rules' matches of p.
-func policyMatches(p *config.Policy, pol *descriptor.Policy) []match.Rule {
-	var ms []match.Rule
-	for i := range p.Rules {
-		if p.Rules[i].Match.Descriptors == nil {
-			ms = append(ms, match.Rule{Match: p.Rules[i].Match, Policy: pol})
-		}
-	}
-	return ms
+	return rules, matches, pm, replacedRules, nil
 }
 
 // replicaShare is pod's place among the replicas of p: its position in

@@ -48,18 +48,22 @@ const EnvRedisPassword = "FLOODGATE_REDIS_PASSWORD"
 // change to the file's store section is reported (log, /debug/config) and
 // takes effect at the next restart; policies reload live.
 type Config struct {
-	Listen          string
-	AdminListen     string
-	Upstream        string
-	UpstreamH2C     bool
-	PolicyFile      string
-	PollInterval    time.Duration
-	PodLabels       string
-	PodLabelsFile   string
-	Kubernetes      bool
-	Namespace       string
-	PodName         string
-	Kubeconfig      string
+	Listen        string
+	AdminListen   string
+	Upstream      string
+	UpstreamH2C   bool
+	PolicyFile    string
+	PollInterval  time.Duration
+	PodLabels     string
+	PodLabelsFile string
+	Kubernetes    bool
+	Namespace     string
+	PodName       string
+	Kubeconfig    string
+	// ConfigMapName is the ConfigMap watched in Kubernetes mode:
+	// config.ConfigMapName for a sidecar, config.RateLimitServiceConfigMapName
+	// for the central rate-limit service.
+	ConfigMapName   string
 	Store           string
 	RedisAddrs      string
 	RedisPassword   string
@@ -150,6 +154,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodName, "pod-name", "", "the pod's name (default $"+config.EnvPodName+"): finds this sidecar's replica index in the config (fail-open shares); required with --kubernetes")
 	fs.StringVar(&c.StateDir, "state-dir", "", "directory where the last applied config is saved and read back at start, so that a restarted sidecar enforces it until its source answers; empty: off")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file; empty uses the in-cluster service account")
+	fs.StringVar(&c.ConfigMapName, "configmap-name", config.ConfigMapName, "Kubernetes mode: the ConfigMap of the namespace to watch; the central rate-limit service watches "+config.RateLimitServiceConfigMapName)
 	fs.StringVar(&c.Store, "store", "", "counter store: memory or redis (default: the policy file's store section, else memory)")
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
@@ -368,7 +373,13 @@ func (c *Config) validateSource(bad func(flagName, format string, args ...any)) 
 		if c.PolicyFile == "" {
 			bad("policy-file", "required in standalone mode")
 		}
+		if c.IsSet("configmap-name") {
+			bad("configmap-name", "only used with --kubernetes")
+		}
 		return
+	}
+	if c.ConfigMapName == "" {
+		bad("configmap-name", "must not be empty")
 	}
 	if c.PolicyFile != "" {
 		bad("policy-file", "not used with --kubernetes, which reads the namespace's %s ConfigMap", config.ConfigMapName)

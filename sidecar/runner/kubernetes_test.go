@@ -155,3 +155,32 @@ func TestUpdateResultReportsTheRevisionInForce(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigMapNameFlag(t *testing.T) {
+	t.Parallel()
+	c, err := parse(t, []string{"--kubernetes", "--namespace", "floodgate-system", "--pod-name", "floodgate-ratelimit-0"},
+		map[string]string{"FLOODGATE_CONFIGMAP_NAME": config.RateLimitServiceConfigMapName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.ConfigMapName, config.RateLimitServiceConfigMapName; got != want {
+		t.Errorf("ConfigMapName = %q, want %q from FLOODGATE_CONFIGMAP_NAME", got, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	def, err := parse(t, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := def.ConfigMapName, config.ConfigMapName; got != want {
+		t.Errorf("default ConfigMapName = %q, want %q", got, want)
+	}
+	standalone, err := parse(t, []string{"--policy-file", "p.yaml", "--configmap-name", "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := standalone.Validate(); err == nil || !strings.Contains(err.Error(), "--configmap-name") {
+		t.Errorf("Validate of --configmap-name without --kubernetes = %v, want an error naming the flag", err)
+	}
+}

@@ -168,7 +168,10 @@ func TestInstallOnEnvtest(t *testing.T) {
 			"apiVersion": "ratelimit.floodgate.dev/v1alpha1", "kind": "RateLimitPolicy",
 			"metadata": map[string]any{"name": "checkout", "namespace": "shop"},
 			"spec": map[string]any{
-				"podSelector": map[string]any{},
+				// Every pod. From Go, an empty selector needs a non-nil
+				// MatchLabels: a zero LabelSelector is omitted, and a
+				// policy must name a podSelector or a targetRef.
+				"podSelector": map[string]any{"matchLabels": map[string]any{}},
 				"rules": []any{map[string]any{
 					"name": "per-client", "key": []any{map[string]any{"clientIP": map[string]any{}}},
 					"limit": map[string]any{"requests": int64(10), "per": "1s"},

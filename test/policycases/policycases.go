@@ -58,7 +58,7 @@ var Schema = []Bad{
 		Want: []string{"spec.rules", "should have at least 1 items"}},
 	{Name: "no podSelector", Doc: `
   rules:` + okRule,
-		Want: []string{"spec.podSelector", "Required value"}, SchemaOnly: true},
+		Want: []string{"spec.podSelector", "set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef"}, SchemaOnly: true},
 	{Name: "requests is 0", Doc: `
   podSelector: {}
   rules:

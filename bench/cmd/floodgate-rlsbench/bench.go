@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/floodgate-dev/floodgate/bench/harness"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -111,6 +112,8 @@ type Machine struct {
 // Case is one workload's median measurement.
 type Case struct {
 	Name string `json:"name"`
+	// ID is the case's short name (cold, hot-allowed, central-cold, ...).
+	ID string `json:"id"`
 	// Server is serverNull, serverFloodgate or serverPeer.
 	Server string `json:"server"`
 	// DecisionsPerSec is completed calls per second (closed loop).
@@ -143,6 +146,12 @@ type Case struct {
 	// and RoundPeerOverFloodgate the median of the per-round ratios.
 	PeerOverFloodgate      float64 `json:"peerOverFloodgate,omitempty"`
 	RoundPeerOverFloodgate float64 `json:"peerOverFloodgateRoundMedian,omitempty"`
+	// CentralOverSidecar, on a central service case, is its CPU per
+	// decision over the sidecar's RLS mode in the same case (median over
+	// median), and RoundCentralOverSidecar the median of the per-round
+	// ratios.
+	CentralOverSidecar      float64 `json:"centralOverSidecar,omitempty"`
+	RoundCentralOverSidecar float64 `json:"centralOverSidecarRoundMedian,omitempty"`
 }
 
 // Requirement is one acceptance criterion.
@@ -164,6 +173,97 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 `
 
+// centralPolicy is the central rate-limit service's config, in floodgate's
+// format: the policies a gateway's request descriptors name, keyed on a
+// request header, with the same limits as policy's descriptors.
+const centralPolicy = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: gw
+  uid: gw-1
+  rules:
+  - name: per-key
+    match: {path: {type: Prefix, value: /api}}
+    key: [{header: X-Api-Key}]
+    limit: {requests: 1000000000, per: 1h}
+- name: flood
+  uid: flood-1
+  rules:
+  - name: per-key
+    key: [{header: X-Api-Key}]
+    limit: {requests: 10, per: 1h}
+`
+
+// dialAll opens n connections to each address and waits until each
+// server answers; the returned func closes them all.
+func dialAll(ctx context.Context, n int, logDir string, addrs ...string) (map[string][]*grpc.ClientConn, func(), error) {
+	conns := map[string][]*grpc.ClientConn{}
+	closeAll := func() {
+		for _, cs := range conns {
+			for _, c := range cs {
+				_ = c.Close()
+			}
+		}
+	}
+	for _, addr := range addrs {
+		for range n {
+			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, closeAll, err
+			}
+			conns[addr] = append(conns[addr], c)
+		}
+		if err := waitServing(ctx, conns[addr][0]); err != nil {
+			return nil, closeAll, fmt.Errorf("server on %s (logs in %s): %w", addr, logDir, err)
+		}
+	}
+	return conns, closeAll, nil
+}
+
+// startCentral starts the central rate-limit service: the same binary
+// and store as the sidecar under test, the policies in floodgate's
+// format (centralPolicy), on ports[0] (gRPC), ports[1] and ports[2].
+func startCentral(dir, bin string, cluster *redistest.Cluster, ports []string, start func(string, ...string) (*exec.Cmd, error)) (*exec.Cmd, string, error) {
+	pf := filepath.Join(dir, "central.yaml")
+	if err := os.WriteFile(pf, []byte(centralPolicy), 0o600); err != nil {
+		return nil, "", err
+	}
+	addr := "127.0.0.1:" + ports[0]
+	cmd, err := start(bin, "--grpc-listen", addr, "--listen", "127.0.0.1:"+ports[1], "--admin-listen", "127.0.0.1:"+ports[2],
+		"--policy-file", pf, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--log-level", "warn")
+	return cmd, addr, err
+}
+
+// centralWorkloads are the central service's cases, asked with the
+// request descriptors a gateway sends: the sidecar's three, by id with a
+// "central-" prefix.
+func centralWorkloads() []workload {
+	return []workload{
+		{"central service: cold keys (request descriptors)", "central-cold", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
+		}},
+		{"central service: one hot key, allowed", "central-hot-allowed", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("gw", "hot")
+		}},
+		{"central service: one hot key, over its limit", "central-hot-denied", serverCentral, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
+			return requestDescriptor("flood", "hot")
+		}},
+	}
+}
+
+// requestDescriptor is the descriptor a gateway sends, with floodgate's
+// generated route actions, for GET https://api.example.com/api/items from
+// 203.0.113.7 with X-Api-Key: key, for the standalone policy name.
+func requestDescriptor(policy, key string) *rlcommonv3.RateLimitDescriptor {
+	return &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{
+		{Key: config.PolicyEntryKey, Value: config.PolicyEntryValue("", policy)},
+		{Key: config.AuthorityEntryKey, Value: "api.example.com"},
+		{Key: config.MethodEntryKey, Value: "GET"},
+		{Key: config.PathEntryKey, Value: "/api/items?page=2"},
+		{Key: config.RemoteAddressEntryKey, Value: "203.0.113.7"},
+		{Key: config.HeaderEntryKey("X-Api-Key"), Value: key},
+	}}
+}
+
 // workload makes the descriptor of call i.
 type workload struct {
 	name, short, server string
@@ -179,6 +279,9 @@ const (
 	serverNull      = "null"
 	serverFloodgate = "floodgate"
 	serverPeer      = "envoyproxy/ratelimit"
+	// serverCentral is floodgate-sidecar as the central rate-limit
+	// service: request descriptors decided on HTTP rules.
+	serverCentral = "central"
 )
 
 // Run runs the harness.
@@ -229,11 +332,12 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			return nil, fmt.Errorf("go build floodgate-sidecar: %w: %s", err, out)
 		}
 	}
+	sidecarBin := bin // bin may become this binary, with -cpuprofile
 	pf := filepath.Join(dir, "ratelimit.yaml")
 	if err := os.WriteFile(pf, []byte(policy), 0o600); err != nil {
 		return nil, err
 	}
-	ports := make([]string, 6)
+	ports := make([]string, 9)
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return nil, err
@@ -292,38 +396,35 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	central, centralAddr, err := startCentral(dir, sidecarBin, cluster, ports[6:9], start)
+	if err != nil {
+		return nil, err
+	}
 
-	conns := map[string][]*grpc.ClientConn{}
-	for _, addr := range []string{sidecarAddr, nullAddr} {
-		for range cfg.Conns {
-			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return nil, err
-			}
-			defer func() { _ = c.Close() }()
-			conns[addr] = append(conns[addr], c)
-		}
-		if err := waitServing(ctx, conns[addr][0]); err != nil {
-			return nil, fmt.Errorf("server on %s (logs in %s): %w", addr, dir, err)
-		}
+	conns, closeConns, err := dialAll(ctx, cfg.Conns, dir, sidecarAddr, nullAddr, centralAddr)
+	defer closeConns()
+	if err != nil {
+		return nil, err
 	}
 
 	var runID atomic.Int64
-	workloads := []workload{
+	workloads := make([]workload, 0, 10)
+	workloads = append(workloads, []workload{
 		{"null server (answers OK at once)", serverNull, serverNull, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "u") }},
 		{"cold keys (a new counter every call, each a Redis call)", "cold", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor {
 			return entry("user", "c"+strconv.FormatInt(run, 10)+"-"+strconv.FormatInt(i, 10))
 		}},
 		{"one hot key, allowed", "hot-allowed", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("user", "hot") }},
 		{"one hot key, over its limit (local deny cache)", "hot-denied", serverFloodgate, func(run, i int64) *rlcommonv3.RateLimitDescriptor { return entry("flood", "hot") }},
-	}
-	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid}
-	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr}
+	}...)
+	pids := map[string]int{serverNull: null.Process.Pid, serverFloodgate: sc.Process.Pid, serverCentral: central.Process.Pid}
+	addrs := map[string]string{serverNull: nullAddr, serverFloodgate: sidecarAddr, serverCentral: centralAddr}
 	closePeer, err := addPeer(ctx, cfg, dir, cluster, startEnv, conns, pids, addrs, &workloads)
 	defer closePeer()
 	if err != nil {
 		return nil, err
 	}
+	workloads = append(workloads, centralWorkloads()...)
 	rounds := make([][]measurement, len(workloads))
 	for round := range cfg.Rounds {
 		for wi, w := range workloads {
@@ -352,7 +453,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 	for wi, w := range workloads {
 		ms := rounds[wi]
-		c := Case{Name: w.name, Server: w.server}
+		c := Case{Name: w.name, ID: w.short, Server: w.server}
 		var cpu, rate, util, cmds []float64
 		for _, m := range ms {
 			cpu, rate, util, cmds = append(cpu, m.cpuMicros), append(rate, m.rate), append(util, m.util), append(cmds, m.redisCmds)
@@ -374,6 +475,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		c.RoundOverNull = roundRatio(c.Rounds, rep.Cases[0].Rounds)
 	}
 	rep.peerRatios()
+	rep.centralRatios()
 	rep.Acceptance = []Requirement{
 		{Name: "CPU per decision, one hot key (allowed), over the null server", Want: "<= 1.15", Got: rep.Cases[2].OverNull, Met: rep.Cases[2].OverNull <= 1.15},
 		{Name: "Redis commands per decision, one hot key (allowed)", Want: "<= 0.02", Got: rep.Cases[2].RedisCommandsPerDecision, Met: rep.Cases[2].RedisCommandsPerDecision <= 0.02},
@@ -420,11 +522,38 @@ func withPeer(ws []workload) []workload {
 // the same case.
 func (r *Report) peerRatios() {
 	for i := 4; i < len(r.Cases); i++ {
+		if r.Cases[i].Server != serverPeer {
+			continue
+		}
 		c, fg := &r.Cases[i], r.Cases[i-3]
 		if fg.CPUMicrosPerDecision > 0 {
 			c.PeerOverFloodgate = c.CPUMicrosPerDecision / fg.CPUMicrosPerDecision
 		}
 		c.RoundPeerOverFloodgate = roundRatio(c.Rounds, fg.Rounds)
+	}
+}
+
+// centralRatios sets, on each central service case, its CPU per
+// decision over the sidecar's RLS mode in the matching case of the same
+// run (cold, hot-allowed, hot-denied).
+func (r *Report) centralRatios() {
+	byID := map[string]Case{}
+	for _, c := range r.Cases {
+		byID[c.ID] = c
+	}
+	for i := range r.Cases {
+		c := &r.Cases[i]
+		if c.Server != serverCentral {
+			continue
+		}
+		sc, ok := byID[strings.TrimPrefix(c.ID, "central-")]
+		if !ok {
+			continue
+		}
+		if sc.CPUMicrosPerDecision > 0 {
+			c.CentralOverSidecar = c.CPUMicrosPerDecision / sc.CPUMicrosPerDecision
+		}
+		c.RoundCentralOverSidecar = roundRatio(c.Rounds, sc.Rounds)
 	}
 }
 
@@ -715,6 +844,9 @@ func (r *Report) Write(w io.Writer) error {
 	for _, c := range r.Cases {
 		if c.Server == serverPeer {
 			fmt.Fprintf(&b, "same run: %s uses %.2fx floodgate's CPU per decision (median of per-round ratios %.2fx)\n", c.Name, c.PeerOverFloodgate, c.RoundPeerOverFloodgate)
+		}
+		if c.Server == serverCentral {
+			fmt.Fprintf(&b, "same run: %s uses %.2fx the sidecar's RLS mode CPU per decision (median of per-round ratios %.2fx)\n", c.Name, c.CentralOverSidecar, c.RoundCentralOverSidecar)
 		}
 	}
 	for _, a := range r.Acceptance {

@@ -3,16 +3,23 @@ package main
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
+	"github.com/floodgate-dev/floodgate/test/envoyemu"
 )
 
 func TestParseStatCPU(t *testing.T) {
@@ -124,6 +131,47 @@ func TestRoundRatio(t *testing.T) {
 	}
 	if got := roundRatio(nil, nil); got != 0 {
 		t.Errorf("roundRatio of no rounds = %v, want 0", got)
+	}
+}
+
+// TestRequestDescriptorIsTheGateways checks that the central service's
+// workload sends what a gateway with floodgate's generated route actions
+// sends for the same request.
+func TestRequestDescriptorIsTheGateways(t *testing.T) {
+	t.Parallel()
+	rl := gatewayconfig.RateLimit(gatewayconfig.Policy{Name: "gw", Headers: []string{"X-Api-Key"}})
+	ds, err := envoyemu.Descriptors([]*routev3.RateLimit{rl}, gatewayconfig.Stage, &envoyemu.Request{
+		Method: "GET", Target: "/api/items?page=2", Authority: "api.example.com",
+		Headers: http.Header{"X-Api-Key": {"k1"}}, Client: netip.MustParseAddr("203.0.113.7"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 1 {
+		t.Fatalf("%d descriptors, want 1", len(ds))
+	}
+	if got, want := ds[0], requestDescriptor("gw", "k1"); !proto.Equal(got, want) {
+		t.Errorf("gateway sends %v, the workload %v", got, want)
+	}
+}
+
+func TestCentralRatios(t *testing.T) {
+	t.Parallel()
+	r := &Report{Cases: []Case{
+		{ID: "null", Server: serverNull, CPUMicrosPerDecision: 10, Rounds: []float64{10, 10}},
+		{ID: "hot-allowed", Server: serverFloodgate, CPUMicrosPerDecision: 20, Rounds: []float64{20, 40}},
+		{ID: "central-hot-allowed", Server: serverCentral, CPUMicrosPerDecision: 30, Rounds: []float64{30, 40}},
+	}}
+	r.centralRatios()
+	c := r.Cases[2]
+	if got, want := c.CentralOverSidecar, 1.5; got != want {
+		t.Errorf("CentralOverSidecar = %v, want %v", got, want)
+	}
+	if got, want := c.RoundCentralOverSidecar, roundRatio([]float64{30, 40}, []float64{20, 40}); got != want {
+		t.Errorf("RoundCentralOverSidecar = %v, want %v", got, want)
+	}
+	if r.Cases[1].CentralOverSidecar != 0 {
+		t.Error("a sidecar case got a central ratio")
 	}
 }
 

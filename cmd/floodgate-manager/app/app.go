@@ -37,12 +37,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/metricsauth"
 	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/controllers/usage"
 )
@@ -71,6 +74,7 @@ var components = []component{
 	{name: "webhook certificate", setup: setupWebhookCert},
 	{name: "webhooks", setup: setupWebhooks},
 	{name: sidecaraccess.ControllerName, setup: setupSidecarAccess},
+	{name: ratelimitservice.ControllerName, setup: setupRateLimitService},
 }
 
 // storeMetrics are the CounterStore metrics, registered on
@@ -89,6 +93,22 @@ func setupPolicy(ctx context.Context, mgr ctrl.Manager, o *Options) error {
 		r.Usage = c
 	}
 	return r.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: o.PolicyConcurrency})
+}
+
+// setupRateLimitService runs the central rate-limit service's controller
+// when --ratelimit-service is set.
+func setupRateLimitService(_ context.Context, mgr ctrl.Manager, o *Options) error {
+	if !o.RateLimitService {
+		return nil
+	}
+	r := &ratelimitservice.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Name),
+		Namespace: o.Webhook.Namespace,
+		Service: gatewayconfig.Service{
+			Name: o.RateLimitServiceName, Namespace: o.Webhook.Namespace, Port: int32(o.RateLimitServicePort),
+		},
+	}
+	return r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1})
 }
 
 // Main runs the manager with the command line args, and returns the exit
@@ -153,6 +173,9 @@ func NewScheme() (*runtime.Scheme, error) {
 	}
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("add %s to the scheme: %w", v1alpha1.GroupVersion, err)
+	}
+	if err := gatewayv1.Install(s); err != nil {
+		return nil, fmt.Errorf("add %s to the scheme: %w", gatewayv1.GroupVersion, err)
 	}
 	return s, nil
 }

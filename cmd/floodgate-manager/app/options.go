@@ -42,6 +42,15 @@ type Options struct {
 	// PolicyConcurrency is how many namespaces the policy controller
 	// reconciles at once.
 	PolicyConcurrency int
+	// RateLimitService runs the controller that compiles the policies
+	// with a targetRef for the central rate-limit service
+	// (floodgate-ratelimit), which runs in the manager's namespace.
+	RateLimitService bool
+	// RateLimitServiceName and RateLimitServicePort are the central
+	// service's Service and gRPC port, which the gateway configuration
+	// the manager generates points at.
+	RateLimitServiceName string
+	RateLimitServicePort int
 	// GracefulShutdown bounds how long the manager waits for running
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
@@ -85,19 +94,21 @@ const (
 // DefaultOptions returns the options the flags default to.
 func DefaultOptions() Options {
 	return Options{
-		MetricsAddr:       ":8443",
-		SecureMetrics:     true,
-		ProbeAddr:         ":8081",
-		LeaderElectionID:  "floodgate-manager.ratelimit.floodgate.dev",
-		LeaseDuration:     DefaultLeaseDuration,
-		RenewDeadline:     DefaultRenewDeadline,
-		RetryPeriod:       DefaultRetryPeriod,
-		PolicyConcurrency: 4,
-		GracefulShutdown:  30 * time.Second,
-		UsageInterval:     10 * time.Second,
-		UsageWindow:       5 * time.Minute,
-		Webhook:           defaultWebhookOptions(),
-		Zap:               zap.Options{Development: false},
+		MetricsAddr:          ":8443",
+		SecureMetrics:        true,
+		ProbeAddr:            ":8081",
+		LeaderElectionID:     "floodgate-manager.ratelimit.floodgate.dev",
+		LeaseDuration:        DefaultLeaseDuration,
+		RenewDeadline:        DefaultRenewDeadline,
+		RetryPeriod:          DefaultRetryPeriod,
+		PolicyConcurrency:    4,
+		RateLimitServiceName: "floodgate-ratelimit",
+		RateLimitServicePort: 8082,
+		GracefulShutdown:     30 * time.Second,
+		UsageInterval:        10 * time.Second,
+		UsageWindow:          5 * time.Minute,
+		Webhook:              defaultWebhookOptions(),
+		Zap:                  zap.Options{Development: false},
 	}
 }
 
@@ -128,6 +139,12 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"How often leader-election clients retry.")
 	fs.IntVar(&o.PolicyConcurrency, "policy-concurrency", o.PolicyConcurrency,
 		"Number of namespaces the RateLimitPolicy controller reconciles concurrently.")
+	fs.BoolVar(&o.RateLimitService, "ratelimit-service", o.RateLimitService,
+		"Compile RateLimitPolicies with a targetRef into the central rate-limit service's ConfigMap floodgate-ratelimit-policies, in --namespace, and report their status.")
+	fs.StringVar(&o.RateLimitServiceName, "ratelimit-service-name", o.RateLimitServiceName,
+		"The central rate-limit service's Service, in --namespace, that the generated gateway configuration (ConfigMap floodgate-gateway-config) points at.")
+	fs.IntVar(&o.RateLimitServicePort, "ratelimit-service-port", o.RateLimitServicePort,
+		"The gRPC port of the central rate-limit service's Service.")
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
 	fs.DurationVar(&o.UsageInterval, "usage-interval", o.UsageInterval,
@@ -174,6 +191,12 @@ func (o *Options) Validate() error {
 	}
 	if o.RetryPeriod >= o.RenewDeadline {
 		errs = append(errs, fmt.Errorf("--leader-election-retry-period: must be shorter than the renew deadline %v, got %v", o.RenewDeadline, o.RetryPeriod))
+	}
+	if o.RateLimitService && o.RateLimitServiceName == "" {
+		errs = append(errs, errors.New("--ratelimit-service-name: must not be empty with --ratelimit-service"))
+	}
+	if o.RateLimitServicePort < 1 || o.RateLimitServicePort > 65535 {
+		errs = append(errs, fmt.Errorf("--ratelimit-service-port: must be between 1 and 65535, got %d", o.RateLimitServicePort))
 	}
 	if o.PolicyConcurrency < 1 || o.PolicyConcurrency > 64 {
 		errs = append(errs, fmt.Errorf("--policy-concurrency: must be between 1 and 64, got %d", o.PolicyConcurrency))

@@ -57,8 +57,8 @@ func ConfigMapFile(name, key string) string {
 type Input struct {
 	// Namespace is the namespace being compiled.
 	Namespace string
-	// Policies are the namespace's RateLimitPolicies. Those being deleted
-	// are ignored.
+	// Policies are the namespace's RateLimitPolicies. Those being deleted,
+	// and those with a targetRef, are ignored.
 	Policies []v1alpha1.RateLimitPolicy
 	// Pods are the namespace's pods.
 	Pods []corev1.Pod
@@ -68,6 +68,12 @@ type Input struct {
 	// Previous is the document the ConfigMap holds now, or nil when there
 	// is none or it cannot be read.
 	Previous *config.Config
+	// RateLimitService compiles the document of the central rate-limit
+	// service instead of a namespace's: Policies are those with a
+	// targetRef, of every namespace, and Pods are the central service's
+	// pods, every one of which enforces every policy (see
+	// CompileRateLimitService).
+	RateLimitService bool
 	// NamespaceLabels are the namespace's labels, on which
 	// ClusterRateLimitPolicies select namespaces.
 	NamespaceLabels map[string]string
@@ -153,6 +159,9 @@ type ClusterResult struct {
 type PolicyResult struct {
 	// Name is the policy's name.
 	Name string `json:"name"`
+	// Namespace is the policy's namespace, set when the document spans
+	// namespaces (Input.RateLimitService).
+	Namespace string `json:"namespace,omitempty"`
 	// Generation is the policy's current generation.
 	Generation int64 `json:"generation"`
 	// Invalid lists the spec's problems; empty when the spec is accepted.
@@ -210,7 +219,9 @@ func (r *PolicyResult) RefsCondition() (reason, message string) {
 func Compile(in Input) (Output, error) {
 	live := make([]*v1alpha1.RateLimitPolicy, 0, len(in.Policies))
 	for i := range in.Policies {
-		if p := &in.Policies[i]; p.DeletionTimestamp == nil {
+		// A policy with a targetRef is the central rate-limit service's
+		// (CompileRateLimitService), not the namespace's sidecars'.
+		if p := &in.Policies[i]; p.DeletionTimestamp == nil && p.GatewayEnforced() == in.RateLimitService {
 			live = append(live, p)
 		}
 	}
@@ -236,6 +247,7 @@ func Compile(in Input) (Output, error) {
 	for i, p := range live {
 		results[i] = PolicyResult{
 			Name:       p.Name,
+			Namespace:  map[bool]string{true: p.Namespace}[in.RateLimitService],
 			Generation: p.Generation,
 			Invalid:    p.ValidateSemantics(),
 			Store:      p.StoreName(),
@@ -295,7 +307,8 @@ func Compile(in Input) (Output, error) {
 		// neither side modifies.
 		entry := *prev
 		entry.Replicas = 1
-		if s, err := metav1.LabelSelectorAsSelector(entry.PodSelector); err == nil {
+		// A nil selector selects every pod (config.Policy.PodSelector).
+		if s, err := selectorOrEverything(entry.PodSelector); err == nil {
 			_, ready := countPods(s, in.Pods)
 			entry.Replicas = replicas(ready)
 		}
@@ -312,10 +325,17 @@ func Compile(in Input) (Output, error) {
 			r.StoreReason = v1alpha1.ReasonStoreConflict
 			r.StoreMessage = fmt.Sprintf("CounterStore %q is not the namespace's store %q, which policy %q, created first, uses; the sidecars of a namespace share one store",
 				r.Store, nsStore, results[0].Name)
+			if in.RateLimitService {
+				r.StoreMessage = fmt.Sprintf("CounterStore %q is not the central rate-limit service's store %q, which policy %s/%s, created first, uses; the service holds one store connection for every policy with a targetRef",
+					r.Store, nsStore, live[0].Namespace, live[0].Name)
+			}
 		default:
 			r.StoreReason, r.StoreMessage = freshReason, freshMsg
 		}
 		sel, selErr := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if in.RateLimitService {
+			sel = labels.Everything()
+		}
 		if selErr == nil {
 			r.TargetedPods, r.ReadyPods = countPods(sel, in.Pods)
 		}
@@ -371,7 +391,9 @@ func Compile(in Input) (Output, error) {
 		entries = append(entries, entry)
 	}
 	entries = pruneReplacedBy(entries)
-	slices.SortFunc(results, func(a, b PolicyResult) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(results, func(a, b PolicyResult) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
+	})
 	slices.SortFunc(cresults, func(a, b ClusterResult) int { return cmp.Compare(a.Name, b.Name) })
 
 	// Entries exist only with a store section: fresh ones need a usable
@@ -392,7 +414,9 @@ func Compile(in Input) (Output, error) {
 // document does not fit in the ConfigMap, so that one policy too many
 // never keeps the others from being written.
 func (out *Output) assemble(entries []config.Policy, store config.Store, pods []corev1.Pod, live []*v1alpha1.RateLimitPolicy) error {
-	slices.SortFunc(entries, func(a, b config.Policy) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(entries, func(a, b config.Policy) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
+	})
 	out.Action = Apply
 	for {
 		out.Config = &config.Config{APIVersion: config.APIVersion, Store: store, Policies: entries}
@@ -491,7 +515,9 @@ func dropNewest(entries []config.Policy, live []*v1alpha1.RateLimitPolicy, resul
 			continue
 		}
 		for k := range results {
-			if results[k].Name == live[i].Name {
+			// A result has a Namespace only when the document spans
+			// namespaces (the central rate-limit service's).
+			if results[k].Name == live[i].Name && (results[k].Namespace == "" || results[k].Namespace == live[i].Namespace) {
 				results[k].Invalid = append(results[k].Invalid, field.Invalid(field.NewPath("spec", "rules"), len(live[i].Spec.Rules),
 					fmt.Sprintf("the namespace's compiled policies would exceed the %d bytes a ConfigMap can hold; this policy, created last, is left out: merge rules or move workloads to another namespace", MaxDocumentBytes)))
 				results[k].CompiledGeneration = 0
@@ -517,6 +543,15 @@ func Marshal(c *config.Config) (string, error) {
 		return "", fmt.Errorf("marshal sidecar config: %w", err)
 	}
 	return string(doc) + "\n", nil
+}
+
+// selectorOrEverything converts a compiled policy's selector, nil meaning
+// every pod.
+func selectorOrEverything(sel *metav1.LabelSelector) (labels.Selector, error) {
+	if sel == nil {
+		return labels.Everything(), nil
+	}
+	return metav1.LabelSelectorAsSelector(sel)
 }
 
 // replicas is the local share divisor: the ready pods, at least 1.

@@ -1,0 +1,96 @@
+package v1alpha1
+
+// GatewayAPIGroup is the API group of the objects a policy's targetRef may
+// name.
+const GatewayAPIGroup = "gateway.networking.k8s.io"
+
+// The kinds a policy's targetRef may name.
+const (
+	// KindHTTPRoute is a Gateway API HTTPRoute: the policy applies to the
+	// requests the route matches (all its rules, or the rule sectionName
+	// names), at every Gateway the route is attached to.
+	KindHTTPRoute = "HTTPRoute"
+	// KindGateway is a Gateway API Gateway: the policy applies to every
+	// request the Gateway routes (on all its listeners, or on the listener
+	// sectionName names).
+	KindGateway = "Gateway"
+)
+
+// TargetReference names the Gateway API object, in the policy's namespace,
+// whose requests a policy limits. A gateway enforces such a policy by
+// asking floodgate's central rate-limit service (the floodgate-ratelimit
+// Deployment) about every request, instead of a sidecar in each pod.
+type TargetReference struct {
+	// Group is the target's API group: gateway.networking.k8s.io.
+	// +required
+	// +kubebuilder:validation:Enum=gateway.networking.k8s.io
+	Group string `json:"group"`
+
+	// Kind is HTTPRoute or Gateway.
+	// +required
+	// +kubebuilder:validation:Enum=HTTPRoute;Gateway
+	Kind string `json:"kind"`
+
+	// Name is the target's name, in the policy's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// SectionName narrows the target: the name of one rule of an
+	// HTTPRoute, or of one listener of a Gateway. When unset, the policy
+	// applies to the whole target.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	SectionName string `json:"sectionName,omitempty"`
+}
+
+// String returns the target as Kind/name, or Kind/name/sectionName.
+func (t TargetReference) String() string {
+	s := t.Kind + "/" + t.Name
+	if t.SectionName != "" {
+		s += "/" + t.SectionName
+	}
+	return s
+}
+
+// TargetStatus is what the manager found of a policy's targetRef. It
+// stands in for targetedPods, which counts pods and has no meaning for a
+// policy that a gateway enforces.
+type TargetStatus struct {
+	// Ref is the target, as Kind/name or Kind/name/sectionName.
+	// +optional
+	Ref string `json:"ref,omitempty"`
+
+	// Found is true when the target exists (and, with sectionName, has
+	// that rule or listener).
+	// +optional
+	Found bool `json:"found"`
+
+	// Gateways are the Gateways, as namespace/name, that enforce the
+	// policy: the target itself, or the parents of an HTTPRoute that have
+	// accepted it.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Gateways []string `json:"gateways,omitempty"`
+
+	// Hostnames are the target's hostnames: an HTTPRoute's, or the
+	// Gateway listeners'. Empty means any host.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Hostnames []string `json:"hostnames,omitempty"`
+
+	// GatewayConfig names the key of the ConfigMap floodgate-gateway-config
+	// (in the central rate-limit service's namespace) under which the
+	// manager publishes what each Gateway needs to send its requests to
+	// the central service, for example the Istio EnvoyFilter.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	GatewayConfig []string `json:"gatewayConfig,omitempty"`
+}

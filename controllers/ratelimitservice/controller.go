@@ -1,0 +1,482 @@
+// Package ratelimitservice is the controller of floodgate-manager that
+// feeds the central rate-limit service, which gateways ask about each
+// request.
+//
+// It compiles every RateLimitPolicy with a targetRef, of every namespace,
+// into one document (compiler.CompileRateLimitService) in the ConfigMap
+// config.RateLimitServiceConfigMapName of the service's namespace, which
+// the service's replicas (floodgate-sidecar --kubernetes --configmap-name
+// floodgate-ratelimit-policies --grpc-listen, the chart's
+// floodgate-ratelimit Deployment) watch. It reports each such policy's
+// status: Accepted and ResolvedRefs as for a policy that selects pods;
+// Programmed when the service's replicas (the pods labelled
+// config.RateLimitServicePodLabel) report the document's revision loaded;
+// enforcingPods, the replicas that do; and status.target, what the manager
+// found of the HTTPRoute or Gateway the policy names (targetedPods stays
+// 0).
+//
+// There is a single reconcile key, the ConfigMap, because one document
+// holds every such policy; every watched event maps to it. The ConfigMap
+// has no owner references (the policies live in other namespaces); the
+// reconcile deletes it when no policy has an entry.
+package ratelimitservice
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
+	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
+	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
+	"github.com/floodgate-dev/floodgate/controllers/policy"
+	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/controllers/programmed"
+	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
+	"github.com/floodgate-dev/floodgate/internal/message"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
+)
+
+// ControllerName names the controller in logs, metrics and Events.
+const ControllerName = "ratelimitservice"
+
+const (
+	maxConditionMessage = 32768
+	maxEventNote        = 1024
+	maxListed           = 5
+)
+
+// It writes only in the manager's namespace, where the central service
+// runs: its ConfigMaps floodgate-ratelimit-policies and
+// floodgate-gateway-config (get, create and patch there come with the
+// CounterStore controller's Role) and the Secret
+// floodgate-ratelimit-store-auth.
+//
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;gateways,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=configmaps;secrets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=configmaps,resourceNames=floodgate-ratelimit-policies;floodgate-gateway-config,verbs=delete
+
+// Reconciler compiles the central rate-limit service's document and the
+// status of the policies in it. Its fields are set before
+// SetupWithManager and not changed afterwards.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes to the API
+	// server.
+	Client client.Client
+	// APIReader reads the ConfigMap from the API server itself (see
+	// policy.Reconciler.APIReader).
+	APIReader client.Reader
+	// Recorder emits the Events on rejected policies.
+	Recorder events.EventRecorder
+	// Namespace is the central service's namespace: where its ConfigMap
+	// is written and its pods run.
+	Namespace string
+	// Service is where gateways reach the central service, for the
+	// configuration the manager generates for them (GatewayConfigMapName).
+	// With an empty Name, none is generated.
+	Service gatewayconfig.Service
+	// GatewayAPI is true when the cluster serves Gateway API HTTPRoutes
+	// and Gateways; without them every target is reported missing.
+	// SetupWithManager sets it from the API server's discovery.
+	GatewayAPI bool
+}
+
+// Request is the controller's one reconcile key.
+func (r *Reconciler) Request() reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: r.Namespace, Name: config.RateLimitServiceConfigMapName}}
+}
+
+// Reconcile compiles every policy with a targetRef; req is always
+// r.Request().
+func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.Result, error) {
+	in, existing, err := r.observe(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	out, err := compiler.CompileRateLimitService(in)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("compile the central rate-limit service's document: %w", err)
+	}
+	specErr := r.reconcileSpec(ctx, existing, out)
+	statusErr := r.reconcileStatus(ctx, in, out, specErr)
+	if err := errors.Join(specErr, statusErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	var rejected []string
+	for _, res := range out.Policies {
+		if !res.Accepted() {
+			rejected = append(rejected, res.Namespace+"/"+res.Name)
+		}
+	}
+	if len(rejected) > 0 {
+		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("rejected RateLimitPolicies with a targetRef %s (see their Accepted condition)",
+			strings.Join(rejected, ", ")))
+	}
+	return ctrl.Result{}, nil
+}
+
+// observe reads the compiler's input from the cache and the current
+// ConfigMap from the API server.
+func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev1.ConfigMap, error) {
+	in := compiler.ServiceInput{Stores: map[string]*v1alpha1.CounterStore{}}
+	var all v1alpha1.RateLimitPolicyList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return in, nil, fmt.Errorf("list RateLimitPolicies: %w", err)
+	}
+	for i := range all.Items {
+		if all.Items[i].GatewayEnforced() {
+			in.Policies = append(in.Policies, all.Items[i])
+		}
+	}
+
+	var cm corev1.ConfigMap
+	existing := &cm
+	key := client.ObjectKey{Namespace: r.Namespace, Name: config.RateLimitServiceConfigMapName}
+	if err := r.APIReader.Get(ctx, key, &cm); apierrors.IsNotFound(err) {
+		existing = nil
+	} else if err != nil {
+		return in, nil, fmt.Errorf("get ConfigMap %s: %w", key, err)
+	}
+	if existing != nil {
+		if data, ok := existing.Data[config.DataKey]; ok {
+			if prev, err := config.Parse([]byte(data)); err != nil {
+				log.FromContext(ctx).Info("ignoring the unreadable document in the ConfigMap", "error", err.Error())
+			} else {
+				in.Previous = prev
+			}
+		}
+	}
+	if len(in.Policies) == 0 {
+		return in, existing, nil
+	}
+
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace),
+		client.MatchingLabels{config.RateLimitServicePodLabel: "true"}); err != nil {
+		return in, nil, fmt.Errorf("list the central rate-limit service's pods in %s: %w", r.Namespace, err)
+	}
+	in.Pods = pods.Items
+
+	for i := range in.Policies {
+		name := in.Policies[i].StoreName()
+		if _, seen := in.Stores[name]; seen {
+			continue
+		}
+		var cs v1alpha1.CounterStore
+		switch err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cs); {
+		case apierrors.IsNotFound(err):
+			in.Stores[name] = nil
+		case err != nil:
+			return in, nil, fmt.Errorf("get CounterStore %s: %w", name, err)
+		default:
+			in.Stores[name] = &cs
+		}
+	}
+	return in, existing, nil
+}
+
+// reconcileSpec brings the ConfigMap to what the compiler decided.
+func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigMap, out compiler.Output) error {
+	key := r.Request().NamespacedName
+	if out.Action == compiler.Delete {
+		if existing == nil {
+			return nil
+		}
+		if err := r.Client.Delete(ctx, existing, client.Preconditions{UID: &existing.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ConfigMap %s: %w", key, err)
+		}
+		log.FromContext(ctx).Info("deleted the central rate-limit service's ConfigMap: no policy has an entry")
+		return nil
+	}
+	if err := r.mirrorCredentials(ctx, out.Config.Store); err != nil {
+		return err
+	}
+	if existing != nil && existing.DeletionTimestamp == nil &&
+		existing.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
+		existing.Annotations[policy.RevisionAnnotation] == out.Config.Revision &&
+		len(existing.Data) == 1 && existing.Data[config.DataKey] == out.Data && len(existing.BinaryData) == 0 {
+		return nil
+	}
+	cm := corev1ac.ConfigMap(key.Name, key.Namespace).
+		WithLabels(map[string]string{policy.ManagedByLabel: policy.ManagedByValue}).
+		WithAnnotations(map[string]string{policy.RevisionAnnotation: out.Config.Revision}).
+		WithData(map[string]string{config.DataKey: out.Data})
+	if err := r.Client.Apply(ctx, cm, client.FieldOwner(policy.FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply ConfigMap %s: %w", key, err)
+	}
+	log.FromContext(ctx).Info("applied the central rate-limit service's ConfigMap", "revision", out.Config.Revision, "policies", len(out.Config.Policies))
+	return nil
+}
+
+// mirrorCredentials copies the credentials of the document's store into
+// the Secret config.RateLimitServiceStoreAuthSecret of the service's
+// namespace, which its pods mount, before the document that needs them is
+// written. They are what the sidecars of this version get
+// (sidecaraccess.StoreCredentials): a managed store's sidecar ACL user,
+// which may run the counter scripts on fg:* keys and nothing else, an
+// external store's password, or none. When the CounterStore is gone the
+// copy is left as it is.
+func (r *Reconciler) mirrorCredentials(ctx context.Context, store config.Store) error {
+	creds, ok, err := sidecaraccess.StoreCredentials(ctx, r.Client, r.APIReader, r.Namespace, store)
+	if err != nil || !ok {
+		return err
+	}
+	data := creds.Data()
+	key := client.ObjectKey{Namespace: r.Namespace, Name: config.RateLimitServiceStoreAuthSecret}
+	var s corev1.Secret
+	switch err := r.APIReader.Get(ctx, key, &s); {
+	case err == nil && s.DeletionTimestamp == nil && s.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
+		s.Annotations[sidecaraccess.StoreAnnotation] == store.Name && maps.EqualFunc(s.Data, data, bytes.Equal):
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return fmt.Errorf("get Secret %s: %w", key, err)
+	}
+	desired := corev1ac.Secret(key.Name, key.Namespace).
+		WithLabels(map[string]string{policy.ManagedByLabel: policy.ManagedByValue}).
+		WithAnnotations(map[string]string{sidecaraccess.StoreAnnotation: store.Name}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(data)
+	if err := r.Client.Apply(ctx, desired, client.FieldOwner(policy.FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply Secret %s: %w", key, err)
+	}
+	log.FromContext(ctx).Info("mirrored the store credentials for the central rate-limit service", "store", store.Name, "user", creds.Username)
+	return nil
+}
+
+// reconcileStatus writes the status of every live policy with a
+// targetRef.
+func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInput, out compiler.Output, specErr error) error {
+	results := make(map[types.NamespacedName]*compiler.PolicyResult, len(out.Policies))
+	for i := range out.Policies {
+		res := &out.Policies[i]
+		results[types.NamespacedName{Namespace: res.Namespace, Name: res.Name}] = res
+	}
+	var errs []error
+	var atts []attachment
+	for i := range in.Policies {
+		p := &in.Policies[i]
+		res, ok := results[client.ObjectKeyFromObject(p)]
+		if !ok || p.DeletionTimestamp != nil {
+			continue
+		}
+		compiled, isCompiled := compiledPolicy(out.Config, p.Namespace, p.Name)
+		target, pAtts, err := r.target(ctx, p, compiled)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if isCompiled && r.Service.Name != "" {
+			atts = append(atts, pAtts...)
+			target.GatewayConfig = gatewayConfigKeys(target.Gateways)
+		}
+		status := DesiredStatus(p, res, target, in.Pods, out.Config, specErr)
+		if equality.Semantic.DeepEqual(p.Status, status) {
+			continue
+		}
+		r.recordRejection(p, status)
+		updated := p.DeepCopy()
+		updated.Status = status
+		if err := statusupdate.Write(ctx, r.Client, p, updated, policy.FieldOwner); err != nil {
+			errs = append(errs, fmt.Errorf("update the status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
+		}
+	}
+	if r.Service.Name != "" && r.GatewayAPI {
+		if err := r.publishGatewayConfig(ctx, atts); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// target reads the object p's targetRef names, and returns its status and
+// the policy's attachments to Gateways, with pol as the gateway's view of
+// its compiled entry.
+func (r *Reconciler) target(ctx context.Context, p *v1alpha1.RateLimitPolicy, pol gatewayconfig.Policy) (v1alpha1.TargetStatus, []attachment, error) {
+	ref := *p.Spec.TargetRef
+	key := client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}
+	switch {
+	case !r.GatewayAPI:
+		return v1alpha1.TargetStatus{Ref: ref.String()}, nil, nil
+	case ref.Kind == v1alpha1.KindHTTPRoute:
+		var route gatewayv1.HTTPRoute
+		switch err := r.Client.Get(ctx, key, &route); {
+		case apierrors.IsNotFound(err):
+			return RouteTarget(ref, nil), nil, nil
+		case err != nil:
+			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get HTTPRoute %s: %w", key, err)
+		}
+		return RouteTarget(ref, &route), routeAttachments(ref, pol, &route), nil
+	default:
+		var gw gatewayv1.Gateway
+		switch err := r.Client.Get(ctx, key, &gw); {
+		case apierrors.IsNotFound(err):
+			return GatewayTarget(ref, nil), nil, nil
+		case err != nil:
+			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get Gateway %s: %w", key, err)
+		}
+		st := GatewayTarget(ref, &gw)
+		if !st.Found {
+			return st, nil, nil
+		}
+		return st, []attachment{{gateway: key, Attachment: gatewayconfig.Attachment{Policy: pol, Listener: ref.SectionName}}}, nil
+	}
+}
+
+// DesiredStatus is the status of policy p, which has a targetRef, given
+// the compiler's result, what was found of its target, the central
+// service's pods and the document they should load. It keeps each
+// condition's lastTransitionTime while its status does not change.
+func DesiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, target v1alpha1.TargetStatus,
+	pods []corev1.Pod, doc *config.Config, specErr error,
+) v1alpha1.RateLimitPolicyStatus {
+	st := *p.Status.DeepCopy()
+	st.ObservedGeneration = p.Generation
+	st.TargetedPods = 0
+	st.EnforcingPods = 0
+	st.Target = &target
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type: typ, Status: status, Reason: reason,
+			Message:            message.Truncate(msg, maxConditionMessage),
+			ObservedGeneration: p.Generation,
+		})
+	}
+	if res.Accepted() {
+		set(v1alpha1.ConditionAccepted, true, v1alpha1.ReasonAccepted, "The spec is valid.")
+	} else {
+		msgs := make([]string, len(res.Invalid))
+		for i, e := range res.Invalid {
+			msgs[i] = e.Error()
+		}
+		set(v1alpha1.ConditionAccepted, false, v1alpha1.ReasonInvalid, "The spec is invalid: "+strings.Join(msgs, "; "))
+	}
+	set(v1alpha1.ConditionResolvedRefs, res.RefsResolved(), res.StoreReason, res.StoreMessage)
+
+	st.Store = res.Store
+	revision := ""
+	if doc != nil && res.CompiledGeneration != 0 {
+		revision = doc.Revision
+	}
+	loaded := evaluate(pods, revision, p.Name)
+	st.EnforcingPods = loaded.enforcing
+	// The replicas that have loaded it, of those running.
+	st.Enforcing = fmt.Sprintf("%d/%d", loaded.enforcing, loaded.running)
+	cm := config.RateLimitServiceConfigMapName
+	switch {
+	case specErr != nil && res.CompiledGeneration != 0:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
+			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", cm, specErr))
+	case res.CompiledGeneration == p.Generation && loaded.programmed():
+		set(v1alpha1.ConditionProgrammed, true, programmed.ReasonProgrammed,
+			fmt.Sprintf("Generation %d is loaded by %d of %d replicas of the central rate-limit service.", p.Generation, loaded.enforcing, loaded.running))
+	case res.CompiledGeneration == p.Generation:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonWaitingForRateLimitService,
+			fmt.Sprintf("Generation %d is compiled into ConfigMap %s; %s", p.Generation, cm, loaded.waiting()))
+	case res.CompiledGeneration != 0:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonPending,
+			fmt.Sprintf("Generation %d cannot be compiled until it is Accepted and its CounterStore resolves; generation %d keeps running.",
+				p.Generation, res.CompiledGeneration))
+	default:
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonPending,
+			fmt.Sprintf("Generation %d cannot be compiled until it is Accepted and its CounterStore resolves; no generation of this policy is running.",
+				p.Generation))
+	}
+	return st
+}
+
+// service is what the central service's replicas report of a revision.
+type service struct {
+	running, enforcing int32
+	// lagging names the replicas that serve (Ready) or have reported, but
+	// do not have the revision loaded.
+	lagging []string
+}
+
+func (s service) programmed() bool { return s.enforcing > 0 && len(s.lagging) == 0 }
+
+func (s service) waiting() string {
+	switch {
+	case s.running == 0:
+		return "no replica of the central rate-limit service runs (install the chart with rateLimitService.enabled=true)."
+	case len(s.lagging) == 0:
+		return fmt.Sprintf("waiting for the %d replicas of the central rate-limit service, which are starting, to report it loaded.", s.running)
+	}
+	names := s.lagging
+	more := ""
+	if len(names) > maxListed {
+		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
+		names = names[:maxListed]
+	}
+	return fmt.Sprintf("%d of %d replicas of the central rate-limit service have loaded it; waiting for %s%s.",
+		s.enforcing, s.running, strings.Join(names, ", "), more)
+}
+
+// evaluate reads the policy-loaded condition of the service's pods for
+// the policy named policy: a replica that loaded the revision but could
+// not compile that policy (config.ReasonPartiallyLoaded, which lists the
+// policies it left out by name) does not enforce it. An empty revision
+// counts the running replicas only.
+func evaluate(pods []corev1.Pod, revision, policy string) service {
+	var s service
+	for i := range pods {
+		pod := &pods[i]
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		s.running++
+		if programmed.EnforcesPolicy(pod, revision, policy) {
+			s.enforcing++
+			continue
+		}
+		reported := false
+		for _, c := range pod.Status.Conditions {
+			reported = reported || c.Type == config.ConditionPolicyLoaded
+		}
+		if podstatus.Ready(pod) || reported {
+			s.lagging = append(s.lagging, pod.Name)
+		}
+	}
+	return s
+}
+
+// recordRejection emits a Warning Event when the policy is newly rejected
+// or newly fails to resolve its store.
+func (r *Reconciler) recordRejection(p *v1alpha1.RateLimitPolicy, next v1alpha1.RateLimitPolicyStatus) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, typ := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionResolvedRefs} {
+		now := meta.FindStatusCondition(next.Conditions, typ)
+		if now == nil || now.Status != metav1.ConditionFalse {
+			continue
+		}
+		if before := meta.FindStatusCondition(p.Status.Conditions, typ); before != nil &&
+			before.Status == now.Status && before.Reason == now.Reason && before.Message == now.Message {
+			continue
+		}
+		r.Recorder.Eventf(p, nil, corev1.EventTypeWarning, now.Reason, "Validate", "%s",
+			message.Truncate(fmt.Sprintf("Generation %d: %s", p.Generation, now.Message), maxEventNote))
+	}
+}

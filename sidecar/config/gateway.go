@@ -1,0 +1,117 @@
+package config
+
+import (
+	"net/http"
+	"strings"
+)
+
+// The central rate-limit service and the request descriptor.
+//
+// A RateLimitPolicy with a targetRef (a Gateway API HTTPRoute or Gateway)
+// is enforced by the gateway, which asks floodgate's central rate-limit
+// service (floodgate-sidecar with --grpc-listen, the floodgate-ratelimit
+// Deployment) about each request with Envoy's rate-limit API. floodgate-
+// manager compiles every such policy of the cluster into one document, in
+// the ConfigMap RateLimitServiceConfigMapName of the central service's
+// namespace, with the same schema as a namespace's document; the central
+// service watches it as sidecars watch theirs.
+//
+// The gateway describes the request in one descriptor, a request
+// descriptor, whose first entry is (PolicyEntryKey, "<namespace>/<name>")
+// and whose other entries carry the request: AuthorityEntryKey,
+// MethodEntryKey and PathEntryKey (Envoy's pseudo-headers, the path with
+// its query), RemoteAddressEntryKey (the client address as the gateway
+// resolved it: Envoy's remote_address action), and one entry per request
+// header the policy reads, keyed by the header's lower-case name. The
+// central service rebuilds the request from it and decides it on the
+// named policy's rules exactly as a sidecar decides an HTTP request: the
+// same path cleaning, matching, key parts, cost and onMissingKey. The
+// call's domain is not used; floodgate's generated gateway configuration
+// sends GatewayDomain.
+const (
+	// RateLimitServiceConfigMapName is the ConfigMap, in the central
+	// rate-limit service's namespace, that holds the compiled policies
+	// that target gateways, under DataKey.
+	RateLimitServiceConfigMapName = "floodgate-ratelimit-policies"
+	// RateLimitServiceStoreAuthSecret is the copy, in the central
+	// service's namespace, of the password of the store its document
+	// names, under StoreAuthKey.
+	RateLimitServiceStoreAuthSecret = "floodgate-ratelimit-store-auth"
+	// GatewayDomain is the rate-limit domain of floodgate's generated
+	// gateway configuration.
+	GatewayDomain = "floodgate"
+	// PolicyEntryKey keys the first entry of a request descriptor; its
+	// value is the policy's "<namespace>/<name>".
+	PolicyEntryKey = "floodgate.policy"
+	// AuthorityEntryKey carries the request's host (:authority, or Host).
+	AuthorityEntryKey = ":authority"
+	// MethodEntryKey carries the request method.
+	MethodEntryKey = ":method"
+	// PathEntryKey carries the request path with its query string.
+	PathEntryKey = ":path"
+	// RemoteAddressEntryKey carries the client address, an IP address.
+	RemoteAddressEntryKey = "remote_address"
+	// MaxRequestDescriptorHeaders bounds the distinct request headers a
+	// policy enforced at a gateway may read: each is an entry of every
+	// request descriptor, beside the five fixed ones.
+	MaxRequestDescriptorHeaders = 24
+)
+
+// PolicyEntryValue is the value of a request descriptor's first entry for
+// a policy: "<namespace>/<name>".
+func PolicyEntryValue(namespace, name string) string { return namespace + "/" + name }
+
+// RequestHeaders returns the request headers, in canonical form and in
+// the order the rules first name them, that policy p's HTTP rules read:
+// match.headers, header key parts, cost.fromHeader, and the JWT header of
+// a rule keyed on a claim. A gateway must send each of them in the request
+// descriptor for the rules to see what a sidecar would see.
+func RequestHeaders(p *Policy) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(name string) {
+		if name == "" {
+			return
+		}
+		c := http.CanonicalHeaderKey(name)
+		if !seen[c] {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if r.Match.Descriptors != nil {
+			continue
+		}
+		for _, h := range r.Match.Headers {
+			add(h.Name)
+		}
+		for _, k := range r.Key {
+			add(k.Header)
+			if k.JWTClaim != "" && p.JWT != nil {
+				add(cmpOr(p.JWT.Header, "Authorization"))
+			}
+		}
+		add(r.Cost.FromHeader)
+	}
+	return out
+}
+
+// HeaderEntryKey is the request descriptor entry key of a request header:
+// its lower-case name, as HTTP/2 and Envoy spell it.
+func HeaderEntryKey(header string) string { return strings.ToLower(header) }
+
+func cmpOr(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// RateLimitServicePodLabel is set to "true" on the pods of the central
+// rate-limit service (the chart's floodgate-ratelimit Deployment).
+// floodgate-manager reads the policy-loaded condition of these pods for
+// the Programmed condition of policies with a targetRef, and counts the
+// ready ones for a fail-open rule's local share.
+const RateLimitServicePodLabel = "floodgate.dev/ratelimit-service"
