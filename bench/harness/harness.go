@@ -230,9 +230,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			h.logf("nginx not found: no reference phase (install nginx-light, as hack/bench.sh does)")
 		}
 	}
-	stores := []string{"memory"}
+	stores := []string{storeMemory}
 	if o.Redis {
-		stores = append(stores, "redis")
+		stores = append(stores, storeRedis)
 	}
 	if o.OnlyReference {
 		stores, o.Redis = nil, false
@@ -360,7 +360,7 @@ func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...st
 		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
 			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
 		args = append(args, extra...)
-		if store == "redis" {
+		if store == storeRedis {
 			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))
 			if h.o.RedisTimeout > 0 {
 				args = append(args, "--redis-timeout", h.o.RedisTimeout.String())
@@ -423,6 +423,12 @@ func keyed(prefix string, mod int64) func([]byte, int64) []byte {
 		return append(dst, "\r\n"...)
 	}
 }
+
+// The sidecar's --store values.
+const (
+	storeMemory = "memory"
+	storeRedis  = "redis"
+)
 
 // spreadKeys is the traffic of a latency measurement.
 const spreadKeys = "1000 keys"
@@ -497,7 +503,7 @@ func (h *harness) throughput(ctx context.Context, store, url string, rep *Report
 // store and counts the scripts Redis ran, from INFO commandstats.
 func (h *harness) flood(ctx context.Context, rep *Report) error {
 	const sidecars = 2
-	urls, admins, err := h.sidecars(ctx, "redis", sidecars)
+	urls, admins, err := h.sidecars(ctx, storeRedis, sidecars)
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func (h *harness) hotKey(ctx context.Context, rep *Report) error {
 		pid       int
 	}
 	var scs []sc
-	for _, s := range []struct{ name, store string }{{"memory", "memory"}, {"redis", "redis"}, {"control", "memory"}} {
+	for _, s := range []struct{ name, store string }{{storeMemory, storeMemory}, {storeRedis, storeRedis}, {"control", storeMemory}} {
 		urls, _, err := h.sidecars(ctx, s.store, 1)
 		if err != nil {
 			return err
@@ -170,7 +170,7 @@ func (h *harness) tableHotKey(rep *Report) {
 		name string
 		m    Measure
 		p99  float64
-	}{{"memory", hk.Memory, hk.MemoryAddedP99}, {"redis", hk.Redis, hk.RedisAddedP99}, {"control", hk.Control, hk.ControlAddedP99}} {
+	}{{storeMemory, hk.Memory, hk.MemoryAddedP99}, {storeRedis, hk.Redis, hk.RedisAddedP99}, {"control", hk.Control, hk.ControlAddedP99}} {
 		per := 0.0
 		if r.m.CPUMicros > 0 {
 			per = 1e6 / r.m.CPUMicros

@@ -228,7 +228,7 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	fe, _, closeFloor, err := newSidecar(cluster, false)
+	fe, closeFloor, err := newSidecar(cluster, false)
 	if err != nil {
 		return nil, err
 	}
@@ -293,7 +293,7 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	}
 	scs := make([]sidecar, c.sidecars)
 	for i := range scs {
-		fe, _, stop, err := newSidecar(cluster, true)
+		fe, stop, err := newSidecar(cluster, true)
 		if err != nil {
 			return nil, err
 		}
@@ -392,14 +392,14 @@ type fleetEngine struct {
 
 // newSidecar builds an engine on a store client of its own, as a sidecar
 // runs it, with leases when lease.
-func newSidecar(cluster *redistest.Cluster, lease bool) (*fleetEngine, *redisstore.Store, func(), error) {
+func newSidecar(cluster *redistest.Cluster, lease bool) (*fleetEngine, func(), error) {
 	st, err := redisstore.New(redisstore.Options{Addrs: cluster.Addrs(), Password: cluster.Password(), BatchWindow: redisstore.DefaultBatchWindow})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	fb, err := memstore.New()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	m := metrics.NewMetrics(prometheus.NewRegistry())
 	o := engine.Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true}
@@ -409,14 +409,14 @@ func newSidecar(cluster *redistest.Cluster, lease bool) (*fleetEngine, *redissto
 	e, err := engine.New(o)
 	if err != nil {
 		_ = st.Close()
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	stop := func() {
 		// Leases go back to Redis before the client closes.
 		_ = e.Close(context.Background())
 		_ = st.Close()
 	}
-	return &fleetEngine{e: e, m: m}, st, stop, nil
+	return &fleetEngine{e: e, m: m}, stop, nil
 }
 
 // newRule is a token bucket of limit per second, burst = limit.
