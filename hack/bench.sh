@@ -58,6 +58,9 @@ go test -run '^$' -bench . -benchmem ./sidecar/engine/ ./sidecar/match/ | tee -a
 echo "== counter store: decisions/s with 64 callers, batching on and off, EVALSHA ceiling"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-storebench | tee "$OUT/store.txt"
 
+echo "== split counter: one key at 10x what one shard answers, split 3 on 3 masters with leases (exactness, Redis CPU per master)"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-splitbench -duration 10s | tee "$OUT/split.txt"
+
 echo "== sidecar: beside nginx (CPU per request proxied and denied, added latency; ratios), then added latency, decisions/s for cold, hot allowed and hot denied keys, script calls in a flood"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-bench -duration 5s -out "$OUT/sidecar.json"
 

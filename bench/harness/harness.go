@@ -58,6 +58,7 @@ type Report struct {
 	Latency    []Latency     `json:"latency"`
 	Throughput []Throughput  `json:"throughput"`
 	Flood      *Flood        `json:"flood,omitempty"`
+	HotKey     *HotKey       `json:"hotKey,omitempty"`
 	Reference  *Reference    `json:"reference,omitempty"`
 	Acceptance []Requirement `json:"acceptance"`
 }
@@ -78,7 +79,7 @@ type Machine struct {
 // of the sidecar's measured maximum rate, open loop.
 type Latency struct {
 	Store string `json:"store"`
-	// Keys is the traffic: spreadKeys or hotKey.
+	// Keys is the traffic: spreadKeys.
 	Keys    string  `json:"keys"`
 	MaxRate float64 `json:"maxRatePerSec"`
 	// Load is the offered rate's share of MaxRate.
@@ -229,9 +230,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			h.logf("nginx not found: no reference phase (install nginx-light, as hack/bench.sh does)")
 		}
 	}
-	stores := []string{"memory"}
+	stores := []string{storeMemory}
 	if o.Redis {
-		stores = append(stores, "redis")
+		stores = append(stores, storeRedis)
 	}
 	if o.OnlyReference {
 		stores, o.Redis = nil, false
@@ -247,11 +248,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if err := h.throughput(ctx, store, urls[0], rep); err != nil {
 			return nil, err
 		}
-		if err := h.hotLatency(ctx, store, urls[0], rep); err != nil {
-			return nil, err
-		}
 	}
 	if o.Redis {
+		if err := h.hotKey(ctx, rep); err != nil {
+			return nil, err
+		}
 		if err := h.flood(ctx, rep); err != nil {
 			return nil, err
 		}
@@ -359,7 +360,7 @@ func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...st
 		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
 			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
 		args = append(args, extra...)
-		if store == "redis" {
+		if store == storeRedis {
 			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))
 			if h.o.RedisTimeout > 0 {
 				args = append(args, "--redis-timeout", h.o.RedisTimeout.String())
@@ -423,11 +424,14 @@ func keyed(prefix string, mod int64) func([]byte, int64) []byte {
 	}
 }
 
-// The traffic of a latency measurement.
+// The sidecar's --store values.
 const (
-	spreadKeys = "1000 keys"
-	hotKey     = "one hot allowed key"
+	storeMemory = "memory"
+	storeRedis  = "redis"
 )
+
+// spreadKeys is the traffic of a latency measurement.
+const spreadKeys = "1000 keys"
 
 // hotAllowed is the throughput case of one hot allowed key.
 const hotAllowed = "hot allowed key"
@@ -495,43 +499,11 @@ func (h *harness) throughput(ctx context.Context, store, url string, rep *Report
 	return nil
 }
 
-// hotLatency measures the latency one hot allowed key adds at a tenth of
-// its closed-loop maximum (the throughput phase's), open loop, in slices
-// alternating with the direct path. On the Redis store the key is decided
-// on leases.
-func (h *harness) hotLatency(ctx context.Context, store, url string, rep *Report) error {
-	var maxRate float64
-	for _, t := range rep.Throughput {
-		if t.Store == store && t.Case == hotAllowed {
-			maxRate = t.Stats.Rate
-		}
-	}
-	if maxRate <= 0 {
-		return fmt.Errorf("[%s] no closed-loop rate for the hot allowed key", store)
-	}
-	const load = 0.1
-	rate := maxRate * load
-	t := Target{URLs: []string{url + "/hot"}, Header: keyed("hot", 1)}
-	via := Path{Client: NewClient(), Target: t}
-	direct := Path{Client: NewClient(), Target: Target{URLs: []string{"http://" + h.backend + "/hot"}, Header: t.Header}}
-	h.logf("[%s] latency of one hot allowed key: open loop at %.0f req/s (%.0f%% of %.0f), direct and through the sidecar in alternating 1s slices", store, rate, 100*load, maxRate)
-	if _, _, err := Interleaved(ctx, direct, via, rate, time.Second, time.Second, h.o.Workers); err != nil {
-		return err
-	}
-	d, v, err := Interleaved(ctx, direct, via, rate, time.Second, h.o.Duration, h.o.Workers)
-	if err != nil {
-		return err
-	}
-	rep.Latency = append(rep.Latency, Latency{Store: store, Keys: hotKey, MaxRate: maxRate, Load: load, Rate: rate, Direct: d, Sidecar: v,
-		AddedP50Usec: v.P50 - d.P50, AddedP99Usec: v.P99 - d.P99})
-	return nil
-}
-
 // flood sends 100x the limit on one key through two sidecars on the Redis
 // store and counts the scripts Redis ran, from INFO commandstats.
 func (h *harness) flood(ctx context.Context, rep *Report) error {
 	const sidecars = 2
-	urls, admins, err := h.sidecars(ctx, "redis", sidecars)
+	urls, admins, err := h.sidecars(ctx, storeRedis, sidecars)
 	if err != nil {
 		return err
 	}
@@ -663,7 +635,7 @@ func (h *harness) accept(rep *Report) {
 		}
 		rep.Acceptance = append(rep.Acceptance, r)
 	}
-	h.acceptHot(rep)
+	h.acceptHotKey(rep)
 	if f := rep.Flood; f != nil {
 		rep.Acceptance = append(rep.Acceptance, Requirement{
 			Name:     "Redis script calls <= 1.1 x allowed + 1 probe per sidecar per second during a 100x flood",
@@ -676,47 +648,6 @@ func (h *harness) accept(rep *Report) {
 			Pass:     f.Allowed <= f.LimitAdmits,
 		})
 	}
-}
-
-// acceptHot compares the Redis store with the memory store on one hot
-// allowed key, in the same run: decisions per second per core, and the
-// p99 added at a tenth of the maximum.
-func (h *harness) acceptHot(rep *Report) {
-	rates := map[string]float64{}
-	for _, t := range rep.Throughput {
-		if t.Case == hotAllowed {
-			rates[t.Store] = t.DecisionsPerSecPC
-		}
-	}
-	if rates["memory"] > 0 && rates["redis"] > 0 {
-		ratio := rates["redis"] / rates["memory"]
-		rep.Acceptance = append(rep.Acceptance, Requirement{
-			Name:     "one hot allowed key: Redis store decisions/s per core >= 0.95 x the memory store's",
-			Measured: fmt.Sprintf("%.0f against %.0f (%.3f)", rates["redis"], rates["memory"], ratio),
-			Pass:     ratio >= 0.95,
-		})
-	}
-	lat := map[string]Latency{}
-	for _, l := range rep.Latency {
-		if l.Keys == hotKey {
-			lat[l.Store] = l
-		}
-	}
-	m, okM := lat["memory"]
-	r, okR := lat["redis"]
-	if !okM || !okR {
-		return
-	}
-	req := Requirement{
-		Name:     "one hot allowed key: added p99 at a tenth of the max, Redis store <= the memory store's",
-		Measured: fmt.Sprintf("%.0f µs at %.0f req/s against %.0f µs at %.0f req/s", r.AddedP99Usec, r.Rate, m.AddedP99Usec, m.Rate),
-		Pass:     r.AddedP99Usec <= m.AddedP99Usec,
-	}
-	if p := max(m.Direct.P99, r.Direct.P99); p > NoisyDirectP99Usec {
-		req.Measured += fmt.Sprintf(" (not valid: the direct path's own p99 reached %.0f µs, the machine is contended)", p)
-		req.Pass = false
-	}
-	rep.Acceptance = append(rep.Acceptance, req)
 }
 
 func (h *harness) table(rep *Report) {
@@ -739,6 +670,7 @@ func (h *harness) table(rep *Report) {
 		printf("  allowed %d (the limit admits %d), limited %d, errors %d; script calls %d (%.3f per allowed; bound %.0f)\n", f.Allowed, f.LimitAdmits, f.Limited, f.Errors, f.ScriptCalls, f.CallsPerAllow, f.Bound)
 		printf("  sidecar store calls %.0f (failed %.0f), local denials %.0f, fallback decisions %.0f\n", f.SidecarStoreCalls, f.StoreUnavailable, f.LocalDenials, f.FallbackDecisions)
 	}
+	h.tableHotKey(rep)
 	h.tableReference(rep)
 	printf("\nAcceptance\n")
 	for _, a := range rep.Acceptance {

@@ -185,11 +185,11 @@ func (h *harness) reference(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	scURLs, _, err := h.sidecars(ctx, "memory", 1, "--log-level", "info")
+	scURLs, _, err := h.sidecars(ctx, storeMemory, 1, "--log-level", "info")
 	if err != nil {
 		return err
 	}
-	quietURLs, _, err := h.sidecars(ctx, "memory", 1, "--log-level", "warn")
+	quietURLs, _, err := h.sidecars(ctx, storeMemory, 1, "--log-level", "warn")
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,7 +26,11 @@ var benchCases = []struct {
 	{"hot-allowed", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxRequests, Period: time.Second}, 1},
 	{"hot-denied", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Period: time.Hour}, 1},
 	{"cold-keys", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second}, 1 << 20},
+	{"hot-allowed-leased", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxRequests, Period: time.Second}, 1},
 }
+
+// leased reports whether a bench case's rule takes leases on its hot keys.
+func leased(name string) bool { return strings.HasSuffix(name, "-leased") }
 
 func benchKeys(n int) []string {
 	keys := make([]string, n)
@@ -39,6 +44,9 @@ func benchKeys(n int) []string {
 // one key per request, deny cache and metrics included.
 func BenchmarkDecide(b *testing.B) {
 	for _, tc := range benchCases {
+		if leased(tc.name) {
+			continue // leases are a Redis store matter
+		}
 		b.Run(tc.name, func(b *testing.B) {
 			st, err := memstore.New()
 			if err != nil {
@@ -71,6 +79,9 @@ func BenchmarkDecide(b *testing.B) {
 // BenchmarkDecideParallel runs Decide from GOMAXPROCS goroutines.
 func BenchmarkDecideParallel(b *testing.B) {
 	for _, tc := range benchCases {
+		if leased(tc.name) {
+			continue // leases are a Redis store matter
+		}
 		b.Run(tc.name, func(b *testing.B) {
 			st, err := memstore.New()
 			if err != nil {
@@ -107,6 +118,9 @@ func BenchmarkDecideParallel(b *testing.B) {
 // none of the engine's metrics, deny cache or store abstraction.
 func BenchmarkReferenceXTimeRate(b *testing.B) {
 	for _, tc := range benchCases {
+		if leased(tc.name) {
+			continue // leases are a Redis store matter
+		}
 		b.Run(tc.name, func(b *testing.B) {
 			var mu sync.Mutex
 			m := map[string]*rate.Limiter{}
@@ -149,12 +163,20 @@ func BenchmarkDecideRedis(b *testing.B) {
 				b.Fatal(err)
 			}
 			m := metrics.NewMetrics(prometheus.NewRegistry())
-			e, err := New(Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true})
+			o := Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true}
+			if leased(tc.name) {
+				o.Leases = &LeaseOptions{}
+			}
+			e, err := New(o)
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { _ = e.Close(context.Background()) })
 			r, err := NewRule("p", "r", tc.lim, 1, false, false, m)
 			if err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Spread(leased(tc.name), 1, m); err != nil {
 				b.Fatal(err)
 			}
 			run := fmt.Sprintf("%x:", time.Now().UnixNano())
