@@ -2,7 +2,6 @@ package v1alpha1
 
 import (
 	"fmt"
-	"net/http"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -64,48 +63,65 @@ func (p *RateLimitPolicy) validateTarget(spec *field.Path) field.ErrorList {
 				"not used with targetRef: priorities are the sidecar's load shedder's classes"))
 		}
 	}
-	if n := len(requestHeaders(&p.Spec)); n > config.MaxRequestDescriptorHeaders {
+	headers, err := config.RequestHeaders(headerReads(&p.Spec))
+	if err != nil {
+		// The only error a valid spec can give: an expression that reads
+		// request.headers other than by name.
+		errs = append(errs, field.Forbidden(spec, fmt.Sprintf(
+			"with targetRef, conditions and key expressions may read request.headers only by a literal name, such as request.headers['x-tier'], because the gateway sends the headers a policy names and no others: %v", err)))
+	}
+	if n := len(headers); n > config.MaxRequestDescriptorHeaders {
 		errs = append(errs, field.Invalid(spec.Child("rules"), n, fmt.Sprintf(
-			"a policy with a targetRef may read at most %d distinct request headers (in match.headers, key, cost.fromHeader and jwt.header), which the gateway sends with each request; this one reads %d",
+			"a policy with a targetRef may read at most %d distinct request headers (in match.headers, conditions, key, keys, key expressions, cost.fromHeader and jwt.header), which the gateway sends with each request; this one reads %d",
 			config.MaxRequestDescriptorHeaders, n)))
 	}
 	return errs
 }
 
-// requestHeaders returns the distinct request headers, canonical, that the
-// policy's rules read.
-func requestHeaders(s *RateLimitPolicySpec) []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(name string) {
-		if name == "" {
-			return
+// headerReads is the part of the spec that says which request headers its
+// rules read, in the sidecar's form, for config.RequestHeaders: the one
+// list of what a gateway must send.
+func headerReads(s *RateLimitPolicySpec) *config.Policy {
+	whens := func(es []Expression) []string {
+		out := make([]string, len(es))
+		for i, e := range es {
+			out[i] = string(e)
 		}
-		c := http.CanonicalHeaderKey(name)
-		if !seen[c] {
-			seen[c] = true
-			out = append(out, c)
+		return out
+	}
+	exempt := func(e *Exempt) *config.Exempt {
+		if e == nil {
+			return nil
 		}
+		return &config.Exempt{When: whens(e.When)}
+	}
+	parts := func(ks []KeyPart) []config.KeyPart {
+		out := make([]config.KeyPart, len(ks))
+		for i, k := range ks {
+			out[i] = config.KeyPart{Header: k.Header, JWTClaim: k.JWTClaim, Expression: string(k.Expression)}
+		}
+		return out
+	}
+	p := &config.Policy{Exempt: exempt(s.Exempt)}
+	if s.JWT != nil {
+		p.JWT = &config.JWT{Header: s.JWT.Header}
 	}
 	for i := range s.Rules {
 		r := &s.Rules[i]
-		if r.Match != nil {
-			for _, h := range r.Match.Headers {
-				add(h.Name)
-			}
+		cr := config.Rule{Name: r.Name, Key: parts(r.Key), Exempt: exempt(r.Exempt)}
+		for _, alt := range r.Keys {
+			cr.Keys = append(cr.Keys, parts(alt))
 		}
-		for _, k := range r.Key {
-			add(k.Header)
-			if k.JWTClaim != "" && s.JWT != nil {
-				add(s.JWT.Header)
-				if s.JWT.Header == "" {
-					add("Authorization")
-				}
+		if m := r.Match; m != nil {
+			for _, h := range m.Headers {
+				cr.Match.Headers = append(cr.Match.Headers, config.HeaderMatch{Name: h.Name})
 			}
+			cr.Match.When = whens(m.When)
 		}
 		if r.Cost != nil {
-			add(r.Cost.FromHeader)
+			cr.Cost.FromHeader = r.Cost.FromHeader
 		}
+		p.Rules = append(p.Rules, cr)
 	}
-	return out
+	return p
 }

@@ -90,6 +90,19 @@ func TestValidateSemanticsRejectsWhatAGatewayCannotSend(t *testing.T) {
 			"spec.rules[0].priority", "the sidecar's load shedder"},
 		{"load shedding", func(p *RateLimitPolicy) { p.Spec.LoadShedding = &LoadShedding{} },
 			"spec.loadShedding", "a gateway's central rate-limit service sees no responses"},
+		{"too many headers, counting those conditions and keys read", func(p *RateLimitPolicy) {
+			manyHeaders(p)
+			p.Spec.Rules[1].Match.Headers = p.Spec.Rules[1].Match.Headers[:8]
+			p.Spec.Rules[1].Match.When = []Expression{"request.headers['x-when'] == 'a'"}
+			p.Spec.Rules[1].Key = nil
+			p.Spec.Rules[1].Keys = [][]KeyPart{{{Header: "X-Alt"}}, {{Expression: "request.headers['x-expr']"}}}
+		}, "spec.rules", "this one reads 30"}, // 27 without x-when, X-Alt and x-expr
+		{"a condition that reads headers by no name", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Match.When = []Expression{"request.headers.exists(h, h.startsWith('x-debug'))"}
+		}, "spec", "rules[0].match.when[0]: reads request.headers other than by a literal name"},
+		{"an exemption that reads every header", func(p *RateLimitPolicy) {
+			p.Spec.Exempt = &Exempt{When: []Expression{"size(request.headers) > 50"}}
+		}, "spec", "exempt.when[0]: reads request.headers other than by a literal name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

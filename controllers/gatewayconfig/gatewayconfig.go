@@ -120,9 +120,12 @@ type Policy struct {
 	Headers []string
 }
 
-// PolicyFor returns the Policy of a compiled entry.
+// PolicyFor returns the Policy of a compiled entry. An expression that
+// reads request.headers other than by name, which admission refuses for a
+// policy with a targetRef, adds no header: it sees only those listed.
 func PolicyFor(p *config.Policy) Policy {
-	return Policy{Namespace: p.Namespace, Name: p.Name, Headers: config.RequestHeaders(p)}
+	headers, _ := config.RequestHeaders(p)
+	return Policy{Namespace: p.Namespace, Name: p.Name, Headers: headers}
 }
 
 // RateLimit returns the route rate_limits entry that sends p's request

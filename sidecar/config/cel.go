@@ -3,12 +3,14 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/ext"
 )
@@ -91,6 +93,14 @@ type Expression struct {
 	// as all, exists or map), the only way its cost grows faster than the
 	// request.
 	Loops bool
+	// Headers are the request headers, lower case, that the expression
+	// reads by name: request.headers['x-tier'], 'x-tier' in
+	// request.headers, has(request.headers.x) and request.headers.x.
+	Headers []string
+	// AnyHeader reports whether it reads request.headers otherwise (as a
+	// whole, or with a computed name), so that no list of headers covers
+	// what it reads.
+	AnyHeader bool
 }
 
 var env = sync.OnceValues(func() (*cel.Env, error) {
@@ -171,7 +181,57 @@ func CompileExpression(expr string, kind ExpressionKind) (*Expression, error) {
 			info.Loops = true
 		}
 	}))
+	info.Headers, info.AnyHeader = headersRead(native)
 	return info, nil
+}
+
+// headersRead returns the header names, lower case, sorted and distinct,
+// that a checked expression reads from request.headers by a literal name,
+// and whether it reads the map in any other way.
+func headersRead(a *ast.AST) (names []string, anyHeader bool) {
+	refs := a.ReferenceMap()
+	isHeaders := func(e ast.Expr) bool {
+		ref, ok := refs[e.ID()]
+		return ok && ref.Name == VarHeaders
+	}
+	byName := map[int64]bool{} // request.headers nodes read by a literal name
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		switch e.Kind() {
+		case ast.CallKind:
+			call := e.AsCall()
+			args := call.Args()
+			if len(args) != 2 {
+				return
+			}
+			m, k := args[0], args[1] // m[k]
+			switch call.FunctionName() {
+			case operators.Index, operators.OptIndex:
+			case operators.In: // k in m
+				m, k = args[1], args[0]
+			default:
+				return
+			}
+			if !isHeaders(m) || k.Kind() != ast.LiteralKind {
+				return
+			}
+			if name, ok := k.AsLiteral().(types.String); ok {
+				byName[m.ID()] = true
+				names = append(names, strings.ToLower(string(name)))
+			}
+		case ast.SelectKind:
+			if sel := e.AsSelect(); isHeaders(sel.Operand()) {
+				byName[sel.Operand().ID()] = true
+				names = append(names, strings.ToLower(sel.FieldName()))
+			}
+		}
+	}))
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		if isHeaders(e) && !byName[e.ID()] {
+			anyHeader = true
+		}
+	}))
+	slices.Sort(names)
+	return slices.Compact(names), anyHeader
 }
 
 // oneLine folds cel-go's multi-line issue report (message, source line,

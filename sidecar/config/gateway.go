@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -62,11 +64,15 @@ const (
 func PolicyEntryValue(namespace, name string) string { return namespace + "/" + name }
 
 // RequestHeaders returns the request headers, in canonical form and in
-// the order the rules first name them, that policy p's HTTP rules read:
-// match.headers, header key parts, cost.fromHeader, and the JWT header of
-// a rule keyed on a claim. A gateway must send each of them in the request
-// descriptor for the rules to see what a sidecar would see.
-func RequestHeaders(p *Policy) []string {
+// the order the policy first names them, that policy p's HTTP rules read:
+// match.headers, the headers that conditions (the policy's and the rules'
+// exempt.when, match.when) and key expressions read by name, header key
+// parts in key and keys, cost.fromHeader, and the JWT header when a key
+// part or an expression reads claims. A gateway must send each of them in
+// the request descriptor for the rules to see what a sidecar would see.
+// The error names the first expression that reads request.headers other
+// than by a literal name (or does not compile): no list covers it.
+func RequestHeaders(p *Policy) ([]string, error) {
 	seen := map[string]bool{}
 	var out []string
 	add := func(name string) {
@@ -79,23 +85,67 @@ func RequestHeaders(p *Policy) []string {
 			out = append(out, c)
 		}
 	}
+	claims := func() {
+		if p.JWT != nil {
+			add(cmpOr(p.JWT.Header, "Authorization"))
+		}
+	}
+	var errs []error
+	expr := func(path, src string, kind ExpressionKind) {
+		e, err := CompileExpression(src, kind)
+		if err == nil && e.AnyHeader {
+			err = errors.New("reads request.headers other than by a literal name, so no list of headers covers it")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			return
+		}
+		for _, h := range e.Headers {
+			add(h)
+		}
+		if e.Claims {
+			claims()
+		}
+	}
+	exprs := func(path string, srcs []string, kind ExpressionKind) {
+		for i, src := range srcs {
+			expr(fmt.Sprintf("%s[%d]", path, i), src, kind)
+		}
+	}
+	if p.Exempt != nil {
+		exprs("exempt.when", p.Exempt.When, Condition)
+	}
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if r.Match.Descriptors != nil {
 			continue
 		}
+		rp := fmt.Sprintf("rules[%d]", i)
 		for _, h := range r.Match.Headers {
 			add(h.Name)
 		}
-		for _, k := range r.Key {
-			add(k.Header)
-			if k.JWTClaim != "" && p.JWT != nil {
-				add(cmpOr(p.JWT.Header, "Authorization"))
+		exprs(rp+".match.when", r.Match.When, Condition)
+		parts := func(path string, ks []KeyPart) {
+			for j, k := range ks {
+				add(k.Header)
+				if k.JWTClaim != "" {
+					claims()
+				}
+				if k.Expression != "" {
+					expr(fmt.Sprintf("%s[%d].expression", path, j), k.Expression, KeyValue)
+				}
 			}
 		}
+		parts(rp+".key", r.Key)
+		for j, alt := range r.Keys {
+			parts(fmt.Sprintf("%s.keys[%d]", rp, j), alt)
+		}
 		add(r.Cost.FromHeader)
+		if r.Exempt != nil {
+			exprs(rp+".exempt.when", r.Exempt.When, Condition)
+		}
 	}
-	return out
+	return out, errors.Join(errs...)
 }
 
 // HeaderEntryKey is the request descriptor entry key of a request header:

@@ -58,11 +58,14 @@ func (hv *httpView) fill(d *rlcommonv3.RateLimitDescriptor) {
 	if hv.h == nil {
 		hv.h = http.Header{}
 		hv.canon = map[string]string{}
+		hv.r = http.Request{URL: &hv.u, Header: hv.h}
 	}
 	clear(hv.h)
 	hv.vals = hv.vals[:0]
-	hv.u = url.URL{}
-	hv.r = http.Request{URL: &hv.u, Header: hv.h}
+	// Only the fields fill sets are reset: zeroing the whole
+	// http.Request, pointers and all, cost about 5% of a decision.
+	hv.u.Path, hv.u.RawQuery = "", ""
+	hv.r.Method, hv.r.Host, hv.r.RemoteAddr = "", "", ""
 	for _, e := range d.Entries[1:] {
 		switch e.Key {
 		case config.MethodEntryKey:

@@ -323,20 +323,11 @@ func Compile(in Input) (Output, error) {
 		switch {
 		case r.Store != nsStore:
 			r.StoreReason = v1alpha1.ReasonStoreConflict
-			r.StoreMessage = fmt.Sprintf("CounterStore %q is not the namespace's store %q, which policy %q, created first, uses; the sidecars of a namespace share one store",
-				r.Store, nsStore, results[0].Name)
-			if in.RateLimitService {
-				r.StoreMessage = fmt.Sprintf("CounterStore %q is not the central rate-limit service's store %q, which policy %s/%s, created first, uses; the service holds one store connection for every policy with a targetRef",
-					r.Store, nsStore, live[0].Namespace, live[0].Name)
-			}
+			r.StoreMessage = storeConflict(in.RateLimitService, r.Store, nsStore, live[0])
 		default:
 			r.StoreReason, r.StoreMessage = freshReason, freshMsg
 		}
-		sel, selErr := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
-		if in.RateLimitService {
-			sel = labels.Everything()
-		}
-		if selErr == nil {
+		if sel, selErr := targetSelector(in.RateLimitService, p); selErr == nil {
 			r.TargetedPods, r.ReadyPods = countPods(sel, in.Pods)
 		}
 		r.RefReason, r.RefMessage = resolveRefs(p, in.Objects)
@@ -543,6 +534,27 @@ func Marshal(c *config.Config) (string, error) {
 		return "", fmt.Errorf("marshal sidecar config: %w", err)
 	}
 	return string(doc) + "\n", nil
+}
+
+// storeConflict says why a policy's store is not the one its document
+// holds, that of first, the earliest-created policy.
+func storeConflict(service bool, store, docStore string, first *v1alpha1.RateLimitPolicy) string {
+	if service {
+		return fmt.Sprintf("CounterStore %q is not the central rate-limit service's store %q, which policy %s/%s, created first, uses; the service holds one store connection for every policy with a targetRef",
+			store, docStore, first.Namespace, first.Name)
+	}
+	return fmt.Sprintf("CounterStore %q is not the namespace's store %q, which policy %q, created first, uses; the sidecars of a namespace share one store",
+		store, docStore, first.Name)
+}
+
+// targetSelector selects the pods that enforce p: those of its
+// podSelector, or, in the central rate-limit service's document, every
+// pod given (the service's own).
+func targetSelector(service bool, p *v1alpha1.RateLimitPolicy) (labels.Selector, error) {
+	if service {
+		return labels.Everything(), nil
+	}
+	return metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
 }
 
 // selectorOrEverything converts a compiled policy's selector, nil meaning
