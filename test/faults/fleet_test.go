@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	rtmetrics "runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -332,10 +334,12 @@ type noise struct {
 	maxLate time.Duration // the worst lateness, once the samples are sorted
 	// runq are the Go runtime's own measurements of how long runnable
 	// goroutines waited to run (/sched/latencies), per interval of
-	// runqEvery, in the order of their ends.
-	runq []runqSample
-	stop chan struct{}
-	done chan struct{}
+	// runqEvery, in the order of their ends; osq the kernel's, of how
+	// long any thread of the process waited for a CPU while runnable
+	// (/proc/self/task/*/schedstat).
+	runq, osq []runqSample
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 // lateSample is one sleep: it ran from start to end, late by late.
@@ -391,6 +395,35 @@ func startNoise() *noise {
 			copy(prev, h.Counts)
 			n.mu.Lock()
 			n.runq = append(n.runq, runqSample{from: from, to: to, worst: worst})
+			n.mu.Unlock()
+			from = to
+		}
+	})
+	// A thread of the process that the kernel leaves waiting for a CPU
+	// stalls the goroutine it runs, the timers of its processor and any
+	// lock that goroutine holds, while the other threads (and sleepers)
+	// go on. The kernel counts each thread's time spent runnable but not
+	// running; read it every few milliseconds.
+	wg.Go(func() {
+		prev := threadWaits(nil)
+		from := time.Now()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-time.After(runqEvery):
+			}
+			cur := threadWaits(prev)
+			to := time.Now()
+			var worst time.Duration
+			for tid, w := range cur {
+				if p, ok := prev[tid]; ok {
+					worst = max(worst, w-p)
+				}
+			}
+			prev = cur
+			n.mu.Lock()
+			n.osq = append(n.osq, runqSample{from: from, to: to, worst: worst})
 			n.mu.Unlock()
 			from = to
 		}
@@ -456,35 +489,68 @@ func (n *noise) during(from, to time.Time) time.Duration {
 // that overlap it (from just before it started, when a stall may already
 // have held it up), which is how late its own timer may have fired, and
 // the longest wait of a runnable goroutine for a processor in the same
-// span, as the runtime measured it, which is how long it may then have
-// waited to run (once; it runs for microseconds).
+// span, as the runtime measured it, or of a thread of the process for a
+// CPU, as the kernel measured it (a thread left waiting stalls its
+// goroutine, its processor's timers and the locks that goroutine holds),
+// whichever is longer: how long it may then have waited to run (once; it
+// runs for microseconds).
 func (n *noise) excuse(at time.Time, took time.Duration) time.Duration {
 	from, to := at.Add(-10*time.Millisecond), at.Add(took)
-	return n.during(from, to) + n.runqDuring(from, to)
+	g, th := n.runqDuring(from, to)
+	return n.during(from, to) + max(g, th)
 }
 
 // runqDuring returns the longest run-queue wait the runtime measured in
-// the intervals that overlap [from, to].
-func (n *noise) runqDuring(from, to time.Time) time.Duration {
+// the intervals that overlap [from, to], and the longest the kernel left
+// a thread of the process waiting for a CPU in them.
+func (n *noise) runqDuring(from, to time.Time) (goroutines, threads time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(n.runq, from, func(s runqSample, t time.Time) int { return s.to.Compare(t) })
+	return worstIn(n.runq, from, to), worstIn(n.osq, from, to)
+}
+
+// worstIn returns the worst of the samples of ss, in the order of their
+// ends, that overlap [from, to].
+func worstIn(ss []runqSample, from, to time.Time) time.Duration {
+	i, _ := slices.BinarySearchFunc(ss, from, func(s runqSample, t time.Time) int { return s.to.Compare(t) })
 	var worst time.Duration
-	for ; i < len(n.runq) && !n.runq[i].from.After(to); i++ {
-		worst = max(worst, n.runq[i].worst)
+	for ; i < len(ss) && !ss[i].from.After(to); i++ {
+		worst = max(worst, ss[i].worst)
 	}
 	return worst
 }
 
-// worstRunq returns the longest run-queue wait of the whole run.
-func (n *noise) worstRunq() time.Duration {
+// worstRunq returns the longest run-queue waits of the whole run: the
+// runtime's, and the kernel's for a thread of the process.
+func (n *noise) worstRunq() (goroutines, threads time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var w time.Duration
-	for _, s := range n.runq {
-		w = max(w, s.worst)
+	return worstIn(n.runq, time.Time{}, time.Now().Add(time.Hour)), worstIn(n.osq, time.Time{}, time.Now().Add(time.Hour))
+}
+
+// threadWaits returns, by thread id, how long each thread of the process
+// has waited runnable for a CPU (the second field of its schedstat), in a
+// map sized after the last one, m. Threads it cannot read are left out.
+func threadWaits(m map[string]time.Duration) map[string]time.Duration {
+	out := make(map[string]time.Duration, len(m))
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return out
 	}
-	return w
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			out[task.Name()] = time.Duration(ns)
+		}
+	}
+	return out
 }
 
 // worst returns the worst lateness of the whole run.

@@ -102,8 +102,9 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 			during = append(during, d)
 		}
 	}
-	t.Logf("stopped %v for %v: %d decisions, %d while stopped (max %v, p99 %v); %d took longer than %v; %v; the machine's lateness over the run: sleepers' timers up to %v, run-queue waits up to %v",
-		victim.Addr(), resumed.Sub(paused).Round(time.Millisecond), len(ds), len(during), maxTook(during), percentile(during, .99), over, bound, counts(ds), n.worst(), n.worstRunq())
+	g, th := n.worstRunq()
+	t.Logf("stopped %v for %v: %d decisions, %d while stopped (max %v, p99 %v); %d took longer than %v; %v; the machine's lateness over the run: sleepers' timers up to %v, run-queue waits up to %v (goroutines) and %v (threads)",
+		victim.Addr(), resumed.Sub(paused).Round(time.Millisecond), len(ds), len(during), maxTook(during), percentile(during, .99), over, bound, counts(ds), n.worst(), g, th)
 
 	// What Redis holds against what the store admitted, and the calls
 	// sent to a shard that got no answer (they may have run, once).

@@ -95,11 +95,12 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 			overBound++
 		}
 		if excess := d.took - bound - late; excess > 0 {
+			g, th := n.runqDuring(d.at.Add(-10*time.Millisecond), d.at.Add(d.took))
 			worstExcess = max(worstExcess, excess)
 			if reported++; reported <= 10 {
-				t.Errorf("sidecar %d: a decision at %+v from the stop waited %v from its arrival (%s; %v): more than one call budget (%v) + %v, and the machine's lateness around it (sleepers' timers %v + the runtime's longest run-queue wait %v) excuses only %v",
+				t.Errorf("sidecar %d: a decision at %+v from the stop waited %v from its arrival (%s; %v): more than one call budget (%v) + %v, and the machine's lateness around it (sleepers' timers %v + the longest run-queue wait of a goroutine %v or of a thread %v) excuses only %v",
 					d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, d.story(), counts([]decision{d}), budget, few,
-					n.during(d.at.Add(-10*time.Millisecond), d.at.Add(d.took)), n.runqDuring(d.at.Add(-10*time.Millisecond), d.at.Add(d.took)), late)
+					n.during(d.at.Add(-10*time.Millisecond), d.at.Add(d.took)), g, th, late)
 			}
 		}
 	}
@@ -117,8 +118,9 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 	}
 	t.Logf("%d decisions while the master was stopped (%v): max %v, p99 %v, p50 %v, %d over 100ms; %v",
 		len(during), resumed.Sub(paused).Round(time.Millisecond), maxTook(during), percentile(during, .99), percentile(during, .5), over100, counts(during))
-	t.Logf("bound: budget %v + %v = %v from each request's arrival, plus the machine's lateness around it (worst over the run: sleepers' timers %v, run-queue wait %v); %d decisions of the run took longer than %v, %d longer than the bound and the lateness around them (worst by %v); %d store calls while stopped, %d of them waited out their budget",
-		budget, few, bound, n.worst(), n.worstRunq(), overBound, bound, reported, worstExcess, storeCalls, budgetCalls)
+	g, th := n.worstRunq()
+	t.Logf("bound: budget %v + %v = %v from each request's arrival, plus the machine's lateness around it (worst over the run: sleepers' timers %v, run-queue wait of a goroutine %v, of a thread %v); %d decisions of the run took longer than %v, %d longer than the bound and the lateness around them (worst by %v); %d store calls while stopped, %d of them waited out their budget",
+		budget, few, bound, n.worst(), g, th, overBound, bound, reported, worstExcess, storeCalls, budgetCalls)
 	if len(during) < sidecars*rate*4 {
 		t.Fatalf("only %d decisions in 5s of 4x500/s: the load did not run", len(during))
 	}
