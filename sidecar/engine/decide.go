@@ -19,13 +19,17 @@ type call struct {
 	// failed: the store call this request waited for on its key failed;
 	// the call is decided by the rule's failure mode without a store call.
 	failed bool
-	res    Result
-	err    error
+	// deadline is the decision's (Options.Budget from its arrival; zero:
+	// none): the store call ends by it.
+	deadline time.Time
+	res      Result
+	err      error
 }
 
 // errSharedFailure is the error of a call decided on the failed outcome of
-// the call its request waited for.
-var errSharedFailure = fmt.Errorf("the store call this request waited for on its key failed: %w", limiter.ErrUnavailable)
+// the call its request waited for, or on its budget running out while it
+// waited.
+var errSharedFailure = fmt.Errorf("the store call this request waited for on its key failed or did not answer within the request's budget: %w", limiter.ErrUnavailable)
 
 // Decide decides hits into v, whose Results it reuses. ctx bounds the
 // waits and store calls.
@@ -38,6 +42,16 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	start := now
 	defer func() { e.o.Metrics.DecisionDuration.Observe(e.o.Now().Sub(start).Seconds()) }()
 	v.reset(len(hits))
+	// The decision's deadline, set once from its arrival: every wait and
+	// store call of the decision ends by it (Options.Budget).
+	var deadline time.Time
+	if e.o.Budget > 0 {
+		arrived := start
+		if !e.realClock {
+			arrived = time.Now()
+		}
+		deadline = arrived.Add(e.o.Budget)
+	}
 
 	// Enforced calls, shadow calls and their concatenation in one reused
 	// slice of three sections.
@@ -59,7 +73,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 		// Never wait for another request's probe while holding one: two
 		// requests could otherwise wait on each other.
 		var l lookup
-		l, now = e.check(ctx, h, now, probing)
+		l, now = e.check(ctx, h, now, probing, deadline)
 		probing = probing || l.kind == lookupGo
 		if l.kind == lookupDeny {
 			e.leases.release(&lc)
@@ -73,7 +87,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 			}
 			continue
 		}
-		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc, failed: l.kind == lookupFailed}
+		c := call{hit: i, cost: h.Cost, entry: l.entry, lease: lc, failed: l.kind == lookupFailed, deadline: deadline}
 		if h.Rule.Shadow {
 			shadowCalls = append(shadowCalls, c)
 		} else {
@@ -119,7 +133,7 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls []call, now time.Time, v *Verdict) {
 	peeks := make([]call, 0, len(calls)+len(shadowCalls))
 	for _, c := range calls {
-		peeks = append(peeks, call{hit: c.hit, cost: 0, failed: c.failed})
+		peeks = append(peeks, call{hit: c.hit, cost: 0, failed: c.failed, deadline: c.deadline})
 	}
 	peeks = append(peeks, shadowCalls...)
 	e.run(ctx, hits, peeks, now)
@@ -167,16 +181,19 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 }
 
 // check consults the deny cache for a hit and returns the clock after any
-// wait. While other calls on the key are in flight and it holds no room,
-// it waits for their answers, unless noWait; every call in flight ends
-// within the store's deadline, and each answer either denies the key, lets
-// at least one waiter through, or fails. A failure ends the wait of every
-// waiter at once (lookupFailed): they fall back instead of sending calls
-// one after the other, each of which would wait its own deadline on a
-// stalled shard. So no request waits for the store longer than one call
-// deadline. A cancelled request stops waiting and is left to the store
-// call, which fails at once.
-func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) (lookup, time.Time) {
+// wait. While other calls on the key are in flight
+// and it holds no room, it waits for their answers, unless noWait; every
+// call in flight ends within the store's deadline, and each answer either
+// denies the key, lets at least one waiter through, or fails. A failure
+// ends the wait of every waiter at once (lookupFailed): they fall back
+// instead of sending calls one after the other, each of which would wait
+// its own deadline on a stalled shard. The wait also ends at the
+// decision's deadline (Options.Budget; zero: none), as a failure: the
+// store has not answered on the key within the request's budget. So no
+// request waits for the store longer than one call budget in all. A
+// cancelled request stops waiting and is left to the store call, which
+// fails at once.
+func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool, deadline time.Time) (lookup, time.Time) {
 	for {
 		l := e.deny.lookup(h.Key, h.Cost, now)
 		if l.kind != lookupWait {
@@ -185,7 +202,10 @@ func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool) 
 		if noWait {
 			return lookup{kind: lookupMiss}, now
 		}
-		failed, err := e.deny.wait(ctx, l.round)
+		failed, err := e.deny.wait(ctx, l.round, deadline)
+		if errors.Is(err, errBudgetSpent) {
+			return lookup{kind: lookupFailed}, e.o.Now()
+		}
 		if err != nil {
 			return lookup{kind: lookupMiss}, now
 		}
@@ -236,7 +256,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		e.takeSpread(ctx, h, c, now)
 		return
 	}
-	d, shard, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: h.Rule.Limit, Cost: c.cost})
+	d, shard, err := e.o.Store.Take(ctx, limiter.Request{Key: h.Key, Limit: h.Rule.Limit, Cost: c.cost, Deadline: c.deadline})
 	answered := e.o.Now()
 	sm := e.all
 	if shard != "" {

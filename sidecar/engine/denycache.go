@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -117,14 +118,29 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	return lookup{kind: lookupGo, entry: e}
 }
 
-// wait blocks until a call in flight is answered or ctx ends. It reports
+// errBudgetSpent ends a wait that reached the decision's deadline.
+var errBudgetSpent = errors.New("the request's store budget is spent")
+
+// wait blocks until a call in flight is answered, ctx ends or the deadline
+// (unless zero) passes, which it reports as errBudgetSpent. It reports
 // whether the answer was a failure.
-func (c *denyCache) wait(ctx context.Context, r *round) (failed bool, err error) {
+func (c *denyCache) wait(ctx context.Context, r *round, deadline time.Time) (failed bool, err error) {
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		// A timer of the waiter's own, rather than the call's: it wakes
+		// this goroutine at its deadline directly, however late the
+		// machine runs the goroutines that end the call.
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
 	case <-r.done:
 		return r.failed, nil
 	case <-ctx.Done():
 		return false, ctx.Err()
+	case <-expired:
+		return false, errBudgetSpent
 	}
 }
 

@@ -40,8 +40,11 @@
 // concurrent requests on an exhausted key cannot all reach the store. When
 // that answer is a failure (the shard is unavailable), the waiters share
 // it: they follow the rule's failure mode at once instead of sending calls
-// of their own one after the other, so no request waits for the store
-// longer than one call deadline. When several replicas share a flooded key, their
+// of their own one after the other. With Options.Budget, a decision's
+// deadline is set once from its arrival: its waits end at it (falling back
+// as on a failure) and its store calls carry it (limiter.Request.Deadline),
+// so no request waits for the store longer than one budget in all. When
+// several replicas share a flooded key, their
 // probes race for each token and the losers are denied; a replica's
 // consecutive denials double its local hold up to MaxDenyBackoff, so a
 // losing replica probes about once a second while the winners keep spending

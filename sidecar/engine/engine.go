@@ -35,6 +35,16 @@ type Options struct {
 	// the shards' health; default time.Now. Tests set it to control time.
 	// The stores keep clocks of their own.
 	Now func() time.Time
+	// Budget, when positive, is the most a decision waits for the store in
+	// all, counted from its arrival (the Decide call): its waits in the
+	// deny cache for another request's call on a key, and the store calls
+	// it makes after them or one after another (several rules), share it
+	// (each call carries it as limiter.Request.Deadline). A wait that
+	// reaches it falls back like a failed call. Set it to the
+	// store's per-call deadline (--redis-timeout), so that a request waits
+	// at most one call budget whatever the store does. 0: only each store
+	// call's own deadline bounds it.
+	Budget time.Duration
 	// Leases, when set and Store is a limiter.Leaser, lets the hot keys
 	// of rules that lease (Rule.Spread) take leases. Close gives them
 	// back.
@@ -61,6 +71,9 @@ type Engine struct {
 	// sub-counter of split keys in turn.
 	leases   *leaseTable
 	splitSeq atomic.Uint64
+	// realClock: Options.Now is time.Now, so the decision's start is also
+	// its arrival for Options.Budget.
+	realClock bool
 }
 
 // New returns an engine.
@@ -74,10 +87,14 @@ func New(o Options) (*Engine, error) {
 	if o.DenyCacheKeys <= 0 {
 		o.DenyCacheKeys = 100000
 	}
-	if o.Now == nil {
+	realClock := o.Now == nil
+	if realClock {
 		o.Now = time.Now
 	}
-	e := &Engine{o: o, deny: newDenyCache(o.DenyCacheKeys)}
+	if o.Budget < 0 {
+		return nil, fmt.Errorf("engine: Budget must not be negative, got %v", o.Budget)
+	}
+	e := &Engine{o: o, deny: newDenyCache(o.DenyCacheKeys), realClock: realClock}
 	e.all = e.shardMetrics("all")
 	o.Metrics.SetDenyCacheSize(func() float64 { return float64(e.deny.len()) })
 	if leaser, ok := o.Store.(limiter.Leaser); ok && o.Leases != nil {

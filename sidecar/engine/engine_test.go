@@ -45,6 +45,8 @@ type keyedStore struct {
 	failPrefix atomic.Pointer[string]
 	// gate, when non-nil, is waited on by every Take.
 	gate chan struct{}
+	// deadline is the Deadline of the last Take (Unix ns; 0 for none).
+	deadline atomic.Int64
 	// shardOf, when set, names the shard Take reports for a key, with
 	// its answers and its errors alike.
 	shardOf func(key string) string
@@ -64,6 +66,11 @@ func (s *keyedStore) Take(_ context.Context, req limiter.Request) (limiter.Decis
 }
 
 func (s *keyedStore) take(req limiter.Request) (limiter.Decision, error) {
+	if req.Deadline.IsZero() {
+		s.deadline.Store(0)
+	} else {
+		s.deadline.Store(req.Deadline.UnixNano())
+	}
 	s.calls.Add(1)
 	if s.gate != nil {
 		<-s.gate
@@ -487,6 +494,72 @@ func TestWaitersShareAFailedProbe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWaitersWaitOneBudget holds the probe of an exhausted key in flight
+// and never answers it (a stalled shard whose calls the store does not time
+// out): with a Budget, the requests waiting behind the probe stop waiting
+// at their own deadline, one budget after each arrived, and fall back,
+// while the probe is still out. The probe's call carries the decision's
+// deadline, one budget from its arrival, for the store to end it by.
+func TestWaitersWaitOneBudget(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	const budget = 30 * time.Millisecond
+	var err error
+	f.e, err = New(Options{Store: f.store, StoreName: "test", Fallback: f.fallback, Metrics: f.m, Parallel: true, Now: f.clock.Now, Budget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 1, false, false)
+	for range 4 {
+		f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+	}
+	f.clock.Add(time.Minute) // the deny entry has expired: the next request probes
+	before := f.store.calls.Load()
+	f.store.gate = make(chan struct{})
+	probeDone := make(chan struct{})
+	sent := time.Now()
+	go func() {
+		defer close(probeDone)
+		f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+	}()
+	for f.store.calls.Load() == before {
+		time.Sleep(time.Millisecond)
+	}
+	if d := time.Unix(0, f.store.deadline.Load()); d.Before(sent.Add(budget)) || d.After(time.Now().Add(budget)) {
+		t.Errorf("the probe's call carries the deadline %v after the request was sent; want the budget %v from its arrival", d.Sub(sent), budget)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got := map[string]int{}
+	for range 8 {
+		wg.Go(func() {
+			start := time.Now()
+			v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			got[v.Outcome.String()+"/"+v.Results[0].Source.String()]++
+			if took < budget {
+				t.Errorf("a waiter returned after %v, before its budget %v, with the probe still out", took, budget)
+			}
+		})
+	}
+	wg.Wait() // the waiters are back while the probe is still held
+	select {
+	case <-probeDone:
+		t.Fatal("the probe returned without an answer")
+	default:
+	}
+	if n := f.store.calls.Load() - before; n != 1 {
+		t.Errorf("%d store calls, want 1: a waiter whose budget ran out must fall back, not call", n)
+	}
+	if got["allow/fallback"]+got["deny/fallback"] != 8 {
+		t.Errorf("outcomes %v, want 8 decided by the fallback bucket", got)
+	}
+	close(f.store.gate)
+	<-probeDone
 }
 
 func TestFloodCostsAboutOneStoreCallPerAdmission(t *testing.T) {

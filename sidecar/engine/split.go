@@ -109,7 +109,7 @@ func (e *Engine) takeSpread(ctx context.Context, h *Hit, c *call, now time.Time)
 			}
 			l, shard, err = e.leases.store.Lease(ctx, limiter.LeaseRequest{Key: key, Limit: sp.limits[i], LeaseArgs: args})
 		} else {
-			l.Decision, shard, err = e.o.Store.Take(ctx, limiter.Request{Key: key, Limit: sp.limits[i], Cost: c.cost})
+			l.Decision, shard, err = e.o.Store.Take(ctx, limiter.Request{Key: key, Limit: sp.limits[i], Cost: c.cost, Deadline: c.deadline})
 		}
 		answered = e.o.Now()
 		sm := e.observeStore(shard, now, answered)

@@ -201,6 +201,11 @@ type Request struct {
 	Limit Limit
 	// Cost is what the request spends. 0 is a peek.
 	Cost int64
+	// Deadline, when set, is when the caller stops waiting for the answer:
+	// the deadline of the whole decision, set from the request's arrival.
+	// A remote store answers (or fails) by the earlier of it and its own
+	// per-call budget; a local store, which never waits, ignores it.
+	Deadline time.Time
 }
 
 // ErrUnavailable marks a store error after which the caller cannot know the

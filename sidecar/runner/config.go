@@ -163,12 +163,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
 	fs.BoolVar(&c.RedisTLSSkipVer, "redis-tls-insecure-skip-verify", false, "do not verify Redis certificates (testing only)")
-	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call; 0 keeps the store's default ("+redisstore.DefaultTimeout.String()+")")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 0, "budget of one Redis call, and of a decision's waits and calls from the request's arrival; 0 keeps the store's default ("+redisstore.DefaultTimeout.String()+")")
 	fs.DurationVar(&c.RedisBatchWindow, "redis-batch-window", redisstore.DefaultBatchWindow,
 		"longest a Redis decision waits to share a pipelined write with others bound for the same shard (only while the shard has writes in flight); 0 means no window: decisions never wait for others; at most "+redisstore.MaxBatchWindow.String())
 	fs.IntVar(&c.RedisMaxBatch, "redis-max-batch", redisstore.DefaultMaxBatch, "most decisions in one pipelined write to a shard")
 	fs.IntVar(&c.RedisBreakerFailures, "redis-breaker-failures", redisstore.DefaultBreakerFailures,
-		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode)")
+		"consecutive failed calls to a shard that open its circuit breaker (calls then fail fast to each rule's failureMode); one timeout opens it at once, with the next call as its probe")
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
 		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")

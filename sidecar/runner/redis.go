@@ -33,7 +33,7 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 		return nil, err
 	}
 	log.Debug("redis store ready", "addrs", sel.Addresses, "tls", tc != nil)
-	return &storeHandle{store: s, remote: true, close: s.Close, setAddrs: s.SetAddrs}, nil
+	return &storeHandle{store: s, remote: true, budget: s.Timeout(), close: s.Close, setAddrs: s.SetAddrs}, nil
 }
 
 var breakerDesc = prometheus.NewDesc("floodgate_sidecar_store_breaker_state",

@@ -58,6 +58,9 @@ func (c *Config) flagTLS() *config.TLS {
 type storeHandle struct {
 	store  limiter.Store
 	remote bool
+	// budget is the store's per-call deadline, the engine's per-decision
+	// Budget; 0 for a local store.
+	budget time.Duration
 	close  func() error
 	// setAddrs, when set, moves the store to new seed addresses without
 	// a restart (a Redis Cluster whose nodes were all replaced).

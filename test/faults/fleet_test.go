@@ -3,7 +3,11 @@ package faults
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
+	rtmetrics "runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -45,14 +49,35 @@ type callLog struct {
 	cs []storeCall
 }
 
-// Take implements limiter.Store.
+// Take implements limiter.Store. A call made for a decided request (see
+// sidecar.decide) is also recorded on the request's trace.
 func (l *callLog) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	start := time.Now()
 	d, shard, err := l.s.Take(ctx, req)
+	c := storeCall{at: start, shard: shard, took: time.Since(start), err: err}
 	l.mu.Lock()
-	l.cs = append(l.cs, storeCall{at: start, shard: shard, took: time.Since(start), err: err})
+	l.cs = append(l.cs, c)
 	l.mu.Unlock()
+	if tr, ok := ctx.Value(traceKey{}).(*trace); ok {
+		tr.add(c)
+	}
 	return d, shard, err
+}
+
+// traceKey is the context key of a decided request's trace.
+type traceKey struct{}
+
+// trace is what one decided request did: the store calls it made itself
+// (a request that waited for another's call on its key makes none).
+type trace struct {
+	mu    sync.Mutex
+	calls []storeCall
+}
+
+func (tr *trace) add(c storeCall) {
+	tr.mu.Lock()
+	tr.calls = append(tr.calls, c)
+	tr.mu.Unlock()
 }
 
 // String describes the call.
@@ -108,7 +133,9 @@ func newSidecar(t testing.TB, name string, c *redistest.Cluster, opts redisstore
 	}
 	m := metrics.NewMetrics(prometheus.NewRegistry())
 	calls := &callLog{s: s}
-	e, err := engine.New(engine.Options{Store: calls, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true})
+	// As the sidecar builds it: a decision's budget is the store's call
+	// deadline.
+	e, err := engine.New(engine.Options{Store: calls, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true, Budget: s.Timeout()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +190,27 @@ type decision struct {
 	took    time.Duration
 	outcome engine.Outcome
 	source  engine.Source
+	// calls are the store calls the request made itself.
+	calls []storeCall
+}
+
+// story tells what a decision waited for: the store calls it made, each
+// from when it started after the decision's arrival, or that it made none
+// (it waited for another request's call on its key, or was decided
+// locally).
+func (d decision) story() string {
+	if len(d.calls) == 0 {
+		return "no store call of its own"
+	}
+	var b strings.Builder
+	for i, c := range d.calls {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "a store call started %v after its arrival took %v (%v)",
+			c.at.Sub(d.at).Round(10*time.Microsecond), c.took.Round(10*time.Microsecond), c.err)
+	}
+	return b.String()
 }
 
 // record collects decisions from concurrent callers.
@@ -186,9 +234,14 @@ func (r *record) all() []decision {
 // decide decides one request on key under rule and records it.
 func (sc *sidecar) decide(ctx context.Context, i int, r *engine.Rule, key string, rec *record) decision {
 	var v engine.Verdict
+	tr := &trace{}
+	ctx = context.WithValue(ctx, traceKey{}, tr)
 	start := time.Now()
 	sc.eng.Decide(ctx, []engine.Hit{{Rule: r, Key: key, Cost: 1}}, &v)
 	d := decision{sidecar: i, at: start, took: time.Since(start), outcome: v.Outcome, source: v.Results[0].Source}
+	tr.mu.Lock()
+	d.calls = tr.calls
+	tr.mu.Unlock()
 	if rec != nil {
 		rec.add(d)
 	}
@@ -272,12 +325,21 @@ func percentile(ds []decision, p float64) time.Duration {
 // the lateness measured around the decision it bounds (excuse), so that a machine
 // busy with other work does not fail it, while a stall of floodgate's own
 // (waiting several call budgets) still does: the sleepers are not late
-// then.
+// then. With them, it reads the runtime's own measurement of how long
+// runnable goroutines waited for a processor (/sched/latencies), which on
+// a starved machine exceeds the timers' lateness.
 type noise struct {
 	mu      sync.Mutex
 	samples []lateSample
-	stop    chan struct{}
-	done    chan struct{}
+	maxLate time.Duration // the worst lateness, once the samples are sorted
+	// runq are the Go runtime's own measurements of how long runnable
+	// goroutines waited to run (/sched/latencies), per interval of
+	// runqEvery, in the order of their ends; osq the kernel's, of how
+	// long any thread of the process waited for a CPU while runnable
+	// (/proc/self/task/*/schedstat).
+	runq, osq []runqSample
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 // lateSample is one sleep: it ran from start to end, late by late.
@@ -286,11 +348,86 @@ type lateSample struct {
 	late       time.Duration
 }
 
+// runqSample is the longest time a goroutine waited in the run queue, as
+// the runtime measured it (the lower bound of the highest histogram bucket
+// that grew), over (from, to].
+type runqSample struct {
+	from, to time.Time
+	worst    time.Duration
+}
+
+// runqEvery is how often the run-queue measurement is read.
+const runqEvery = 2 * time.Millisecond
+
 func startNoise() *noise {
 	n := &noise{stop: make(chan struct{}), done: make(chan struct{})}
 	const sleep = redisstore.DefaultTimeout
 	sleepers := int(sleep / time.Millisecond)
 	var wg sync.WaitGroup
+	// A goroutine woken (by a timer, a channel) or preempted waits in a
+	// run queue until a processor takes it: on a machine this busy, at
+	// times longer than the sleepers' timers are late. The runtime
+	// measures that wait itself (for a sample of goroutines); read it
+	// every couple of milliseconds.
+	wg.Go(func() {
+		s := []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}
+		rtmetrics.Read(s)
+		prev := slices.Clone(s[0].Value.Float64Histogram().Counts)
+		from := time.Now()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-time.After(runqEvery):
+			}
+			rtmetrics.Read(s)
+			h := s[0].Value.Float64Histogram()
+			to := time.Now()
+			var worst time.Duration
+			for i := len(h.Counts) - 1; i >= 0; i-- {
+				if h.Counts[i] > prev[i] {
+					if b := h.Buckets[i]; b > 0 && !math.IsInf(b, 0) {
+						worst = time.Duration(b * float64(time.Second))
+					}
+					break
+				}
+			}
+			copy(prev, h.Counts)
+			n.mu.Lock()
+			n.runq = append(n.runq, runqSample{from: from, to: to, worst: worst})
+			n.mu.Unlock()
+			from = to
+		}
+	})
+	// A thread of the process that the kernel leaves waiting for a CPU
+	// stalls the goroutine it runs, the timers of its processor and any
+	// lock that goroutine holds, while the other threads (and sleepers)
+	// go on. The kernel counts each thread's time spent runnable but not
+	// running; read it every few milliseconds.
+	wg.Go(func() {
+		prev := threadWaits(nil)
+		from := time.Now()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-time.After(runqEvery):
+			}
+			cur := threadWaits(prev)
+			to := time.Now()
+			var worst time.Duration
+			for tid, w := range cur {
+				if p, ok := prev[tid]; ok {
+					worst = max(worst, w-p)
+				}
+			}
+			prev = cur
+			n.mu.Lock()
+			n.osq = append(n.osq, runqSample{from: from, to: to, worst: worst})
+			n.mu.Unlock()
+			from = to
+		}
+	})
 	for i := range sleepers {
 		wg.Go(func() {
 			time.Sleep(time.Duration(i) * time.Millisecond)
@@ -313,6 +450,9 @@ func startNoise() *noise {
 		wg.Wait()
 		n.mu.Lock()
 		slices.SortFunc(n.samples, func(a, b lateSample) int { return a.end.Compare(b.end) })
+		for _, s := range n.samples {
+			n.maxLate = max(n.maxLate, s.late)
+		}
 		n.mu.Unlock()
 		close(n.done)
 	}()
@@ -330,20 +470,87 @@ func (n *noise) during(from, to time.Time) time.Duration {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	i, _ := slices.BinarySearchFunc(n.samples, from, func(s lateSample, t time.Time) int { return s.end.Compare(t) })
+	// The samples are in the order of their ends: one that began by to
+	// ends by to + its sleep + its lateness, so the scan goes that far
+	// (a late sample, which matters most, ends after punctual ones that
+	// began later).
+	horizon := to.Add(redisstore.DefaultTimeout + n.maxLate)
 	var worst time.Duration
-	for ; i < len(n.samples) && !n.samples[i].start.After(to); i++ {
-		worst = max(worst, n.samples[i].late)
+	for ; i < len(n.samples) && !n.samples[i].end.After(horizon); i++ {
+		if s := n.samples[i]; !s.start.After(to) {
+			worst = max(worst, s.late)
+		}
 	}
 	return worst
 }
 
 // excuse returns what a decision that ran from at for took may exceed its
 // bound by, on account of the machine: the worst lateness of the sleeps
-// around it (from just before it started, when a stall may already have
-// held it up), with a quarter more for goroutines that wait longer to run
-// again than the sleepers did.
+// that overlap it (from just before it started, when a stall may already
+// have held it up), which is how late its own timer may have fired, and
+// the longest wait of a runnable goroutine for a processor in the same
+// span, as the runtime measured it, or of a thread of the process for a
+// CPU, as the kernel measured it (a thread left waiting stalls its
+// goroutine, its processor's timers and the locks that goroutine holds),
+// whichever is longer: how long it may then have waited to run (once; it
+// runs for microseconds).
 func (n *noise) excuse(at time.Time, took time.Duration) time.Duration {
-	return n.during(at.Add(-10*time.Millisecond), at.Add(took)) * 5 / 4
+	from, to := at.Add(-10*time.Millisecond), at.Add(took)
+	g, th := n.runqDuring(from, to)
+	return n.during(from, to) + max(g, th)
+}
+
+// runqDuring returns the longest run-queue wait the runtime measured in
+// the intervals that overlap [from, to], and the longest the kernel left
+// a thread of the process waiting for a CPU in them.
+func (n *noise) runqDuring(from, to time.Time) (goroutines, threads time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return worstIn(n.runq, from, to), worstIn(n.osq, from, to)
+}
+
+// worstIn returns the worst of the samples of ss, in the order of their
+// ends, that overlap [from, to].
+func worstIn(ss []runqSample, from, to time.Time) time.Duration {
+	i, _ := slices.BinarySearchFunc(ss, from, func(s runqSample, t time.Time) int { return s.to.Compare(t) })
+	var worst time.Duration
+	for ; i < len(ss) && !ss[i].from.After(to); i++ {
+		worst = max(worst, ss[i].worst)
+	}
+	return worst
+}
+
+// worstRunq returns the longest run-queue waits of the whole run: the
+// runtime's, and the kernel's for a thread of the process.
+func (n *noise) worstRunq() (goroutines, threads time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return worstIn(n.runq, time.Time{}, time.Now().Add(time.Hour)), worstIn(n.osq, time.Time{}, time.Now().Add(time.Hour))
+}
+
+// threadWaits returns, by thread id, how long each thread of the process
+// has waited runnable for a CPU (the second field of its schedstat), in a
+// map sized after the last one, m. Threads it cannot read are left out.
+func threadWaits(m map[string]time.Duration) map[string]time.Duration {
+	out := make(map[string]time.Duration, len(m))
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return out
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			out[task.Name()] = time.Duration(ns)
+		}
+	}
+	return out
 }
 
 // worst returns the worst lateness of the whole run.

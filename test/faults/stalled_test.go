@@ -14,11 +14,14 @@ import (
 // whose master is stopped (SIGSTOP) for 5 seconds. The deny cache lets one
 // request per sidecar ask Redis while the others wait for its answer; when
 // that call times out, the waiters share its failure and fall back at
-// once, so no request waits more than one call budget (plus a few ms, plus
-// what the shared machine itself delays goroutines by, measured over the
-// same run, or what it delayed the timer of the store call the request
-// waited for). Before, each waiter in turn sent a call of its own and waited
-// its own budget, until the breaker opened: up to five budgets.
+// once; the first call that times out opens the shard's breaker, so the
+// calls after it fail fast until a probe is answered; and a request's
+// waits and calls share one deadline set at its arrival. So no request
+// waits more than one call budget from its arrival (plus a few ms, plus
+// what the shared machine itself delayed goroutines by around it, measured
+// in the same run by sleepers that owe nothing to floodgate). Before, each
+// waiter in turn sent a call of its own and waited its own budget, until
+// the breaker opened: up to five budgets.
 func TestStalledShardCostsOneBudget(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{Masters: 3, NodeTimeout: 30 * time.Second, PartialCoverage: true})
 	ctx := t.Context()
@@ -66,46 +69,58 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 			during = append(during, d)
 		}
 	}
+	// Each request's wait is measured from its arrival (the Decide call)
+	// to its answer. The bound is one call budget plus a few ms; what the
+	// shared machine itself delayed goroutines by meanwhile is measured in
+	// the same run by independent probes (noise: sleepers of one budget
+	// each, waking every millisecond, for how late timers fire; the
+	// runtime's own run-queue waits, for how long a runnable goroutine
+	// waits for a processor) and stated, per decision and over the run. A
+	// request's wait ends on a timer of its own (its store call's, or its
+	// deadline in the deny cache), which the machine delays as it delays
+	// the sleepers'; a wait of floodgate's own making (a second call
+	// budget) is not excused by them, the probes not being late then.
 	bound := budget + few
-	over100, excused := 0, 0
+	over100, overBound := 0, 0
 	var worstExcess time.Duration
 	for _, d := range during {
 		if d.took > 100*time.Millisecond {
 			over100++
 		}
 	}
-	// A store call fails at its deadline when its timer fires; on a
-	// machine this busy the runtime fires it late at times (the slip),
-	// which is the machine's and not the engine's: a request waits for at
-	// most the one call it shares, slip included.
-	var worstSlip time.Duration
-	for _, sc := range fleet {
-		for _, c := range sc.calls.between(paused, resumed) {
-			worstSlip = max(worstSlip, c.took-budget)
-		}
-	}
+	reported := 0
 	for _, d := range ds {
 		late := n.excuse(d.at, d.took)
 		if d.took > bound {
-			excused++
+			overBound++
 		}
-		end := d.at.Add(d.took)
-		var slip time.Duration
-		for _, c := range fleet[d.sidecar].calls.between(d.at.Add(-budget-time.Second), end) {
-			if cEnd := c.at.Add(c.took); !cEnd.Before(d.at) && !cEnd.After(end.Add(time.Millisecond)) {
-				slip = max(slip, c.took-budget)
+		if excess := d.took - bound - late; excess > 0 {
+			g, th := n.runqDuring(d.at.Add(-10*time.Millisecond), d.at.Add(d.took))
+			worstExcess = max(worstExcess, excess)
+			if reported++; reported <= 10 {
+				t.Errorf("sidecar %d: a decision at %+v from the stop waited %v from its arrival (%s; %v): more than one call budget (%v) + %v, and the machine's lateness around it (sleepers' timers %v + the longest run-queue wait of a goroutine %v or of a thread %v) excuses only %v",
+					d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, d.story(), counts([]decision{d}), budget, few,
+					n.during(d.at.Add(-10*time.Millisecond), d.at.Add(d.took)), g, th, late)
 			}
 		}
-		if excess := d.took - bound - max(late, slip); excess > 0 {
-			worstExcess = max(worstExcess, excess)
-			t.Errorf("sidecar %d: a decision at %+v took %v: more than one call budget (%v) + %v, and the machine's delays around it excuse only %v (goroutines) or %v (the store call it waited for, past its deadline)",
-				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, few, late, slip)
+	}
+	if reported > 10 {
+		t.Errorf("%d more decisions over the bound; the worst by %v", reported-10, worstExcess)
+	}
+	var storeCalls, budgetCalls int
+	for _, sc := range fleet {
+		for _, c := range sc.calls.between(paused, resumed) {
+			storeCalls++
+			if c.took >= budget {
+				budgetCalls++
+			}
 		}
 	}
 	t.Logf("%d decisions while the master was stopped (%v): max %v, p99 %v, p50 %v, %d over 100ms; %v",
 		len(during), resumed.Sub(paused).Round(time.Millisecond), maxTook(during), percentile(during, .99), percentile(during, .5), over100, counts(during))
-	t.Logf("bound: budget %v + %v = %v, plus the machine's lateness during each decision (worst over the run %v; store calls failed up to %v past their deadline); %d decisions took longer than %v",
-		budget, few, bound, n.worst(), worstSlip, excused, bound)
+	g, th := n.worstRunq()
+	t.Logf("bound: budget %v + %v = %v from each request's arrival, plus the machine's lateness around it (worst over the run: sleepers' timers %v, run-queue wait of a goroutine %v, of a thread %v); %d decisions of the run took longer than %v, %d longer than the bound and the lateness around them (worst by %v); %d store calls while stopped, %d of them waited out their budget",
+		budget, few, bound, n.worst(), g, th, overBound, bound, reported, worstExcess, storeCalls, budgetCalls)
 	if len(during) < sidecars*rate*4 {
 		t.Fatalf("only %d decisions in 5s of 4x500/s: the load did not run", len(during))
 	}

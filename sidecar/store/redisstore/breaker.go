@@ -39,6 +39,17 @@ func (s BreakerState) String() string {
 // through (half-open), and the probe's success closes it while its failure
 // opens it again for another cooldown.
 //
+// A call that got no answer by its deadline (a timeout) is different: one
+// is enough. A node that let one call wait out its deadline (stopped,
+// stalled, swapping) makes the calls sent after it wait theirs too, each a
+// whole call budget, so the breaker opens at once with no cooldown: the
+// next call is the probe, and every other call fails fast until the
+// probe's outcome is known. The probe answered closes it again (a single
+// slow answer costs the shard's keys one round trip of fail-fast); the
+// probe timed out too opens it for a cooldown. So a stalled shard costs
+// each caller at most one call budget, and the fleet one call per sidecar
+// per cooldown, instead of threshold budgets in a row.
+//
 // Each cooldown is jittered: it lasts a uniformly random time between half
 // and one and a half times the configured one (the mean). The breakers of
 // a fleet of sidecars open together when a shard goes down; with a fixed
@@ -133,6 +144,24 @@ func (b *breaker) failure(probe bool, n int) {
 		if b.failures >= b.threshold {
 			b.openLocked()
 		}
+	case probe && st == BreakerHalfOpen:
+		b.openLocked()
+	}
+}
+
+// timedOut records a call that got no answer by its deadline. Closed, the
+// breaker opens with the next call as the probe (no cooldown); the probe
+// timed out opens it for a cooldown. A timeout of a call sent before the
+// breaker opened changes nothing once it is open.
+func (b *breaker) timedOut(probe bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch st := BreakerState(b.state.Load()); {
+	case st == BreakerClosed:
+		b.failures = 0
+		b.failing.Store(false)
+		b.probeAt = b.now()
+		b.setLocked(BreakerOpen)
 	case probe && st == BreakerHalfOpen:
 		b.openLocked()
 	}

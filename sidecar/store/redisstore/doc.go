@@ -105,6 +105,22 @@
 // unavailable calls open it; while open, decisions for its slots fail at
 // once with ErrUnavailable. After a cooldown one probe goes through; its
 // success closes the breaker, its failure opens it for another cooldown.
+//
+// A timeout opens it at once: one call that got no answer within the whole
+// call budget (Options.Timeout; a caller's shorter deadline does not count),
+// or that waited that long for its connection. A node that made one call
+// wait out its budget (stopped, stalled, swapping) would make the calls
+// after it wait theirs too. No cooldown then: the next call is the probe,
+// and every other call for the node's slots fails fast until the probe's
+// outcome is known; the probe answered closes the breaker (a single slow
+// answer costs the shard's slots one round trip of fail-fast), the probe
+// timed out too opens it for a cooldown. So a stalled shard costs a caller
+// at most one call budget, and a sidecar one call per cooldown.
+//
+// Every caller waits for its call on a timer of its own, set to the call's
+// deadline, besides the connection's read deadline: on a busy machine the
+// caller then returns as late as any goroutine waking from a sleep, not
+// after the connection's reader has also been scheduled.
 // Each cooldown is drawn at random between half and one and a half
 // Options.BreakerCooldown, so that the sidecars whose breakers opened
 // together, when a shard died, probe it at different instants and do not

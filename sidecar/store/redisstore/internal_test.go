@@ -148,7 +148,32 @@ func TestBreaker(t *testing.T) {
 	mustState("probe succeeded", BreakerClosed)
 	mustAllow("closed again", true, false)
 
-	want := []BreakerState{BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerClosed}
+	// A timeout opens it at once, without a cooldown: the next call is
+	// the probe, the others fail fast while it is out.
+	b.timedOut(false)
+	mustState("a call timed out", BreakerOpen)
+	mustAllow("right after the timeout: the probe", true, true)
+	mustAllow("second caller while probing", false, false)
+	b.timedOut(false) // another call sent before: changes nothing
+	mustState("an older call timed out", BreakerHalfOpen)
+	b.success(true)
+	mustState("the probe answered", BreakerClosed)
+	b.failure(false, 2)
+	b.timedOut(false)
+	mustAllow("a timeout after two failures: the probe", true, true)
+	b.timedOut(true)
+	mustState("the probe timed out too", BreakerOpen)
+	clk.t = clk.t.Add(999 * time.Millisecond)
+	mustAllow("the probe timed out: a cooldown", false, false)
+	clk.t = clk.t.Add(time.Millisecond)
+	mustAllow("after the cooldown", true, true)
+	b.success(true)
+	mustState("closed after the timeouts", BreakerClosed)
+	b.failure(false, 2)
+	mustState("the count starts again after a timeout's probe", BreakerClosed)
+
+	want := []BreakerState{BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerClosed,
+		BreakerOpen, BreakerHalfOpen, BreakerClosed, BreakerOpen, BreakerHalfOpen, BreakerOpen, BreakerHalfOpen, BreakerClosed}
 	if len(changes) != len(want) {
 		t.Fatalf("state changes %v, want %v", changes, want)
 	}

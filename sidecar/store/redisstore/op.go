@@ -20,11 +20,14 @@ var _ pipe.Call = (*op)(nil)
 type op struct {
 	ctx      context.Context
 	deadline time.Time // the call's: the op is finished by then
-	la       *limitArgs
-	key      string
-	now      string // µs, or "" for Redis TIME
-	n        int64
-	probe    bool // the half-open probe of the breaker it was admitted by
+	// full: the deadline is the whole call budget (Options.Timeout), not a
+	// caller's shorter one. Only such a call's timeout trips the breaker.
+	full  bool
+	la    *limitArgs
+	key   string
+	now   string // µs, or "" for Redis TIME
+	n     int64
+	probe bool // the half-open probe of the breaker it was admitted by
 	// lease, when leased is set, is a lease script's ARGV after the
 	// limit's constants: want, return, window.
 	lease  [3]int64

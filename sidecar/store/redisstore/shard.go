@@ -86,13 +86,40 @@ func (sh *shard) do(ctx context.Context, o *op) (string, error) {
 	}
 	o.probe = probe
 	sh.submit(o)
+	// The connection fails o at its deadline too, but from its reader,
+	// which a busy machine may run late, after a socket deadline that may
+	// fire late itself: the caller keeps its own timer, so that it returns
+	// as late as any sleeping goroutine and no later.
+	t := getTimer(time.Until(o.deadline))
+	defer putTimer(t)
 	select {
 	case <-o.done:
 		return o.addr, o.err
 	case <-ctx.Done():
 		// The script may still run: the count is unknown.
 		return sh.addr, unavailable(sh.addr, fmt.Errorf("no answer within the call deadline: %w", ctx.Err()))
+	case <-t.C:
+		return sh.addr, unavailable(sh.addr, fmt.Errorf("no answer within the call deadline: %w", context.DeadlineExceeded))
 	}
+}
+
+// timerPool recycles the callers' deadline timers: one per store call.
+var timerPool sync.Pool
+
+// getTimer returns a timer that fires after d.
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timerPool.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// putTimer stops t and recycles it. Since Go 1.23 a stopped timer's
+// channel holds no stale tick, so the next Reset starts clean.
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timerPool.Put(t)
 }
 
 // submit queues o on the shard's pipelined connection, dialling one if
@@ -104,7 +131,13 @@ func (sh *shard) submit(o *op) {
 		if c == nil {
 			var err error
 			if c, err = sh.connect(o.ctx, o.deadline); err != nil {
-				sh.br.failure(o.probe, 1)
+				if o.full && errors.Is(err, context.DeadlineExceeded) {
+					// The node took the whole call budget to accept
+					// the connection and its handshake: stalled.
+					sh.br.timedOut(o.probe)
+				} else {
+					sh.br.failure(o.probe, 1)
+				}
 				o.fail(unavailable(sh.addr, err), sh.addr)
 				return
 			}
@@ -222,12 +255,17 @@ func (sh *shard) Closed(c *pipe.Conn) {
 }
 
 // Failed implements pipe.Handler: a call that got no answer leaves the
-// count unknown. One the node never saw tells the breaker nothing.
+// count unknown. One the node never saw tells the breaker nothing; one it
+// did not answer within the whole call budget (Options.Timeout, not a
+// caller's shorter deadline) trips it at once (see breaker).
 func (sh *shard) Failed(c pipe.Call, f pipe.Failure, err error) {
 	o := c.(*op)
-	if f == pipe.Unsent {
+	switch {
+	case f == pipe.Unsent:
 		sh.br.release(o.probe)
-	} else {
+	case f == pipe.Unanswered && o.full && errors.Is(err, pipe.ErrNoAnswer):
+		sh.br.timedOut(o.probe)
+	default:
 		sh.br.failure(o.probe, 1)
 	}
 	if f == pipe.Unanswered {

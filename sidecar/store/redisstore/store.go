@@ -316,6 +316,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Timeout returns the per-call deadline (Options.Timeout, or its default).
+func (s *Store) Timeout() time.Duration { return s.opts.Timeout }
+
 // ShardState is one shard's address and breaker state.
 type ShardState struct {
 	Addr    string
@@ -508,7 +511,7 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 	if err != nil {
 		return limiter.Decision{}, UnknownShard, fmt.Errorf("redisstore: %w", err)
 	}
-	o, addr, err := s.send(ctx, req.Key, la, req.Cost, nil)
+	o, addr, err := s.send(ctx, req.Key, la, req.Cost, nil, req.Deadline)
 	if err != nil {
 		return limiter.Decision{}, addr, err // o may still be in flight: not reused
 	}
@@ -521,8 +524,9 @@ func (s *Store) Take(ctx context.Context, req limiter.Request) (limiter.Decision
 // its slot and returns the answered op, for the caller to read and
 // recycle, with the address of the master that answered or failed. lease,
 // when set, is a lease call's arguments: they are checked as such and sent
-// after the limit's constants.
-func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64, lease *limiter.LeaseArgs) (*op, string, error) {
+// after the limit's constants. The call ends by the earliest of its budget
+// (Options.Timeout), ctx's deadline and caller's (unless zero).
+func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64, lease *limiter.LeaseArgs, caller time.Time) (*op, string, error) {
 	var nowUs int64 // checked as the epoch when Redis TIME will be used
 	haveNow := s.opts.Now != nil
 	if haveNow {
@@ -544,19 +548,25 @@ func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64,
 		return nil, UnknownShard, unavailable("store", errors.New("store is closed"))
 	}
 
-	deadline := time.Now().Add(s.opts.Timeout)
+	sent := time.Now()
+	deadline := sent.Add(s.opts.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	// The pipelined connection finishes every op by its deadline (see
-	// package pipe), so the hot path needs no timer of its own.
+	if !caller.IsZero() && caller.Before(deadline) {
+		deadline = caller
+	}
+	// A call that had (about) the whole budget and got no answer in it
+	// trips the breaker (see breaker); one the caller gave much less, after
+	// waiting elsewhere, proves nothing about the node.
+	full := deadline.Sub(sent) >= s.opts.Timeout*3/4
 	rkey := counterKey(key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, rkey)
 	if err != nil {
 		return nil, UnknownShard, err
 	}
 	o := getOp()
-	o.ctx, o.deadline, o.la, o.key, o.n = ctx, deadline, la, rkey, cost
+	o.ctx, o.deadline, o.full, o.la, o.key, o.n = ctx, deadline, full, la, rkey, cost
 	if lease != nil {
 		o.lease, o.leased = [3]int64{lease.Want, lease.Return, lease.Window}, true
 	}

@@ -152,6 +152,11 @@ type entry struct {
 	dead   bool // c failed at its deadline; never look at it again
 }
 
+// ErrNoAnswer is the cause of an Unanswered failure at the call's
+// deadline (the node may be stalled), as against a lost connection. It
+// wraps context.DeadlineExceeded.
+var ErrNoAnswer = fmt.Errorf("no answer by the call deadline (the command may have run): %w", context.DeadlineExceeded)
+
 // Causes of an Unsent failure.
 var (
 	errNotSentInTime = fmt.Errorf("not sent by the call deadline: %w", context.DeadlineExceeded)
@@ -555,7 +560,7 @@ func (c *Conn) expire() bool {
 		}
 	}
 	for _, call := range gone {
-		c.cfg.Handler.Failed(call, Unanswered, errors.New("no answer by the call deadline (the command may have run)"))
+		c.cfg.Handler.Failed(call, Unanswered, ErrNoAnswer)
 	}
 	if !alive {
 		// Close it before anything more is written to it: a call written
