@@ -435,7 +435,7 @@ func TestConcurrencySlotHeldWhileTheBodyStreams(t *testing.T) {
 			if r := do(t, f.url, "/stream/x", "X-Tenant", "s"); r.status != http.StatusTooManyRequests {
 				t.Errorf("a second stream of the key: %d, want 429", r.status)
 			}
-			if _, in := f.p.Shedder().Shares(); in != 0 {
+			if _, in := f.p.Shedder().Current(); in != 0 {
 				t.Errorf("the shedder counts %d in flight after the head, want 0", in)
 			}
 			b.letOne(t)
