@@ -133,7 +133,7 @@ func TestSharesNeverShedAHigherPriorityFirst(t *testing.T) {
 				if reserve < limit*float64(pct[0])/100 || (demand > 0 && reserve < demand) {
 					t.Errorf("Shares(%v, %v, %v) reserve %v, want at least the percentage and the demand", limit, pct, demand, reserve)
 				}
-				for in := range int64(shares[Critical]) + 2 {
+				for in := range shares[Critical] + 2 {
 					for waiting := range int64(3) {
 						a := [numPriorities]bool{}
 						for p := range numPriorities {
