@@ -37,10 +37,12 @@
 // rest; the measured reserve follows the Critical load instead, and the
 // lower classes get what it leaves.
 //
-// A Critical request that still finds the limit full waits for the next
-// request to leave, for at most the baseline latency (see AdmitWait);
-// while one waits, no lower priority is admitted, so the next place goes
-// to it. It is shed only when no place frees in that time.
+// Critical requests are held to the limit among themselves: the lower
+// requests already in flight cannot be taken back, so a Critical request
+// does not wait behind them. One that finds the Critical requests alone
+// filling the limit waits for the next one to leave, for at most the
+// baseline latency (see AdmitWait); while one waits, no lower priority is
+// admitted. It is shed only when no place frees in that time.
 //
 // A shed request never reaches the application: the front answers 503 with
 // Retry-After.
@@ -278,14 +280,20 @@ func (s *Shedder) Admits(p Priority) bool {
 	if !s.enabled.Load() || s.shadow.Load() || p >= Critical {
 		return true
 	}
-	return admits(p, s.inFlight.Load(), s.shares[p].Load(), s.waiting.Load())
+	return admits(p, s.inFlight.Load(), s.inFlightBy[Critical].Load(), s.shares[p].Load(), s.waiting.Load())
 }
 
-// admits is the admission rule: a request of priority p goes in while
-// the requests in flight are under p's share and, below Critical, no
-// Critical request waits. It is a pure function.
-func admits(p Priority, inFlight, share, waiting int64) bool {
-	return inFlight < share && (p >= Critical || waiting == 0)
+// admits is the admission rule: a request below Critical goes in while the
+// requests in flight, all priorities together, are under its share and no
+// Critical request waits; a Critical request while the Critical requests
+// in flight are under the limit (its share), whatever the lower ones hold:
+// the lower requests already in flight cannot be taken back, so a
+// Critical request never waits behind them. It is a pure function.
+func admits(p Priority, inFlight, critical, share, waiting int64) bool {
+	if p >= Critical {
+		return critical < share
+	}
+	return inFlight < share && waiting == 0
 }
 
 // CountShed counts a request of priority p that a front shed after Admits
@@ -330,12 +338,21 @@ func (s *Shedder) admitNow(p Priority) (Ticket, bool) {
 	share := s.shares[p].Load()
 	shadow := s.shadow.Load()
 	for {
-		cur := s.inFlight.Load()
-		over := !admits(p, cur, share, s.waiting.Load())
+		cur, crit := s.inFlight.Load(), s.inFlightBy[Critical].Load()
+		over := !admits(p, cur, crit, share, s.waiting.Load())
 		if over && !shadow {
 			return Ticket{}, false
 		}
-		if s.inFlight.CompareAndSwap(cur, cur+1) {
+		// Critical is held to its own count, the others to the total.
+		ok := false
+		if p >= Critical {
+			if ok = s.inFlightBy[Critical].CompareAndSwap(crit, crit+1); ok {
+				cur = s.inFlight.Add(1) - 1
+			}
+		} else if ok = s.inFlight.CompareAndSwap(cur, cur+1); ok {
+			s.inFlightBy[p].Add(1)
+		}
+		if ok {
 			if over {
 				s.shed[p][1].Inc()
 			}
@@ -347,7 +364,6 @@ func (s *Shedder) admitNow(p Priority) (Ticket, bool) {
 // took counts an admission of p, in flight with inFlight others, and
 // returns its ticket.
 func (s *Shedder) took(p Priority, inFlight int64) Ticket {
-	s.inFlightBy[p].Add(1)
 	s.admitted[p].Inc()
 	return Ticket{start: s.now(), inFlight: inFlight, prio: p, held: true}
 }
@@ -407,18 +423,19 @@ func (s *Shedder) Cancel(w *Waiter) (Ticket, bool) {
 func (s *Shedder) handOffLocked() {
 	share := s.shares[Critical].Load()
 	for len(s.waiters) > 0 {
-		cur := s.inFlight.Load()
-		if cur >= share {
+		crit := s.inFlightBy[Critical].Load()
+		if crit >= share {
 			return
 		}
-		if !s.inFlight.CompareAndSwap(cur, cur+1) {
+		if !s.inFlightBy[Critical].CompareAndSwap(crit, crit+1) {
 			continue
 		}
+		cur := s.inFlight.Add(1)
 		w := s.waiters[0]
 		s.waiters[0] = nil
 		s.waiters = s.waiters[1:]
 		s.waiting.Store(int64(len(s.waiters)))
-		w.ticket, w.handed = s.took(Critical, cur+1), true
+		w.ticket, w.handed = s.took(Critical, cur), true
 		close(w.ready)
 	}
 }

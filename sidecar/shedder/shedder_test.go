@@ -134,14 +134,14 @@ func TestSharesNeverShedAHigherPriorityFirst(t *testing.T) {
 					t.Errorf("Shares(%v, %v, %v) reserve %v, want at least the percentage and the demand", limit, pct, demand, reserve)
 				}
 				for in := range shares[Critical] + 2 {
-					for waiting := range int64(3) {
+					for crit, waiting := int64(0), int64(0); crit <= in; crit, waiting = crit+1, (waiting+1)%3 {
 						a := [numPriorities]bool{}
 						for p := range numPriorities {
-							a[p] = admits(p, in, shares[p], waiting)
+							a[p] = admits(p, in, crit, shares[p], waiting)
 						}
 						if (a[Sheddable] && !a[Default]) || (a[Default] && !a[Critical]) {
-							t.Fatalf("Shares(%v, %v, %v) = %v: at %d in flight, %d waiting, admits %v: a higher priority is shed while a lower one is admitted",
-								limit, pct, demand, shares, in, waiting, a)
+							t.Fatalf("Shares(%v, %v, %v) = %v: at %d in flight (%d Critical), %d waiting, admits %v: a higher priority is shed while a lower one is admitted",
+								limit, pct, demand, shares, in, crit, waiting, a)
 						}
 						if waiting > 0 && (a[Default] || a[Sheddable]) {
 							t.Fatalf("a lower priority is admitted while %d Critical requests wait", waiting)
@@ -183,30 +183,33 @@ func TestSharesFollowTheCriticalDemand(t *testing.T) {
 	}
 }
 
-// A Critical request that finds the limit full waits; while it does no
-// lower priority is admitted, and the next request to leave hands it its
-// place. One that nothing hands a place to is shed, and counted.
+// Critical requests are held to the limit among themselves, whatever the
+// lower ones hold. One that finds the Critical requests alone filling it
+// waits; while it does no lower priority is admitted, and the next
+// Critical request to leave hands it its place. One that nothing hands a
+// place to is shed, and counted.
 func TestWaitingCriticalTakesTheNextPlace(t *testing.T) {
 	t.Parallel()
 	s, m := newShedder(t, nil, &Config{CriticalReserve: 20, DefaultReserve: 10, MinLimit: 4, MaxLimit: 1000})
 	shares, _ := s.Current()
-	var held []Ticket
+	var deflt, crit []Ticket
 	for range shares[Default] {
 		tk, ok := s.Admit(Default)
 		if !ok {
 			t.Fatal("Default refused under its share")
 		}
-		held = append(held, tk)
+		deflt = append(deflt, tk)
 	}
-	for range shares[Critical] - shares[Default] {
+	// Default fills its share; Critical still has the whole limit.
+	for range shares[Critical] {
 		tk, ok := s.Admit(Critical)
 		if !ok {
-			t.Fatal("Critical refused under the limit")
+			t.Fatalf("Critical refused with %d Critical in flight, under the limit %d", len(crit), shares[Critical])
 		}
-		held = append(held, tk)
+		crit = append(crit, tk)
 	}
 	if _, ok := s.Admit(Critical); ok {
-		t.Fatal("Critical admitted at the limit without waiting")
+		t.Fatal("Critical admitted with Critical requests alone at the limit")
 	}
 	w := s.Enqueue(Critical)
 	select {
@@ -217,9 +220,19 @@ func TestWaitingCriticalTakesTheNextPlace(t *testing.T) {
 	if s.Enqueue(Default) != nil {
 		t.Error("a Default request may wait")
 	}
-	// A place frees: it goes to the waiter, and Default is refused even
-	// though it was under its share a moment ago.
-	s.Done(&held[0], true)
+	// A Default request leaving frees no Critical place, and Default is
+	// refused while the waiter waits.
+	s.Done(&deflt[0], true)
+	select {
+	case <-w.Ready():
+		t.Fatal("the waiter got a place while the Critical requests still fill the limit")
+	default:
+	}
+	if s.Admits(Default) || s.Admits(Sheddable) {
+		t.Error("a lower priority is admitted while a Critical request waits")
+	}
+	// A Critical request leaving hands its place over.
+	s.Done(&crit[0], true)
 	select {
 	case <-w.Ready():
 	default:
@@ -228,36 +241,23 @@ func TestWaitingCriticalTakesTheNextPlace(t *testing.T) {
 	if tk, ok := s.Cancel(w); !ok || !tk.Held() {
 		t.Fatal("Cancel after the hand-off does not return the place")
 	} else {
-		held[0] = tk
-	}
-	if _, in := s.Current(); in != shares[Critical] {
-		t.Errorf("%d in flight, want the limit %d", in, shares[Critical])
-	}
-	w2 := s.Enqueue(Critical)
-	if s.Admits(Default) || s.Admits(Sheddable) {
-		t.Error("a lower priority is admitted while a Critical request waits")
-	}
-	s.Done(&held[1], true) // hands the place to w2
-	if tk, ok := s.Cancel(w2); !ok {
-		t.Fatal("the second waiter was not handed the place")
-	} else {
-		held[1] = tk
+		crit[0] = tk
 	}
 	// A waiter that nothing hands a place to is shed.
-	w3 := s.Enqueue(Critical)
-	if _, ok := s.Cancel(w3); ok {
+	w2 := s.Enqueue(Critical)
+	if _, ok := s.Cancel(w2); ok {
 		t.Fatal("a waiter handed nothing is admitted on Cancel")
 	}
 	if got := value(m.ShedTotal.WithLabelValues("Critical", "enforce")); got != 2 {
 		t.Errorf("critical shed = %v, want 2 (the Admit at the limit and the cancelled wait)", got)
 	}
-	// Once the waiters are gone and the count is under Default's share,
-	// Default goes in again.
-	for i := range held {
+	// Once no one waits and the count is under Default's share, Default
+	// goes in again.
+	for i := range crit {
 		if _, in := s.Current(); in < shares[Default] {
 			break
 		}
-		s.Done(&held[i], true)
+		s.Done(&crit[i], true)
 	}
 	if !s.Admits(Default) {
 		t.Error("Default refused with no waiter and a place under its share")
