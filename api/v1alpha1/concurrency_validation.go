@@ -8,10 +8,6 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
-// limits reports whether the rule limits anything: a rate or a number of
-// requests in flight. A rule that does neither only sets a priority.
-func (r *Rule) limits() bool { return r.Limit != (Limit{}) || r.Concurrency != nil }
-
 // validateRuleKind checks that a rule is a rate (limit), a cap on requests
 // in flight (concurrency), or only a priority, and the fields each kind
 // takes. It mirrors the CEL rules on Rule.

@@ -25,6 +25,11 @@ type Admission struct {
 	// SheddingLimit is the load shedder's adaptive limit on the requests
 	// in flight to the application.
 	SheddingLimit prometheus.Gauge
+	// SheddingCriticalReserve is the part of the limit that only Critical
+	// requests may use: reserved.critical percent of it, or the Critical
+	// requests' measured concurrency with room for their bursts, whichever
+	// is larger.
+	SheddingCriticalReserve prometheus.Gauge
 	// SheddingInFlight is the number of requests the shedder has admitted
 	// to the application and that have not been answered yet.
 	SheddingInFlight prometheus.Gauge
@@ -58,6 +63,10 @@ func newAdmission(reg prometheus.Registerer) Admission {
 			Namespace: namespace, Name: "shedding_limit",
 			Help: "The load shedder's adaptive limit on requests in flight to the application.",
 		}),
+		SheddingCriticalReserve: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "shedding_critical_reserve",
+			Help: "The part of the load shedder's limit only Critical requests may use: the reserved percentage, or the Critical requests' measured concurrency with room for bursts, whichever is larger.",
+		}),
 		SheddingInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "shedding_in_flight",
 			Help: "Requests the load shedder admitted to the application and that are not answered yet.",
@@ -79,7 +88,7 @@ func newAdmission(reg prometheus.Registerer) Admission {
 			Help: "Requests the load shedder admitted to the application, by priority.",
 		}, []string{"priority"}),
 	}
-	reg.MustRegister(a.ConcurrencyInFlight, a.LeaseRenewalsTotal, a.SheddingLimit, a.SheddingInFlight,
+	reg.MustRegister(a.ConcurrencyInFlight, a.LeaseRenewalsTotal, a.SheddingLimit, a.SheddingCriticalReserve, a.SheddingInFlight,
 		a.SheddingBaseline, a.SheddingLatency, a.ShedTotal, a.ShedderAdmittedTotal)
 	return a
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -194,14 +195,14 @@ func (p *Proxy) acquireSlots(set *ruleset.Set, r *http.Request, st *State, d *De
 	return false
 }
 
-// enter admits a request that the rules admitted into the shedder, and
-// attaches what it holds to d. It reports false, with d Shed and the slots
-// given back, when the shedder sheds it after all (its count rose since
-// classify).
-func (p *Proxy) enter(st *State, d *Decision) bool {
+// enter admits a request that the rules admitted into the shedder (a
+// Critical one may wait briefly for a place), and attaches what it holds
+// to d. It reports false, with d Shed and the slots given back, when the
+// shedder sheds it after all (its count rose since classify).
+func (p *Proxy) enter(ctx context.Context, st *State, d *Decision) bool {
 	a := &st.adm
 	if a.shedding {
-		t, ok := p.adm.shed.Admit(a.prio)
+		t, ok := p.adm.shed.AdmitWait(ctx, a.prio)
 		if !ok {
 			a.finish()
 			p.adm.shedCount.Inc()

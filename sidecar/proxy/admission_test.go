@@ -435,7 +435,7 @@ func TestConcurrencySlotHeldWhileTheBodyStreams(t *testing.T) {
 			if r := do(t, f.url, "/stream/x", "X-Tenant", "s"); r.status != http.StatusTooManyRequests {
 				t.Errorf("a second stream of the key: %d, want 429", r.status)
 			}
-			if _, in := f.p.Shedder().Shares(); in != 0 {
+			if _, in := f.p.Shedder().Current(); in != 0 {
 				t.Errorf("the shedder counts %d in flight after the head, want 0", in)
 			}
 			b.letOne(t)
@@ -509,9 +509,12 @@ func TestConcurrencyUnavailableAndRateDenial(t *testing.T) {
 }
 
 // The shedder sheds by priority on both fronts: with a limit of 4 and
-// reserves of 50% for Critical and 25% for Default, one Sheddable, two
-// Default and four Critical requests may be in flight; the others get 503
-// with Retry-After and never reach the application.
+// reserves of 50% for Critical and 25% for Default, a Sheddable request is
+// admitted while fewer than one request is in flight, a Default one while
+// fewer than two are, and a Critical one while fewer than four Critical
+// requests are, whatever the lower ones hold; the others get 503 with
+// Retry-After (a Critical one after its brief wait) and never reach the
+// application.
 func TestShedderOnBothFronts(t *testing.T) {
 	t.Parallel()
 	b := newBackend(t)
@@ -549,10 +552,15 @@ func TestShedderOnBothFronts(t *testing.T) {
 			hold("critical")
 			hold("critical")
 			waitBackend(4)
+			// The limit is reached, but only two Critical requests are in
+			// flight: two more go in.
+			hold("critical")
+			hold("critical")
+			waitBackend(6)
 			shed("critical")
 			shed("default")
-			if n := b.seen.Load() - seen; n != 4 {
-				t.Errorf("the backend saw %d requests, want the 4 admitted: a shed request never reaches it", n)
+			if n := b.seen.Load() - seen; n != 6 {
+				t.Errorf("the backend saw %d requests, want the 6 admitted: a shed request never reaches it", n)
 			}
 			for range readers {
 				b.letOne(t)

@@ -124,7 +124,7 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		return d
 	}
 	if len(st.Hits) == 0 {
-		if !p.enter(st, d) {
+		if !p.enter(r.Context(), st, d) {
 			return d
 		}
 		p.proxied.Inc()
@@ -142,7 +142,7 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, d.Result.Decision, v.Outcome != engine.Allow)
 	}
 	p.publish(r, st, v)
-	if v.Outcome == engine.Allow && !p.enter(st, d) {
+	if v.Outcome == engine.Allow && !p.enter(r.Context(), st, d) {
 		return d
 	}
 	switch v.Outcome {

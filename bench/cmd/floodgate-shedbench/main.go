@@ -24,6 +24,10 @@
 // goodput (200s in time per second) against C; what the application
 // served per second, the part beyond the goodput being work whose client
 // had given up.
+//
+// Where taskset exists and there are two CPUs, the sidecar runs on CPU 0
+// and the application and the load on CPU 1 (-pin=false turns that off);
+// the report gives the pinning and the machine's load average.
 package main
 
 import (
@@ -42,8 +46,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,6 +76,7 @@ type options struct {
 	duration time.Duration
 	idle     time.Duration
 	out      string
+	pin      bool
 
 	reserveCritical, reserveDefault int
 }
@@ -89,6 +96,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each arm's measurement")
 	fs.DurationVar(&o.idle, "idle", 5*time.Second, "length of the idle measurement")
 	fs.StringVar(&o.out, "out", "", "write the JSON report here too")
+	fs.BoolVar(&o.pin, "pin", true, "pin the sidecar to CPU 0 and the application and load to CPU 1 with taskset, where it exists")
 	fs.IntVar(&o.reserveCritical, "reserve-critical", 20, "the shedder's reserved.critical, percent (the policy's default 20)")
 	fs.IntVar(&o.reserveDefault, "reserve-default", 10, "the shedder's reserved.default, percent (the policy's default 10)")
 	if err := fs.Parse(args); err != nil {
@@ -146,6 +154,10 @@ type Report struct {
 	DurationS      float64 `json:"durationSeconds"`
 	IdleCriticalMS Quant   `json:"idleCriticalMs"`
 	Arms           []Arm   `json:"arms"`
+	// Pinning says where the processes ran; LoadAverage is /proc/loadavg
+	// at the start and at the end of the run.
+	Pinning     string   `json:"pinning"`
+	LoadAverage []string `json:"loadAverage"`
 }
 
 // Arm is one arm's figures.
@@ -159,8 +171,10 @@ type Arm struct {
 	// Served is what the application served per second: the part of it
 	// beyond the goodput is work whose client had given up.
 	Served float64 `json:"servedPerSecond"`
-	// Limit is the shedder's adaptive limit at the end, when it has one.
-	Limit float64 `json:"shedderLimit,omitempty"`
+	// Limit is the shedder's adaptive limit at the end, when it has one,
+	// and CriticalReserve the part of it only Critical requests may use.
+	Limit           float64 `json:"shedderLimit,omitempty"`
+	CriticalReserve float64 `json:"criticalReserve,omitempty"`
 	// Acceptance is the issue's bar, for the shedder arm.
 	Acceptance []Check `json:"acceptance,omitempty"`
 }
@@ -215,9 +229,23 @@ func bench(ctx context.Context, o options) (*Report, error) {
 			return nil, fmt.Errorf("go build floodgate-sidecar: %w: %s", err, out)
 		}
 	}
+	taskset := ""
+	if _, err := exec.LookPath("taskset"); err == nil && o.pin && runtime.NumCPU() >= 2 {
+		// The load and the application share CPU 1; the sidecar has CPU 0.
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("pin the application and the load: %w: %s", err, out)
+		}
+		taskset = "0"
+	}
 	capacity := float64(o.workers) / o.service.Seconds()
 	rep := &Report{Workers: o.workers, ServiceMS: ms(o.service), Capacity: capacity, Offered: o.load * capacity,
 		CriticalShare: o.critical, TimeoutMS: ms(o.timeout), DurationS: o.duration.Seconds()}
+	rep.Pinning = "none"
+	if taskset != "" {
+		rep.Pinning = "sidecar on CPU 0; application and load on CPU 1 (taskset)"
+	}
+	rep.LoadAverage = append(rep.LoadAverage, loadAverage())
+	defer func() { rep.LoadAverage = append(rep.LoadAverage, loadAverage()) }()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8192, IdleConnTimeout: 30 * time.Second,
 		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}}
 
@@ -231,7 +259,7 @@ func bench(ctx context.Context, o options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		sc, err := startSidecar(ctx, bin, dir, app.addr, fmt.Sprintf(a.policy, strconv.Itoa(i)))
+		sc, err := startSidecar(ctx, bin, taskset, dir, app.addr, fmt.Sprintf(a.policy, strconv.Itoa(i)))
 		if err != nil {
 			app.close()
 			return nil, err
@@ -255,6 +283,9 @@ func bench(ctx context.Context, o options) (*Report, error) {
 		if a.name == "shedder" {
 			if l := sc.gauge("floodgate_sidecar_shedding_limit"); !math.IsNaN(l) {
 				arm.Limit = l
+			}
+			if r := sc.gauge("floodgate_sidecar_shedding_critical_reserve"); !math.IsNaN(r) {
+				arm.CriticalReserve = r
 			}
 			arm.Acceptance = acceptance(arm, rep.IdleCriticalMS, capacity)
 		}
@@ -430,7 +461,7 @@ type sidecar struct {
 	url, admin string
 }
 
-func startSidecar(ctx context.Context, bin, dir, upstream, policy string) (*sidecar, error) {
+func startSidecar(ctx context.Context, bin, cpu, dir, upstream, policy string) (*sidecar, error) {
 	f, err := os.CreateTemp(dir, "policy-*.yaml")
 	if err != nil {
 		return nil, err
@@ -454,8 +485,13 @@ func startSidecar(ctx context.Context, bin, dir, upstream, policy string) (*side
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, bin, "--listen", "127.0.0.1:"+lp, "--admin-listen", "127.0.0.1:"+ap,
-		"--upstream", "http://"+upstream, "--policy-file", f.Name(), "--store", "memory", "--log-level", "warn")
+	args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
+		"--upstream", "http://" + upstream, "--policy-file", f.Name(), "--store", "memory", "--log-level", "warn"}
+	name := bin
+	if cpu != "" {
+		name, args = "taskset", append([]string{"-c", cpu, bin}, args...)
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start floodgate-sidecar: %w", err)
@@ -467,6 +503,19 @@ func startSidecar(ctx context.Context, bin, dir, upstream, policy string) (*side
 		return nil, fmt.Errorf("floodgate-sidecar not ready: %w: %s", err, out)
 	}
 	return s, nil
+}
+
+// loadAverage is the first three fields of /proc/loadavg, or "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func (s *sidecar) stop() {
@@ -533,13 +582,14 @@ func logf(format string, args ...any) {
 func (r *Report) table(w io.Writer) {
 	_, _ = fmt.Fprintf(w, "application: %d workers x %.0fms = capacity C %.0f/s; offered %.0f/s (%.1f C), %.0f%% critical; clients give up after %.0fms\n",
 		r.Workers, r.ServiceMS, r.Capacity, r.Offered, r.Offered/r.Capacity, 100*r.CriticalShare, r.TimeoutMS)
+	_, _ = fmt.Fprintf(w, "pinning: %s; load average %s\n", r.Pinning, strings.Join(r.LoadAverage, ", then "))
 	_, _ = fmt.Fprintf(w, "idle critical latency: p50 %.1fms p99 %.1fms\n\n", r.IdleCriticalMS.P50, r.IdleCriticalMS.P99)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	_, _ = fmt.Fprintln(tw, "arm\tcritical ok\tcritical p50\tcritical p99\tother ok\tother shed/429/timeout/error\tgoodput\tgoodput/C\tserved/s\tlimit")
+	_, _ = fmt.Fprintln(tw, "arm\tcritical ok\tcritical shed/timeout\tcritical p50\tcritical p99\tother ok\tother shed/429/timeout/error\tgoodput\tgoodput/C\tserved/s\tlimit")
 	for _, a := range r.Arms {
-		_, _ = fmt.Fprintf(tw, "%s\t%.2f%%\t%.1fms\t%.1fms\t%.2f%%\t%d/%d/%d/%d\t%.0f/s\t%.2f\t%.0f\t%s\n", a.Name,
-			100*a.Critical.Success, a.Critical.Latency.P50, a.Critical.Latency.P99, 100*a.Other.Success,
-			a.Other.Shed, a.Other.Refused, a.Other.TimedOut, a.Other.Other, a.Goodput, a.Goodput/r.Capacity, a.Served, limitText(a.Limit))
+		_, _ = fmt.Fprintf(tw, "%s\t%.2f%%\t%d/%d\t%.1fms\t%.1fms\t%.2f%%\t%d/%d/%d/%d\t%.0f/s\t%.2f\t%.0f\t%s\n", a.Name,
+			100*a.Critical.Success, a.Critical.Shed, a.Critical.TimedOut, a.Critical.Latency.P50, a.Critical.Latency.P99, 100*a.Other.Success,
+			a.Other.Shed, a.Other.Refused, a.Other.TimedOut, a.Other.Other, a.Goodput, a.Goodput/r.Capacity, a.Served, limitText(a.Limit, a.CriticalReserve))
 	}
 	_ = tw.Flush()
 	for _, a := range r.Arms {
@@ -553,9 +603,9 @@ func (r *Report) table(w io.Writer) {
 	}
 }
 
-func limitText(l float64) string {
+func limitText(l, reserve float64) string {
 	if l == 0 || math.IsNaN(l) {
 		return "-"
 	}
-	return strconv.FormatFloat(l, 'f', 0, 64)
+	return fmt.Sprintf("%.0f (%.1f)", l, reserve)
 }
