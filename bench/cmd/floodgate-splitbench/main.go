@@ -67,6 +67,7 @@ type config struct {
 	duration time.Duration
 	callers  int
 	sidecars int
+	workers  int
 	factor   float64
 	offered  float64
 	split    int
@@ -79,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "length of each phase")
 	fs.IntVar(&c.callers, "callers", 256, "concurrent callers of the floor phase")
 	fs.IntVar(&c.sidecars, "sidecars", 8, "engines, each with its own store client, in the split phase")
+	fs.IntVar(&c.workers, "workers", 4, "goroutines deciding on each engine in the split phase (a sidecar serves many requests at once)")
 	fs.Float64Var(&c.factor, "factor", 10, "the split key's limit, in multiples of the floor's decisions per second")
 	fs.Float64Var(&c.offered, "offered", 1.5, "offered load of the split phase, in multiples of its limit")
 	fs.IntVar(&c.split, "split", 3, "sub-counters of the split key")
@@ -86,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if c.duration < time.Second || c.callers < 1 || c.sidecars < 1 || c.factor <= 0 || c.offered <= 0 || c.split < 2 {
+	if c.duration < time.Second || c.callers < 1 || c.sidecars < 1 || c.workers < 1 || c.factor <= 0 || c.offered <= 0 || c.split < 2 {
 		return errors.New("-duration must be at least 1s; -callers, -sidecars and -factor positive; -split at least 2")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -142,6 +144,9 @@ type Report struct {
 	MasterCPURatio   float64   `json:"masterCpuMaxOverMin"`
 	FloorMultiple    float64   `json:"admittedOverFloor"`
 	SplitElapsedSecs float64   `json:"splitSeconds"`
+	// Leases sums the sidecars' lease counters (calls by result, granted,
+	// returned and lost tokens), read after they stopped.
+	Leases map[string]float64 `json:"leases"`
 }
 
 func (r *Report) print(w io.Writer) {
@@ -159,6 +164,8 @@ func (r *Report) print(w io.Writer) {
 		r.Decided, r.Admitted, r.AdmittedPerSec, r.FloorMultiple, r.UpperBound, r.LowerBound)
 	p("  decided by: lease %d, Redis %d, deny cache %d, fallback %d, nowhere %d\n",
 		r.Sources[engine.FromLease], r.Sources[engine.FromStore], r.Sources[engine.FromDenyCache], r.Sources[engine.FromFallback], r.Sources[engine.FromNowhere])
+	p("  leases: %.0f calls, %.0f tokens granted (%.0f per call), %.0f returned, %.0f lost\n", r.Leases["lease_calls_total"], r.Leases["lease_granted_tokens_total"],
+		r.Leases["lease_granted_tokens_total"]/max(1, r.Leases["lease_calls_total"]), r.Leases["lease_returned_tokens_total"], r.Leases["lease_lost_tokens_total"])
 	p("  script calls per master %v; Redis CPU per master %s s (max/min %.2f)\n\n", r.ScriptCalls, fmtFloats(r.MasterCPU), r.MasterCPURatio)
 	pass := func(ok bool) string {
 		if ok {
@@ -196,7 +203,7 @@ func logf(w io.Writer, format string, args ...any) {
 }
 
 func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
-	rep := &Report{Seconds: c.duration.Seconds(), Callers: c.callers, Split: c.split, Pinning: "none (taskset missing or fewer than 2 CPUs)"}
+	rep := &Report{Seconds: c.duration.Seconds(), Callers: c.callers, Split: c.split, Pinning: "none (taskset missing or fewer than 2 CPUs)", Leases: map[string]float64{}}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		rep.LoadAverage = strings.TrimSpace(string(b))
 	}
@@ -309,19 +316,19 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
-	logf(log, "split: limit %d/s, %d sidecars, offered %.0f/s for %v", limit, c.sidecars, rep.OfferedPerSec, c.duration)
+	logf(log, "split: limit %d/s, %d sidecars of %d workers, offered %.0f/s for %v", limit, c.sidecars, c.workers, rep.OfferedPerSec, c.duration)
 	// Open loop: every millisecond, each sidecar decides its share of the
 	// offered rate. A tick that falls behind catches up on the next.
 	var admitted, total atomic.Int64
 	var sources [6]atomic.Int64
-	perTick := rep.OfferedPerSec / 1000 / float64(c.sidecars)
+	perTick := rep.OfferedPerSec / 1000 / float64(c.sidecars*c.workers)
 	self0, err := selfCPU()
 	if err != nil {
 		return nil, err
 	}
 	start = time.Now()
-	for i := range scs {
-		s := scs[i]
+	for i := range c.sidecars * c.workers {
+		s := scs[i%c.sidecars]
 		wg.Go(func() {
 			var v engine.Verdict
 			hits := []engine.Hit{{Rule: s.r, Key: key, Cost: 1}}
@@ -366,6 +373,11 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	for _, s := range scs {
 		s.stop()
 	}
+	for _, s := range scs {
+		for name, v := range leaseCounters(s.e.reg) {
+			rep.Leases[name] += v
+		}
+	}
 	rep.Decided, rep.Admitted = total.Load(), admitted.Load()
 	for i := range sources {
 		rep.Sources[i] = sources[i].Load()
@@ -386,8 +398,9 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 
 // fleetEngine is one simulated sidecar's engine and metrics.
 type fleetEngine struct {
-	e *engine.Engine
-	m *metrics.Metrics
+	e   *engine.Engine
+	m   *metrics.Metrics
+	reg *prometheus.Registry
 }
 
 // newSidecar builds an engine on a store client of its own, as a sidecar
@@ -401,7 +414,8 @@ func newSidecar(cluster *redistest.Cluster, lease bool) (*fleetEngine, func(), e
 	if err != nil {
 		return nil, nil, err
 	}
-	m := metrics.NewMetrics(prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	m := metrics.NewMetrics(reg)
 	o := engine.Options{Store: st, StoreName: "redis", Fallback: fb, Metrics: m, Parallel: true}
 	if lease {
 		o.Leases = &engine.LeaseOptions{}
@@ -416,7 +430,7 @@ func newSidecar(cluster *redistest.Cluster, lease bool) (*fleetEngine, func(), e
 		_ = e.Close(context.Background())
 		_ = st.Close()
 	}
-	return &fleetEngine{e: e, m: m}, stop, nil
+	return &fleetEngine{e: e, m: m, reg: reg}, stop, nil
 }
 
 // newRule is a token bucket of limit per second, burst = limit.
@@ -534,4 +548,24 @@ func selfCPU() (time.Duration, error) {
 		return 0, err
 	}
 	return harness.ParseStatCPU(string(b))
+}
+
+// leaseCounters sums the lease counter families of a sidecar's registry,
+// by name without the namespace.
+func leaseCounters(reg *prometheus.Registry) map[string]float64 {
+	out := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		name, ok := strings.CutPrefix(mf.GetName(), "floodgate_sidecar_")
+		if !ok || !strings.HasPrefix(name, "lease_") || !strings.HasSuffix(name, "_total") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out[name] += m.GetCounter().GetValue()
+		}
+	}
+	return out
 }
