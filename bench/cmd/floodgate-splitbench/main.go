@@ -228,25 +228,35 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 		}
 	}
 
-	// The floor.
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	floorKey := "floor-" + run
+	if err := measureFloor(ctx, c, cluster, "floor-"+run, rep, log); err != nil {
+		return nil, err
+	}
+	if err := measureSplit(ctx, c, cluster, masters, "split-"+run, rep, log); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// measureFloor measures what one shard answers for one key: floodgate's
+// store with c.callers callers, then redis-benchmark's pipelined ceiling.
+func measureFloor(ctx context.Context, c config, cluster *redistest.Cluster, floorKey string, rep *Report, log io.Writer) error {
 	master, err := cluster.MasterForKey(ctx, redisstore.CounterKey(floorKey, limiter.TokenBucket))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	fe, closeFloor, err := newSidecar(cluster, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	fr, err := newRule(fe.m, limiter.MaxRequests, false, 1)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	warm(ctx, fe.e, fr, floorKey)
 	calls0, cpu0, err := masterStats(ctx, master)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	logf(log, "floor: %d callers on one key for %v", c.callers, c.duration)
 	var decided, errs atomic.Int64
@@ -270,29 +280,34 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	el := time.Since(start).Seconds()
 	calls1, cpu1, err := masterStats(ctx, master)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	closeFloor()
 	rep.FloorDecisionsPerSec = float64(decided.Load()) / el
 	rep.FloorScriptCalls, rep.FloorMasterCPU, rep.FloorErrors = calls1-calls0, (cpu1-cpu0)/el, errs.Load()
 	if rep.FloorDecisionsPerSec <= 0 {
-		return nil, fmt.Errorf("floor: no decision answered by Redis (%d errors)", rep.FloorErrors)
+		return fmt.Errorf("floor: no decision answered by Redis (%d errors)", rep.FloorErrors)
 	}
 
-	// The split.
 	cpu0 = nodeCPU(ctx, master)
 	if rep.CeilingPerSec, err = ceiling(ctx, master, cluster.Password(), floorKey, strings.HasPrefix(rep.Pinning, "this process")); err != nil {
-		return nil, err
+		return err
 	}
 	rep.CeilingMasterCPU = (nodeCPU(ctx, master) - cpu0) / (float64(ceilingRequests) / rep.CeilingPerSec)
 	rep.ShardCapacity = max(rep.FloorDecisionsPerSec, rep.CeilingPerSec)
+	return nil
+}
+
+// measureSplit decides one key split over c.split sub-counters with leases,
+// at c.factor times the shard's capacity, from c.sidecars engines.
+func measureSplit(ctx context.Context, c config, cluster *redistest.Cluster, masters []*redistest.Node, key string, rep *Report, log io.Writer) error {
+	var err error
 	limit := int64(math.Ceil(c.factor * rep.ShardCapacity))
 	if limit > limiter.MaxRequests {
 		limit = limiter.MaxRequests
 	}
 	rep.Limit = limit
 	rep.OfferedPerSec = c.offered * float64(limit)
-	key := "split-" + run
 	type sidecar struct {
 		e    *fleetEngine
 		r    *engine.Rule
@@ -302,18 +317,18 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	for i := range scs {
 		fe, stop, err := newSidecar(cluster, true)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r, err := newRule(fe.m, limit, true, c.split)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		scs[i] = sidecar{fe, r, stop}
 	}
 	rep.ScriptCalls, rep.MasterCPU = make([]int64, len(masters)), make([]float64, len(masters))
 	for i, m := range masters {
 		if rep.ScriptCalls[i], rep.MasterCPU[i], err = masterStats(ctx, m); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	logf(log, "split: limit %d/s, %d sidecars of %d workers, offered %.0f/s for %v", limit, c.sidecars, c.workers, rep.OfferedPerSec, c.duration)
@@ -324,9 +339,10 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	perTick := rep.OfferedPerSec / 1000 / float64(c.sidecars*c.workers)
 	self0, err := selfCPU()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	start = time.Now()
+	var wg sync.WaitGroup
+	start := time.Now()
 	for i := range c.sidecars * c.workers {
 		s := scs[i%c.sidecars]
 		wg.Go(func() {
@@ -360,13 +376,13 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	rep.SplitElapsedSecs = time.Since(start).Seconds()
 	self1, err := selfCPU()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.SelfCPU = (self1 - self0).Seconds() / rep.SplitElapsedSecs
 	for i, m := range masters {
 		calls, cpu, err := masterStats(ctx, m)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rep.ScriptCalls[i], rep.MasterCPU[i] = calls-rep.ScriptCalls[i], cpu-rep.MasterCPU[i]
 	}
@@ -393,7 +409,7 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 	if lo, hi := slices.Min(rep.MasterCPU), slices.Max(rep.MasterCPU); lo > 0 {
 		rep.MasterCPURatio = hi / lo
 	}
-	return rep, nil
+	return nil
 }
 
 // fleetEngine is one simulated sidecar's engine and metrics.
