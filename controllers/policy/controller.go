@@ -36,7 +36,10 @@
 // # Errors
 //
 // Transient API errors are returned and retried with the workqueue's
-// exponential backoff. A spec the compiler rejects is reported in the
+// exponential backoff. A reconcile whose only errors are write conflicts
+// (the object changed under it) is computed again after 100-200 ms,
+// outside that backoff: a conflict is not a failure, and a backoff grown
+// during an API server outage would hold the next change back. A spec the compiler rejects is reported in the
 // policy's Accepted condition and an Event, and the reconcile returns a
 // reconcile.TerminalError for it, so it is not retried until something
 // changes. Its earlier accepted generation, if any, keeps running.
@@ -46,6 +49,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -140,6 +144,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	specErr := r.reconcileSpec(ctx, ns, existing, in.Policies, out)
 	statusErr := r.reconcileStatus(ctx, in.Policies, in.Pods, out, specErr)
 	if err := errors.Join(specErr, statusErr); err != nil {
+		if onlyConflicts(err) {
+			// The objects changed under the writes: compute again from
+			// the new copies soon. A conflict is not a failure, and the
+			// workqueue's per-item backoff, grown by real failures during
+			// an API server outage, would otherwise hold the next change
+			// back for minutes.
+			log.FromContext(ctx).V(1).Info("write conflict; computing again", "error", err)
+			return ctrl.Result{RequeueAfter: conflictRetry + time.Duration(rand.Int64N(int64(conflictRetry)))}, nil
+		}
 		return ctrl.Result{}, err
 	}
 
@@ -162,6 +175,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		return ctrl.Result{RequeueAfter: RefRecheckInterval}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// conflictRetry is the least wait before a namespace whose writes met a
+// conflict is computed again (a random share of it more spreads the
+// retries).
+const conflictRetry = 100 * time.Millisecond
+
+// onlyConflicts reports whether every error joined or wrapped in err is
+// a conflict (409): the write was refused because the object changed.
+func onlyConflicts(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs := j.Unwrap()
+		for _, e := range errs {
+			if !onlyConflicts(e) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	}
+	if u := errors.Unwrap(err); u != nil {
+		return onlyConflicts(u)
+	}
+	return apierrors.IsConflict(err)
 }
 
 // RefRecheckInterval is how often a namespace is compiled again while a
