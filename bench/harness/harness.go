@@ -560,7 +560,7 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		calls += scriptCalls(info)
+		calls += ScriptCalls(info)
 	}
 	f := &Flood{Sidecars: sidecars, LimitPerSec: h.o.FloodLimit, OfferedPerSec: offered, AchievedPerSec: s.Rate, Seconds: s.Elapsed.Seconds(),
 		Allowed: s.OK, Limited: s.Limited, Errors: s.Errors, ScriptCalls: calls}
@@ -591,8 +591,8 @@ func (h *harness) flood(ctx context.Context, rep *Report) error {
 	return nil
 }
 
-// scriptCalls sums the EVALSHA, EVAL and FCALL calls of INFO commandstats.
-func scriptCalls(info string) int64 {
+// ScriptCalls sums the EVALSHA, EVAL and FCALL calls of INFO commandstats.
+func ScriptCalls(info string) int64 {
 	var n int64
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {

@@ -73,7 +73,7 @@ func TestScriptCalls(t *testing.T) {
 		"cmdstat_ping:calls=77,usec=10,usec_per_call=0.13,rejected_calls=0,failed_calls=0",
 		"cmdstat_cluster|slots:calls=5,usec=10",
 	}, "\r\n")
-	if got, want := scriptCalls(info), int64(123); got != want {
+	if got, want := ScriptCalls(info), int64(123); got != want {
 		t.Errorf("scriptCalls = %d, want %d", got, want)
 	}
 }

@@ -181,18 +181,17 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 }
 
 // check consults the deny cache for a hit and returns the clock after any
-// wait. While other calls on the key are in flight
-// and it holds no room, it waits for their answers, unless noWait; every
-// call in flight ends within the store's deadline, and each answer either
-// denies the key, lets at least one waiter through, or fails. A failure
-// ends the wait of every waiter at once (lookupFailed): they fall back
-// instead of sending calls one after the other, each of which would wait
-// its own deadline on a stalled shard. The wait also ends at the
-// decision's deadline (Options.Budget; zero: none), as a failure: the
-// store has not answered on the key within the request's budget. So no
-// request waits for the store longer than one call budget in all. A
-// cancelled request stops waiting and is left to the store call, which
-// fails at once.
+// wait. While other calls on the key are in flight and it holds no room,
+// it waits for their answers, unless noWait; every call in flight ends
+// within the store's deadline, and each answer either denies the key, lets
+// at least one waiter through, or fails. A failure ends the wait of every
+// waiter at once (lookupFailed): they fall back instead of sending calls
+// one after the other, each of which would wait its own deadline on a
+// stalled shard. The wait also ends at the decision's deadline
+// (Options.Budget; zero: none), as a failure: the store has not answered
+// on the key within the request's budget. So no request waits for the
+// store longer than one call budget in all. A cancelled request stops
+// waiting and is left to the store call, which fails at once.
 func (e *Engine) check(ctx context.Context, h *Hit, now time.Time, noWait bool, deadline time.Time) (lookup, time.Time) {
 	for {
 		l := e.deny.lookup(h.Key, h.Cost, now)

@@ -3,14 +3,12 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -155,12 +153,7 @@ func (p *Proxy) keySlots(set *ruleset.Set, st *State, d *Decision) bool {
 		}
 		key, ok, err := rule.Extract.Key(&st.Request)
 		if err != nil {
-			p.rejected.Inc()
-			d.Outcome, d.Detail = Rejected, err.Error()+" (rule "+rule.PolicyName+")"
-			var bad *descriptor.InvalidTokenError
-			if errors.As(err, &bad) {
-				d.Outcome = Unauthorized
-			}
+			p.reject(d, err, rule.PolicyName)
 			return false
 		}
 		if !ok {

@@ -106,18 +106,14 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		return d
 	}
 	if err := set.Evaluate(&st.Scratch); err != nil {
-		p.rejected.Inc()
-		d.Outcome, d.Detail = Rejected, err.Error()
+		rule := ""
 		var rej *ruleset.RejectError
 		var cost *ruleset.CostError
 		if errors.As(err, &rej) && !errors.As(err, &cost) {
 			// A key the rule could not take: name the rule.
-			d.Detail += " (rule " + rej.Rule.PolicyName + ")"
+			rule = rej.Rule.PolicyName
 		}
-		var bad *descriptor.InvalidTokenError
-		if errors.As(err, &bad) {
-			d.Outcome = Unauthorized
-		}
+		p.reject(d, err, rule)
 		return d
 	}
 	if !p.keySlots(set, st, d) || !p.acquireSlots(set, r, st, d) {
@@ -183,6 +179,21 @@ func (p *Proxy) publish(r *http.Request, st *State, v *engine.Verdict) {
 func (p *Proxy) UpstreamFailed(err error, method, path string) {
 	p.upstreamErr.Inc()
 	p.o.Log.Warn("upstream request failed", "err", err, "method", method, "path", path)
+}
+
+// reject makes d the answer to a request whose key or cost could not be
+// read (err), naming rule unless empty: Unauthorized for a bearer token
+// that does not verify, Rejected otherwise.
+func (p *Proxy) reject(d *Decision, err error, rule string) {
+	p.rejected.Inc()
+	d.Outcome, d.Detail = Rejected, err.Error()
+	if rule != "" {
+		d.Detail += " (rule " + rule + ")"
+	}
+	var bad *descriptor.InvalidTokenError
+	if errors.As(err, &bad) {
+		d.Outcome = Unauthorized
+	}
 }
 
 // problemSpec is the problem answer of a decision.

@@ -7,10 +7,8 @@ package failopen
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/sidecar/runner"
 	"github.com/floodgate-dev/floodgate/test/redistest"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 type fleetCase struct {
@@ -199,33 +197,6 @@ policies:
 // upstream, with the Redis Cluster at addrs; it returns the proxy's URL.
 func startSidecar(t *testing.T, policy, upstream, name string, addrs []string) string {
 	t.Helper()
-	var cfg runner.Config
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--upstream", upstream,
-		"--policy-file", policy, "--pod-name", name, "--store", "redis", "--redis-addrs", strings.Join(addrs, ","),
-		"--redis-timeout", "1s"}
-	if err := cfg.Parse(fs, args, func(string) (string, bool) { return "", false }); err != nil {
-		t.Fatal(err)
-	}
-	r, err := runner.New(cfg, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sidecar %s: %v", name, err)
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !r.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("sidecar %s not ready: %+v", name, r.Status())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return "http://" + r.ProxyAddr()
+	return simnode.RunInProcess(t, "--upstream", upstream, "--policy-file", policy, "--pod-name", name,
+		"--store", "redis", "--redis-addrs", strings.Join(addrs, ","), "--redis-timeout", "1s")
 }

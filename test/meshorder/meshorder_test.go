@@ -17,11 +17,8 @@
 package meshorder
 
 import (
-	"context"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +30,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/sidecar/runner"
+	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
 // meshPeer is the address Istio's inbound proxy connects to the pod's
@@ -203,34 +200,8 @@ func equal(got []int, want ...int) bool {
 // upstream and returns its proxy's URL.
 func startSidecar(t *testing.T, policy, upstream string) *url.URL {
 	t.Helper()
-	var cfg runner.Config
-	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
-	args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--upstream", upstream,
-		"--policy-file", policy, "--pod-name", "api-0", "--store", "memory", "--state-dir", t.TempDir()}
-	if err := cfg.Parse(fs, args, func(string) (string, bool) { return "", false }); err != nil {
-		t.Fatal(err)
-	}
-	r, err := runner.New(cfg, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !r.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("sidecar not ready: %+v", r.Status())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	u, err := url.Parse("http://" + r.ProxyAddr())
+	u, err := url.Parse(simnode.RunInProcess(t, "--upstream", upstream, "--policy-file", policy, "--pod-name", "api-0",
+		"--store", "memory", "--state-dir", t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

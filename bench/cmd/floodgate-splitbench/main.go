@@ -481,20 +481,10 @@ func masterStats(ctx context.Context, n *redistest.Node) (calls int64, cpu float
 	if err != nil {
 		return 0, 0, fmt.Errorf("INFO on %s: %w", n.Addr(), err)
 	}
+	calls = harness.ScriptCalls(info)
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "cmdstat_evalsha", "cmdstat_eval":
-			for _, kv := range strings.Split(rest, ",") {
-				if v, ok := strings.CutPrefix(kv, "calls="); ok {
-					c, _ := strconv.ParseInt(v, 10, 64)
-					calls += c
-				}
-			}
-		case "used_cpu_user", "used_cpu_sys":
+		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
 			f, _ := strconv.ParseFloat(rest, 64)
 			cpu += f
 		}
