@@ -37,7 +37,7 @@
 //
 // Transient API errors are returned and retried with the workqueue's
 // exponential backoff. A reconcile whose only errors are write conflicts
-// (the object changed under it) is computed again after 100-200 ms,
+// (the object changed under it) is computed again after 10-20 ms,
 // outside that backoff: a conflict is not a failure, and a backoff grown
 // during an API server outage would hold the next change back. A spec the compiler rejects is reported in the
 // policy's Accepted condition and an Event, and the reconcile returns a
@@ -178,9 +178,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 }
 
 // conflictRetry is the least wait before a namespace whose writes met a
-// conflict is computed again (a random share of it more spreads the
-// retries).
-const conflictRetry = 100 * time.Millisecond
+// conflict is computed again (up to as much again, at random, spreads the
+// retries): about the workqueue's first backoff step, so that the newer
+// copy is written as soon as the informer has it, and never longer.
+const conflictRetry = 10 * time.Millisecond
 
 // onlyConflicts reports whether every error joined or wrapped in err is
 // a conflict (409): the write was refused because the object changed.
