@@ -2,6 +2,7 @@ package injection
 
 import (
 	"errors"
+	"path"
 	"slices"
 	"strings"
 	"testing"
@@ -208,9 +209,14 @@ func TestInjectBuildsTheSidecar(t *testing.T) {
 	}
 	// Optional: the pod starts before the manager mirrors the Secret.
 	if v := vols[StoreAuthVolume]; v.Secret == nil || v.Secret.SecretName != StoreAuthSecret || v.Secret.Optional == nil || !*v.Secret.Optional ||
-		len(v.Secret.Items) != 2 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) ||
-		v.Secret.Items[1] != (corev1.KeyToPath{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey}) {
-		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s and %s keys", v, StoreAuthSecret, config.StoreAuthKey, config.StoreAuthUserKey)
+		len(v.Secret.Items) != 3 || v.Secret.Items[0] != (corev1.KeyToPath{Key: config.StoreAuthKey, Path: config.StoreAuthKey}) ||
+		v.Secret.Items[1] != (corev1.KeyToPath{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey}) ||
+		v.Secret.Items[2] != (corev1.KeyToPath{Key: config.StoreCAKey, Path: config.StoreCAKey}) {
+		t.Errorf("store auth volume %+v is not the optional Secret %s with its %s, %s and %s keys", v, StoreAuthSecret, config.StoreAuthKey, config.StoreAuthUserKey, config.StoreCAKey)
+	}
+	// The compiled config's store.tls.caFile is that key's file.
+	if got := path.Join(mounts[StoreAuthVolume], config.StoreCAKey); got != config.StoreCAFile {
+		t.Errorf("the sidecar has the CA bundle at %s, the compiled config names %s", got, config.StoreCAFile)
 	}
 }
 

@@ -65,6 +65,7 @@ func sidecarVolumes(pod *corev1.Pod, mounts []Mount) ([]corev1.Volume, []corev1.
 			Items: []corev1.KeyToPath{
 				{Key: config.StoreAuthKey, Path: config.StoreAuthKey},
 				{Key: config.StoreAuthUserKey, Path: config.StoreAuthUserKey},
+				{Key: config.StoreCAKey, Path: config.StoreCAKey},
 			},
 			Optional: ptr.To(true),
 		}},

@@ -11,13 +11,16 @@
 //     and no other service account of the namespace gets the Role;
 //   - the Secret "floodgate-store-auth", a copy of the password of the
 //     CounterStore that the namespace's ConfigMap names, under the key
-//     "password" (empty for a store without a password). Injected
-//     sidecars mount it as an optional volume and read the file for every
-//     new connection, so a changed password reaches them without a
-//     restart, once the kubelet has updated the volume.
+//     "password" (empty for a store without a password), the store's
+//     ACL user under "username" (a managed store) and the PEM bundle that
+//     verifies an external store's TLS certificates under "ca.crt" (when
+//     its tls.caSecretRef names one). Injected sidecars mount it as an
+//     optional volume and read the files for every new connection, so a
+//     changed password or CA bundle reaches them without a restart, once
+//     the kubelet has updated the volume.
 //
-// A sidecar can read no other ConfigMap and no Secret: the password
-// reaches it through the kubelet, as a file.
+// A sidecar can read no other ConfigMap and no Secret: the password and
+// the CA bundle reach it through the kubelet, as files.
 //
 // # Limits of RBAC
 //
@@ -324,8 +327,8 @@ func (r *Reconciler) credentials(ctx context.Context, ns string, store config.St
 // StoreCredentials returns what a sidecar of this version authenticates to
 // store with: a managed store's sidecar user (counterstore.SidecarUser),
 // whose ACL rules allow the counter scripts on fg:* keys and the cluster
-// topology, and nothing else; an external store's passwordSecretRef; or no
-// password. c reads the CounterStore (a cache will do); apiReader reads the
+// topology, and nothing else; an external store's passwordSecretRef and
+// the CA bundle of its tls.caSecretRef; or no password. c reads the CounterStore (a cache will do); apiReader reads the
 // Secrets from the API server, as the manager caches no Secret's data;
 // managerNS holds a managed store's auth Secret. ok is false when the
 // CounterStore is gone. The central rate-limit service, which runs the
@@ -367,17 +370,30 @@ func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS
 			return Credentials{}, false, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no key %q", managerNS, s.Name, store.Name, counterstore.PasswordKey)
 		}
 		return Credentials{Password: adminPW}, true, len(pw) > 0, nil
-	case cs.Spec.External != nil && cs.Spec.External.PasswordSecretRef != nil:
-		ref := cs.Spec.External.PasswordSecretRef
-		s, err := read(ref.Namespace, ref.Name)
-		if err != nil {
-			return Credentials{}, false, false, err
+	case cs.Spec.External != nil:
+		creds := Credentials{Password: []byte{}}
+		if ref := cs.Spec.External.PasswordSecretRef; ref != nil {
+			s, err := read(ref.Namespace, ref.Name)
+			if err != nil {
+				return Credentials{}, false, false, err
+			}
+			pw, found := s.Data[ref.Key]
+			if !found {
+				return Credentials{}, false, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+			}
+			creds.Password = pw
 		}
-		pw, found := s.Data[ref.Key]
-		if !found {
-			return Credentials{}, false, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+		if t := cs.Spec.External.TLS; t != nil && t.CASecretRef != nil {
+			ref := t.CASecretRef
+			s, err := read(ref.Namespace, ref.Name)
+			if err != nil {
+				return Credentials{}, false, false, err
+			}
+			if creds.CA = s.Data[ref.Key]; len(creds.CA) == 0 {
+				return Credentials{}, false, false, fmt.Errorf("the CA Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+			}
 		}
-		return Credentials{Password: pw}, true, false, nil
+		return creds, true, false, nil
 	}
 	return Credentials{Password: []byte{}}, true, false, nil
 }

@@ -25,6 +25,9 @@ const (
 	// UsernameKey is the store user's key in SecretName, when the store
 	// gives the sidecars a user of their own.
 	UsernameKey = config.StoreAuthUserKey
+	// CAKey is the external store's TLS CA bundle's key in SecretName,
+	// when its CounterStore names one (tls.caSecretRef).
+	CAKey = config.StoreCAKey
 
 	// ManagedByLabel and ComponentLabel mark the objects as this
 	// controller's; the manager's cache watches only objects that carry
@@ -123,14 +126,21 @@ type Credentials struct {
 	Username string
 	// Password is the user's password; empty for a store without one.
 	Password []byte
+	// CA is the PEM bundle that verifies an external store's TLS
+	// certificates; empty for the system roots or no TLS.
+	CA []byte
 }
 
 // Data returns the Secret data that holds c: the password under
-// PasswordKey and, for an ACL user, its name under UsernameKey.
+// PasswordKey, for an ACL user its name under UsernameKey, and a CA
+// bundle under CAKey.
 func (c Credentials) Data() map[string][]byte {
 	d := map[string][]byte{PasswordKey: c.Password}
 	if c.Username != "" {
 		d[UsernameKey] = []byte(c.Username)
+	}
+	if len(c.CA) > 0 {
+		d[CAKey] = c.CA
 	}
 	return d
 }

@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
 func TestRulesAreLeastPrivilege(t *testing.T) {
@@ -54,6 +56,10 @@ func TestDesiredObjects(t *testing.T) {
 	s = DesiredSecret("shop", "default", Credentials{Username: "floodgate-sidecar", Password: []byte("pw")})
 	if string(s.Data[UsernameKey]) != "floodgate-sidecar" || string(s.Data[PasswordKey]) != "pw" {
 		t.Errorf("DesiredSecret with a user = %+v", s)
+	}
+	s = DesiredSecret("shop", "default", Credentials{Password: []byte("pw"), CA: []byte("PEM")})
+	if string(s.Data[CAKey]) != "PEM" || CAKey != config.StoreCAKey || len(s.Data) != 2 {
+		t.Errorf("DesiredSecret with a CA bundle = %+v, want it under %q, the key the injected volume mounts", s, config.StoreCAKey)
 	}
 }
 

@@ -86,6 +86,15 @@ const (
 	// StoreAuthUserFile is the store user's file, read with the password
 	// through EnvRedisUsernameFile. A missing file means the default user.
 	StoreAuthUserFile = StoreAuthDir + "/" + StoreAuthUserKey
+	// StoreCAKey is, in the same Secret, the PEM bundle that verifies an
+	// external store's TLS certificates (its CounterStore's
+	// tls.caSecretRef), when it names one.
+	StoreCAKey = "ca.crt"
+	// StoreCAFile is that bundle's file, the compiled config's
+	// store.tls.caFile. The sidecar reads it for every new TLS connection,
+	// so a bundle mirrored after the config, or rotated, is used without a
+	// restart.
+	StoreCAFile = StoreAuthDir + "/" + StoreCAKey
 
 	// EnvKubernetes ("true") selects the sidecar's Kubernetes mode: the
 	// ConfigMap watch and the pod condition.

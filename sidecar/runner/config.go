@@ -345,7 +345,7 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 		bad("redis-username-file", "needs --redis-password-file")
 	}
 	if c.RedisTLSCAFile != "" {
-		if _, err := os.Stat(c.RedisTLSCAFile); err != nil {
+		if _, err := caPool(c.RedisTLSCAFile); err != nil {
 			bad("redis-tls-ca-file", "%v", err)
 		}
 	}

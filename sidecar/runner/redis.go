@@ -16,12 +16,9 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 	if err != nil {
 		return nil, err
 	}
-	tc, err := tlsConfig(sel.TLS)
-	if err != nil {
-		return nil, err
-	}
+	tc, roots := tlsConfig(sel.TLS)
 	s, err := redisstore.New(redisstore.Options{
-		Addrs: sel.Addresses, Credentials: creds, TLS: tc, Timeout: cfg.RedisTimeout,
+		Addrs: sel.Addresses, Credentials: creds, TLS: tc, TLSRoots: roots, Timeout: cfg.RedisTimeout,
 		BatchWindow: cfg.RedisBatchWindow, MaxBatch: cfg.RedisMaxBatch,
 		BreakerFailures: cfg.RedisBreakerFailures, BreakerCooldown: cfg.RedisBreakerCooldown,
 	})

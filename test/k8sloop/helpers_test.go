@@ -95,18 +95,31 @@ func appPod(ns, name string, annotated bool) *corev1.Pod {
 // published in a Secret of the manager's namespace, as the store
 // controller would.
 func newStore(ctx context.Context, password string) string {
+	return newTLSStore(ctx, password, nil)
+}
+
+// newTLSStore is newStore for a store that serves TLS; with ca, its
+// tls.caSecretRef names that bundle, under "ca.pem" in the password's
+// Secret.
+func newTLSStore(ctx context.Context, password string, ca []byte) string {
 	name := "loop-" + rand.String(6)
 	auth := name + "-auth"
+	data := map[string][]byte{"password": []byte(password)}
+	ext := &v1alpha1.ExternalStore{
+		Addresses:         []v1alpha1.HostPort{"127.0.0.1:6379"},
+		PasswordSecretRef: &v1alpha1.SecretKeySelector{Namespace: managerNamespace, Name: auth, Key: "password"},
+	}
+	if ca != nil {
+		data["ca.pem"] = ca
+		ext.TLS = &v1alpha1.StoreTLS{CASecretRef: &v1alpha1.SecretKeySelector{Namespace: managerNamespace, Name: auth, Key: "ca.pem"}}
+	}
 	Expect(k8sClient.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: auth, Namespace: managerNamespace},
-		Data:       map[string][]byte{"password": []byte(password)},
+		Data:       data,
 	})).To(Succeed())
 	cs := &v1alpha1.CounterStore{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{
-			Addresses:         []v1alpha1.HostPort{"127.0.0.1:6379"},
-			PasswordSecretRef: &v1alpha1.SecretKeySelector{Namespace: managerNamespace, Name: auth, Key: "password"},
-		}},
+		Spec:       v1alpha1.CounterStoreSpec{External: ext},
 	}
 	Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 	cs.Status = v1alpha1.CounterStoreStatus{

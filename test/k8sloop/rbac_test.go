@@ -18,6 +18,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/kubetest"
+	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
 var _ = Describe("the sidecar's identity", func() {
@@ -177,6 +178,36 @@ var _ = Describe("the sidecar access controller", func() {
 			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, key, &rbacv1.Role{}))).To(BeTrue())
 			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, key, &rbacv1.RoleBinding{}))).To(BeTrue())
 			g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &corev1.Secret{}))).To(BeTrue())
+		}).Should(Succeed())
+	})
+
+	It("gives sidecars an external store's TLS CA bundle with its password, at the file the compiled config names", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		_, _, ca := redistest.NewCA(GinkgoT())
+		store := newTLSStore(ctx, "tls-pw", ca)
+		Expect(k8sClient.Create(ctx, validPolicy(ns, "api", store))).To(Succeed())
+		Eventually(func(g Gomega) {
+			var s corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
+			g.Expect(string(s.Data[config.StoreAuthKey])).To(Equal("tls-pw"))
+			g.Expect(s.Data[config.StoreCAKey]).To(Equal(ca))
+			doc, err := configMap(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(doc.Store.TLS).NotTo(BeNil())
+			g.Expect(doc.Store.TLS.CAFile).To(Equal(config.StoreCAFile))
+		}).Should(Succeed())
+
+		By("following a rotated CA bundle")
+		var src corev1.Secret
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: managerNamespace, Name: store + "-auth"}, &src)).To(Succeed())
+		_, _, next := redistest.NewCA(GinkgoT())
+		src.Labels = map[string]string{"app.kubernetes.io/managed-by": "floodgate-manager"}
+		src.Data["ca.pem"] = append(append([]byte{}, ca...), next...)
+		Expect(k8sClient.Update(ctx, &src)).To(Succeed())
+		Eventually(func(g Gomega) {
+			var s corev1.Secret
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)).To(Succeed())
+			g.Expect(s.Data[config.StoreCAKey]).To(Equal(src.Data["ca.pem"]))
 		}).Should(Succeed())
 	})
 })

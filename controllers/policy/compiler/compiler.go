@@ -677,8 +677,10 @@ func resolveStore(name string, stores map[string]*v1alpha1.CounterStore) (*confi
 	}
 	if ext := cs.Spec.External; ext != nil && ext.TLS != nil {
 		s.TLS = &config.TLS{ServerName: ext.TLS.ServerName, InsecureSkipVerify: ext.TLS.InsecureSkipVerify}
-		if ref := ext.TLS.CASecretRef; ref != nil {
-			s.TLS.CAFile = SecretFile(ref.Name, ref.Key)
+		if ext.TLS.CASecretRef != nil {
+			// The manager copies the bundle into the sidecars' credentials
+			// Secret (sidecaraccess), which every sidecar mounts.
+			s.TLS.CAFile = config.StoreCAFile
 		}
 	}
 	if err := (&config.Config{APIVersion: config.APIVersion, Store: *s}).Validate(); err != nil {

@@ -552,3 +552,30 @@ func TestDocumentTooLargeLeavesOutTheNewestPolicy(t *testing.T) {
 		}
 	}
 }
+
+// An external store's TLS settings reach the compiled document; its CA
+// bundle is named by the file every sidecar has it at (config.StoreCAFile,
+// in the credentials Secret the manager mirrors), whatever Secret and key
+// the CounterStore reads it from, which a sidecar of another namespace
+// could not mount.
+func TestExternalStoreTLS(t *testing.T) {
+	t.Parallel()
+	in := readInput(t, "testdata/defaults.yaml")
+	for name, cs := range in.Stores {
+		tlsStore := cs.DeepCopy()
+		tlsStore.Spec = v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{
+			Addresses: []v1alpha1.HostPort{"redis.data.svc:6379"},
+			TLS: &v1alpha1.StoreTLS{ServerName: "redis.data.svc",
+				CASecretRef: &v1alpha1.SecretKeySelector{Namespace: "data", Name: "redis-ca", Key: "bundle.pem"}},
+		}}
+		in.Stores[name] = tlsStore
+	}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.TLS{CAFile: config.StoreCAFile, ServerName: "redis.data.svc"}
+	if got := out.Config.Store.TLS; got == nil || *got != *want {
+		t.Errorf("store TLS = %+v, want %+v", got, want)
+	}
+}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -60,6 +61,13 @@ type Options struct {
 	// TLS, when set, is used for every connection. Each node connection
 	// gets a clone.
 	TLS *tls.Config
+	// TLSRoots, when set with TLS, is called for every new connection,
+	// and the pool it returns verifies that connection's server instead of
+	// TLS.RootCAs: a CA bundle read from a file that a Kubernetes Secret
+	// volume fills in late, or updates, is used from the next connection
+	// on, without a restart. An error fails the dial. It must be safe for
+	// concurrent use.
+	TLSRoots func() (*x509.CertPool, error)
 	// Timeout is the per-call deadline: a decision returns within it
 	// whatever Redis does (plus at most one batch window when it leads a
 	// batch). 0 means DefaultTimeout.
@@ -188,4 +196,21 @@ func (o Options) Validate() error {
 		return fmt.Errorf("redisstore: invalid options: %w", err)
 	}
 	return nil
+}
+
+// dialTLS returns the TLS configuration of one new connection: nil
+// without TLS, else a clone of TLS with TLSRoots' pool when it is set.
+func (o *Options) dialTLS() (*tls.Config, error) {
+	if o.TLS == nil {
+		return nil, nil
+	}
+	c := o.TLS.Clone()
+	if o.TLSRoots != nil {
+		pool, err := o.TLSRoots()
+		if err != nil {
+			return nil, err
+		}
+		c.RootCAs = pool
+	}
+	return c, nil
 }

@@ -223,12 +223,16 @@ func (sh *shard) startDial() (*dialCall, error) {
 			time.Sleep(pause)
 		}
 		o := sh.s.opts
-		c, err := pipe.Dial(pipe.Config{
-			Addr: sh.addr, TLS: o.TLS, Credentials: o.Credentials, ClientName: o.ClientName,
-			DialTimeout: o.DialTimeout, WriteTimeout: o.Timeout,
-			BatchWindow: o.BatchWindow, MaxBatch: o.MaxBatch,
-			Handler: sh, Stats: &sh.stats,
-		})
+		tc, err := o.dialTLS()
+		var c *pipe.Conn
+		if err == nil {
+			c, err = pipe.Dial(pipe.Config{
+				Addr: sh.addr, TLS: tc, Credentials: o.Credentials, ClientName: o.ClientName,
+				DialTimeout: o.DialTimeout, WriteTimeout: o.Timeout,
+				BatchWindow: o.BatchWindow, MaxBatch: o.MaxBatch,
+				Handler: sh, Stats: &sh.stats,
+			})
+		}
 		sh.dialMu.Lock()
 		if err == nil && sh.closed {
 			c.Close(errors.New("store closed"))

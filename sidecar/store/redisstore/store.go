@@ -150,18 +150,16 @@ const maxSlotMapDialPause = time.Second
 // load that meets a dead node moves on to the next one at once.
 func slotMapDialer(o Options) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 5 * time.Minute}
-	var td *tls.Dialer
-	if o.TLS != nil {
-		td = &tls.Dialer{NetDialer: nd, Config: cloneTLS(o.TLS)}
-	}
 	var mu sync.Mutex
 	failures := map[string]int{}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		var err error
-		if td != nil {
-			c, err = td.DialContext(ctx, network, addr)
-		} else {
+		tc, err := o.dialTLS()
+		switch {
+		case err != nil:
+		case tc != nil:
+			c, err = (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
+		default:
 			c, err = nd.DialContext(ctx, network, addr)
 		}
 		mu.Lock()

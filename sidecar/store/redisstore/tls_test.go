@@ -1,19 +1,10 @@
 package redisstore_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
-	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,66 +13,16 @@ import (
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
-// writeCert writes a PEM certificate and key signed by parent (self-signed
-// when parent is nil) and returns them.
-func writeCert(t *testing.T, dir, name string, tmpl *x509.Certificate, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if parent == nil {
-		parent, parentKey = tmpl, key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
 // TestTLS runs decisions over TLS to a standalone redis-server, and fails
 // them as unavailable when the server's certificate is not trusted.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	now := time.Now()
-	ca, caKey := writeCert(t, dir, "ca", &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "floodgate test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}, nil, nil)
-	writeCert(t, dir, "server", &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca, caKey)
-	tlsPort := redistest.FreePort(t)
-	redistest.StartServer(t, redistest.ServerOptions{ExtraArgs: []string{
-		"--tls-port", strconv.Itoa(tlsPort),
-		"--tls-cert-file", filepath.Join(dir, "server.crt"),
-		"--tls-key-file", filepath.Join(dir, "server.key"),
-		"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"),
-		"--tls-auth-clients", "no",
-	}})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
+	srv := redistest.StartTLSServer(t)
+	addr := srv.TLSAddr
 	pool := x509.NewCertPool()
-	pool.AddCert(ca)
+	if !pool.AppendCertsFromPEM(srv.CA) {
+		t.Fatal("the test server's CA is not PEM")
+	}
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute}
 
 	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
@@ -108,5 +49,57 @@ func TestTLS(t *testing.T) {
 	defer func() { _ = untrusting.Close() }()
 	if _, _, err := untrusting.Take(t.Context(), limiter.Request{Key: "tls-key", Limit: l, Cost: 1}); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Fatalf("take with an untrusted server certificate: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestTLSRootsPerConnection: with TLSRoots, every new connection verifies
+// the server with the pool it returns then, so a store whose CA bundle is
+// missing at first, or wrong, connects once the bundle is right, without
+// a new store.
+func TestTLSRootsPerConnection(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartTLSServer(t)
+	_, _, otherCA := redistest.NewCA(t)
+	var bundle atomic.Pointer[[]byte]
+	var calls atomic.Int64
+	roots := func() (*x509.CertPool, error) {
+		calls.Add(1)
+		b := bundle.Load()
+		if b == nil {
+			return nil, errors.New("no CA bundle yet")
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(*b)
+		return pool, nil
+	}
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.TLSAddr}, Single: true, Timeout: time.Second,
+		BreakerCooldown: 50 * time.Millisecond, TLS: &tls.Config{MinVersion: tls.VersionTLS12}, TLSRoots: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 100, Period: time.Minute}
+	take := func() error {
+		_, _, err := s.Take(t.Context(), limiter.Request{Key: "roots-key", Limit: l, Cost: 1})
+		return err
+	}
+	if err := take(); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("take without a CA bundle: %v, want ErrUnavailable", err)
+	}
+	bundle.Store(&otherCA)
+	if err := take(); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("take with a CA bundle that did not sign the server: %v, want ErrUnavailable", err)
+	}
+	before := calls.Load()
+	bundle.Store(&srv.CA)
+	deadline := time.Now().Add(5 * time.Second)
+	for err := take(); err != nil; err = take() {
+		if time.Now().After(deadline) {
+			t.Fatalf("take still fails 5 s after the right CA bundle: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if calls.Load() == before {
+		t.Error("the store connected without asking TLSRoots again")
 	}
 }
