@@ -32,28 +32,30 @@ const ms = time.Millisecond
 func TestVegasGrowsWhileNothingQueues(t *testing.T) {
 	t.Parallel()
 	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Hour})
-	// log10(100) = 2: beta = 12. The first window sets the baseline.
+	// log10(100) = 2: beta = 8. The first window sets the baseline.
 	runSteps(t, v, []step{
-		{100 * ms, 10 * ms, 60, 80, 112},
-		{200 * ms, 10 * ms, 60, 80, 112 + 6*math.Log10(112)},
+		{100 * ms, 10 * ms, 60, 80, 108},
+		{200 * ms, 10 * ms, 60, 80, 108 + 4*math.Log10(108)},
 		// The application uses less than half the limit: no growth.
-		{300 * ms, 10 * ms, 30, 40, 112 + 6*math.Log10(112)},
+		{300 * ms, 10 * ms, 30, 40, 108 + 4*math.Log10(108)},
 	})
 }
 
 func TestVegasHoldsAShortQueueAndCutsALongOne(t *testing.T) {
 	t.Parallel()
 	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Hour})
-	// Baseline 10ms. log10(100) = 2: threshold 2, alpha 6, beta 12.
+	// Baseline 10ms. log10(100) = 2: threshold 2, alpha 4, beta 8.
 	runSteps(t, v, []step{
-		{100 * ms, 10 * ms, 80, 90, 112},
-		// queue = 80 × (1 − 10/11) = 7.3: between alpha and beta, held.
-		{200 * ms, 11 * ms, 80, 90, 112},
-		// queue = 80 × (1 − 10/10.5) = 3.8: below alpha, + log10(112).
-		{300 * ms, 10500 * time.Microsecond, 80, 90, 112 + math.Log10(112)},
+		{100 * ms, 10 * ms, 80, 90, 108},
+		// queue = 80 × (1 − 10/11) = 7.3: between alpha and beta
+		// (4.07 and 8.13 at 108), held.
+		{200 * ms, 11 * ms, 80, 90, 108},
+		// queue = 80 × (1 − 10/10.3) = 2.3: below alpha, above
+		// log10(108), + log10(108).
+		{300 * ms, 10300 * time.Microsecond, 80, 90, 108 + math.Log10(108)},
 		// queue = 80 × (1 − 10/20) = 40: 40 − beta over beta, cut by
 		// the excess.
-		{400 * ms, 20 * ms, 80, 100, (112 + math.Log10(112)) - (40 - 6*math.Log10(112+math.Log10(112)))},
+		{400 * ms, 20 * ms, 80, 100, (108 + math.Log10(108)) - (40 - 4*math.Log10(108+math.Log10(108)))},
 	})
 	// A huge queue cuts by half at most.
 	l := v.Estimate()
@@ -104,13 +106,13 @@ func TestVegasBaselineIsTheHorizonsLowest(t *testing.T) {
 // and nothing else, then the learned limit is back.
 func TestVegasProbeDrainsThenRestores(t *testing.T) {
 	t.Parallel()
-	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Second, ProbeWindows: 2, ProbeFactor: 0.75})
+	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Second, ProbeWindows: 2})
 	runSteps(t, v, []step{
-		{0, 20 * ms, 80, 90, 112},          // baseline 20ms; the next probe is due at 1s
-		{500 * ms, 22 * ms, 80, 90, 112},   // a queue of 7.3: held
-		{time.Second, 22 * ms, 80, 90, 84}, // due: cut to 0.75 × 112
-		{1100 * ms, 12 * ms, 60, 70, 84},   // a probe window: 12ms becomes the baseline
-		{1200 * ms, 12 * ms, 60, 70, 112},  // the last one: the limit is back
+		{0, 20 * ms, 80, 90, 108},          // baseline 20ms; the next probe is due at 1s
+		{500 * ms, 22 * ms, 80, 90, 108},   // a queue of 7.3: held
+		{time.Second, 22 * ms, 80, 90, 54}, // due: cut to the default 0.5 × 108
+		{1100 * ms, 12 * ms, 50, 54, 54},   // a probe window: 12ms becomes the baseline
+		{1200 * ms, 12 * ms, 50, 54, 108},  // the last one: the limit is back
 	})
 	if got := v.Baseline(); got != 12*ms {
 		t.Errorf("Baseline() after the probe = %v, want 12ms", got)
@@ -118,4 +120,23 @@ func TestVegasProbeDrainsThenRestores(t *testing.T) {
 	if v.Probing() {
 		t.Error("Probing() after the probe's windows")
 	}
+}
+
+// A probe that falls due while nothing queues is put off: the window
+// already shows the baseline, and a cut limit could only shed.
+func TestVegasProbeWaitsForAQueue(t *testing.T) {
+	t.Parallel()
+	v := NewVegas(VegasConfig{InitialLimit: 100, ProbeEvery: time.Second, ProbeWindows: 2})
+	runSteps(t, v, []step{
+		{0, 20 * ms, 60, 70, 108},                               // baseline 20ms; a probe due at 1s
+		{time.Second, 20 * ms, 60, 70, 108 + 4*math.Log10(108)}, // due, but no queue: no cut
+	})
+	if v.Probing() {
+		t.Fatal("Probing() in a window without a queue")
+	}
+	l := v.Estimate()
+	runSteps(t, v, []step{
+		{1500 * ms, 22 * ms, 80, 90, l},           // a queue of 7.3, held; the put-off probe is due at 2s
+		{2 * time.Second, 22 * ms, 80, 90, l / 2}, // due with a queue: cut
+	})
 }
