@@ -8,16 +8,11 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
-	"github.com/floodgate-dev/floodgate/sidecar/metrics"
-	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
-	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 	"github.com/floodgate-dev/floodgate/test/envoyemu"
+	"github.com/floodgate-dev/floodgate/test/rlstest"
 )
 
 // roundTripPolicy reads headers only through a condition and a key
@@ -50,22 +45,7 @@ func TestGeneratedActionsCarryWhatTheRulesRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := metrics.NewMetrics(prometheus.NewRegistry())
-	set, err := ruleset.Compile(c, nil, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := memstore.New()
-	fb, _ := memstore.New()
-	eng, err := engine.New(engine.Options{Store: st, StoreName: "memory", Fallback: fb, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := envoyrls.New(envoyrls.Options{Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Install(eng, set)
+	s := rlstest.Serve(t, c)
 
 	rl := gatewayconfig.RateLimit(gatewayconfig.PolicyFor(&c.Policies[0]))
 	if err := rl.ValidateAll(); err != nil {

@@ -6,14 +6,10 @@ import (
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
-	"github.com/floodgate-dev/floodgate/sidecar/metrics"
-	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
-	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+	"github.com/floodgate-dev/floodgate/test/rlstest"
 )
 
 // benchGatewayPolicy is benchPolicy as the central rate-limit service's
@@ -83,22 +79,5 @@ func benchRequestServer(b *testing.B) *envoyrls.Server {
 	if err != nil {
 		b.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	m := metrics.NewMetrics(reg)
-	set, err := ruleset.Compile(c, nil, m)
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, _ := memstore.New()
-	fb, _ := memstore.New()
-	eng, err := engine.New(engine.Options{Store: st, StoreName: "memory", Fallback: fb, Metrics: m})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := envoyrls.New(envoyrls.Options{Registerer: reg})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s.Install(eng, set)
-	return s
+	return rlstest.Serve(b, c)
 }

@@ -14,7 +14,6 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -23,12 +22,8 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/engine"
-	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
-	"github.com/floodgate-dev/floodgate/sidecar/metrics"
-	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
-	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 	"github.com/floodgate-dev/floodgate/test/envoyemu"
+	"github.com/floodgate-dev/floodgate/test/rlstest"
 )
 
 // The fields of Contour's HTTPProxy (projectcontour.io/v1) and
@@ -248,22 +243,7 @@ func TestContourPage(t *testing.T) {
 	if got, want := actionStrings(rl), actionStrings(generated); !slices.Equal(got, want) {
 		t.Errorf("the page's HTTPProxy sends %q, floodgate's generated configuration %q", got, want)
 	}
-	m := metrics.NewMetrics(prometheus.NewRegistry())
-	set, err := ruleset.Compile(out.Config, nil, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := memstore.New()
-	fb, _ := memstore.New()
-	eng, err := engine.New(engine.Options{Store: st, StoreName: "memory", Fallback: fb, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := envoyrls.New(envoyrls.Options{Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.Install(eng, set)
+	svc := rlstest.Serve(t, out.Config)
 
 	// ask returns the central service's answer for a request Contour's
 	// Envoy routes with the page's descriptor, or "no call" when the
