@@ -710,7 +710,7 @@ func (e *Engine) Close(ctx context.Context) error {
 func (e *Engine) takeLease(ctx context.Context, h *Hit, c *call, now time.Time) {
 	lc := &c.lease
 	l, shard, err := e.leases.store.Lease(ctx, limiter.LeaseRequest{Key: h.Key, Limit: h.Rule.Limit,
-		LeaseArgs: limiter.LeaseArgs{Cost: c.cost, Want: lc.want, Return: lc.ret, Window: lc.window}})
+		LeaseArgs: limiter.LeaseArgs{Cost: c.cost, Want: lc.want, Return: lc.ret, Window: lc.window}, Deadline: c.deadline})
 	answered := e.o.Now()
 	sm := e.observeStore(shard, now, answered)
 	if err != nil {

@@ -22,6 +22,11 @@ type leaseStore struct {
 	*memstore.Store
 	takes, leases atomic.Int64
 	fail          atomic.Bool
+	// budget, when set, is the engine's Budget: requestLeases counts the
+	// lease calls made for a request (a cost or a want), outOfBudget those
+	// whose Deadline is missing or more than budget away.
+	budget                     time.Duration
+	requestLeases, outOfBudget atomic.Int64
 }
 
 func (s *leaseStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
@@ -35,6 +40,12 @@ func (s *leaseStore) Take(ctx context.Context, req limiter.Request) (limiter.Dec
 
 func (s *leaseStore) Lease(ctx context.Context, req limiter.LeaseRequest) (limiter.Lease, string, error) {
 	s.leases.Add(1)
+	if s.budget > 0 && (req.Cost > 0 || req.Want > 0) {
+		s.requestLeases.Add(1)
+		if now := time.Now(); req.Deadline.IsZero() || req.Deadline.After(now.Add(s.budget)) || !req.Deadline.After(now.Add(-s.budget)) {
+			s.outOfBudget.Add(1)
+		}
+	}
 	if s.fail.Load() {
 		return limiter.Lease{}, "shard-a", fmt.Errorf("dial: %w", limiter.ErrUnavailable)
 	}
@@ -61,7 +72,7 @@ func newLeaseFixture(t *testing.T, store *leaseStore, clk *clock) *leaseFixture 
 		t.Fatal(err)
 	}
 	f.e, err = New(Options{Store: store, StoreName: "test", Fallback: fb, Metrics: f.m, Now: clk.Now,
-		Leases: &LeaseOptions{SweepInterval: -1}})
+		Leases: &LeaseOptions{SweepInterval: -1}, Budget: store.budget})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,4 +564,31 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 		t.Errorf("%d store calls once leased (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takesLeased.Load(), store.leases.Load(), n)
 	}
 	t.Logf("%d store calls once leased (%d takes, %d leases; %d takes in all) for %d decisions", calls, store.takesLeased.Load(), store.leases.Load(), store.takes.Load(), n)
+}
+
+// TestLeaseCallsShareTheRequestsBudget: a lease call made for a request,
+// plain or on a split sub-counter, carries the request's deadline, as its
+// Take would, so a stalled shard costs it one budget from its arrival.
+func TestLeaseCallsShareTheRequestsBudget(t *testing.T) {
+	t.Parallel()
+	for _, split := range []int{1, 3} {
+		t.Run(fmt.Sprintf("split=%d", split), func(t *testing.T) {
+			t.Parallel()
+			clk := newClock()
+			store := newSharedStore(t, clk)
+			store.budget = 50 * time.Millisecond
+			f := newLeaseFixture(t, store, clk)
+			r := f.rule(t, "hot", hourWindow(100000), true, split, false)
+			for range 2000 {
+				clk.Add(200 * time.Microsecond)
+				f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+			}
+			if n := store.requestLeases.Load(); n == 0 {
+				t.Fatal("no lease call was made for a request")
+			}
+			if n := store.outOfBudget.Load(); n != 0 {
+				t.Errorf("%d of %d lease calls made for requests lack the request's deadline", n, store.requestLeases.Load())
+			}
+		})
+	}
 }

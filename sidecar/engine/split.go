@@ -107,7 +107,7 @@ func (e *Engine) takeSpread(ctx context.Context, h *Hit, c *call, now time.Time)
 			if j == 0 {
 				args.Return, args.Window = lc.ret, lc.window
 			}
-			l, shard, err = e.leases.store.Lease(ctx, limiter.LeaseRequest{Key: key, Limit: sp.limits[i], LeaseArgs: args})
+			l, shard, err = e.leases.store.Lease(ctx, limiter.LeaseRequest{Key: key, Limit: sp.limits[i], LeaseArgs: args, Deadline: c.deadline})
 		} else {
 			l.Decision, shard, err = e.o.Store.Take(ctx, limiter.Request{Key: key, Limit: sp.limits[i], Cost: c.cost, Deadline: c.deadline})
 		}

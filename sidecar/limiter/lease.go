@@ -74,6 +74,10 @@ type LeaseRequest struct {
 	// Limit is the limit in force, as in Request.
 	Limit Limit
 	LeaseArgs
+	// Deadline, when set, is when the caller stops waiting, as in
+	// Request: a lease taken for a request shares the request's one
+	// budget from its arrival.
+	Deadline time.Time
 }
 
 // Lease is the answer to a lease call.

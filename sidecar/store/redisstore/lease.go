@@ -93,7 +93,7 @@ func (s *Store) Lease(ctx context.Context, req limiter.LeaseRequest) (limiter.Le
 	if req.Want < 0 || req.Return < 0 {
 		a = req.LeaseArgs // let the check name the bad value
 	}
-	o, addr, err := s.send(ctx, req.Key, la, req.Cost, &a, time.Time{})
+	o, addr, err := s.send(ctx, req.Key, la, req.Cost, &a, req.Deadline)
 	if err != nil {
 		return limiter.Lease{}, addr, err
 	}
