@@ -239,12 +239,7 @@ func (e *Engine) acquireOne(ctx context.Context, main, fallback limiter.SlotStor
 		e.markShard(sm, false, answered)
 		return SlotResult{SlotDecision: d, Source: FromStore}, main
 	}
-	if errors.Is(err, limiter.ErrUnavailable) {
-		sm.unav.Inc()
-	} else {
-		sm.error.Inc()
-	}
-	e.markShard(sm, true, answered)
+	e.countStoreFailure(sm, err, answered)
 	if r.FailClosed {
 		return SlotResult{SlotDecision: limiter.SlotDecision{Max: r.Max}, Source: FromNowhere}, nil
 	}

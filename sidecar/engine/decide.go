@@ -276,19 +276,7 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		}
 		return
 	}
-	if errors.Is(err, limiter.ErrUnavailable) {
-		sm.unav.Inc()
-	} else {
-		// Any other error also leaves the shared count unknown.
-		sm.error.Inc()
-	}
-	if c.entry != nil {
-		e.deny.settle(h.Key, c.entry, now, answer{failed: true})
-		c.entry = nil
-	}
-	e.markShard(sm, true, answered)
-	c.err = err
-	e.fallBack(ctx, h, c)
+	e.storeFailed(ctx, h, c, sm, err, now, answered)
 }
 
 // remember updates the deny cache with a store decision.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,11 @@ type Options struct {
 	// of rules that lease (Rule.Spread) take leases. Close gives them
 	// back.
 	Leases *LeaseOptions
+	// Log, when set, gets a warning when a store shard starts failing,
+	// with the error (a refused password, a certificate the CA bundle does
+	// not vouch for, a timeout), and a note when it answers again: at most
+	// one of each per shard every shardLogInterval. Nil logs nothing.
+	Log *slog.Logger
 }
 
 // Engine decides hits. See the package documentation.

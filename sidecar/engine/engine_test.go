@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -665,4 +667,76 @@ func TestShardMetricsConcurrent(t *testing.T) {
 			t.Errorf("store_operations_total{shard=%q,result=ok} = %v, want 1", s, v)
 		}
 	}
+}
+
+// TestStoreShardTransitionsAreLogged: an operator learns why the store
+// fails (the error, such as a certificate the CA bundle does not vouch
+// for) once when a shard starts failing, not once per request, and when
+// it answers again.
+func TestStoreShardTransitionsAreLogged(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	store, fb := newKeyedStore(clk), newKeyedStore(clk)
+	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	e, err := New(Options{Store: store, StoreName: "redis", Fallback: fb, Metrics: m, Now: clk.Now,
+		Log: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRule("pol", "r", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Period: time.Second}, 1, false, false, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(n int) {
+		for i := range n {
+			clk.Add(time.Millisecond)
+			var v Verdict
+			e.Decide(context.Background(), []Hit{{Rule: r, Key: fmt.Sprint("k", i), Cost: 1}}, &v)
+		}
+	}
+	store.fail.Store(true)
+	decide(50)
+	store.fail.Store(false)
+	decide(5)
+	out := buf.String()
+	if n := strings.Count(out, "a store shard fails"); n != 1 || !strings.Contains(out, "127.0.0.1:1") || !strings.Contains(out, "store=redis") {
+		t.Errorf("%d warnings for 50 failed calls, want one naming the store and the error:\n%s", n, out)
+	}
+	if n := strings.Count(out, "the store shard answers again"); n != 1 {
+		t.Errorf("%d recovery notes, want one:\n%s", n, out)
+	}
+	// Within the interval a flapping shard logs nothing more.
+	store.fail.Store(true)
+	decide(5)
+	if n := strings.Count(buf.String(), "a store shard fails"); n != 1 {
+		t.Errorf("a failure within %v of the last warning logged another:\n%s", shardLogInterval, buf.String())
+	}
+	// After it, a new failure is logged again.
+	clk.Add(shardLogInterval)
+	store.fail.Store(false)
+	decide(1)
+	store.fail.Store(true)
+	decide(1)
+	if n := strings.Count(buf.String(), "a store shard fails"); n != 2 {
+		t.Errorf("%d warnings after the interval, want 2:\n%s", n, buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -749,12 +749,18 @@ func (e *Engine) observeStore(shard string, now, answered time.Time) *shardMetri
 	return sm
 }
 
-// countStoreFailure counts a failed store call and marks its shard down.
+// countStoreFailure counts a failed store call and marks its shard down,
+// logging why when the shard was up.
 func (e *Engine) countStoreFailure(sm *shardMetrics, err error, answered time.Time) {
 	if errors.Is(err, limiter.ErrUnavailable) {
 		sm.unav.Inc()
 	} else {
+		// Any other error also leaves the shared count unknown.
 		sm.error.Inc()
+	}
+	if !sm.down.Load() && e.o.Log != nil && sm.logFailure(answered) {
+		e.o.Log.Warn("a store shard fails; the keys on it follow each rule's failure mode until it answers",
+			"store", e.o.StoreName, "shard", sm.name, "error", err.Error())
 	}
 	e.markShard(sm, true, answered)
 }

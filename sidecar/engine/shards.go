@@ -15,6 +15,28 @@ type shardMetrics struct {
 	// (Unix nanoseconds).
 	down     atomic.Bool
 	lastFail atomic.Int64
+	// name is the shard's address ("all" for calls that name none);
+	// warnedAt is when its last failure was logged (Unix nanoseconds),
+	// and warned is set from then until its recovery is logged.
+	name     string
+	warnedAt atomic.Int64
+	warned   atomic.Bool
+}
+
+// shardLogInterval bounds the failures of one shard that are logged: a
+// flapping shard (a breaker probe answered, the next call failing) logs
+// at most one warning, and the recovery that follows it, per interval.
+const shardLogInterval = 10 * time.Second
+
+// logFailure reports whether a failure of sm at now, while it counted as
+// up, is logged, and claims the interval when it is.
+func (sm *shardMetrics) logFailure(now time.Time) bool {
+	last := sm.warnedAt.Load()
+	if now.UnixNano()-last < int64(shardLogInterval) || !sm.warnedAt.CompareAndSwap(last, now.UnixNano()) {
+		return false
+	}
+	sm.warned.Store(true)
+	return true
 }
 
 // fallbackHold is how long a shard whose last call failed counts as down
@@ -42,6 +64,7 @@ func (e *Engine) shardMetrics(shard string) *shardMetrics {
 	}
 	m := e.o.Metrics
 	sm := &shardMetrics{
+		name:  shard,
 		obs:   m.StoreOpDuration.WithLabelValues(e.o.StoreName, shard),
 		ok:    m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "ok"),
 		unav:  m.StoreOpsTotal.WithLabelValues(e.o.StoreName, shard, "unavailable"),
@@ -69,6 +92,9 @@ func (e *Engine) FallbackActive() bool { return e.fallback.Load() }
 // expires, at most every fallbackHold/4, the shards that have had no call
 // for fallbackHold.
 func (e *Engine) markShard(sm *shardMetrics, down bool, now time.Time) {
+	if !down && sm.down.Load() && sm.warned.Load() && e.o.Log != nil && sm.warned.CompareAndSwap(true, false) {
+		e.o.Log.Info("the store shard answers again", "store", e.o.StoreName, "shard", sm.name)
+	}
 	if down {
 		sm.lastFail.Store(now.UnixNano())
 	} else if e.fallback.Load() {

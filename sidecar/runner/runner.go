@@ -485,7 +485,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 	eng, err := engine.New(engine.Options{
 		Store: st.store, StoreName: sel.Type, Fallback: fallback,
 		Metrics: r.m, DenyCacheKeys: r.cfg.DenyCacheKeys, Parallel: st.remote, Now: r.clock,
-		Budget: st.budget, Leases: leaseOptions(st.remote),
+		Budget: st.budget, Leases: leaseOptions(st.remote), Log: r.log,
 	})
 	if err != nil {
 		_ = closeStore(st)
