@@ -92,9 +92,6 @@ func (e *Engine) FallbackActive() bool { return e.fallback.Load() }
 // expires, at most every fallbackHold/4, the shards that have had no call
 // for fallbackHold.
 func (e *Engine) markShard(sm *shardMetrics, down bool, now time.Time) {
-	if !down && sm.down.Load() && sm.warned.Load() && e.o.Log != nil && sm.warned.CompareAndSwap(true, false) {
-		e.o.Log.Info("the store shard answers again", "store", e.o.StoreName, "shard", sm.name)
-	}
 	if down {
 		sm.lastFail.Store(now.UnixNano())
 	} else if e.fallback.Load() {
@@ -104,6 +101,11 @@ func (e *Engine) markShard(sm *shardMetrics, down bool, now time.Time) {
 	}
 	if sm.down.Load() == down {
 		return
+	}
+	// A shard that answers again after a logged failure says so; this is
+	// off the path of a call to a shard already up.
+	if !down && e.o.Log != nil && sm.warned.CompareAndSwap(true, false) {
+		e.o.Log.Info("the store shard answers again", "store", e.o.StoreName, "shard", sm.name)
 	}
 	e.fallbackMu.Lock()
 	defer e.fallbackMu.Unlock()
