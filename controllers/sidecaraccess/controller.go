@@ -328,9 +328,10 @@ func (r *Reconciler) credentials(ctx context.Context, ns string, store config.St
 // store with: a managed store's sidecar user (counterstore.SidecarUser),
 // whose ACL rules allow the counter scripts on fg:* keys and the cluster
 // topology, and nothing else; an external store's passwordSecretRef and
-// the CA bundle of its tls.caSecretRef; or no password. c reads the CounterStore (a cache will do); apiReader reads the
-// Secrets from the API server, as the manager caches no Secret's data;
-// managerNS holds a managed store's auth Secret. ok is false when the
+// the CA bundle of its tls.caSecretRef; or no password. c reads the
+// CounterStore (a cache will do); apiReader reads the Secrets from the API
+// server, as the manager caches no Secret's data; managerNS holds a
+// managed store's auth Secret. ok is false when the
 // CounterStore is gone. The central rate-limit service, which runs the
 // sidecar binary and the same scripts, authenticates with these too.
 func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) (creds Credentials, ok bool, err error) {
