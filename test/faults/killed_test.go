@@ -44,11 +44,21 @@ func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back [
 	return spans, back
 }
 
+// followBudget is how long a sidecar may take to count in the store again
+// once Redis has promoted a replica: the calls its breaker fails fast ask
+// for a slot-map reload at most every 375 ms (redisstore's reload spacing,
+// jittered), go-redis spaces its lazy reloads by 200 ms, and the reload
+// and the first call to the new master each wait at most one call budget
+// (250 ms here). That sums to 1.075 s.
+const followBudget = 1075 * time.Millisecond
+
 // TestKilledMasterBounds kills (SIGKILL) the master of a key that three
 // sidecars flood far beyond a real limit, and holds the fleet to its
-// promises: every sidecar counts in the store again within the node
-// timeout + 2s of the kill (Redis fails the master over to its replica;
-// the sidecars' breakers probe and find the new master), and the fleet
+// promises: every sidecar counts in the store again within floodgate's own
+// budget of the promotion that Redis reports (the replica's "failover
+// election won" in its log; how long Redis takes to get there is its node
+// timeout and election, which a busy machine stretches, and is only
+// reported), and the fleet
 // admits no more than the limit over the run, plus the bucket's burst,
 // plus what each sidecar's fallback bucket (limit/replicas) can admit over
 // the window it was in fallback.
@@ -84,19 +94,27 @@ func TestKilledMasterBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	failedOver := make(chan time.Duration, 1)
+	failedOver := make(chan *redistest.Node, 1)
 	go func() {
-		if _, err := c.WaitForFailover(victim, 30*time.Second); err != nil {
+		m, err := c.WaitForFailover(victim, 30*time.Second)
+		if err != nil {
 			t.Error(err)
 		}
-		failedOver <- time.Since(killed)
+		failedOver <- m
 	}()
 	time.Sleep(nodeTimeout + 6*time.Second)
 	close(stop)
 	wg.Wait()
 	n.end()
 	ds := rec.all()
-	redisFailover := <-failedOver
+	promotedNode := <-failedOver
+	if promotedNode == nil {
+		t.FailNow()
+	}
+	promoted, err := promotedNode.PromotedAt()
+	if err != nil {
+		t.Fatal(err)
+	}
 	end := start
 	for _, d := range ds {
 		if e := d.at.Add(d.took); e.After(end) {
@@ -111,7 +129,7 @@ func TestKilledMasterBounds(t *testing.T) {
 		if back[i].IsZero() {
 			t.Fatalf("sidecar %d never counted in the store again after the kill; %v", i, counts(ds))
 		}
-		recovery = max(recovery, back[i].Sub(killed))
+		recovery = max(recovery, back[i].Sub(promoted))
 	}
 	// What the fleet may admit: the limit over the run, the burst, and
 	// each fallback bucket's burst and rate over its window.
@@ -124,17 +142,17 @@ func TestKilledMasterBounds(t *testing.T) {
 		}
 	}
 	got := admitted(ds)
-	// The recovery is timed from the kill: excuse what the machine
+	// The recovery is timed from the promotion: excuse what the machine
 	// delayed goroutines by over that span.
-	lateness := n.during(killed, killed.Add(recovery))
-	recoveryBound := nodeTimeout + 2*time.Second + lateness
-	t.Logf("killed %s: Redis failed it over after %v; every sidecar counted in the store again %v after the SIGKILL (bound node timeout %v + 2s + lateness %v = %v); fallback windows %v",
-		victim.Addr(), redisFailover.Round(time.Millisecond), recovery.Round(time.Millisecond), nodeTimeout, lateness, recoveryBound, spans)
+	lateness := n.during(promoted, promoted.Add(recovery))
+	recoveryBound := followBudget + lateness
+	t.Logf("killed %s: %s won the failover election %v after the SIGKILL (node timeout %v); every sidecar counted in the store again %v after the promotion (bound %v + lateness %v = %v); fallback windows %v",
+		victim.Addr(), promotedNode.Addr(), promoted.Sub(killed).Round(time.Millisecond), nodeTimeout, recovery.Round(time.Millisecond), followBudget, lateness, recoveryBound, spans)
 	t.Logf("admitted %d of %d over %v: bound limit×T %d + burst %d + fallback shares %.1f (bucket %d/%v burst %d per sidecar) = %.1f; %v",
 		got, len(ds), span.Round(time.Millisecond), bound-lim.Burst, lim.Burst, fallbackShare, fb.Requests, fb.Period, fb.Burst,
 		float64(bound)+fallbackShare, counts(ds))
 	if recovery > recoveryBound {
-		t.Errorf("shared counting came back %v after the kill, more than node timeout + 2s (+ lateness %v)", recovery, lateness)
+		t.Errorf("shared counting came back %v after Redis promoted %s, more than floodgate's budget %v (+ lateness %v)", recovery, promotedNode.Addr(), followBudget, lateness)
 	}
 	if float64(got) > float64(bound)+fallbackShare {
 		t.Errorf("admitted %d, more than limit×T + burst + fallback shares = %.1f", got, float64(bound)+fallbackShare)

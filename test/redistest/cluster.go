@@ -735,6 +735,46 @@ func (c *Cluster) failedOver(ctx context.Context, old *Node, slot int) (*Node, e
 	return winner, nil
 }
 
+// promotionLine is what redis-server logs, on the replica that wins a
+// failover election, at the instant it takes over its master's slots.
+const promotionLine = "Failover election won: I'm the new master."
+
+// PromotedAt returns when n last won a failover election, as n itself
+// logged it in redis.log: the instant its master's slots became n's, which
+// is the event a client of the cluster reacts to. The log's timestamps are
+// the machine's local time to the millisecond.
+func (n *Node) PromotedAt() (time.Time, error) {
+	b, err := os.ReadFile(filepath.Join(n.Dir(), "redis.log"))
+	if err != nil {
+		return time.Time{}, err
+	}
+	var at time.Time
+	for line := range strings.Lines(string(b)) {
+		if !strings.Contains(line, promotionLine) {
+			continue
+		}
+		t, err := logTime(line)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("redistest: %s: %w", n.Addr(), err)
+		}
+		at = t
+	}
+	if at.IsZero() {
+		return time.Time{}, fmt.Errorf("redistest: %s logged no failover election won", n.Addr())
+	}
+	return at, nil
+}
+
+// logTime reads the timestamp of a redis.log line, which looks like
+// "4242:S 05 Dec 2026 23:41:42.123 # message".
+func logTime(line string) (time.Time, error) {
+	_, rest, ok := strings.Cut(line, " ")
+	if !ok || len(rest) < len("02 Jan 2006 15:04:05.000") {
+		return time.Time{}, fmt.Errorf("no timestamp in log line %q", line)
+	}
+	return time.ParseInLocation("02 Jan 2006 15:04:05.000", rest[:len("02 Jan 2006 15:04:05.000")], time.Local)
+}
+
 // ID returns the node's cluster ID, a new one after Reschedule without
 // keepID.
 func (n *Node) ID() string {
