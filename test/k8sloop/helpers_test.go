@@ -157,6 +157,41 @@ func revision(ctx context.Context, ns string) string {
 	return c.Revision
 }
 
+// settledRevision waits until the controllers have settled on what the
+// spec built, and returns that revision: the namespace's document counts
+// exactly pods, ready, as the replicas of policy (so no pod event the
+// controller has yet to see can recompile it), and the policy's status
+// describes its current generation with that many targeted pods. A spec
+// that asserts on a revision reads it here, not at the first instant a
+// sidecar happens to agree with the ConfigMap.
+func settledRevision(ctx context.Context, ns, policy string, pods ...string) string {
+	var rev string
+	Eventually(func(g Gomega) {
+		c, err := configMap(ctx, ns)
+		g.Expect(err).NotTo(HaveOccurred())
+		var replicas []string
+		found := false
+		for _, p := range c.Policies {
+			if p.Name != policy {
+				continue
+			}
+			found = true
+			for _, i := range p.ReplicaPods {
+				g.Expect(int(i)).To(BeNumerically("<", len(c.Pods)))
+				replicas = append(replicas, c.Pods[i])
+			}
+			g.Expect(p.Replicas).To(Equal(int32(len(pods))), "replicas of %s in revision %s", policy, c.Revision)
+		}
+		g.Expect(found).To(BeTrue(), "policy %s in revision %s", policy, c.Revision)
+		g.Expect(replicas).To(ConsistOf(pods), "replica pods of %s in revision %s", policy, c.Revision)
+		p := getPolicy(ctx, ns, policy)
+		g.Expect(p.Status.ObservedGeneration).To(Equal(p.Generation))
+		g.Expect(p.Status.TargetedPods).To(Equal(int32(len(pods))))
+		rev = c.Revision
+	}, 30*time.Second, 50*time.Millisecond).Should(Succeed(), "the controllers settle on %d replicas of %s", len(pods), policy)
+	return rev
+}
+
 // loadedCondition returns the sidecar's condition on a pod, or nil.
 func loadedCondition(ctx context.Context, ns, name string) *corev1.PodCondition {
 	var pod corev1.Pod

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
+	"net/http/httputil"
+	"net/url"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -118,11 +120,23 @@ var _ = Describe("kubectl floodgate status", func() {
 		Expect(err).NotTo(HaveOccurred())
 		r, err := runner.New(rc, log, src)
 		Expect(err).NotTo(HaveOccurred())
-		_, port, err := net.SplitHostPort(r.AdminAddr())
+		// The pod's admin port is a forwarder to the sidecar's, which
+		// tells the spec when the plugin's first scrape has been answered:
+		// the denials the window must count are sent after it.
+		scraped := make(chan struct{})
+		var once sync.Once
+		admin := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: r.AdminAddr()})
+		fwd := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			admin.ServeHTTP(w, req)
+			if req.URL.Path == "/metrics" {
+				once.Do(func() { close(scraped) })
+			}
+		})}
+		fwdLn, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 		Expect(err).NotTo(HaveOccurred())
-		adminPort, err := strconv.Atoi(port)
-		Expect(err).NotTo(HaveOccurred())
-		sidecarPod(ctx, ns, "api-0", ip, int32(adminPort))
+		go func() { _ = fwd.Serve(fwdLn) }()
+		DeferCleanup(func() { _ = fwd.Close() })
+		sidecarPod(ctx, ns, "api-0", ip, int32(fwdLn.Addr().(*net.TCPAddr).Port))
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan error, 1)
 		go func() { done <- r.Run(runCtx) }()
@@ -145,14 +159,13 @@ var _ = Describe("kubectl floodgate status", func() {
 		})
 		Expect(k8sClient.Status().Update(ctx, &stale)).To(Succeed())
 
+		rev := settledRevision(ctx, ns, "api", "api-0", "api-1")
 		Eventually(func() string {
-			c := loadedCondition(ctx, ns, "api-0")
-			if c == nil || c.Message != revision(ctx, ns) {
-				return ""
+			if c := loadedCondition(ctx, ns, "api-0"); c != nil {
+				return c.Message
 			}
-			return c.Message
-		}, 30*time.Second, 200*time.Millisecond).ShouldNot(BeEmpty(), "api-0's sidecar loads the compiled revision")
-		rev := revision(ctx, ns)
+			return ""
+		}, 30*time.Second, 50*time.Millisecond).Should(Equal(rev), "api-0's sidecar loads the settled revision")
 
 		send := func(n int) {
 			for range n {
@@ -168,12 +181,19 @@ var _ = Describe("kubectl floodgate status", func() {
 		send(5) // 3 allowed, 2 denied
 
 		By("running kubectl floodgate status while more requests are denied")
+		sent := make(chan struct{})
 		go func() {
 			defer GinkgoRecover()
-			time.Sleep(time.Second)
-			send(4)
+			defer close(sent)
+			select {
+			case <-scraped:
+				send(4)
+			case <-ctx.Done():
+			}
 		}()
 		out, code := runPlugin(ctx, bin, "status", "api", "-n", ns, "--kubeconfig", kubectl.Kubeconfig, "-o", "json", "--window", "3s")
+		Expect(scraped).To(BeClosed(), "the plugin scraped api-0's sidecar through its admin port:\n%s", out)
+		Eventually(sent).Should(BeClosed())
 		Expect(code).To(Equal(app.ExitFindings), "a stale pod is a problem:\n%s", out)
 		var rep statusReport
 		Expect(json.Unmarshal([]byte(out), &rep)).To(Succeed(), out)
