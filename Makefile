@@ -112,6 +112,12 @@ ifeq ($(PKGS),./...)
 	for m in $(CLIENT_MODULES); do (cd $$m && $(GO) test $(GO_TEST_FLAGS) ./...); done
 endif
 
+N ?= 5
+.PHONY: test-flakes
+test-flakes: test-deps ## Run the timing-sensitive suites (hack/flakes/suites.txt) N times (default 5) beside two busy loops; report failures per test and spec.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" FLOODGATE_HELM="$$(hack/tools.sh helm)" \
+		hack/with-reaper.sh $(GO) run ./hack/flakes -n $(N) -busy 2 -build-flags "-race"
+
 .PHONY: test-cluster
 test-cluster: test-deps images ## Run the real-node suite (test/cluster) on a node that hack/cluster.sh starts, then removes (root).
 	FLOODGATE_IMAGES_BUILT=1 FLOODGATE_HELM="$$(hack/tools.sh helm)" \
