@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 )
 
 // Format is a config document's format.
@@ -97,15 +100,11 @@ func LoadAny(data []byte, o Options) (*config.Config, Format, *Mapping, error) {
 // for an envoyproxy/ratelimit source how each descriptor was mapped.
 func Explain(w io.Writer, c *config.Config, f Format, m *Mapping) error {
 	ew := &errWriter{w: w}
-	nrules := 0
-	for _, p := range c.Policies {
-		nrules += len(p.Rules)
-	}
 	ew.printf("format: %s\n", f)
 	if m != nil {
 		ew.printf("domains: %d, rules: %d (each domain is a policy; each descriptor with a rate_limit is a rule)\n", m.Domains, len(m.Rules))
 	} else {
-		ew.printf("policies: %d, rules: %d\n", len(c.Policies), nrules)
+		ew.printf("policies: %d, rules: %s\n", len(c.Policies), countRules(c))
 	}
 	if c.Store.Type != "" {
 		ew.printf("store: %s %s\n", c.Store.Type, strings.Join(c.Store.Addresses, ","))
@@ -117,12 +116,21 @@ func Explain(w io.Writer, c *config.Config, f Format, m *Mapping) error {
 			notes[[2]string{r.Policy, r.Name}] = r
 		}
 	}
-	for _, p := range c.Policies {
+	// The engine derives a concurrency rule's numbers, and registers its
+	// metrics while it does.
+	met := metrics.NewMetrics(prometheus.NewRegistry())
+	for i := range c.Policies {
+		p := &c.Policies[i]
 		ew.printf("\npolicy %s (uid %s, replicas %d)\n", p.Name, p.UID, max(p.Replicas, 1))
-		for _, r := range p.Rules {
+		for j := range p.Rules {
+			r := &p.Rules[j]
+			limit, err := describeLimit(p, r, met)
+			if err != nil {
+				return fmt.Errorf("policy %s, rule %s: %w", p.Name, r.Name, err)
+			}
 			ew.printf("  rule %s\n", r.Name)
-			ew.printf("    match: %s\n", describeMatch(&r))
-			ew.printf("    limit: %s\n", describeLimit(&r))
+			ew.printf("    match: %s\n", describeMatch(r))
+			ew.printf("    limit: %s\n", limit)
 			if mr, ok := notes[[2]string{p.Name, r.Name}]; ok {
 				ew.printf("    from:  %s.%s: %s\n", mr.Domain, mr.Path, mr.Summary)
 				for _, n := range mr.Notes {
@@ -158,46 +166,22 @@ func describeMatch(r *config.Rule) string {
 		}
 		return s
 	}
-	var parts []string
-	if pm := r.Match.Path; pm != nil {
-		parts = append(parts, fmt.Sprintf("path %s %q", pm.Type, pm.Value))
+	s := "HTTP " + Applies(&r.Match)
+	if !r.IsRate() && r.Concurrency == nil {
+		return s // only a priority: it reads no key
 	}
-	if len(r.Match.Methods) > 0 {
-		parts = append(parts, "methods "+strings.Join(r.Match.Methods, ","))
-	}
-	for _, h := range r.Match.Headers {
-		parts = append(parts, fmt.Sprintf("header %s=%q", h.Name, h.Value))
-	}
-	if len(parts) == 0 {
-		parts = append(parts, "every HTTP request")
-	}
-	s := "HTTP " + strings.Join(parts, ", ")
-	if len(r.Key) > 0 {
-		var ks []string
-		for _, k := range r.Key {
-			switch {
-			case k.Header != "":
-				ks = append(ks, "header "+k.Header)
-			case k.Query != "":
-				ks = append(ks, "query "+k.Query)
-			case k.ClientIP != nil:
-				ks = append(ks, "client IP")
-			case k.JWTClaim != "":
-				ks = append(ks, "JWT claim "+k.JWTClaim)
-			case k.Path != nil:
-				ks = append(ks, "path")
-			case k.Method != nil:
-				ks = append(ks, "method")
-			}
-		}
-		s += "; counter per " + strings.Join(ks, " + ")
-	} else {
-		s += "; one shared counter"
-	}
-	return s
+	return s + "; counted by " + Counter(r.KeyAlternatives())
 }
 
-func describeLimit(r *config.Rule) string {
+// describeLimit words what rule r of policy p does to the requests it
+// matches. A rule without a limit is a concurrency cap or only a priority,
+// worded as kubectl floodgate explain words it (DescribeUnrated); the
+// engine builds its concurrency rule with m.
+func describeLimit(p *config.Policy, r *config.Rule, m *metrics.Metrics) (string, error) {
+	if r.Match.Descriptors == nil && !r.IsRate() {
+		u, err := DescribeUnrated(p, r, m)
+		return u.Limit, err
+	}
 	l := r.Limit
 	var s string
 	switch {
@@ -223,7 +207,42 @@ func describeLimit(r *config.Rule) string {
 	} else if !l.Unlimited && l.Requests > 0 {
 		s += "; fails open to a local share when the store is unreachable"
 	}
-	return s
+	return s, nil
+}
+
+// countRules counts the rules of c, by kind when they are not all rate
+// rules: "2", "3 (1 rate, 1 concurrency, 1 priority only)".
+func countRules(c *config.Config) string {
+	var total, rate, conc, prio, desc int
+	for i := range c.Policies {
+		for j := range c.Policies[i].Rules {
+			r := &c.Policies[i].Rules[j]
+			total++
+			switch {
+			case r.Match.Descriptors != nil:
+				desc++
+			case r.Concurrency != nil:
+				conc++
+			case r.IsRate():
+				rate++
+			default:
+				prio++
+			}
+		}
+	}
+	if rate == total {
+		return strconv.Itoa(total)
+	}
+	var kinds []string
+	for _, k := range []struct {
+		n    int
+		kind string
+	}{{rate, "rate"}, {conc, "concurrency"}, {prio, "priority only"}, {desc, "Envoy descriptor"}} {
+		if k.n > 0 {
+			kinds = append(kinds, fmt.Sprintf("%d %s", k.n, k.kind))
+		}
+	}
+	return fmt.Sprintf("%d (%s)", total, strings.Join(kinds, ", "))
 }
 
 type errWriter struct {

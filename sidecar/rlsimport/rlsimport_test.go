@@ -90,6 +90,89 @@ descriptors:
 	}
 }
 
+// Explain (floodgate-sidecar --check-config) words a concurrency rule as
+// kubectl floodgate explain does, says what a rule that only sets a
+// priority does, and counts the rules of each kind; a rule without a limit
+// is not a rate rule that denies every call. Matches and key alternatives
+// are worded as explain words them (Applies, Counter).
+func TestExplainConcurrencyRule(t *testing.T) {
+	t.Parallel()
+	c, f, m, err := rlsimport.LoadAny([]byte(`apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: exports
+  uid: exports-1
+  replicas: 3
+  rules:
+  - name: per-tenant
+    match: {path: {type: Prefix, value: /exports}}
+    key: [{header: X-Tenant}]
+    concurrency: {max: 10}
+  - name: streams
+    concurrency: {max: 1, leaseTTL: 2m}
+    failureMode: Closed
+    mode: Shadow
+    priority: Sheddable
+  - name: per-key
+    match: {methods: [GET, POST], headers: [{name: X-Tier, value: free}]}
+    keys: [[{header: X-API-Key}], [{clientIP: {}}]]
+    limit: {requests: 100, per: 1m}
+  - name: payments
+    match: {path: {type: Prefix, value: /pay}}
+    priority: Critical
+`), rlsimport.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := rlsimport.Explain(&out, c, f, m); err != nil {
+		t.Fatal(err)
+	}
+	want := `format: floodgate sidecar config (floodgate.dev/sidecar-config/v1)
+policies: 1, rules: 4 (1 rate, 2 concurrency, 1 priority only)
+
+policy exports (uid exports-1, replicas 3)
+  rule per-tenant
+    match: HTTP requests to paths under /exports; counted by each X-Tenant
+    limit: at most 10 requests in flight at once across replicas (a crashed sidecar's slots come back after 10 s); fails open to 3 in flight per replica on 3 replicas
+  rule streams
+    match: HTTP all requests; counted by all of them together (one counter)
+    limit: at most 1 request in flight at once across replicas (a crashed sidecar's slots come back after 2 min); fails closed: 503 while the store is unreachable; shadow: counted and reported, never denies; marks its requests Sheddable for the load shedder
+  rule per-key
+    match: HTTP all GET and POST requests with header X-Tier: free; counted by each X-API-Key, else each client IP
+    limit: 100 per 1m0s, TokenBucket; fails open to a local share when the store is unreachable
+  rule payments
+    match: HTTP requests to paths under /pay
+    limit: no limit: marks the requests it matches Critical for the load shedder
+`
+	if got := out.String(); got != want {
+		t.Errorf("Explain:\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestHTTPRules(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		rate, concurrency int
+		want              string
+	}{{0, 0, "0 HTTP rules"}, {2, 0, "2 HTTP rules"}, {0, 1, "1 HTTP rules (0 rate, 1 concurrency)"}, {2, 1, "3 HTTP rules (2 rate, 1 concurrency)"}} {
+		if got := rlsimport.HTTPRules(tt.rate, tt.concurrency); got != tt.want {
+			t.Errorf("HTTPRules(%d, %d) = %q, want %q", tt.rate, tt.concurrency, got, tt.want)
+		}
+	}
+}
+
+func TestPeriod(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		time.Second: "second", 10 * time.Second: "10 s", 1500 * time.Millisecond: "1.5 s", time.Minute: "minute",
+		90 * time.Second: "90 s", 2 * time.Minute: "2 min", time.Hour: "hour", 36 * time.Hour: "36 h", 24 * time.Hour: "day", 7 * 24 * time.Hour: "7 d",
+	} {
+		if got := rlsimport.Period(d); got != want {
+			t.Errorf("Period(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
 // Bad configs are rejected as envoyproxy/ratelimit rejects them, every
 // problem at once.
 func TestConvertErrors(t *testing.T) {

@@ -86,3 +86,47 @@ func TestExplainAndSimulate(t *testing.T) {
 		t.Errorf("simulate without --for: exit %d, %q", code, errOut)
 	}
 }
+
+// concurrencyConfig is a sidecar config with a rule of each kind an HTTP
+// rule can be: a rate, a cap on requests in flight, and only a priority.
+const concurrencyConfig = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: exports
+  uid: exports-1
+  replicas: 3
+  rules:
+  - name: per-tenant
+    match: {path: {type: Prefix, value: /exports}}
+    key: [{header: X-Tenant}]
+    concurrency: {max: 10}
+  - name: per-key
+    key: [{header: X-API-Key}]
+    limit: {requests: 100, per: 1m}
+  - name: payments
+    match: {path: {type: Prefix, value: /pay}}
+    priority: Critical
+`
+
+// A concurrency rule is an HTTP rule: check counts it with the rate rules,
+// and explain words it as floodgate-sidecar --check-config does
+// (rlsimport's TestExplainConcurrencyRule pins the same words).
+func TestCheckCountsConcurrencyRules(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "sidecar.yaml")
+	if err := os.WriteFile(file, []byte(concurrencyConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "", "check", file)
+	if got, want := out, file+": floodgate sidecar config valid: 1 policies, 2 HTTP rules (1 rate, 1 concurrency), 0 Envoy descriptor rules in 0 domains\n"+
+		"1 valid, 0 invalid, 0 skipped (not floodgate objects)\n"; code != ExitOK || got != want {
+		t.Errorf("check: exit %d, stdout\n%s\nwant\n%s%s", code, got, want, errOut)
+	}
+	code, out, errOut = run(t, "", "explain", file)
+	if want := "    limits   each X-Tenant: at most 10 requests in flight at once across replicas (a crashed sidecar's slots come back after 10 s); fails open to 3 in flight per replica on 3 replicas\n"; code != ExitOK || !strings.Contains(out, want) {
+		t.Errorf("explain: exit %d, stdout\n%s\nwant a line\n%s%s", code, out, want, errOut)
+	}
+	code, out, errOut = run(t, "", "simulate", file, "--rate", "1/s", "--for", "1s", "--path", "/exports", "-q")
+	if want := "floodgate sidecar config (floodgate.dev/sidecar-config/v1) from " + file + ": 2 HTTP rules (1 rate, 1 concurrency)\n"; code != ExitOK || !strings.HasPrefix(out, want) {
+		t.Errorf("simulate: exit %d, stdout\n%s\nwant it to start with\n%s%s", code, out, want, errOut)
+	}
+}

@@ -202,7 +202,7 @@ func checkConfig(d *load.Doc, r CheckResult) CheckResult {
 		return r
 	}
 	r.Valid = true
-	r.Summary = fmt.Sprintf("%d policies, %d HTTP rules, %d Envoy descriptor rules in %d domains",
-		len(c.Policies), len(set.Rules), len(set.Descriptors.Rules()), set.Descriptors.Domains())
+	r.Summary = fmt.Sprintf("%d policies, %s, %d Envoy descriptor rules in %d domains",
+		len(c.Policies), rlsimport.HTTPRules(len(set.Rules), len(set.Concurrency)), len(set.Descriptors.Rules()), set.Descriptors.Domains())
 	return r
 }

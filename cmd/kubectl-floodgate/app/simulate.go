@@ -16,6 +16,7 @@ import (
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/sim"
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/trace"
 	"github.com/floodgate-dev/floodgate/controllers/policy/compiler"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 )
 
 // DefaultStart is the simulated clock's time at offset 0 of a trace that
@@ -28,10 +29,12 @@ type SimulateReport struct {
 	Sources []string `json:"sources"`
 	// Start is the simulated clock's time at offset 0.
 	Start time.Time `json:"start"`
-	// Rules is the number of HTTP rules in force; IgnoredPolicies are
-	// those whose podSelector does not select --pod-labels.
-	Rules           int      `json:"rules"`
-	IgnoredPolicies []string `json:"ignoredPolicies,omitempty"`
+	// Rules and ConcurrencyRules are the numbers of rate rules and of
+	// concurrency rules in force; IgnoredPolicies are the policies whose
+	// podSelector does not select --pod-labels.
+	Rules            int      `json:"rules"`
+	ConcurrencyRules int      `json:"concurrencyRules,omitempty"`
+	IgnoredPolicies  []string `json:"ignoredPolicies,omitempty"`
 	// DescriptorRules apply only to Envoy's rate-limit calls and are not
 	// simulated.
 	DescriptorRules int            `json:"descriptorRules,omitempty"`
@@ -146,6 +149,7 @@ func runSimulate(o *options, f *simulateFlags, args []string) error {
 	}
 	rep := SimulateReport{From: set.From, Sources: set.Sources, Start: start}
 	rep.Rules, rep.IgnoredPolicies, rep.DescriptorRules = s.Rules()
+	rep.ConcurrencyRules = s.ConcurrencyRules()
 	sums := map[string]*SimSummary{}
 	for _, r := range reqs {
 		d, err := s.Do(r)
@@ -241,7 +245,7 @@ func bindingRule(rl string) string {
 }
 
 func printSimulation(o *options, rep SimulateReport, quiet bool) {
-	o.printf("%s from %s: %d HTTP rules", rep.From, strings.Join(rep.Sources, ", "), rep.Rules)
+	o.printf("%s from %s: %s", rep.From, strings.Join(rep.Sources, ", "), rlsimport.HTTPRules(rep.Rules, rep.ConcurrencyRules))
 	if len(rep.IgnoredPolicies) > 0 {
 		o.printf("; policies not selecting --pod-labels: %v", rep.IgnoredPolicies)
 	}

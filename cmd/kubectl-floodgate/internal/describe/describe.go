@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/rlsimport"
 )
 
 // Policy is one policy's rules in words.
@@ -149,11 +149,11 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 	if d := r.Match.Descriptors; d != nil {
 		return descriptorRule(p, r, out, m)
 	}
-	out.Applies = applies(&r.Match)
+	out.Applies = rlsimport.Applies(&r.Match)
 	if !r.IsRate() {
 		return unrated(p, r, out, m)
 	}
-	out.Counter = counter(r.KeyAlternatives())
+	out.Counter = rlsimport.Counter(r.KeyAlternatives())
 	lim, err := limited(&out, p, r, m)
 	if err != nil {
 		return Rule{}, err
@@ -166,39 +166,25 @@ func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 }
 
 // unrated describes a rule that limits no rate: a concurrency cap, or
-// only a priority.
+// only a priority, in the words floodgate-sidecar --check-config uses too
+// (rlsimport.DescribeUnrated).
 func unrated(p *config.Policy, r *config.Rule, out Rule, m *metrics.Metrics) (Rule, error) {
-	cc := r.Concurrency
-	if cc == nil {
-		out.Failure = "never counted"
-		out.Summary = "no limit: marks the requests it matches " + r.Priority + " for the load shedder"
-		return out, nil
-	}
-	ttl := cc.LeaseTTL.Duration
-	if ttl == 0 {
-		ttl = config.DefaultLeaseTTL
-	}
-	er, err := engine.NewConcurrencyRule(p.Name, r.Name, cc.Max, ttl, p.Replicas, r.FailureMode == config.FailureClosed, out.Shadow, m)
+	u, err := rlsimport.DescribeUnrated(p, r, m)
 	if err != nil {
 		return Rule{}, err
 	}
-	out.Counter = counter(r.KeyAlternatives())
-	out.Concurrency = &Concurrency{Max: er.Max, LeaseTTL: ttl.String()}
-	if er.FailClosed {
-		out.Failure = "fails closed: 503 while the store is unreachable"
-	} else {
-		n := max(p.Replicas, 1)
+	out.Failure = u.Failure
+	er := u.Concurrency
+	if er == nil {
+		out.Summary = u.Limit
+		return out, nil
+	}
+	out.Counter = rlsimport.Counter(r.KeyAlternatives())
+	out.Concurrency = &Concurrency{Max: er.Max, LeaseTTL: er.LeaseTTL.String()}
+	if !er.FailClosed {
 		out.Concurrency.Fallback = er.Fallback
-		out.Failure = fmt.Sprintf("fails open to %d in flight per replica on %d %s", er.Fallback, n, plural(int64(n), "replica", "replicas"))
 	}
-	out.Summary = fmt.Sprintf("%s: at most %d %s in flight at once across replicas (a crashed sidecar's slots come back after %s); %s",
-		out.Counter, er.Max, plural(er.Max, "request", "requests"), period(ttl), out.Failure)
-	if out.Shadow {
-		out.Summary += "; shadow: counted and reported, never denies"
-	}
-	if r.Priority != "" {
-		out.Summary += "; marks its requests " + r.Priority + " for the load shedder"
-	}
+	out.Summary = out.Counter + ": " + u.Limit
 	out.MissingKey = missingKey(r)
 	return out, nil
 }
@@ -272,7 +258,7 @@ func summary(counter string, l limiter.Limit, failure string, shadow bool) strin
 
 // limitWords is "5 requests per 10 s, burst 5, TokenBucket".
 func limitWords(l limiter.Limit) string {
-	s := requests(l.Requests) + " per " + period(l.Period)
+	s := requests(l.Requests) + " per " + rlsimport.Period(l.Period)
 	switch l.Algorithm {
 	case limiter.TokenBucket, limiter.GCRA:
 		s += ", burst " + strconv.FormatInt(l.Capacity(), 10)
@@ -297,7 +283,7 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	l := er.Limit
 	fb := limitOf(l)
 	if n == 1 {
-		s := fmt.Sprintf("fails open to %s per %s per replica on 1 replica", requests(l.Requests), period(l.Period))
+		s := fmt.Sprintf("fails open to %s per %s per replica on 1 replica", requests(l.Requests), rlsimport.Period(l.Period))
 		if fb.Burst > 0 && fb.Burst != fb.Requests {
 			s += fmt.Sprintf(" (burst %d)", fb.Burst)
 		}
@@ -308,7 +294,7 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	if l.Requests%n == 0 {
 		// Each replica's share is a whole number of requests per period.
 		fb.Requests /= n
-		s := fmt.Sprintf("fails open to %s per %s per replica on %d replicas", requests(l.Requests/n), period(l.Period), n)
+		s := fmt.Sprintf("fails open to %s per %s per replica on %d replicas", requests(l.Requests/n), rlsimport.Period(l.Period), n)
 		if b := capacity / n; fb.Burst > 0 {
 			fb.Burst = max(b, 1)
 			if fb.Burst != fb.Requests {
@@ -318,7 +304,7 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 		return s, fb
 	}
 	return fmt.Sprintf("fails open to every %s of the limit's tokens per replica on %d replicas: %s per %s across them",
-		ordinal(n), n, requests(l.Requests), period(l.Period)), fb
+		ordinal(n), n, requests(l.Requests), rlsimport.Period(l.Period)), fb
 }
 
 // ordinal is "2nd", "3rd", "10th".
@@ -347,83 +333,6 @@ func plural(n int64, one, many string) string {
 	return many
 }
 
-// period writes a period in the largest unit it is a whole number of:
-// "second", "10 s", "minute", "2 min", "hour", "3 h", "day", "7 d".
-func period(d time.Duration) string {
-	for _, u := range []struct {
-		d         time.Duration
-		one, many string
-	}{{24 * time.Hour, "day", "d"}, {time.Hour, "hour", "h"}, {time.Minute, "minute", "min"}, {time.Second, "second", "s"}} {
-		if d >= u.d && d%u.d == 0 {
-			if d == u.d {
-				return u.one
-			}
-			return strconv.FormatInt(int64(d/u.d), 10) + " " + u.many
-		}
-	}
-	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + " s"
-}
-
-func applies(m *config.Match) string {
-	var what string
-	if len(m.Methods) > 0 {
-		what = strings.Join(m.Methods, " and ") + " requests"
-	} else {
-		what = "requests"
-	}
-	if len(m.Hosts) > 0 {
-		what += " for " + strings.Join(m.Hosts, " or ")
-	}
-	if p := m.Path; p != nil {
-		switch p.Type {
-		case config.PathExact:
-			what += " to " + p.Value
-		case config.PathPrefix:
-			what += " to paths under " + p.Value
-		default:
-			what += " to paths matching " + p.Value
-		}
-	} else if len(m.Hosts) == 0 && len(m.Query) == 0 && len(m.SourceCIDRs) == 0 && len(m.When) == 0 {
-		what = "all " + what
-	}
-	with := make([]string, 0, len(m.Headers)+len(m.Query))
-	for _, h := range m.Headers {
-		with = append(with, valueMatch("header", h.Name, h.Value, h.Regex, h.Absent, h.Invert))
-	}
-	for _, q := range m.Query {
-		with = append(with, valueMatch("query parameter", q.Name, q.Value, q.Regex, q.Absent, q.Invert))
-	}
-	if len(with) > 0 {
-		what += " with " + strings.Join(with, " and ")
-	}
-	if len(m.SourceCIDRs) > 0 {
-		what += " from " + strings.Join(m.SourceCIDRs, " or ")
-	}
-	if len(m.When) > 0 {
-		what += " when " + strings.Join(m.When, " and ")
-	}
-	return what
-}
-
-// valueMatch words one header or query parameter match.
-func valueMatch(kind, name, value, regex string, absent, invert bool) string {
-	switch {
-	case absent:
-		return "no " + name + " " + kind
-	case value != "" && invert:
-		return fmt.Sprintf("%s %s other than %s", kind, name, value)
-	case value != "":
-		return fmt.Sprintf("%s %s: %s", kind, name, value)
-	case regex != "" && invert:
-		return fmt.Sprintf("%s %s not matching %s", kind, name, regex)
-	case regex != "":
-		return fmt.Sprintf("%s %s matching %s", kind, name, regex)
-	case invert:
-		return "no " + name + " " + kind
-	}
-	return "a " + name + " " + kind
-}
-
 // exempt words the exemptions of a rule and its policy, or "": a request
 // from one of the networks, or one for which every condition of a section
 // holds, is exempt.
@@ -446,42 +355,6 @@ func exempt(sections ...*config.Exempt) string {
 	return strings.Join(alternatives, ", or ") + ": never limited, counted as exempt"
 }
 
-func counter(alts [][]config.KeyPart) string {
-	var words []string
-	for _, key := range alts {
-		if len(key) == 0 {
-			words = append(words, "all of them together (one counter)")
-			continue
-		}
-		parts := make([]string, 0, len(key))
-		for _, k := range key {
-			parts = append(parts, keyPart(k))
-		}
-		words = append(words, "each "+strings.Join(parts, " and "))
-	}
-	return strings.Join(words, ", else ")
-}
-
-func keyPart(k config.KeyPart) string {
-	switch {
-	case k.Header != "":
-		return k.Header
-	case k.Query != "":
-		return "query parameter " + k.Query
-	case k.ClientIP != nil:
-		return clientIP(k.ClientIP)
-	case k.JWTClaim != "":
-		return "JWT claim " + k.JWTClaim
-	case k.Path != nil:
-		return "path"
-	case k.Method != nil:
-		return "method"
-	case k.Expression != "":
-		return "value of " + k.Expression
-	}
-	return "?"
-}
-
 func cost(c config.Cost, capacity int64) string {
 	def := max(c.Default, 1)
 	if c.FromHeader == "" {
@@ -502,7 +375,7 @@ func missingKey(r *config.Rule) string {
 		var parts []string
 		for _, k := range alt {
 			if k.Header != "" || k.Query != "" || k.JWTClaim != "" || k.Expression != "" {
-				parts = append(parts, keyPart(k))
+				parts = append(parts, rlsimport.KeyPart(k))
 			}
 		}
 		if len(parts) == 0 {
@@ -518,19 +391,6 @@ func missingKey(r *config.Rule) string {
 		return without + " are not limited by this rule"
 	}
 	return without + " share one counter"
-}
-
-// clientIP names a client IP key part, with its prefix lengths when they
-// are not the defaults (each IPv4 address, each IPv6 /64).
-func clientIP(k *config.ClientIPKey) string {
-	s := "client IP"
-	if v4 := k.IPv4PrefixLength; v4 > 0 && v4 != 32 {
-		s += fmt.Sprintf(" (IPv4 by /%d)", v4)
-	}
-	if v6 := k.IPv6PrefixLength; v6 > 0 && v6 != config.DefaultIPv6PrefixLength {
-		s += fmt.Sprintf(" (IPv6 by /%d)", v6)
-	}
-	return s
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

@@ -144,18 +144,6 @@ func TestDescriptorRules(t *testing.T) {
 	}
 }
 
-func TestPeriod(t *testing.T) {
-	t.Parallel()
-	for d, want := range map[time.Duration]string{
-		time.Second: "second", 10 * time.Second: "10 s", 1500 * time.Millisecond: "1.5 s", time.Minute: "minute",
-		90 * time.Second: "90 s", 2 * time.Minute: "2 min", time.Hour: "hour", 36 * time.Hour: "36 h", 24 * time.Hour: "day", 7 * 24 * time.Hour: "7 d",
-	} {
-		if got := period(d); got != want {
-			t.Errorf("period(%v) = %q, want %q", d, got, want)
-		}
-	}
-}
-
 // The matching fields, key expressions, exemptions and a replaced cluster
 // default are all said in words; none is left out of what a rule applies to.
 func TestConditionsAndExemptions(t *testing.T) {

@@ -122,13 +122,17 @@ func New(o Options) (*Simulator, error) {
 	return &Simulator{clock: clk, px: px, set: set}, nil
 }
 
-// Rules is the number of HTTP rules in force; Ignored names the policies
+// Rules is the number of rate rules in force; Ignored names the policies
 // whose podSelector does not select the simulated pod; DescriptorRules
 // counts the rules that apply only to Envoy's rate-limit calls, which are
 // not simulated.
 func (s *Simulator) Rules() (rules int, ignored []string, descriptorRules int) {
 	return len(s.set.Rules), s.set.Ignored, len(s.set.Descriptors.Rules())
 }
+
+// ConcurrencyRules is the number of concurrency rules in force, which
+// Rules does not count.
+func (s *Simulator) ConcurrencyRules() int { return len(s.set.Concurrency) }
 
 // Do decides one request at its instant. Requests must come in time order;
 // the clock never goes back.
