@@ -102,7 +102,11 @@ test-deps: ## Install redis-server and build the envtest binaries and tools.
 	hack/tools.sh helm >/dev/null
 
 .PHONY: test
-test: test-unit test-cluster ## Run go vet, every unit, envtest and real-Redis suite, then the real-node suite.
+test: ## Run go vet, every unit, envtest and real-Redis suite, then the real-node suite (both run, whichever fails).
+	@failed=; \
+	$(MAKE) --no-print-directory test-unit || failed="$$failed test-unit"; \
+	$(MAKE) --no-print-directory test-cluster || failed="$$failed test-cluster"; \
+	if [ -n "$$failed" ]; then echo "make test failed in:$$failed" >&2; exit 1; fi
 
 .PHONY: test-unit
 test-unit: test-deps vet ## Run the unit, envtest and real-Redis suites (everything but test/cluster).
