@@ -63,7 +63,7 @@ func TestSidecarUser(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			_, _, err = s.Take(ctx, limiter.Request{Key: "acl-" + pw, Limit: l, Cost: 1})
 			if err == nil || time.Now().After(deadline) {

@@ -124,7 +124,7 @@ var _ = Describe("An external CounterStore", func() {
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(c.Reason).To(Equal(counterstore.ReasonSecretError))
 			g.Expect(c.Message).To(ContainSubstring("default/nope"))
-		}).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 	})
 })
 

@@ -238,7 +238,7 @@ func (k *kubelet) recreate(ctx context.Context, name string) {
 	Expect(k8sClient.Delete(ctx, &pod, client.GracePeriodSeconds(0))).To(Succeed())
 	Eventually(func() bool {
 		return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &corev1.Pod{}))
-	}).Should(BeTrue())
+	}).WithTimeout(30 * time.Second).Should(BeTrue())
 	k.mu.Lock()
 	if c := k.pods[name]; c != nil {
 		// A new Pod has a new emptyDir.

@@ -359,7 +359,7 @@ func TestStartScript(t *testing.T) {
 			Host: host.IP, Port: RedisPort, Password: password,
 			Command: []string{"sh", "-c", StartScript(confDir, dataDir)}, Env: env,
 		})
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 		got, err := p.Client().ConfigGet(ctx, "cluster-announce-ip").Result()
 		if err != nil || got["cluster-announce-ip"] != host.IP {
@@ -384,7 +384,7 @@ func TestStartScript(t *testing.T) {
 		if err := p.Client().Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			err := probe(t, ReadinessScript, env)
 			if err == nil {

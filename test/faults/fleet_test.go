@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	rtmetrics "runtime/metrics"
 	"slices"
 	"strconv"
@@ -162,7 +163,7 @@ func warmUp(t testing.TB, fleet []*sidecar, rules []*engine.Rule, keys ...string
 	t.Helper()
 	for i, sc := range fleet {
 		for _, k := range keys {
-			deadline := time.Now().Add(10 * time.Second)
+			deadline := time.Now().Add(30 * time.Second)
 			for sc.decide(t.Context(), i, rules[i], k, nil).source != engine.FromStore {
 				if time.Now().After(deadline) {
 					t.Fatal("the store never answered the warm-up")
@@ -213,16 +214,55 @@ func (d decision) story() string {
 	return b.String()
 }
 
-// record collects decisions from concurrent callers.
+// record collects decisions from concurrent callers, and the spans of
+// its schedule that a driver skipped because the machine stalled it.
 type record struct {
-	mu sync.Mutex
-	ds []decision
+	mu    sync.Mutex
+	ds    []decision
+	skips []skip
+}
+
+// skip is a span of one sidecar's schedule whose requests the driver never
+// sent: the machine held the driver past them (see drive).
+type skip struct {
+	sidecar  int
+	from, to time.Time
 }
 
 func (r *record) add(d decision) {
 	r.mu.Lock()
 	r.ds = append(r.ds, d)
 	r.mu.Unlock()
+}
+
+func (r *record) skipped(sc int, from, to time.Time) {
+	r.mu.Lock()
+	r.skips = append(r.skips, skip{sidecar: sc, from: from, to: to})
+	r.mu.Unlock()
+}
+
+// scheduled returns how long sidecar sc's driver kept to its schedule
+// within [from, to]: the span less what it skipped there.
+func (r *record) scheduled(sc int, from, to time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := to.Sub(from)
+	for _, s := range r.skips {
+		if s.sidecar != sc {
+			continue
+		}
+		a, b := s.from, s.to
+		if a.Before(from) {
+			a = from
+		}
+		if b.After(to) {
+			b = to
+		}
+		if lost := b.Sub(a); lost > 0 {
+			d -= lost
+		}
+	}
+	return d
 }
 
 func (r *record) all() []decision {
@@ -251,6 +291,9 @@ func (sc *sidecar) decide(ctx context.Context, i int, r *engine.Rule, key string
 // drive has every sidecar decide requests on key, each at rate per second
 // (open loop: a request is sent on schedule whether or not the last one
 // has been answered, as independent clients do), until stop is closed.
+// A driver the machine holds more than 100ms past its schedule resumes
+// from the present instead of bursting to catch up, and records the span
+// it skipped in rec.
 func drive(ctx context.Context, fleet []*sidecar, rules []*engine.Rule, key string, rate float64, rec *record, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) / rate)
@@ -267,8 +310,9 @@ func drive(ctx context.Context, fleet []*sidecar, rules []*engine.Rule, key stri
 				}
 				inner.Go(func() { sc.decide(ctx, i, rules[i], key, rec) })
 				next = next.Add(interval)
-				if behind := time.Since(next); behind > 100*time.Millisecond {
-					next = time.Now() // the machine stalled: do not burst to catch up
+				if now := time.Now(); now.Sub(next) > 100*time.Millisecond {
+					rec.skipped(i, next, now) // the machine stalled: do not burst to catch up
+					next = now
 				}
 			}
 		})
@@ -327,7 +371,10 @@ func percentile(ds []decision, p float64) time.Duration {
 // (waiting several call budgets) still does: the sleepers are not late
 // then. With them, it reads the runtime's own measurement of how long
 // runnable goroutines waited for a processor (/sched/latencies), which on
-// a starved machine exceeds the timers' lateness.
+// a starved machine exceeds the timers' lateness, and the kernel's of how
+// long each thread of the process (and each Redis node it is asked to
+// watch) waited for a CPU, which adds up over a span on a machine where
+// the process gets a fraction of a core.
 type noise struct {
 	mu      sync.Mutex
 	samples []lateSample
@@ -335,11 +382,13 @@ type noise struct {
 	// runq are the Go runtime's own measurements of how long runnable
 	// goroutines waited to run (/sched/latencies), per interval of
 	// runqEvery, in the order of their ends; osq the kernel's, of how
-	// long any thread of the process waited for a CPU while runnable
-	// (/proc/self/task/*/schedstat).
-	runq, osq []runqSample
-	stop      chan struct{}
-	done      chan struct{}
+	// long each thread of the process, and each watched Redis node,
+	// waited for a CPU while runnable (their schedstat).
+	runq    []runqSample
+	osq     []threadSample
+	stop    chan struct{}
+	done    chan struct{}
+	endOnce sync.Once
 }
 
 // lateSample is one sleep: it ran from start to end, late by late.
@@ -356,11 +405,28 @@ type runqSample struct {
 	worst    time.Duration
 }
 
+// threadSample is how long each thread of the process waited runnable for
+// a CPU over (from, to], as the kernel counted it; worst is the longest of
+// those waits. Threads that did not wait are left out.
+type threadSample struct {
+	from, to time.Time
+	waits    map[string]time.Duration
+	worst    time.Duration
+}
+
 // runqEvery is how often the run-queue measurement is read.
 const runqEvery = 2 * time.Millisecond
 
-func startNoise() *noise {
+// startNoise starts measuring; the Redis nodes among others, if any, are
+// watched too (see redisHeld).
+func startNoise(others ...*redistest.Node) *noise {
 	n := &noise{stop: make(chan struct{}), done: make(chan struct{})}
+	var pids []int
+	for _, o := range others {
+		if pid := o.Pid(); pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
 	const sleep = redisstore.DefaultTimeout
 	sleepers := int(sleep / time.Millisecond)
 	var wg sync.WaitGroup
@@ -405,7 +471,7 @@ func startNoise() *noise {
 	// go on. The kernel counts each thread's time spent runnable but not
 	// running; read it every few milliseconds.
 	wg.Go(func() {
-		prev := threadWaits(nil)
+		prev := threadWaits(nil, pids)
 		from := time.Now()
 		for {
 			select {
@@ -413,17 +479,23 @@ func startNoise() *noise {
 				return
 			case <-time.After(runqEvery):
 			}
-			cur := threadWaits(prev)
+			cur := threadWaits(prev, pids)
 			to := time.Now()
-			var worst time.Duration
+			ts := threadSample{from: from, to: to}
 			for tid, w := range cur {
-				if p, ok := prev[tid]; ok {
-					worst = max(worst, w-p)
+				if p, ok := prev[tid]; ok && w > p {
+					if ts.waits == nil {
+						ts.waits = map[string]time.Duration{}
+					}
+					ts.waits[tid] = w - p
+					if !strings.HasPrefix(tid, redisThread) {
+						ts.worst = max(ts.worst, w-p)
+					}
 				}
 			}
 			prev = cur
 			n.mu.Lock()
-			n.osq = append(n.osq, runqSample{from: from, to: to, worst: worst})
+			n.osq = append(n.osq, ts)
 			n.mu.Unlock()
 			from = to
 		}
@@ -459,9 +531,9 @@ func startNoise() *noise {
 	return n
 }
 
-// end stops the measurement.
+// end stops the measurement; it may be called more than once.
 func (n *noise) end() {
-	close(n.stop)
+	n.endOnce.Do(func() { close(n.stop) })
 	<-n.done
 }
 
@@ -488,25 +560,72 @@ func (n *noise) during(from, to time.Time) time.Duration {
 // bound by, on account of the machine: the worst lateness of the sleeps
 // that overlap it (from just before it started, when a stall may already
 // have held it up), which is how late its own timer may have fired, and
-// the longest wait of a runnable goroutine for a processor in the same
-// span, as the runtime measured it, or of a thread of the process for a
-// CPU, as the kernel measured it (a thread left waiting stalls its
-// goroutine, its processor's timers and the locks that goroutine holds),
-// whichever is longer: how long it may then have waited to run (once; it
-// runs for microseconds).
+// how long the machine held it runnable: the longest wait of a runnable
+// goroutine for a processor in the same span, as the runtime measured it,
+// or the longest a thread of the process waited for a CPU in the span, as
+// the kernel counted it, whichever is longer. A thread's waits are summed
+// over the whole span, not taken one interval at a time: the decision's
+// goroutine (or the one holding a lock it waits for) runs on a thread for
+// the span, and a thread the kernel leaves waiting again and again holds
+// it for every one of those waits; on a loaded machine they add up to
+// more than any single one.
 func (n *noise) excuse(at time.Time, took time.Duration) time.Duration {
 	from, to := at.Add(-10*time.Millisecond), at.Add(took)
-	g, th := n.runqDuring(from, to)
+	g, _, held := n.runqDuring(from, to)
+	return n.during(from, to) + max(g, held)
+}
+
+// stall returns the longest the machine held this process's goroutines up
+// at once in [from, to]: the sleepers' worst lateness, and the longest
+// single run-queue wait of a goroutine or of a thread. It bounds how far
+// one stall can have pushed events together, where excuse bounds how
+// late one decision can have been.
+func (n *noise) stall(from, to time.Time) time.Duration {
+	g, th, _ := n.runqDuring(from, to)
 	return n.during(from, to) + max(g, th)
 }
 
 // runqDuring returns the longest run-queue wait the runtime measured in
-// the intervals that overlap [from, to], and the longest the kernel left
-// a thread of the process waiting for a CPU in them.
-func (n *noise) runqDuring(from, to time.Time) (goroutines, threads time.Duration) {
+// the intervals that overlap [from, to], the longest the kernel left a
+// thread of the process waiting for a CPU in one of them, and the most
+// one thread waited in all of them together.
+func (n *noise) runqDuring(from, to time.Time) (goroutines, threads, held time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return worstIn(n.runq, from, to), worstIn(n.osq, from, to)
+	i, _ := slices.BinarySearchFunc(n.osq, from, func(s threadSample, t time.Time) int { return s.to.Compare(t) })
+	sums := map[string]time.Duration{}
+	for ; i < len(n.osq) && !n.osq[i].from.After(to); i++ {
+		threads = max(threads, n.osq[i].worst)
+		for tid, w := range n.osq[i].waits {
+			if strings.HasPrefix(tid, redisThread) {
+				continue
+			}
+			sums[tid] += w
+			held = max(held, sums[tid])
+		}
+	}
+	return worstIn(n.runq, from, to), threads, held
+}
+
+// redisHeld returns the most the kernel left one of the watched Redis
+// nodes waiting for a CPU, in all over [from, to]: how much later than
+// on an idle machine the node can have answered a client, or passed on
+// news of the cluster, in that span.
+func (n *noise) redisHeld(from, to time.Time) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(n.osq, from, func(s threadSample, t time.Time) int { return s.to.Compare(t) })
+	sums := map[string]time.Duration{}
+	var held time.Duration
+	for ; i < len(n.osq) && !n.osq[i].from.After(to); i++ {
+		for tid, w := range n.osq[i].waits {
+			if strings.HasPrefix(tid, redisThread) {
+				sums[tid] += w
+				held = max(held, sums[tid])
+			}
+		}
+	}
+	return held
 }
 
 // worstIn returns the worst of the samples of ss, in the order of their
@@ -523,35 +642,46 @@ func worstIn(ss []runqSample, from, to time.Time) time.Duration {
 // worstRunq returns the longest run-queue waits of the whole run: the
 // runtime's, and the kernel's for a thread of the process.
 func (n *noise) worstRunq() (goroutines, threads time.Duration) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return worstIn(n.runq, time.Time{}, time.Now().Add(time.Hour)), worstIn(n.osq, time.Time{}, time.Now().Add(time.Hour))
+	g, th, _ := n.runqDuring(time.Time{}, time.Now().Add(time.Hour))
+	return g, th
 }
 
 // threadWaits returns, by thread id, how long each thread of the process
-// has waited runnable for a CPU (the second field of its schedstat), in a
-// map sized after the last one, m. Threads it cannot read are left out.
-func threadWaits(m map[string]time.Duration) map[string]time.Duration {
+// has waited runnable for a CPU (the second field of its schedstat), and
+// each process of pids, by "pid:" and its id, its main thread (the one
+// that serves a Redis node's clients), in a map sized after the last one,
+// m. Threads it cannot read are left out.
+func threadWaits(m map[string]time.Duration, pids []int) map[string]time.Duration {
 	out := make(map[string]time.Duration, len(m))
+	read := func(key, path string) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			return
+		}
+		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			out[key] = time.Duration(ns)
+		}
+	}
+	for _, pid := range pids {
+		p := strconv.Itoa(pid)
+		read(redisThread+p, "/proc/"+p+"/schedstat")
+	}
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return out
 	}
 	for _, task := range tasks {
-		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/schedstat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			continue
-		}
-		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-			out[task.Name()] = time.Duration(ns)
-		}
+		read(task.Name(), "/proc/self/task/"+task.Name()+"/schedstat")
 	}
 	return out
 }
+
+// redisThread prefixes a watched Redis node's key among the threads.
+const redisThread = "pid:"
 
 // worst returns the worst lateness of the whole run.
 func (n *noise) worst() time.Duration {
@@ -580,4 +710,73 @@ func keyOn(t testing.TB, c *redistest.Cluster, m *redistest.Node, tag string) st
 	}
 	t.Fatalf("no key on %v", m)
 	return ""
+}
+
+// waitUntil polls cond every 20ms until it holds, and reports whether it
+// did within timeout. The timeout only bounds a hang: a test waits on the
+// state it needs, never for a guessed time.
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// loggedAt returns when node n last logged a line containing msg in its
+// redis.log, by the log's own timestamp ("4242:M 05 Dec 2026 23:41:42.123
+// * msg"): the instant of an event of the node's, which a client reacts
+// to, as the node saw it (the same clock as this process's).
+func loggedAt(n *redistest.Node, msg string) (time.Time, error) {
+	b, err := os.ReadFile(filepath.Join(n.Dir(), "redis.log"))
+	if err != nil {
+		return time.Time{}, err
+	}
+	const layout = "02 Jan 2006 15:04:05.000"
+	var at time.Time
+	for line := range strings.Lines(string(b)) {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, " ")
+		if !ok || len(rest) < len(layout) {
+			return time.Time{}, fmt.Errorf("%s: no timestamp in log line %q", n.Addr(), line)
+		}
+		if at, err = time.ParseInLocation(layout, rest[:len(layout)], time.Local); err != nil {
+			return time.Time{}, fmt.Errorf("%s: %w", n.Addr(), err)
+		}
+	}
+	if at.IsZero() {
+		return time.Time{}, fmt.Errorf("%s logged no %q", n.Addr(), msg)
+	}
+	return at, nil
+}
+
+// storeAgain reports whether every one of sidecars has decided a request,
+// that arrived after since, from the store or from the deny cache the
+// store's answers fill.
+func (r *record) storeAgain(sidecars int, since time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	back := make([]bool, sidecars)
+	left := sidecars
+	// Decisions are added as they end: the ones that arrived after since
+	// are among the last, back to those that ended well before it.
+	for i := len(r.ds) - 1; i >= 0; i-- {
+		d := r.ds[i]
+		if d.at.Add(d.took).Before(since.Add(-time.Second)) {
+			break
+		}
+		if back[d.sidecar] || d.at.Before(since) || (d.source != engine.FromStore && d.source != engine.FromDenyCache) {
+			continue
+		}
+		back[d.sidecar] = true
+		if left--; left == 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -1,6 +1,8 @@
 package faults
 
 import (
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,12 +13,17 @@ import (
 )
 
 // failoverWindows returns, per sidecar, the span from its first to its last
-// fallback decision, and when it counted in the store again for good: its
-// first store decision after its last fallback one (zero when it never
-// fell back).
-func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back []time.Time) {
+// fallback decision, and when it counted in the store again for good after
+// the failover of the master at dead: its first store decision after its
+// last fallback decision that had called dead (zero when it has none). A
+// decision that fell back on a call to another shard (the new master's
+// connection still being made, or a call the machine delayed past its
+// budget) does not count against that: the sidecar no longer routes to
+// the dead master then.
+func failoverWindows(ds []decision, sidecars int, dead string) (spans []time.Duration, back []time.Time) {
 	first := make([]time.Time, sidecars)
 	last := make([]time.Time, sidecars)
+	lastDead := make([]time.Time, sidecars)
 	for _, d := range ds {
 		if d.source != engine.FromFallback && d.source != engine.FromNowhere {
 			continue
@@ -24,8 +31,12 @@ func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back [
 		if first[d.sidecar].IsZero() || d.at.Before(first[d.sidecar]) {
 			first[d.sidecar] = d.at
 		}
-		if end := d.at.Add(d.took); end.After(last[d.sidecar]) {
+		end := d.at.Add(d.took)
+		if end.After(last[d.sidecar]) {
 			last[d.sidecar] = end
+		}
+		if slices.ContainsFunc(d.calls, func(c storeCall) bool { return c.shard == dead }) && end.After(lastDead[d.sidecar]) {
+			lastDead[d.sidecar] = end
 		}
 	}
 	spans = make([]time.Duration, sidecars)
@@ -35,8 +46,11 @@ func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back [
 			continue
 		}
 		spans[i] = last[i].Sub(first[i])
+		if lastDead[i].IsZero() {
+			continue
+		}
 		for _, d := range ds {
-			if d.sidecar == i && d.source == engine.FromStore && !d.at.Before(last[i]) && (back[i].IsZero() || d.at.Before(back[i])) {
+			if d.sidecar == i && d.source == engine.FromStore && !d.at.Before(lastDead[i]) && (back[i].IsZero() || d.at.Before(back[i])) {
 				back[i] = d.at
 			}
 		}
@@ -48,8 +62,10 @@ func failoverWindows(ds []decision, sidecars int) (spans []time.Duration, back [
 // once Redis has promoted a replica: the calls its breaker fails fast ask
 // for a slot-map reload at most every 375 ms (redisstore's reload spacing,
 // jittered), go-redis spaces its lazy reloads by 200 ms, and the reload
-// and the first call to the new master each wait at most one call budget
-// (250 ms here). That sums to 1.075 s.
+// and the first call to the new master each take a round trip, allowed
+// one call budget (250 ms here). That sums to 1.075 s. It takes the Redis
+// nodes to answer, and to hear of the promotion, as promptly as on an idle
+// machine: what the machine delayed them by is measured and excused.
 const followBudget = 1075 * time.Millisecond
 
 // TestKilledMasterBounds kills (SIGKILL) the master of a key that three
@@ -86,35 +102,42 @@ func TestKilledMasterBounds(t *testing.T) {
 
 	rec := &record{}
 	stop := make(chan struct{})
-	n := startNoise()
+	n := startNoise(c.Nodes()...)
 	start := time.Now()
 	wg := drive(ctx, fleet, rules, key, rate, rec, stop)
+	halt := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+		n.end()
+	})
+	defer halt()
 	time.Sleep(2 * time.Second)
 	if err := c.Kill(victim); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	failedOver := make(chan *redistest.Node, 1)
-	go func() {
-		m, err := c.WaitForFailover(victim, 30*time.Second)
-		if err != nil {
-			t.Error(err)
-		}
-		failedOver <- m
-	}()
-	time.Sleep(nodeTimeout + 6*time.Second)
-	close(stop)
-	wg.Wait()
-	n.end()
-	ds := rec.all()
-	promotedNode := <-failedOver
-	if promotedNode == nil {
-		t.FailNow()
+	promotedNode, err := c.WaitForFailover(victim, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	seen := time.Now()
 	promoted, err := promotedNode.PromotedAt()
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Run on past the promotion, for 5s and until every sidecar counts in
+	// the store again after its last fallback decision: the end of the
+	// run is measured from the failover, however long Redis took to get
+	// there on this machine.
+	waitUntil(30*time.Second, func() bool {
+		if time.Since(seen) < 5*time.Second {
+			return false
+		}
+		_, back := failoverWindows(rec.all(), sidecars, victim.Addr())
+		return !slices.Contains(back, time.Time{})
+	})
+	halt()
+	ds := rec.all()
 	end := start
 	for _, d := range ds {
 		if e := d.at.Add(d.took); e.After(end) {
@@ -123,7 +146,7 @@ func TestKilledMasterBounds(t *testing.T) {
 	}
 	span := end.Sub(start)
 
-	spans, back := failoverWindows(ds, sidecars)
+	spans, back := failoverWindows(ds, sidecars, victim.Addr())
 	var recovery time.Duration
 	for i := range sidecars {
 		if back[i].IsZero() {
@@ -143,11 +166,14 @@ func TestKilledMasterBounds(t *testing.T) {
 	}
 	got := admitted(ds)
 	// The recovery is timed from the promotion: excuse what the machine
-	// delayed goroutines by over that span.
-	lateness := n.during(promoted, promoted.Add(recovery))
+	// delayed this process by over that span, and the Redis nodes, whose
+	// answers to the sidecars' reloads, and news of the promotion to one
+	// another, the followBudget takes to be prompt.
+	goLate, redisLate := n.excuse(promoted, recovery), n.redisHeld(promoted, promoted.Add(recovery))
+	lateness := goLate + redisLate
 	recoveryBound := followBudget + lateness
-	t.Logf("killed %s: %s won the failover election %v after the SIGKILL (node timeout %v); every sidecar counted in the store again %v after the promotion (bound %v + lateness %v = %v); fallback windows %v",
-		victim.Addr(), promotedNode.Addr(), promoted.Sub(killed).Round(time.Millisecond), nodeTimeout, recovery.Round(time.Millisecond), followBudget, lateness, recoveryBound, spans)
+	t.Logf("killed %s: %s won the failover election %v after the SIGKILL (node timeout %v); every sidecar counted in the store again %v after the promotion (bound %v + lateness %v = %v: this process %v, the Redis nodes %v); fallback windows %v",
+		victim.Addr(), promotedNode.Addr(), promoted.Sub(killed).Round(time.Millisecond), nodeTimeout, recovery.Round(time.Millisecond), followBudget, lateness, recoveryBound, goLate, redisLate, spans)
 	t.Logf("admitted %d of %d over %v: bound limit×T %d + burst %d + fallback shares %.1f (bucket %d/%v burst %d per sidecar) = %.1f; %v",
 		got, len(ds), span.Round(time.Millisecond), bound-lim.Burst, lim.Burst, fallbackShare, fb.Requests, fb.Period, fb.Burst,
 		float64(bound)+fallbackShare, counts(ds))
@@ -157,7 +183,10 @@ func TestKilledMasterBounds(t *testing.T) {
 	if float64(got) > float64(bound)+fallbackShare {
 		t.Errorf("admitted %d, more than limit×T + burst + fallback shares = %.1f", got, float64(bound)+fallbackShare)
 	}
-	if got < int(lim.Requests)*int(span/time.Second)/2 {
-		t.Errorf("admitted only %d over %v of a %d/s limit: the fleet starved", got, span, lim.Requests)
+	// Starved: it admitted less than half of what it should, the limit
+	// over the run or, should the machine have held the drivers back to
+	// less than that, what they sent.
+	if floor := min(int(lim.Requests)*int(span/time.Second), len(ds)) / 2; got < floor {
+		t.Errorf("admitted only %d of %d requests over %v of a %d/s limit (want at least %d): the fleet starved", got, len(ds), span, lim.Requests, floor)
 	}
 }

@@ -58,6 +58,10 @@ func TestLongOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The machine's lateness over the return, this process's and the
+	// restarted nodes'.
+	n := startNoise(c.Nodes()...)
+	defer n.end()
 	if err := c.WaitClusterOK(60 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +69,7 @@ func TestLongOutage(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	close(stop)
 	wg.Wait()
+	n.end()
 
 	var during, after []decision
 	for _, d := range rec.all() {
@@ -76,7 +81,14 @@ func TestLongOutage(t *testing.T) {
 		}
 	}
 	span := up.Sub(down)
-	limitT := float64(lim.Requests) * span.Seconds() / lim.Period.Seconds()
+	// Each sidecar enforces its share of the limit over the time its
+	// driver offered five times that share: the span, less what the
+	// machine held the driver past (it skips rather than bursts).
+	var scheduled time.Duration
+	for i := range sidecars {
+		scheduled += rec.scheduled(i, down, up)
+	}
+	limitT := float64(lim.Requests) / sidecars * scheduled.Seconds() / lim.Period.Seconds()
 	got := admitted(during)
 	per := make([]int, sidecars)
 	for _, d := range during {
@@ -85,13 +97,22 @@ func TestLongOutage(t *testing.T) {
 		}
 	}
 	ratio := float64(got) / limitT
-	t.Logf("all Redis down %v under %d sidecars at %d/s each: admitted %d, limit over the outage L·T = %.0f, admitted/L·T = %.3f; per sidecar %v; %v",
-		span.Round(time.Second), sidecars, rate, got, limitT, ratio, per, counts(during))
+	t.Logf("all Redis down %v under %d sidecars at %d/s each (the drivers kept to their schedules for %v of %v): admitted %d, limit over the outage L·T = %.0f, admitted/L·T = %.3f; per sidecar %v; %v",
+		span.Round(time.Second), sidecars, rate, scheduled.Round(time.Second), sidecars*span.Round(time.Second), got, limitT, ratio, per, counts(during))
 	t.Logf("after the store came back (from 2s on): %v", counts(after))
 	if ratio > 1.1 || ratio < 0.9 {
 		t.Errorf("admitted/L·T = %.3f during the outage, want within 10%% of 1", ratio)
 	}
-	if c := counts(after); c["allow/fallback"]+c["deny/fallback"] > 0 {
-		t.Errorf("decisions still fell back 2s after the store was back: %v", c)
+	// A decision that fell back 2s after the store was back is excused
+	// only by what the machine delayed it, and the nodes, by since then.
+	for _, d := range after {
+		if d.source != engine.FromFallback {
+			continue
+		}
+		since := d.at.Sub(back)
+		if late := n.excuse(back, since) + n.redisHeld(back, d.at); since > 2*time.Second+late {
+			t.Errorf("sidecar %d fell back %v after the store was back, more than 2s (+ the machine's lateness %v): %v", d.sidecar, since, late, counts(after))
+			break
+		}
 	}
 }

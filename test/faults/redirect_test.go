@@ -77,13 +77,26 @@ func TestScriptFlushThenFailover(t *testing.T) {
 	for _, k := range keys {
 		wgs = append(wgs, drive(ctx, fleet, rules, k, rate/float64(len(keys)), rec, stop))
 	}
+	halt := sync.OnceFunc(func() {
+		close(stop)
+		for _, wg := range wgs {
+			wg.Wait()
+		}
+	})
+	defer halt()
 	time.Sleep(time.Second)
 	for _, n := range c.Nodes() {
 		if err := n.Client().ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
+	// The sidecars meet the flush before the failover: some node has
+	// answered NOSCRIPT.
+	if !waitUntil(30*time.Second, func() bool {
+		return errorStats(t, c.Nodes(), "NOSCRIPT")["NOSCRIPT"] > before["NOSCRIPT"]
+	}) {
+		t.Fatal("no node answered NOSCRIPT within 30s of the flush")
+	}
 	if err := replicas[0].Client().Do(ctx, "cluster", "failover").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,15 +117,12 @@ func TestScriptFlushThenFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second)
-	close(stop)
-	for _, wg := range wgs {
-		wg.Wait()
-	}
+	halt()
 	ds := rec.all()
 	after := errorStats(t, c.Nodes(), "NOSCRIPT", "MOVED")
 	got := counts(ds)
-	t.Logf("%d decisions through a SCRIPT FLUSH of every node and a failover of %v to %v: %v; the nodes answered NOSCRIPT %d and MOVED %d times",
-		len(ds), victim.Addr(), promoted.Addr(), got, after["NOSCRIPT"]-before["NOSCRIPT"], after["MOVED"]-before["MOVED"])
+	t.Logf("%d decisions through a SCRIPT FLUSH of every node and a failover of %v to %v: %v, the slowest %v; the nodes answered NOSCRIPT %d and MOVED %d times",
+		len(ds), victim.Addr(), promoted.Addr(), got, maxTook(ds), after["NOSCRIPT"]-before["NOSCRIPT"], after["MOVED"]-before["MOVED"])
 	if got["allow/store"] != len(ds) {
 		t.Errorf("%d of %d decisions did not come from the store: %v", len(ds)-got["allow/store"], len(ds), got)
 	}
@@ -153,11 +163,13 @@ func TestSlotMigrationUnderLoad(t *testing.T) {
 	start := remaining(t, c, key, lim)
 
 	var granted, calls atomic.Int64
+	// done counts each caller's finished calls.
+	done := make([]atomic.Int64, callers)
 	var mu sync.Mutex
 	var errs []string
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, s := range stores {
+	for i, s := range stores {
 		wg.Go(func() {
 			for {
 				select {
@@ -167,6 +179,7 @@ func TestSlotMigrationUnderLoad(t *testing.T) {
 				}
 				d, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: lim, Cost: 1})
 				calls.Add(1)
+				done[i].Add(1)
 				switch {
 				case err != nil:
 					mu.Lock()
@@ -179,19 +192,40 @@ func TestSlotMigrationUnderLoad(t *testing.T) {
 			}
 		})
 	}
+	halt := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+	})
+	defer halt()
+	// everyCallerCalls waits until every caller has made a whole call in
+	// the slot's present state: one begun after it was reached.
+	everyCallerCalls := func(state string) {
+		t.Helper()
+		var from [callers]int64
+		for i := range done {
+			from[i] = done[i].Load()
+		}
+		if !waitUntil(30*time.Second, func() bool {
+			for i := range done {
+				if done[i].Load() < from[i]+2 {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Fatalf("not every caller made a call %s within 30s", state)
+		}
+	}
 	stats := func() map[string]int { return errorStats(t, c.Nodes(), "MOVED", "ASK", "TRYAGAIN") }
 	before := stats()
-	time.Sleep(500 * time.Millisecond)
+	everyCallerCalls("before the moves")
 	owner := masters[0]
 	for round := range 3 {
 		next := masters[1+round%2]
-		migrateSlot(t, c, slot, owner, next, masters)
+		migrateSlot(t, c, slot, owner, next, masters, everyCallerCalls)
 		owner = next
-		time.Sleep(300 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	halt()
 	after := stats()
 	charged := start - remaining(t, c, key, lim)
 	t.Logf("%d calls by %d callers through 3 moves of slot %d: %d granted, %d errors; the nodes answered MOVED %d, ASK %d, TRYAGAIN %d times; Redis holds %d charges",
@@ -209,8 +243,10 @@ func TestSlotMigrationUnderLoad(t *testing.T) {
 }
 
 // migrateSlot moves slot, keys included, from src to dst, in the steps
-// the CLUSTER SETSLOT documentation gives.
-func migrateSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.Node, masters []*redistest.Node) {
+// the CLUSTER SETSLOT documentation gives, and calls settle in each state
+// the slot passes through (open on both sides, its keys moved, moved) for
+// the load to meet it.
+func migrateSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.Node, masters []*redistest.Node, settle func(state string)) {
 	t.Helper()
 	ctx := t.Context()
 	must := func(err error) {
@@ -225,8 +261,7 @@ func migrateSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *rediste
 	}
 	must(dst.Client().Do(ctx, "cluster", "setslot", slot, "importing", src.ID()).Err())
 	must(src.Client().Do(ctx, "cluster", "setslot", slot, "migrating", dst.ID()).Err())
-	// Leave the slot half moved for a moment: calls meet ASK.
-	time.Sleep(100 * time.Millisecond)
+	settle("while the slot is open on both sides")
 	for {
 		keys, err := src.Client().ClusterGetKeysInSlot(ctx, slot, 100).Result()
 		must(err)
@@ -241,7 +276,8 @@ func migrateSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *rediste
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Leave the slot half moved while every caller calls: they meet ASK.
+	settle("while the slot's keys are on the new owner, the slot still open")
 	// The new owner first, then the old one, then the others, as the
 	// CLUSTER SETSLOT documentation prescribes: the other way round, the
 	// old owner sends callers to a new one that, still importing, sends
@@ -255,4 +291,6 @@ func migrateSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *rediste
 	for _, m := range order {
 		must(m.Client().Do(ctx, "cluster", "setslot", slot, "node", dst.ID()).Err())
 	}
+	// Every caller's slot map still names the old owner: they meet MOVED.
+	settle("after the move")
 }

@@ -26,14 +26,24 @@ type testCluster struct {
 	sess  *formation.Session
 }
 
-func newTestCluster(t *testing.T, shards, replicas int) *testCluster {
+// Node timeouts of the test clusters. A test that kills nodes needs Redis
+// to notice within a second. One that kills none must not have it notice
+// anything: on a loaded machine a node can go unscheduled for over a
+// second, and its peers would flag it failed, fail it over and leave the
+// formation a repair to make that the test never asked for.
+const (
+	faultNodeTimeout = time.Second
+	quietNodeTimeout = 15 * time.Second
+)
+
+func newTestCluster(t *testing.T, shards, replicas int, nodeTimeout time.Duration) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, spec: formation.Spec{Shards: shards, ReplicasPerShard: replicas}}
 	c.sess = formation.NewSession(formation.Dialer{Password: password})
 	t.Cleanup(func() { _ = c.sess.Close() })
 	c.rc = redistest.StartCluster(t, redistest.Options{
 		Masters: shards, Replicas: replicas, Unformed: true, IPPerNode: true,
-		Password: password, NodeTimeout: time.Second, PartialCoverage: true,
+		Password: password, NodeTimeout: nodeTimeout, PartialCoverage: true,
 	})
 	c.add(c.rc.Nodes())
 	return c
@@ -116,6 +126,7 @@ func (c *testCluster) converge(timeout time.Duration) formation.Result {
 			}
 		} else {
 			lastErr = err
+			c.t.Logf("pass %d: %v", passes, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -250,7 +261,7 @@ func (c *testCluster) masterIndex() int {
 
 func TestFormFromScratch(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, quietNodeTimeout)
 	start := time.Now()
 	res := c.converge(30 * time.Second)
 	t.Logf("3x1 formed in %v", time.Since(start).Round(time.Millisecond))
@@ -284,7 +295,7 @@ func TestFormFromScratch(t *testing.T) {
 
 func TestReplicasOnOtherHosts(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, quietNodeTimeout)
 	// Pods 0..5 on hosts h0 h1 h2 h0 h1 h2: masters 0,1,2 take one host
 	// each, so each replica must be on another host than its master.
 	for i := range c.spec.Members {
@@ -304,7 +315,7 @@ func TestReplicasOnOtherHosts(t *testing.T) {
 
 func TestMasterReplacedBeforeFailover(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, faultNodeTimeout)
 	c.converge(30 * time.Second)
 	kv := c.writeKeys("replaced", 500)
 	waitReplicated(t, c)
@@ -324,7 +335,7 @@ func TestMasterReplacedBeforeFailover(t *testing.T) {
 
 func TestMasterKilledThenReplaced(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, faultNodeTimeout)
 	c.converge(30 * time.Second)
 	kv := c.writeKeys("killed", 500)
 	waitReplicated(t, c)
@@ -363,7 +374,7 @@ func TestMasterKilledThenReplaced(t *testing.T) {
 
 func TestRestartAtNewAddressKeepsIdentity(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, faultNodeTimeout)
 	c.converge(30 * time.Second)
 	for _, i := range []int{c.masterIndex(), 5} {
 		id, addr := c.myID(i), c.nodes[i].Addr()
@@ -391,7 +402,7 @@ func TestRestartAtNewAddressKeepsIdentity(t *testing.T) {
 
 func TestLostShardWithoutReplica(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 0)
+	c := newTestCluster(t, 3, 0, faultNodeTimeout)
 	c.converge(30 * time.Second)
 	kv := c.writeKeys("lost", 600)
 	m := c.masterIndex()
@@ -426,7 +437,7 @@ func TestLostShardWithoutReplica(t *testing.T) {
 
 func TestScaleUpMigratesKeys(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 1)
+	c := newTestCluster(t, 3, 1, quietNodeTimeout)
 	c.converge(30 * time.Second)
 	kv := c.writeKeys("up", 3000)
 	c.spec.Shards = 4
@@ -443,7 +454,7 @@ func TestScaleUpMigratesKeys(t *testing.T) {
 
 func TestScaleDownDrainsLeavingNodes(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 4, 1)
+	c := newTestCluster(t, 4, 1, faultNodeTimeout)
 	c.converge(30 * time.Second)
 	kv := c.writeKeys("down", 2000)
 	waitReplicated(t, c)
@@ -480,7 +491,7 @@ func TestScaleDownDrainsLeavingNodes(t *testing.T) {
 
 func TestFinishesInterruptedMigration(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 3, 0)
+	c := newTestCluster(t, 3, 0, quietNodeTimeout)
 	c.converge(30 * time.Second)
 	ctx := t.Context()
 	cl := c.clusterClient()
@@ -552,9 +563,9 @@ func TestFinishesInterruptedMigration(t *testing.T) {
 
 func TestLeavesAnotherClusterAlone(t *testing.T) {
 	t.Parallel()
-	a := newTestCluster(t, 3, 0)
+	a := newTestCluster(t, 3, 0, quietNodeTimeout)
 	a.converge(30 * time.Second)
-	b := newTestCluster(t, 1, 0)
+	b := newTestCluster(t, 1, 0, quietNodeTimeout)
 	b.converge(30 * time.Second)
 	kv := b.writeKeys("other", 50)
 	// b's node is listed as a member of a by mistake: it serves slots of

@@ -82,9 +82,13 @@ func TestSlotsSharedByFourStores(t *testing.T) {
 }
 
 // TestSlotsOfACrashedStoreComeBack has a store take every slot and
-// disappear without releasing: another store is refused until the leases
-// expire on Redis's clock, then gets them all, and the key carries a TTL
-// all along.
+// disappear without releasing: another store is refused while every lease
+// is live, on Redis's clock, and takes a slot as soon as one has expired,
+// with as many still held as are live then; the key outlives its latest
+// lease by a second all along. The leases' expiries are read from Redis
+// (their scores), and Redis's clock is this machine's: every call is
+// judged against the instants bracketing it, not against a guess of how
+// long the calls took.
 func TestSlotsOfACrashedStoreComeBack(t *testing.T) {
 	t.Parallel()
 	const maxN, ttl = 3, 1500 * time.Millisecond
@@ -92,40 +96,73 @@ func TestSlotsOfACrashedStoreComeBack(t *testing.T) {
 	other := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
 	key := uniqueKey(t)
 	ctx := context.Background()
+	// The last Acquire ran between sent and answered.
+	var sent, answered time.Time
 	for i := range maxN {
+		sent = time.Now()
 		d, _, err := crashed.Acquire(ctx, limiter.SlotRequest{Key: key, Lease: uint64(100 + i), Max: maxN, TTL: ttl})
+		answered = time.Now()
 		if err != nil || !d.Acquired {
 			t.Fatalf("Acquire %d: %v, %v", i, d, err)
 		}
 	}
-	start := time.Now()
-	pttl, err := cluster.NewClient().PTTL(ctx, redisstore.SlotKey(key)).Result()
-	if err != nil || pttl <= ttl || pttl > ttl+2*time.Second {
-		t.Errorf("PTTL of the leases' key = %v, %v; want just over the lease TTL %v", pttl, err, ttl)
+	cl := cluster.NewClient()
+	defer func() { _ = cl.Close() }()
+	leases, err := cl.ZRangeWithScores(ctx, redisstore.SlotKey(key), 0, -1).Result()
+	if err != nil || len(leases) != maxN {
+		t.Fatalf("the leases' key holds %v, %v; want %d leases", leases, err, maxN)
 	}
-	var back time.Duration
+	expiries := make([]time.Time, maxN)
+	for i, z := range leases {
+		expiries[i] = time.UnixMicro(int64(z.Score))
+	}
+	// The key's TTL, set by the last Acquire: a second past its lease,
+	// which ends ttl after the script ran, within the call's instants
+	// (to the millisecond Redis keeps expiries in).
+	ms, err := cl.PExpireTime(ctx, redisstore.SlotKey(key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expireAt := time.UnixMilli(int64(ms / time.Millisecond))
+	if lo, hi := sent.Add(ttl+time.Second-time.Millisecond), answered.Add(ttl+time.Second+time.Millisecond); expireAt.Before(lo) || expireAt.After(hi) {
+		t.Errorf("the leases' key expires at %v, %v after its latest lease; want a second after it, within [%v, %v]", expireAt, expireAt.Sub(expiries[maxN-1]), lo, hi)
+	}
+	// live returns how many of the crashed store's leases are live at t.
+	live := func(at time.Time) int64 {
+		n := int64(0)
+		for _, e := range expiries {
+			if e.After(at) {
+				n++
+			}
+		}
+		return n
+	}
+	var refused int
 	for lease := uint64(1); ; lease++ {
+		before := time.Now()
 		d, _, err := other.Acquire(ctx, limiter.SlotRequest{Key: key, Lease: lease, Max: maxN, TTL: ttl})
+		after := time.Now()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.Acquired {
-			back = time.Since(start)
-			if d.InFlight != 1 {
-				t.Errorf("in flight after the crashed leases expired = %d, want 1", d.InFlight)
+		// The script ran in [before, after]: as many leases were live
+		// then as at some instant of it.
+		if !d.Acquired {
+			if live(before) < maxN {
+				t.Fatalf("refused at %v, %v after the first lease expired: want the slot back once a lease expires", before, before.Sub(expiries[0]))
 			}
-			break
+			refused++
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
-		if time.Since(start) > 3*ttl {
-			t.Fatalf("slots still taken %v after the crash, with a lease TTL of %v", time.Since(start), ttl)
+		if live(after) == maxN {
+			t.Errorf("a slot was taken by %v, %v before the first lease expired", after, expiries[0].Sub(after))
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if back > ttl+500*time.Millisecond {
-		t.Errorf("slots came back after %v, want within the lease TTL %v (plus polling)", back, ttl)
-	}
-	if back < ttl-200*time.Millisecond {
-		t.Errorf("slots came back after %v, before the lease TTL %v", back, ttl)
+		if hi, lo := live(before)+1, live(after)+1; d.InFlight > hi || d.InFlight < lo {
+			t.Errorf("in flight after the crashed leases began to expire = %d, want %d to %d (this lease and the crashed ones live then)", d.InFlight, lo, hi)
+		}
+		t.Logf("refused %d times while every lease was live; a slot taken %v after the first lease expired, with %d in flight", refused, after.Sub(expiries[0]).Round(time.Millisecond), d.InFlight)
+		return
 	}
 }
 

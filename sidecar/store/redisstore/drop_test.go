@@ -108,7 +108,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	proxy := newReplyDropper(t, srv.Addr())
 	now := time.Unix(1_700_000_000, 0)
-	direct, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Timeout: 2 * time.Second, Now: at(now)})
+	direct, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{srv.Addr()}, Single: true, Timeout: suiteTimeout, Now: at(now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, window := range []time.Duration{redisstore.DefaultBatchWindow, 0} {
-		s, err := redisstore.New(redisstore.Options{BatchWindow: window, Addrs: []string{proxy.addr()}, Single: true, Timeout: 2 * time.Second, Now: at(now)})
+		s, err := redisstore.New(redisstore.Options{BatchWindow: window, Addrs: []string{proxy.addr()}, Single: true, Timeout: suiteTimeout, Now: at(now)})
 		if err != nil {
 			t.Fatal(err)
 		}

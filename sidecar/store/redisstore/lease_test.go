@@ -126,17 +126,20 @@ func TestLeaseRedisTime(t *testing.T) {
 	s := newStore(t, cluster, redisstore.Options{Timeout: suiteTimeout})
 	l := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Period: time.Hour}
 	key := uniqueKey(t)
+	sent := time.Now()
 	got, _, err := s.Lease(t.Context(), limiter.LeaseRequest{Key: key, Limit: l, LeaseArgs: limiter.LeaseArgs{Cost: 1, Want: 30}})
+	answered := time.Now()
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
 	start := time.UnixMicro(got.Window)
 	if !got.Allowed || got.Granted != 30 || got.Remaining != 70 {
 		t.Fatalf("lease 30 of 100: %v", got)
 	}
-	if d := now.Sub(start.Add(time.Hour - got.ValidFor)); d < -time.Second || d > time.Second {
-		t.Fatalf("window %v + 1h - valid for %v is %v from now", start, got.ValidFor, d)
+	// The instant the script read Redis TIME, which is this machine's
+	// clock: within the call's own instants.
+	if ran := start.Add(time.Hour - got.ValidFor); ran.Before(sent.Add(-time.Millisecond)) || ran.After(answered.Add(time.Millisecond)) {
+		t.Fatalf("window %v + 1h - valid for %v is %v, not within the call (sent %v, answered %v later)", start, got.ValidFor, ran, sent, answered.Sub(sent))
 	}
 	if start.Truncate(time.Hour) != start {
 		t.Fatalf("window %v is not aligned to the hour", start)

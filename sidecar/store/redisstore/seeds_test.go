@@ -21,7 +21,7 @@ import (
 func TestSetAddrsFollowsAReplacedCluster(t *testing.T) {
 	t.Parallel()
 	old := redistest.StartCluster(t, redistest.Options{Masters: 3})
-	s := newStore(t, old, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: time.Second,
+	s := newStore(t, old, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout,
 		BreakerFailures: 2, BreakerCooldown: 100 * time.Millisecond})
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
 	keys := []string{uniqueKey(t) + ":a", uniqueKey(t) + ":b", uniqueKey(t) + ":c"}

@@ -25,7 +25,7 @@ func TestTLS(t *testing.T) {
 	}
 	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute}
 
-	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
+	s, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: suiteTimeout,
 		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestTLS(t *testing.T) {
 		}
 	}
 
-	untrusting, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: 2 * time.Second,
+	untrusting, err := redisstore.New(redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Addrs: []string{addr}, Single: true, Timeout: suiteTimeout,
 		TLS: &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}})
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func TestTLSRootsPerConnection(t *testing.T) {
 		pool.AppendCertsFromPEM(*b)
 		return pool, nil
 	}
-	s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.TLSAddr}, Single: true, Timeout: time.Second,
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.TLSAddr}, Single: true, Timeout: suiteTimeout,
 		BreakerCooldown: 50 * time.Millisecond, TLS: &tls.Config{MinVersion: tls.VersionTLS12}, TLSRoots: roots})
 	if err != nil {
 		t.Fatal(err)
@@ -92,10 +92,10 @@ func TestTLSRootsPerConnection(t *testing.T) {
 	}
 	before := calls.Load()
 	bundle.Store(&srv.CA)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for err := take(); err != nil; err = take() {
 		if time.Now().After(deadline) {
-			t.Fatalf("take still fails 5 s after the right CA bundle: %v", err)
+			t.Fatalf("take still fails 30 s after the right CA bundle: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
