@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,7 +139,7 @@ func TestPacerSleepsAtLeastTheDuration(t *testing.T) {
 }
 
 // The floors answer and proxy well-formed HTTP/1.1 that the load
-// generator reads back.
+// generator reads back, on several connections at once.
 func TestFloorsServe(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -150,26 +151,48 @@ func TestFloorsServe(t *testing.T) {
 		"epoll":      func(a string) error { return ServeFloorAnswer(ctx, a, true) },
 		"proxy":      func(a string) error { return ServeFloorProxy(ctx, a, strings.TrimPrefix(backend.URL, "http://")) },
 	}
+	const conns, each = 4, 5
 	for name, serve := range addrs {
 		port, err := freePort()
 		if err != nil {
 			t.Fatal(err)
 		}
 		addr := "127.0.0.1:" + port
-		go func() { _ = serve(addr) }()
+		served := make(chan error, 1)
+		go func() { served <- serve(addr) }()
 		if err := waitHTTP(ctx, "http://"+addr+"/", 0); err != nil {
-			t.Fatalf("%s: %v", name, err)
+			select {
+			case serr := <-served:
+				t.Fatalf("%s: %v (the floor: %v)", name, err, serr)
+			default:
+				t.Fatalf("%s: %v", name, err)
+			}
 		}
-		s, err := ClosedLoop(ctx, NewClient(), Target{URLs: []string{"http://" + addr + "/x"}}, 200*time.Millisecond, 4)
+		// A fixed number of requests, not a stretch of time: every one
+		// must be answered, on conns connections at once.
+		c := NewClient()
+		ct, err := compile(Target{URLs: []string{"http://" + addr + "/x"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := s.Limited
-		if name == "proxy" {
-			want = s.OK
+		rec := &recorder{}
+		var wg sync.WaitGroup
+		for w := range conns {
+			wg.Go(func() {
+				for i := range each {
+					do(ctx, c, ct, int64(w*each+i), rec)
+				}
+			})
 		}
-		if s.Errors != 0 || want == 0 {
-			t.Errorf("%s: %+v", name, s)
+		wg.Wait()
+		c.CloseIdle()
+		got := rec.limited.Load()
+		if name == "proxy" {
+			got = rec.ok.Load()
+		}
+		if got != conns*each || rec.errors.Load() != 0 {
+			t.Errorf("%s: %d ok, %d limited, %d errors; want all %d answered %s", name,
+				rec.ok.Load(), rec.limited.Load(), rec.errors.Load(), conns*each, map[bool]string{true: "200", false: "429"}[name == "proxy"])
 		}
 	}
 }

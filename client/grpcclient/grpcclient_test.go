@@ -75,7 +75,10 @@ func (h *limitedHealth) gap(i int) time.Duration {
 	return h.calls[i].Sub(h.calls[i-1])
 }
 
-func serve(t *testing.T, h *limitedHealth, o Options) healthpb.HealthClient {
+// serve serves h on a real socket and returns a client with the
+// interceptors of o and then extra dial options (an interceptor given
+// there runs inside o's: it sees each attempt).
+func serve(t *testing.T, h *limitedHealth, o Options, extra ...grpc.DialOption) healthpb.HealthClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -86,7 +89,7 @@ func serve(t *testing.T, h *limitedHealth, o Options) healthpb.HealthClient {
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)
 	in := New(o)
-	cc, err := grpc.NewClient(ln.Addr().String(), append(in.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	cc, err := grpc.NewClient(ln.Addr().String(), append(append(in.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials())), extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +136,10 @@ func TestUnaryRetryRules(t *testing.T) {
 		{"a method not known to be idempotent is not retried", &limitedHealth{reject: 1, pushback: "10"}, Options{}, 0, 1, codes.ResourceExhausted},
 		{"unless told to", &limitedHealth{reject: 1, pushback: "10"}, Options{RetryNonIdempotent: true}, 0, 2, codes.OK},
 		{"within MaxRetries", &limitedHealth{reject: 10, pushback: "1"}, Options{Idempotent: always, MaxRetries: 3}, 0, 4, codes.ResourceExhausted},
-		{"no wait beyond the deadline", &limitedHealth{reject: 1, pushback: "5000"}, Options{Idempotent: always}, time.Second, 1, codes.ResourceExhausted},
+		// A 2-minute pushback cannot fit a 1-minute deadline: the error
+		// comes back before the deadline, where a wait would have ended
+		// (DEADLINE_EXCEEDED).
+		{"no wait beyond the deadline", &limitedHealth{reject: 1, pushback: "120000"}, Options{Idempotent: always}, time.Minute, 1, codes.ResourceExhausted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -153,8 +159,8 @@ func TestUnaryRetryRules(t *testing.T) {
 			if got := tc.h.count(); got != tc.calls {
 				t.Errorf("the server saw %d calls, want %d", got, tc.calls)
 			}
-			if tc.deadline > 0 && time.Since(start) > tc.deadline/2 {
-				t.Errorf("returned after %v, want at once", time.Since(start))
+			if e := time.Since(start); tc.deadline > 0 && e >= tc.deadline {
+				t.Errorf("returned after %v, want before the %v deadline: the wait cannot fit it", e, tc.deadline)
 			}
 		})
 	}
@@ -162,16 +168,32 @@ func TestUnaryRetryRules(t *testing.T) {
 
 func TestUnaryCancelledDuringTheWait(t *testing.T) {
 	t.Parallel()
-	c := serve(t, &limitedHealth{reject: 5, pushback: "3000"}, Options{Idempotent: always, Rand: noJitter})
+	// A 2-minute pushback, within MaxWait; the caller cancels once the
+	// first attempt has failed, before or while the interceptor waits:
+	// either way the wait ends with the cancellation, not 2 minutes later.
+	const wait = 2 * time.Minute
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(200*time.Millisecond, cancel)
-	start := time.Now()
+	defer cancel()
+	var cancelled time.Time
+	attempts := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if status.Code(err) == codes.ResourceExhausted {
+			cancelled = time.Now()
+			cancel()
+		}
+		return err
+	})
+	h := &limitedHealth{reject: 5, pushback: "120000"}
+	c := serve(t, h, Options{Idempotent: always, MaxWait: time.Hour, Rand: noJitter}, attempts)
 	_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
 	if got, want := status.Code(err), codes.Canceled; got != want {
 		t.Errorf("code %v, want %v", got, want)
 	}
-	if e := time.Since(start); e > time.Second {
-		t.Errorf("returned after %v, want soon after the cancellation", e)
+	if e := time.Since(cancelled); e >= wait/2 {
+		t.Errorf("returned %v after the cancellation, want at it, not after the %v wait", e, wait)
+	}
+	if got, want := h.count(), 1; got != want {
+		t.Errorf("the server saw %d calls, want %d: a cancelled call is not retried", got, want)
 	}
 }
 

@@ -37,7 +37,15 @@ type setup struct {
 	parallel  bool
 	headers   bool
 	noInstall bool
+	// clock is the in-memory stores' clock (the store when store is nil,
+	// and the fallback); nil is one that stands still at testNow, so that
+	// a test's calls never straddle the edge of a window.
+	clock func() time.Time
 }
+
+// testNow is the instant the in-memory stores' clock stands still at by
+// default: well inside its minute, hour and day.
+var testNow = time.Date(2026, 3, 1, 12, 29, 30, 0, time.UTC)
 
 // newRLS serves doc (either config format) on 127.0.0.1:0. A nil store
 // is a fresh in-memory store.
@@ -53,12 +61,15 @@ func newRLS(t *testing.T, doc string, s setup) *rls {
 	if err != nil {
 		t.Fatalf("compile: %v", err)
 	}
+	if s.clock == nil {
+		s.clock = func() time.Time { return testNow }
+	}
 	if s.store == nil {
-		if s.store, err = memstore.New(); err != nil {
+		if s.store, err = memstore.New(memstore.WithClock(s.clock)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	fallback, err := memstore.New()
+	fallback, err := memstore.New(memstore.WithClock(s.clock))
 	if err != nil {
 		t.Fatal(err)
 	}

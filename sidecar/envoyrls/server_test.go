@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,18 @@ func redisStore(t *testing.T, c *redistest.Cluster, timeout time.Duration) *redi
 	return s
 }
 
+// clearOfWindowEdge waits, when the current window of period ends within
+// margin, until the next one has begun: FixedWindow and SlidingWindow
+// count in windows that start at multiples of period since the Unix
+// epoch, and a test's calls must fall in one of them to count exactly.
+func clearOfWindowEdge(t *testing.T, period, margin time.Duration) {
+	t.Helper()
+	if left := period - time.Duration(time.Now().UnixNano()%int64(period)); left < margin {
+		t.Logf("waiting %v for the next %v window", left, period)
+		time.Sleep(left)
+	}
+}
+
 var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow", "SlidingLog"}
 
 // Every algorithm admits exactly its limit per distinct value of a
@@ -61,6 +74,8 @@ policies:
     limit: {requests: 7, per: 1h, algorithm: %s}
 `, strings.ToLower(alg), time.Now().UnixNano(), alg)
 			r := newRLS(t, doc, setup{store: store, parallel: true})
+			// The windows are Redis's, on this machine's clock.
+			clearOfWindowEdge(t, time.Hour, 30*time.Second)
 			for i := range 7 {
 				out := r.call(t, req("api", d("user=alice")))
 				st := out.Statuses[0]
@@ -432,6 +447,10 @@ func TestFailModesWithClusterKilled(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, redistest.Options{Masters: 1, NodeTimeout: time.Second})
 	store := redisStore(t, c, 200*time.Millisecond)
+	// The fallback runs on a clock the test moves: what it admits depends
+	// on the instants of the calls, not on how fast they are made.
+	var now atomic.Int64
+	now.Store(time.Date(2026, 3, 1, 12, 0, 0, 50_000_000, time.UTC).UnixNano())
 	r := newRLS(t, `apiVersion: floodgate.dev/sidecar-config/v1
 policies:
 - name: p
@@ -445,7 +464,7 @@ policies:
     failureMode: Closed
     match: {descriptors: {domain: d, entries: [{key: closed}]}}
     limit: {requests: 10, per: 1h, algorithm: FixedWindow}
-`, setup{store: store, parallel: true})
+`, setup{store: store, parallel: true, clock: func() time.Time { return time.Unix(0, now.Load()) }})
 	// Healthy: both decide on the cluster.
 	if out := r.call(t, req("d", d("open=a"), d("closed=a"))); out.OverallCode != ok {
 		t.Fatalf("healthy: %v", out)
@@ -455,17 +474,20 @@ policies:
 			t.Fatal(err)
 		}
 	}
-	// Fail open: this replica's share of 10 per second among 2 is 5 per
-	// second, and the key starts empty. Calls every 20ms for 2s use every
-	// token of the share as it arrives.
+	// Fail open: this replica's share of 10 per second among 2 is every
+	// other one of the limit's tokens, one each 200ms, and the key starts
+	// empty. Calls every 20ms for 2s, from 50ms into a second, use every
+	// token of the share as it arrives: those at 200ms, 400ms, ... 2s from
+	// that second's start, 10.
 	got := 0
-	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(20 * time.Millisecond) {
+	for range 100 {
 		if r.call(t, req("d", d("open=b"))).OverallCode == ok {
 			got++
 		}
+		now.Add(int64(20 * time.Millisecond))
 	}
-	if got < 9 || got > 11 {
-		t.Errorf("fail-open with the cluster down: %d admitted in 2s, want the local share, 10 (±1 at the ends)", got)
+	if got != 10 {
+		t.Errorf("fail-open with the cluster down: %d admitted in 2s, want the local share, 10", got)
 	}
 	if m := r.metric(t, "floodgate_sidecar_fallback_decisions_total", "rule", "open", "result", "allowed"); m != float64(got) {
 		t.Errorf("fallback allowed %v, want %d", m, got)

@@ -122,6 +122,18 @@ func (b *backend) letOne(t *testing.T) {
 	}
 }
 
+// waitSeen waits until the backend has received n requests in all.
+func (b *backend) waitSeen(t *testing.T, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.seen.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend has received %d requests, want %d", b.seen.Load(), n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // slotStore is a memory store whose slot calls can be made to fail.
 type slotStore struct {
 	*memstore.Store
@@ -397,9 +409,13 @@ func TestConcurrencySlotComesBackWhenTheClientGoes(t *testing.T) {
 	b := newBackend(t)
 	for _, f := range fronts(t, b, "") {
 		t.Run(f.name, func(t *testing.T) {
-			gone := b.gone.Load()
+			gone, seen := b.gone.Load(), b.seen.Load()
 			nc, _ := send(t, f.url, "/slow/a", "X-Tenant", "leaver")
 			f.waitInFlight(t, "slow", 1)
+			// The slot is taken before the request goes on: the client
+			// leaves once the application has it, not while it is on
+			// its way there (the application would never see it go).
+			b.waitSeen(t, seen+1)
 			_ = nc.Close()
 			f.waitInFlight(t, "slow", 0)
 			deadline := time.Now().Add(5 * time.Second)
@@ -467,7 +483,18 @@ func TestConcurrencySlotHeldWhileUpgraded(t *testing.T) {
 				t.Fatalf("echo %q: %v", line, err)
 			}
 			f.waitInFlight(t, "ws", 1)
-			time.Sleep(20 * time.Millisecond)
+			// The connection goes on carrying data after the switch, and
+			// its slot stays taken meanwhile: a second line through it,
+			// then a second upgrade of the key, refused.
+			if _, err := io.WriteString(nc, "still there\n"); err != nil {
+				t.Fatal(err)
+			}
+			if line, err := br.ReadString('\n'); err != nil || line != "still there\n" {
+				t.Fatalf("echo %q: %v", line, err)
+			}
+			if got := f.inFlight(t, "ws"); got != 1 {
+				t.Errorf("slots held while the upgraded connection is open = %v, want 1", got)
+			}
 			if r := do(t, f.url, "/ws/chat", "X-Tenant", "w", "Connection", "Upgrade", "Upgrade", "echo"); r.status != http.StatusTooManyRequests {
 				t.Errorf("a second upgrade of the key while the first is open: %d, want 429", r.status)
 			}

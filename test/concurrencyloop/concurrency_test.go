@@ -55,12 +55,14 @@ policies:
     concurrency: {max: %d, leaseTTL: %s}
 `, sidecars, maxInFlight, leaseTTL)
 
-// app is the application: its /slow requests take hold, or wait until
-// their client goes when hold is 0; it counts the requests in flight, and
-// a sampler records the most it saw in any millisecond.
+// app is the application: its /slow requests wait until the test opens
+// gate (closes it), then take hold, or wait until their client goes when
+// hold is 0; it counts the requests in flight, and a sampler records the
+// most it saw in any millisecond.
 type app struct {
 	srv      *http.Server
 	url      string
+	gate     chan struct{}
 	hold     atomic.Int64 // nanoseconds
 	inFlight atomic.Int64
 	peak     atomic.Int64 // the most in flight at any entry
@@ -70,7 +72,7 @@ type app struct {
 
 func startApp(t *testing.T) *app {
 	t.Helper()
-	a := &app{}
+	a := &app{gate: make(chan struct{})}
 	b, err := simnode.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,11 @@ func startApp(t *testing.T) *app {
 		for p := a.peak.Load(); n > p && !a.peak.CompareAndSwap(p, n); p = a.peak.Load() {
 		}
 		defer a.inFlight.Add(-1)
+		select {
+		case <-a.gate:
+		case <-r.Context().Done():
+			return
+		}
 		if d := time.Duration(a.hold.Load()); d > 0 {
 			time.Sleep(d)
 		} else {
@@ -134,8 +141,13 @@ func startSidecars(t *testing.T, upstream string, redisAddrs []string) []*simnod
 		if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		// A Redis call budget the busiest test machine meets: a call that
+		// runs out of the default 50ms answers 503, and may still take its
+		// slot in Redis, for a lease TTL. What the sidecars do when Redis
+		// is slow or gone is test/failopen's and test/faults'; here the
+		// store answers.
 		s, err := simnode.StartStandalone(context.Background(), sidecarBin, dir, "--policy-file", file, "--store", "redis",
-			"--redis-addrs", strings.Join(redisAddrs, ","), "--upstream", upstream)
+			"--redis-addrs", strings.Join(redisAddrs, ","), "--redis-timeout", "10s", "--upstream", upstream)
 		if err != nil {
 			t.Fatalf("sidecar %d: %v", i, err)
 		}
@@ -170,6 +182,10 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 	scs := startSidecars(t, a.url, cluster.Addrs())
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: 30 * time.Second}
 
+	// The application holds the first requests it admits until the test
+	// opens its gate: once ten are in and one has been refused, the cap
+	// has been used in full and enforced, however the 200 arrive. Then
+	// each request takes 100ms, and slots are given back and taken again.
 	a.hold.Store(int64(100 * time.Millisecond))
 	var wg sync.WaitGroup
 	var ok, denied, other atomic.Int64
@@ -194,17 +210,21 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 			}
 		}()
 	}
+	full := simnode.Poll(context.Background(), 5*time.Millisecond, 60*time.Second, "ten requests in the application and one refused", func() (bool, error) {
+		return a.inFlight.Load() >= maxInFlight && denied.Load() > 0, nil
+	})
+	close(a.gate)
 	wg.Wait()
+	if full != nil {
+		t.Fatalf("%v: %d in the application, %d refused, %d otherwise", full, a.inFlight.Load(), denied.Load(), other.Load())
+	}
 	t.Logf("200 concurrent requests: %d answered 200, %d answered 429, %d otherwise; the application saw at most %d at once (%d in 1ms samples)",
 		ok.Load(), denied.Load(), other.Load(), a.peak.Load(), a.sampled.Load())
-	if got := a.peak.Load(); got > maxInFlight {
-		t.Errorf("the application saw %d requests of the key at once, want at most %d", got, maxInFlight)
+	if got := a.peak.Load(); got != maxInFlight {
+		t.Errorf("the application saw at most %d requests of the key at once, want %d: all of the cap, and no more", got, maxInFlight)
 	}
 	if got := a.sampled.Load(); got > maxInFlight {
 		t.Errorf("a 1ms sample saw %d requests of the key at once, want at most %d", got, maxInFlight)
-	}
-	if got := a.peak.Load(); got < maxInFlight/2 {
-		t.Errorf("the application saw at most %d at once: the cap of %d was never used", got, maxInFlight)
 	}
 	if ok.Load()+denied.Load() != 200 || other.Load() != 0 {
 		t.Errorf("%d answered 200 and %d 429, %d otherwise; want 200 answers of 200 or 429", ok.Load(), denied.Load(), other.Load())
@@ -219,15 +239,28 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 		t.Errorf("the application served %d, the clients got %d answers 200", got, ok.Load())
 	}
 
-	// Sidecar 0's requests take every slot and wait.
+	// Sidecar 0's requests take every slot and wait. A slot of the run
+	// above may not be back yet (a sidecar gives it back to Redis after
+	// its answer has gone): a request refused for it asks again.
 	a.hold.Store(0)
 	a.peak.Store(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for range maxInFlight {
-		go func() { _, _, _ = get(ctx, client, scs[0].URL) }()
+		go func() {
+			for {
+				if code, _, err := get(ctx, client, scs[0].URL); err != nil || code != http.StatusTooManyRequests {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}()
 	}
-	if err := simnode.Poll(ctx, 5*time.Millisecond, 10*time.Second, "10 requests in flight", func() (bool, error) {
+	if err := simnode.Poll(ctx, 5*time.Millisecond, 30*time.Second, "10 requests in flight", func() (bool, error) {
 		return a.inFlight.Load() == maxInFlight, nil
 	}); err != nil {
 		t.Fatal(err)
@@ -241,32 +274,15 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 	killed := time.Now()
 	<-scs[0].Done()
 	// The dead sidecar never releases its slots: they come back when their
-	// leases expire. Ask sidecar 1 until it admits.
-	a.hold.Store(int64(time.Millisecond))
-	var back time.Duration
-	for {
-		code, _, err := get(context.Background(), client, scs[1].URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if code == http.StatusOK {
-			back = time.Since(killed)
-			break
-		}
-		if time.Since(killed) > 3*leaseTTL {
-			t.Fatalf("%s after sidecar 0 was killed its slots are still taken (lease TTL %s)", time.Since(killed), leaseTTL)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Logf("the killed sidecar's slots came back %s after SIGKILL (lease TTL %s)", back, leaseTTL)
-	if back > leaseTTL+500*time.Millisecond {
-		t.Errorf("slots came back %s after the kill, want within the lease TTL %s (and a renewal's margin)", back, leaseTTL)
-	}
-	// All ten come back within the same bound: the killed sidecar took
-	// (and last renewed) its ten slots at slightly different instants, so
-	// the first one back is not the last. At the bound, ten concurrent
-	// requests through the live sidecars are admitted.
-	time.Sleep(time.Until(killed.Add(leaseTTL + 500*time.Millisecond)))
+	// leases expire, a lease TTL after their last renewal, which was
+	// before the kill (a renewal's margin for one in flight then). From
+	// then on all ten are free, so ten concurrent requests through the
+	// live sidecars, the first since the kill, are all admitted. (No
+	// request is admitted before them: a live sidecar gives a slot back
+	// after its answer has gone, and a next request could find it still
+	// taken.)
+	bound := killed.Add(leaseTTL + 500*time.Millisecond)
+	time.Sleep(time.Until(bound))
 	a.hold.Store(int64(200 * time.Millisecond))
 	var admitted atomic.Int64
 	var wg2 sync.WaitGroup
@@ -280,7 +296,9 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 		}()
 	}
 	wg2.Wait()
+	t.Logf("%d of %d concurrent requests admitted %v after SIGKILL (lease TTL %s)", admitted.Load(), maxInFlight, bound.Sub(killed), leaseTTL)
 	if got := admitted.Load(); got != maxInFlight {
-		t.Errorf("after the leases expired %d of %d concurrent requests were admitted, want all", got, maxInFlight)
+		t.Errorf("%v after sidecar 0 was killed, %d of %d concurrent requests were admitted, want all: its slots come back within the lease TTL %s",
+			bound.Sub(killed), got, maxInFlight, leaseTTL)
 	}
 }

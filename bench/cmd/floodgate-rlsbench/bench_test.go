@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +39,10 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
-// The load generator counts every answer of a real server over a socket.
+// The load generator counts every answer of a real server over a socket:
+// exactly the OK answers its calls returned. The run ends once the calls
+// have had answers enough (okAnswers), not after a stretch of wall time
+// in which a busy machine may answer none.
 func TestLoadAgainstNullServer(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -56,7 +60,23 @@ func TestLoadAgainstNullServer(t *testing.T) {
 			t.Logf("null server: %v", err)
 		}
 	})
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	const okAnswers = 50
+	runCtx, endRun := context.WithCancel(ctx)
+	defer endRun()
+	// answers counts, from the start of the run, the OK answers the
+	// load's calls return, and ends the run at okAnswers.
+	var running atomic.Bool
+	var answers atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if out, ok := reply.(*rlsv3.RateLimitResponse); ok && err == nil && running.Load() && out.OverallCode == rlsv3.RateLimitResponse_OK {
+			if answers.Add(1) == okAnswers {
+				endRun()
+			}
+		}
+		return err
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(count))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,11 +84,14 @@ func TestLoadAgainstNullServer(t *testing.T) {
 	if err := waitServing(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	ok, over, errs := load(ctx, []*grpc.ClientConn{c}, 4, 200*time.Millisecond, func(int64) *rlcommonv3.RateLimitDescriptor { return entry("k", "v") })
-	if ok == 0 || over != 0 || errs != 0 {
+	running.Store(true)
+	ok, over, errs := load(runCtx, []*grpc.ClientConn{c}, 4, time.Hour, func(int64) *rlcommonv3.RateLimitDescriptor { return entry("k", "v") })
+	if got, want := ok, answers.Load(); got != want || got < okAnswers {
+		t.Errorf("load counted %d OKs, its calls returned %d (the run ended at %d)", got, want, okAnswers)
+	}
+	if over != 0 || errs != 0 {
 		t.Errorf("load: ok %d, over %d, errors %d; want only OKs", ok, over, errs)
 	}
-	_ = rlsv3.RateLimitResponse_OK
 }
 
 // The control endpoint starts and stops a CPU profile over a real socket,
@@ -89,14 +112,24 @@ func TestProfileControl(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	// Wait for the control server: until it answers the stop without a
+	// profile (409), or fails to start.
 	var err2 error
-	for range 100 {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		if err2 = profileCall(ctx, addr, ""); err2 != nil && strings.Contains(err2.Error(), "409") {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("the control server never answered: %v", err2)
+		}
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("the control server ended: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
-	if err2 == nil || !strings.Contains(err2.Error(), "no profile is running") {
+	if !strings.Contains(err2.Error(), "no profile is running") {
 		t.Fatalf("stop without a profile: %v, want a conflict", err2)
 	}
 	path := filepath.Join(t.TempDir(), "cpu.pprof")
