@@ -145,7 +145,12 @@ func readSuites(path string) ([]suite, error) {
 // build compiles s's test binary and finds its directory and whether it is
 // a Ginkgo suite.
 func build(s *suite, o options, i int) error {
-	listed, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.ImportPath}}\t{{.TestImports}} {{.XTestImports}}", s.pkg).Output()
+	// A package of a module of its own (the Go client's) is listed and
+	// built from that module's directory.
+	mod, rel := moduleOf(s.pkg)
+	list := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.ImportPath}}\t{{.TestImports}} {{.XTestImports}}", rel)
+	list.Dir = mod
+	listed, err := list.Output()
 	if err != nil {
 		return fmt.Errorf("go list %s: %w", s.pkg, stderrOf(err))
 	}
@@ -157,12 +162,30 @@ func build(s *suite, o options, i int) error {
 	s.ginkgo = strings.Contains(parts[2], "github.com/onsi/ginkgo/v2")
 	s.binary = filepath.Join(o.work, fmt.Sprintf("%02d-%s.test", i, filepath.Base(parts[1])))
 	args := append([]string{"test", "-c", "-o", s.binary}, strings.Fields(o.buildFlags)...)
-	cmd := exec.Command("go", append(args, s.pkg)...)
+	cmd := exec.Command("go", append(args, rel)...)
+	cmd.Dir = mod
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("building %s: %w", s.pkg, err)
 	}
 	return nil
+}
+
+// moduleOf returns the directory of the module that holds the package
+// directory pkg (the nearest go.mod at or above it, "." for the main
+// module), and pkg relative to it.
+func moduleOf(pkg string) (dir, rel string) {
+	clean := filepath.Clean(strings.TrimSuffix(pkg, "/..."))
+	for d := clean; d != "." && d != "/" && d != ""; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			r, err := filepath.Rel(d, clean)
+			if err != nil {
+				break
+			}
+			return d, "./" + filepath.ToSlash(r) + strings.TrimPrefix(pkg, strings.TrimSuffix(pkg, "/..."))
+		}
+	}
+	return ".", pkg
 }
 
 // startBusyLoops starts n processes that spin on the CPU, and returns what

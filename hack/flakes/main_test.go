@@ -44,3 +44,16 @@ func TestOutcomesOfAnEmptyRunAreAnError(t *testing.T) {
 		t.Error("a file with no test events gave outcomes")
 	}
 }
+
+func TestModuleOf(t *testing.T) {
+	t.Chdir("../..") // the repository's root, as make test-flakes runs it
+	for _, tc := range []struct{ pkg, dir, rel string }{
+		{"./test/faults", ".", "./test/faults"},
+		{"./client", "client", "./."},
+		{"./client/grpcclient", "client/grpcclient", "./."},
+	} {
+		if dir, rel := moduleOf(tc.pkg); dir != tc.dir || rel != tc.rel {
+			t.Errorf("moduleOf(%q) = %q, %q; want %q, %q", tc.pkg, dir, rel, tc.dir, tc.rel)
+		}
+	}
+}
