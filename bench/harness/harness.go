@@ -142,12 +142,17 @@ type Requirement struct {
 const NoisyDirectP99Usec = 5000
 
 // The benchmark policy: one rule per scenario, selected by path.
+// Its replicas are listed in pods and replicaPods, and each sidecar is
+// started with its own --pod-name, so that each has a fail-open share of
+// its own (docs/sidecar-config.md#replicas-and-pod-identity).
 const policyDoc = `apiVersion: floodgate.dev/sidecar-config/v1
 revision: bench
+pods: [%s]
 policies:
 - name: bench
   uid: bench-%s
   replicas: %d
+  replicaPods: [%s]
   rules:
   - name: latency
     match: {path: {type: Prefix, value: /lat}}
@@ -345,10 +350,17 @@ func (h *harness) start(ctx context.Context, cpu int, env []string, name string,
 func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...string) (urls, admins []string, err error) {
 	uid := fmt.Sprintf("%s-%d", store, time.Now().UnixNano())
 	pf := filepath.Join(h.dir, "policy-"+uid+".yaml")
-	if err := os.WriteFile(pf, []byte(fmt.Sprintf(policyDoc, uid, n, h.o.FloodLimit)), 0o600); err != nil {
+	pods := make([]string, n)
+	places := make([]string, n)
+	for i := range n {
+		pods[i] = fmt.Sprintf("bench-%d", i) // sorted for n <= 10, as pods must be
+		places[i] = strconv.Itoa(i)
+	}
+	doc := fmt.Sprintf(policyDoc, strings.Join(pods, ", "), uid, n, strings.Join(places, ", "), h.o.FloodLimit)
+	if err := os.WriteFile(pf, []byte(doc), 0o600); err != nil {
 		return nil, nil, err
 	}
-	for range n {
+	for i := range n {
 		lp, err := freePort()
 		if err != nil {
 			return nil, nil, err
@@ -358,7 +370,8 @@ func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...st
 			return nil, nil, err
 		}
 		args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
-			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn"}
+			"--upstream", "http://" + h.backend, "--policy-file", pf, "--store", store, "--log-level", "warn",
+			"--pod-name", pods[i]}
 		args = append(args, extra...)
 		if store == storeRedis {
 			args = append(args, "--redis-addrs", strings.Join(h.cluster.Addrs(), ","))

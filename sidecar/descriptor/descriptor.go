@@ -219,25 +219,32 @@ type keyMemo struct {
 	key      string
 }
 
-// Reset prepares r for a request under a set of npolicies policies.
+// Reset prepares r for a request under a set of npolicies policies, or,
+// with a nil req, ends the request: nothing it read outlives it. A request
+// under far fewer policies than r's buffers hold (after a config change
+// that removed policies) drops them, so that a Request kept for a
+// connection does not stay at the size of the largest set it served.
 func (r *Request) Reset(req *http.Request, path string, npolicies int) {
 	r.HTTP, r.Path = req, path
-	r.ips = resize(r.ips, npolicies)
-	r.ipDone = resize(r.ipDone, npolicies)
-	r.claims = resize(r.claims, npolicies)
-	r.jwtErr = resize(r.jwtErr, npolicies)
-	r.jwtOK = resize(r.jwtOK, npolicies)
-	r.views = resize(r.views, npolicies)
+	fit := req != nil
+	r.ips = resize(r.ips, npolicies, fit)
+	r.ipDone = resize(r.ipDone, npolicies, fit)
+	r.claims = resize(r.claims, npolicies, fit)
+	r.jwtErr = resize(r.jwtErr, npolicies, fit)
+	r.jwtOK = resize(r.jwtOK, npolicies, fit)
+	r.views = resize(r.views, npolicies, fit)
 	r.head = head{}
 }
 
-func resize[T any](s []T, n int) []T {
-	if cap(s) < n {
+// resize returns s with n zero values. Its elements beyond its length are
+// always zero: it clears the old ones before it shortens s. With fit, it
+// also drops a buffer of more than twice n (plus a little).
+func resize[T any](s []T, n int, fit bool) []T {
+	clear(s)
+	if cap(s) < n || fit && cap(s) > 2*n+16 {
 		return make([]T, n)
 	}
-	s = s[:n]
-	clear(s)
-	return s
+	return s[:n]
 }
 
 // ClientIP returns the client address under a policy, computed once.

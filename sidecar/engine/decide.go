@@ -127,6 +127,10 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	e.unspendDenied(hits, v)
 	e.count(hits, v)
 	e.conclude(hits, v)
+	// The calls end with the decision: a Verdict kept for a connection
+	// would otherwise hold their deny-cache entries and leases, and
+	// through a lease its rule, after a config change has let them go.
+	clear(v.scratch[:3*len(hits)])
 }
 
 // decideMany decides several enforced hits: peek all, then take all.

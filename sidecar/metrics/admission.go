@@ -16,12 +16,12 @@ type Admission struct {
 	// ConcurrencyInFlight is the number of this sidecar's requests that
 	// hold a slot of a concurrency rule, by policy and rule. The sum over
 	// the replicas is the rule's count in flight, per key summed.
-	ConcurrencyInFlight *prometheus.GaugeVec
+	ConcurrencyInFlight *GaugeVec
 	// LeaseRenewalsTotal counts the renewals of the leases of long
 	// requests by policy, rule and result: renewed, lost (the lease had
 	// expired and its slot was taken meanwhile) or error (the store did
 	// not answer; the lease expires unless a later renewal succeeds).
-	LeaseRenewalsTotal *prometheus.CounterVec
+	LeaseRenewalsTotal *CounterVec
 	// SheddingLimit is the load shedder's adaptive limit on the requests
 	// in flight to the application.
 	SheddingLimit prometheus.Gauge
@@ -51,11 +51,11 @@ type Admission struct {
 // newAdmission creates the admission metrics and registers them on reg.
 func newAdmission(reg prometheus.Registerer) Admission {
 	a := Admission{
-		ConcurrencyInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		ConcurrencyInFlight: NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "concurrency_in_flight",
 			Help: "Requests of this sidecar that hold a slot of a concurrency rule, by policy and rule.",
 		}, []string{policyLabel, ruleLabel}),
-		LeaseRenewalsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		LeaseRenewalsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "concurrency_lease_renewals_total",
 			Help: "Renewals of the slot leases of long requests, by policy, rule and result (renewed, lost, error).",
 		}, []string{policyLabel, ruleLabel, resultLabel}),

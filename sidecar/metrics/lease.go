@@ -36,60 +36,60 @@ const (
 type Leases struct {
 	// HitsTotal counts rule decisions answered from a local lease,
 	// without a store call, by policy and rule.
-	HitsTotal *prometheus.CounterVec
+	HitsTotal *CounterVec
 	// CallsTotal counts lease calls to the store by policy, rule and
 	// result (granted, denied, error).
-	CallsTotal *prometheus.CounterVec
+	CallsTotal *CounterVec
 	// GrantedTokensTotal counts the tokens lease calls took from the
 	// store, the asking requests' own costs included.
-	GrantedTokensTotal *prometheus.CounterVec
+	GrantedTokensTotal *CounterVec
 	// ReturnedTokensTotal counts unused lease tokens given back to the
 	// store, by policy, rule and reason (expiry, renewal, policy_change,
 	// shutdown).
-	ReturnedTokensTotal *prometheus.CounterVec
+	ReturnedTokensTotal *CounterVec
 	// LostTokensTotal counts unused lease tokens that could not be given
 	// back: the store was unavailable, or the window they counted in had
 	// ended. It is the under-admission leases caused.
-	LostTokensTotal *prometheus.CounterVec
+	LostTokensTotal *CounterVec
 	// Keys is the number of keys with lease state in the engine.
 	Keys prometheus.GaugeFunc
 	// SplitCallsTotal counts store calls on the sub-counters of split
 	// keys, by policy, rule and sub-counter index: their balance.
-	SplitCallsTotal *prometheus.CounterVec
+	SplitCallsTotal *CounterVec
 	// SplitBorrowsTotal counts store calls that went to another
 	// sub-counter because the one tried before had too little left.
-	SplitBorrowsTotal *prometheus.CounterVec
+	SplitBorrowsTotal *CounterVec
 
 	keys func() float64
 }
 
 func newLeases() *Leases {
 	l := &Leases{
-		HitsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		HitsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_hits_total",
 			Help: "Rule decisions answered from a local lease, without a store call, by policy and rule.",
 		}, []string{labelPolicy, labelRule}),
-		CallsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		CallsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_calls_total",
 			Help: "Lease calls to the counter store by policy, rule and result (granted, denied, error).",
 		}, []string{labelPolicy, labelRule, labelResult}),
-		GrantedTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		GrantedTokensTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_granted_tokens_total",
 			Help: "Tokens lease calls took from the counter store, the asking requests' own costs included, by policy and rule.",
 		}, []string{labelPolicy, labelRule}),
-		ReturnedTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		ReturnedTokensTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_returned_tokens_total",
 			Help: "Unused lease tokens given back to the counter store, by policy, rule and reason (expiry, renewal, policy_change, shutdown).",
 		}, []string{labelPolicy, labelRule, "reason"}),
-		LostTokensTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		LostTokensTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "lease_lost_tokens_total",
 			Help: "Unused lease tokens that could not be given back (the store was unavailable, or their window had ended): the under-admission leases caused, by policy and rule.",
 		}, []string{labelPolicy, labelRule}),
-		SplitCallsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		SplitCallsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "split_calls_total",
 			Help: "Counter store calls on the sub-counters of split keys, by policy, rule and sub-counter: their balance.",
 		}, []string{labelPolicy, labelRule, "sub"}),
-		SplitBorrowsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		SplitBorrowsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "split_borrows_total",
 			Help: "Store calls on a split key that went to another sub-counter because the one tried before had too little left, by policy and rule.",
 		}, []string{labelPolicy, labelRule}),
@@ -123,7 +123,7 @@ type LeaseRule struct {
 	Expired, Renewed, Changed prometheus.Counter // returned tokens by reason
 	Shutdown                  prometheus.Counter // returned at shutdown
 	Borrows                   prometheus.Counter
-	split                     *prometheus.CounterVec
+	split                     *CounterVec
 	policy, rule              string
 }
 
@@ -171,7 +171,7 @@ func (r *LeaseRule) Returned(reason string) prometheus.Counter {
 // forget deletes a rule's series by their exact labels, so that
 // forgetting n rules costs O(n), as ForgetRule promises.
 func (l *Leases) forget(policy, rule string) {
-	for _, v := range []*prometheus.CounterVec{l.HitsTotal, l.GrantedTokensTotal, l.LostTokensTotal, l.SplitBorrowsTotal} {
+	for _, v := range []*CounterVec{l.HitsTotal, l.GrantedTokensTotal, l.LostTokensTotal, l.SplitBorrowsTotal} {
 		v.DeleteLabelValues(policy, rule)
 	}
 	for _, result := range []string{LeaseGranted, LeaseDenied, LeaseError} {

@@ -29,7 +29,7 @@ const (
 // safe for concurrent use.
 type Metrics struct {
 	// DecisionsTotal counts rule decisions by policy, rule and result.
-	DecisionsTotal *prometheus.CounterVec
+	DecisionsTotal *CounterVec
 	// DecisionDuration observes the time to decide one request, over all
 	// its rules, including store calls.
 	DecisionDuration prometheus.Histogram
@@ -40,10 +40,10 @@ type Metrics struct {
 	StoreOpDuration *prometheus.HistogramVec
 	// LocalDenialsTotal counts decisions answered from the local deny cache
 	// without a store call, by policy and rule.
-	LocalDenialsTotal *prometheus.CounterVec
+	LocalDenialsTotal *CounterVec
 	// FallbackDecisionsTotal counts decisions taken on a local fallback
 	// bucket because the store was unavailable, by policy, rule and result.
-	FallbackDecisionsTotal *prometheus.CounterVec
+	FallbackDecisionsTotal *CounterVec
 	// FallbackActive is 1 while the last call to some shard of the store
 	// failed (decisions on its keys follow their rule's failure mode), 0
 	// once every shard's last call succeeded.
@@ -67,7 +67,7 @@ type Metrics struct {
 	DenyEventsTotal *prometheus.CounterVec
 	// ExemptTotal counts requests that a rule matched but its exempt
 	// section (or its policy's) left alone, by policy and rule.
-	ExemptTotal *prometheus.CounterVec
+	ExemptTotal *CounterVec
 	// RequestsTotal counts requests by outcome: proxied (sent upstream),
 	// denied (429), unavailable (503: fail-closed or no config), rejected
 	// (400: bad cost or missing key part; 401: invalid token; 431: header
@@ -102,7 +102,7 @@ const (
 // NewMetrics creates the collectors and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		DecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		DecisionsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Rate-limit decisions by policy, rule and result (allowed, denied, shadow_denied, unavailable).",
 		}, []string{policyLabel, ruleLabel, resultLabel}),
@@ -120,11 +120,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Counter store call latency by store and shard.",
 			Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1},
 		}, []string{"store", "shard"}),
-		LocalDenialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		LocalDenialsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "local_denials_total",
 			Help: "Requests denied from the local deny cache without a store call, by policy and rule.",
 		}, []string{policyLabel, ruleLabel}),
-		FallbackDecisionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		FallbackDecisionsTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "fallback_decisions_total",
 			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
 		}, []string{policyLabel, ruleLabel, resultLabel}),
@@ -156,7 +156,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "deny_events_total",
 			Help: "Deny events by outcome: logged (alone or summed into a summary line), dropped because the queue was full, or unlogged because the log level is above info.",
 		}, []string{"outcome"}),
-		ExemptTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+		ExemptTotal: NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "exempt_total",
 			Help: "Requests a rule matched but did not limit because they are exempt (its exempt section or its policy's), by policy and rule.",
 		}, []string{policyLabel, ruleLabel}),

@@ -85,6 +85,23 @@ func (st *State) reset() {
 	st.d = Decision{}
 }
 
+// Reset ends the request checked with st: it gives back what Finish gives
+// back and drops the request's references to the rules in force (its
+// hits and its Decision, which is invalid afterwards). A front that keeps
+// a State between requests calls it after each one, so that an idle
+// connection does not keep alive a rule set that a config change has
+// replaced.
+func (st *State) Reset() { st.reset() }
+
+// fit drops st's buffers when they are sized for a much larger rule set
+// than set, as after a config change that left fewer rules (see
+// ruleset.Scratch.Fit).
+func (st *State) fit(set *ruleset.Set) {
+	if st.Fit(set) {
+		st.v = engine.Verdict{}
+	}
+}
+
 // Check matches r to the rules in force, keys it, asks the engine, counts
 // the outcome in requests_total and queues the deny events. It is the
 // decision of ServeHTTP, open to another HTTP front: r needs only Method,
@@ -101,6 +118,7 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		d.Outcome = NoConfig
 		return d
 	}
+	st.fit(set)
 	st.Request.Reset(r, match.CleanPath(r.URL.Path), set.Policies)
 	if !p.classify(set, st, d) {
 		return d

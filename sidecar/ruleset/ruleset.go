@@ -58,6 +58,57 @@ type Set struct {
 	// Requests indexes Rules by policy, for the request descriptors of
 	// the Envoy rate-limit service front.
 	Requests *Requests
+	// Shares are the policies in force whose limits this pod shares with
+	// other replicas while the store is unreachable (see ReplicaShare),
+	// each with this pod's place among them, in document order.
+	Shares []ReplicaShare
+}
+
+// ReplicaShare is a policy in force with more than one replica and a rule
+// that, while the store is unreachable, admits on this replica's share of
+// its limit alone (a rate rule with failureMode Open and mode Enforce).
+// The replicas' shares hold the limit together only if each replica has a
+// place of its own: two replicas in one place spend the same tokens, each
+// once (see limiter.Share).
+type ReplicaShare struct {
+	// Namespace and Name identify the policy.
+	Namespace, Name string
+	// Share is this pod's place: Index among Of replicas.
+	Share limiter.Share
+	// Placement says how the pod found its place.
+	Placement Placement
+}
+
+// ID is the policy's namespace/name, or its name when it has no namespace.
+func (r *ReplicaShare) ID() string { return policyID(r.Namespace, r.Name) }
+
+// Placement says how a pod found its place among a policy's replicas.
+type Placement uint8
+
+const (
+	// PlacedListed is the pod's position in the policy's replicaPods: a
+	// place of its own.
+	PlacedListed Placement = iota
+	// PlacedByName is a place from a hash of the pod's name, which the
+	// policy's replicaPods does not list. Names hash to places at random:
+	// among 10 replicas, two usually share one.
+	PlacedByName
+	// PlacedUnnamed is the place of a pod without a name: the place of
+	// every other replica without one.
+	PlacedUnnamed
+)
+
+// String implements fmt.Stringer.
+func (p Placement) String() string {
+	switch p {
+	case PlacedListed:
+		return "listed"
+	case PlacedByName:
+		return "by-name"
+	case PlacedUnnamed:
+		return "unnamed"
+	}
+	return fmt.Sprintf("Placement(%d)", uint8(p))
 }
 
 // PolicyError is a policy that could not be compiled.
@@ -76,11 +127,13 @@ func (e *PolicyError) Error() string {
 }
 
 // ID is the policy's namespace/name, or its name when it has no namespace.
-func (e *PolicyError) ID() string {
-	if e.Namespace == "" {
-		return e.Name
+func (e *PolicyError) ID() string { return policyID(e.Namespace, e.Name) }
+
+func policyID(namespace, name string) string {
+	if namespace == "" {
+		return name
 	}
-	return e.Namespace + "/" + e.Name
+	return namespace + "/" + name
 }
 
 // Pod is the pod a set is compiled for.
@@ -90,7 +143,7 @@ type Pod struct {
 	// Name finds the pod's replica index in a policy's ReplicaPods, which
 	// staggers the fail-open shares (see config.Policy.ReplicaPods). A pod
 	// that is not listed, or has no name, takes an index from a hash of
-	// its name.
+	// its name; Set.Shares says which policies it took one for.
 	Name string
 }
 
@@ -190,10 +243,14 @@ func CompileFor(c *config.Config, pod Pod, m *metrics.Metrics) (*Set, error) {
 			}
 		}
 		var padm admissionBuilder
-		rules, ms, pm, replaced, err := compilePolicy(s.Policies, i, c, p, pod, selected, descs, &padm, m)
+		share, placed := replicaShare(c, p, pod.Name)
+		rules, ms, pm, replaced, err := compilePolicy(s.Policies, i, p, share, selected, descs, &padm, m)
 		if err != nil {
 			s.Failed = append(s.Failed, PolicyError{Index: i, Namespace: p.Namespace, Name: p.Name, Err: err})
 			continue
+		}
+		if share.Of > 1 && failsOpenOnShare(rules, descs.byPolicy[i]) {
+			s.Shares = append(s.Shares, ReplicaShare{Namespace: p.Namespace, Name: p.Name, Share: share, Placement: placed})
 		}
 		s.Policies++
 		reqs.add(p.Namespace, p.Name, pm, len(s.Rules), len(rules))
@@ -288,6 +345,9 @@ func (s *Set) EvaluatePolicy(p *RequestPolicy, sc *Scratch) error {
 // s.Rules[first+i].
 func (s *Set) evaluate(m *match.Matcher, first int, sc *Scratch) error {
 	sc.idx = m.Match(&sc.Request, sc.idx[:0])
+	// The last request's hits go, so that a Scratch kept between requests
+	// never holds the rules of a set a config change has replaced.
+	clear(sc.Hits)
 	sc.Hits, sc.Rules = sc.Hits[:0], sc.Rules[:0]
 	for _, i := range sc.idx {
 		i += first
@@ -318,20 +378,19 @@ func (s *Set) evaluate(m *match.Matcher, first int, sc *Scratch) error {
 }
 
 // compilePolicy compiles the rules of policy p (document index pi), which
-// is the index-th policy in force. Its descriptor rules go to descs only
-// when the whole policy compiles.
+// is the index-th policy in force, with this pod's share of its limits.
+// Its descriptor rules go to descs only when the whole policy compiles.
 //
 // A rule that a policy enforced on this pod replaces (replacedBy, the uids
 // in selected) is not compiled into the set; its "<policy>.<rule>" name is
 // returned in replacedRules. The policy's concurrency rules, priorities and
 // load shedding go to adm, which the caller keeps only when the policy
 // compiles.
-func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, selected map[string]bool, descs *descriptorBuilder, adm *admissionBuilder, m *metrics.Metrics) (rules []Rule, matches []match.Rule, pm *match.Matcher, replacedRules []string, err error) {
+func compilePolicy(index, pi int, p *config.Policy, share limiter.Share, selected map[string]bool, descs *descriptorBuilder, adm *admissionBuilder, m *metrics.Metrics) (rules []Rule, matches []match.Rule, pm *match.Matcher, replacedRules []string, err error) {
 	pol, err := descriptor.NewPolicy(index, p)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	share := replicaShare(c, p, pod.Name)
 	adm.policy(p)
 	var errs []error
 	var descRules []*config.Rule
@@ -421,18 +480,46 @@ func compilePolicy(index, pi int, c *config.Config, p *config.Policy, pod Pod, s
 
 // replicaShare is pod's place among the replicas of p: its position in
 // p.ReplicaPods, or, when the pod is not listed, an index from a hash of
-// its name.
-func replicaShare(c *config.Config, p *config.Policy, pod string) limiter.Share {
+// its name, and how it was found. With one replica the place is the whole
+// limit, PlacedListed.
+func replicaShare(c *config.Config, p *config.Policy, pod string) (limiter.Share, Placement) {
 	of := max(p.Replicas, 1)
 	if of < 2 {
-		return limiter.Share{Of: 1}
+		return limiter.Share{Of: 1}, PlacedListed
 	}
-	for i, idx := range p.ReplicaPods {
-		if int(idx) < len(c.Pods) && c.Pods[idx] == pod && pod != "" {
-			return limiter.Share{Of: of, Index: int32(i)}
+	placed := PlacedUnnamed
+	if pod != "" {
+		placed = PlacedByName
+		for i, idx := range p.ReplicaPods {
+			if int(idx) < len(c.Pods) && c.Pods[idx] == pod {
+				return limiter.Share{Of: of, Index: int32(i)}, PlacedListed
+			}
 		}
 	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(pod))
-	return limiter.Share{Of: of, Index: int32(h.Sum32() % uint32(of))}
+	return limiter.Share{Of: of, Index: int32(h.Sum32() % uint32(of))}, placed
+}
+
+// failsOpenOnShare reports whether one of a policy's rules in force (its
+// HTTP rules, and its descriptor rules by name) admits on this replica's
+// share of its limit alone while the store is unreachable: a rate rule
+// that fails open and may deny. Concurrency rules hold Max / replicas
+// slots wherever the replica stands, and a shadow rule denies nothing, so
+// neither depends on the replica's place.
+func failsOpenOnShare(rules []Rule, descs map[string]*DescriptorRule) bool {
+	onShare := func(er *engine.Rule) bool {
+		return er != nil && er.Fallback.Shared() && !er.FailClosed && !er.Shadow
+	}
+	for i := range rules {
+		if onShare(rules[i].Engine) {
+			return true
+		}
+	}
+	for _, dr := range descs {
+		if onShare(dr.Engine) {
+			return true
+		}
+	}
+	return false
 }

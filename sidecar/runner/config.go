@@ -151,7 +151,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodLabelsFile, "pod-labels-file", "", "file of this pod's labels, one key=\"value\" per line (a downward API volume); merged with --pod-labels")
 	fs.BoolVar(&c.Kubernetes, "kubernetes", false, "Kubernetes mode: watch the namespace's "+config.ConfigMapName+" ConfigMap instead of --policy-file, and report the pod condition")
 	fs.StringVar(&c.Namespace, "namespace", "", "Kubernetes mode: the pod's namespace (default $"+config.EnvPodNamespace+")")
-	fs.StringVar(&c.PodName, "pod-name", "", "the pod's name (default $"+config.EnvPodName+"): finds this sidecar's replica index in the config (fail-open shares); required with --kubernetes")
+	fs.StringVar(&c.PodName, "pod-name", "", "the pod's name (default $"+config.EnvPodName+"): finds this sidecar's place among each policy's replicas (pods, replicaPods), which staggers the fail-open shares; "+
+		"required with --kubernetes, and on a Redis store by a policy with replicas above 1, whose replicaPods must then list it when standalone")
 	fs.StringVar(&c.StateDir, "state-dir", "", "directory where the last applied config is saved and read back at start, so that a restarted sidecar enforces it until its source answers; empty: off")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file; empty uses the in-cluster service account")
 	fs.StringVar(&c.ConfigMapName, "configmap-name", config.ConfigMapName, "Kubernetes mode: the ConfigMap of the namespace to watch; the central rate-limit service watches "+config.RateLimitServiceConfigMapName)

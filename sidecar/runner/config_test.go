@@ -99,7 +99,7 @@ func TestStorePrecedence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sel := (&Runner{cfg: c}).selectStore(tc.doc)
+		sel := c.selectStore(tc.doc)
 		if sel.Type != tc.want || strings.Join(sel.Addresses, ",") != tc.addrs || sel.From != tc.from {
 			t.Errorf("%s: %+v, want %s %q from %s", tc.name, sel, tc.want, tc.addrs, tc.from)
 		}

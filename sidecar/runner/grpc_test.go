@@ -174,3 +174,33 @@ func TestCheckConfig(t *testing.T) {
 		t.Errorf("Check(bad): %v, want both problems", err)
 	}
 }
+
+// --check-config's summary counts a pod's concurrency rules beside its
+// rate rules, as kubectl floodgate check does (rlsimport.HTTPRules).
+func TestCheckConfigCountsConcurrencyRules(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "conc.yaml")
+	doc := `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: exports
+  uid: exports-1
+  rules:
+  - name: per-tenant
+    key: [{header: X-Tenant}]
+    concurrency: {max: 10}
+  - name: per-key
+    key: [{header: X-API-Key}]
+    limit: {requests: 100, per: 1m}
+`
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var c Config
+	var out bytes.Buffer
+	if err := c.Check(&out, path); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if want := "for a pod with labels {}: 2 HTTP rules (1 rate, 1 concurrency), 0 Envoy descriptor rules"; !strings.Contains(out.String(), want) {
+		t.Errorf("Check's summary lacks %q:\n%s", want, out.String())
+	}
+}

@@ -88,7 +88,7 @@ func startSidecar(t *testing.T, upstream, policy string, waitReady bool, args ..
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: LogLevel(cfg.LogLevel)}))
 	r, err := New(cfg, log, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -104,10 +104,12 @@ func TestFailureModesWithClusterKilled(t *testing.T) {
 	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
 	be := newBackend(t, nil)
 	doc := `apiVersion: floodgate.dev/sidecar-config/v1
+pods: [api-0, api-1]
 policies:
 - name: p
   uid: uid-fail
   replicas: 2
+  replicaPods: [0, 1]
   rules:
   - name: open
     match: {path: {type: Prefix, value: /open}}
@@ -122,7 +124,7 @@ policies:
 `
 	// A budget that a loaded test machine meets: with the cluster up,
 	// every call must succeed. Dead nodes refuse connections at once.
-	sc := startSidecar(t, be.URL, doc, true, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--redis-timeout", "2s")
+	sc := startSidecar(t, be.URL, doc, true, "--pod-name", "api-0", "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--redis-timeout", "2s")
 	c := &http.Client{}
 	for _, p := range []string{"/open", "/closed"} {
 		if res, _ := get(t, c, sc.url+p, "X-User", "warm"); res.StatusCode != 200 {

@@ -71,6 +71,10 @@ type Runner struct {
 	// goroutine.
 	forget  []forgetSets
 	cleanup chan struct{}
+	// fatal receives the one error that stops the sidecar from its
+	// source's deliveries: a first config it refuses for want of a place
+	// among the replicas (placeShares).
+	fatal chan error
 
 	mu      sync.Mutex // guards status and the fields below
 	status  Status
@@ -78,6 +82,9 @@ type Runner struct {
 	engine  *engine.Engine
 	proxy   *proxy.Proxy
 	current *ruleset.Set
+	// local are the in-memory stores, swept by sweepLocal: the fallback
+	// buckets, and the counters with the memory store.
+	local []*memstore.Store
 
 	px    atomic.Pointer[proxy.Proxy] // set once the first config is in
 	ready atomic.Bool
@@ -107,7 +114,10 @@ type Status struct {
 	// FromState is set while the config in force was read back from
 	// --state-dir at start and its source has not delivered one yet.
 	FromState bool `json:"fromState,omitempty"`
-	Rules     int  `json:"rules"`
+	// Rules counts the HTTP rate rules in force on this pod, and
+	// ConcurrencyRules its HTTP concurrency rules.
+	Rules            int `json:"rules"`
+	ConcurrencyRules int `json:"concurrencyRules"`
 	// Conditions counts the CEL conditions of the HTTP rules, and how many
 	// of them run as Go rather than in cel-go's interpreter.
 	Conditions ConditionStatus `json:"conditions"`
@@ -163,7 +173,8 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	if source == nil {
 		source = &configsource.FileSource{Path: cfg.PolicyFile, Interval: cfg.PollInterval}
 	}
-	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), cleanup: make(chan struct{}, 1), started: time.Now().UTC().Truncate(time.Millisecond)}
+	r := &Runner{cfg: cfg, log: log, labels: lbls, source: source, reg: prometheus.NewRegistry(), cleanup: make(chan struct{}, 1), fatal: make(chan error, 1),
+		started: time.Now().UTC().Truncate(time.Millisecond)}
 	if r.clock, r.clockHandler, err = debugClock(cfg); err != nil {
 		return nil, err
 	}
@@ -222,7 +233,9 @@ func (r *Runner) Status() Status {
 }
 
 // Run serves until ctx ends, then stops taking requests, drains those in
-// flight for up to the drain timeout, and closes the store.
+// flight for up to the drain timeout, and closes the store. It also stops,
+// with an error, when the first config the sidecar would enforce has fail-open
+// shares it cannot take a place in (see placeShares).
 func (r *Runner) Run(ctx context.Context) error {
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	adminErr := make(chan error, 1)
@@ -250,6 +263,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer close(cleanDone)
 		r.cleanMetrics(srcCtx)
 	}()
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		r.sweepLocal(srcCtx, sweepInterval)
+	}()
 
 	// The proxy listener serves from the start: 503 until the first good
 	// config has opened the store and built the proxy.
@@ -276,6 +294,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
+	case err = <-r.fatal:
 	case err = <-proxyErr:
 		err = fmt.Errorf("proxy server: %w", err)
 	case err = <-adminErr:
@@ -288,6 +307,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-srcDone
 	<-keysDone
 	<-cleanDone
+	<-sweepDone
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
 	defer cancel()
 	grpcDone := make(chan struct{})
@@ -461,6 +481,26 @@ func (r *Runner) applyUpdate(u configsource.Update, fromState bool) bool {
 		r.reject(u.Origin, fmt.Errorf("compile sidecar config: %w", err))
 		return false
 	}
+	r.mu.Lock()
+	remote, current := r.store.remote, r.current
+	r.mu.Unlock()
+	if err := r.cfg.placeShares(set, remote); err != nil {
+		if current == nil {
+			// Nothing in force yet: this sidecar was started without the
+			// identity its config needs, which a restart with --pod-name
+			// fixes. Stopping shows the mistake where it is made, instead
+			// of a pod answering 503 until someone reads its status.
+			select {
+			case r.fatal <- fmt.Errorf("%s: %w", u.Origin, err):
+			default:
+			}
+			return false
+		}
+		// Compiling set made series for its rules; those current lacks go.
+		r.forgetLater(set, current)
+		r.reject(u.Origin, err)
+		return false
+	}
 	r.keys = keys
 	r.install(u.Origin, c, set, format, fromState)
 	return true
@@ -469,7 +509,7 @@ func (r *Runner) applyUpdate(u configsource.Update, fromState bool) bool {
 // openLocked opens the store for the first config and builds the engine
 // and proxy. The caller holds r.mu.
 func (r *Runner) openLocked(c *config.Config) error {
-	sel := r.selectStore(c)
+	sel := r.cfg.selectStore(c)
 	if r.clock != nil && sel.Type != config.StoreMemory {
 		return fmt.Errorf("the manual clock needs the memory store: a %s store decides on its own clock", sel.Type)
 	}
@@ -499,6 +539,10 @@ func (r *Runner) openLocked(c *config.Config) error {
 		return err
 	}
 	r.store, r.engine, r.proxy = st, eng, px
+	r.local = []*memstore.Store{fallback}
+	if ms, ok := st.store.(*memstore.Store); ok {
+		r.local = append(r.local, ms)
+	}
 	r.status.Store = StoreStatus{Type: sel.Type, Addresses: sel.Addresses, TLS: sel.TLS != nil, From: sel.From}
 	r.log.Info("counter store opened", "type", sel.Type, "addresses", sel.Addresses, "from", sel.From)
 	return nil
@@ -532,6 +576,7 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	r.status.Revision, r.status.Origin, r.status.AppliedAt = c.Revision, origin, &now
 	r.status.LastError, r.status.LastErrorAt = "", nil
 	r.status.IgnoredPolicies, r.status.Rules, r.status.Config = set.Ignored, len(set.Rules), c
+	r.status.ConcurrencyRules = len(set.Concurrency)
 	r.status.ReplacedRules = set.Replaced
 	r.status.Conditions.Native, r.status.Conditions.Total = set.Conditions()
 	r.status.FromState = fromState
@@ -541,18 +586,14 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	}
 	r.status.DescriptorRules, r.status.Format = len(set.Descriptors.Rules()), format.String()
 	r.status.StoreDrift = ""
-	if want := r.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
+	if want := r.cfg.selectStore(c); r.status.Store.From == "policy-file" && !sameStore(want, r.status.Store) {
 		r.followStoreLocked(want)
 	}
 	first := !r.ready.Load()
 	r.mu.Unlock()
 
 	if old != nil {
-		r.forget = append(r.forget, forgetSets{old: old, cur: set})
-		select {
-		case r.cleanup <- struct{}{}:
-		default:
-		}
+		r.forgetLater(old, set)
 	}
 	r.m.PolicyFailed.Reset()
 	for _, f := range set.Failed {
@@ -569,7 +610,7 @@ func (r *Runner) install(origin string, c *config.Config, set *ruleset.Set, form
 	r.m.ConfigLoadsTotal.WithLabelValues("ok").Inc()
 	r.m.ConfigValid.Set(1)
 	r.m.ConfigLastSuccess.Set(float64(now.Unix()))
-	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "ignoredPolicies", set.Ignored, "failedPolicies", len(set.Failed))
+	r.log.Info("config applied", "revision", c.Revision, "origin", origin, "rules", len(set.Rules), "concurrencyRules", len(set.Concurrency), "ignoredPolicies", set.Ignored, "failedPolicies", len(set.Failed))
 	if first {
 		r.px.Store(r.proxy)
 		r.ready.Store(true)
@@ -604,6 +645,17 @@ func (r *Runner) followStoreLocked(want storeSelection) {
 // forgetSets is a change of rule set whose removed rules' metrics are to
 // be deleted.
 type forgetSets struct{ old, cur *ruleset.Set }
+
+// forgetLater has the metrics of the rules of old that cur lacks deleted
+// soon, by cleanMetrics, or before the next compile. The caller holds
+// applyMu.
+func (r *Runner) forgetLater(old, cur *ruleset.Set) {
+	r.forget = append(r.forget, forgetSets{old: old, cur: cur})
+	select {
+	case r.cleanup <- struct{}{}:
+	default:
+	}
+}
 
 // forgetPending deletes the metrics of the rules the pending changes
 // removed. The caller holds applyMu, which keeps any later set from

@@ -23,22 +23,22 @@ type storeSelection struct {
 	From      string // "flags", "policy-file" or "default"
 }
 
-// selectStore applies the precedence documented on Config.
-func (r *Runner) selectStore(c *config.Config) storeSelection {
-	cfg := r.cfg
+// selectStore applies the precedence documented on Config to the flags
+// and the document doc.
+func (c *Config) selectStore(doc *config.Config) storeSelection {
 	switch {
-	case cfg.IsSet("store") && cfg.Store != "":
-		sel := storeSelection{Type: cfg.Store, Addresses: cfg.redisAddrs(), From: "flags"}
-		if cfg.Store == config.StoreRedis {
-			sel.TLS = cfg.flagTLS()
+	case c.IsSet("store") && c.Store != "":
+		sel := storeSelection{Type: c.Store, Addresses: c.redisAddrs(), From: "flags"}
+		if c.Store == config.StoreRedis {
+			sel.TLS = c.flagTLS()
 		}
 		return sel
-	case c != nil && c.Store.Type != "":
-		sel := storeSelection{Type: c.Store.Type, Addresses: c.Store.Addresses, TLS: c.Store.TLS, From: "policy-file"}
-		if a := cfg.redisAddrs(); len(a) > 0 && sel.Type == config.StoreRedis {
+	case doc != nil && doc.Store.Type != "":
+		sel := storeSelection{Type: doc.Store.Type, Addresses: doc.Store.Addresses, TLS: doc.Store.TLS, From: "policy-file"}
+		if a := c.redisAddrs(); len(a) > 0 && sel.Type == config.StoreRedis {
 			sel.Addresses = a
 		}
-		if t := cfg.flagTLS(); t != nil && sel.Type == config.StoreRedis {
+		if t := c.flagTLS(); t != nil && sel.Type == config.StoreRedis {
 			sel.TLS = t
 		}
 		return sel

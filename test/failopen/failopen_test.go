@@ -2,7 +2,10 @@
 // and a real Redis Cluster that is then killed, that a fleet of sidecars
 // falling back to their local shares admits at most the rule's limit
 // together (1.1 x L at most per period), for every limit and replica
-// count, including a limit below the replica count.
+// count, including a limit below the replica count; and, with
+// floodgate-sidecar processes whose store refuses connections, that a
+// standalone sidecar without a share of its own (no --pod-name, or a name
+// the policy's replicaPods does not list) refuses to start.
 package failopen
 
 import (

@@ -13,11 +13,11 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/h1"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
 	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
-	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
 )
 
 // Connection states, for Shutdown.
@@ -72,7 +72,12 @@ type conn struct {
 
 // denyKey is what a 429 answer depends on besides its rule's constants.
 type denyKey struct {
-	rule                *ruleset.Rule // held, so its address is never another rule's
+	// rule is the binding rule as the engine sees it, which has every
+	// constant of the rule that the answer shows. It is held, so that its
+	// address is never another rule's: an allocation of its own, where a
+	// *ruleset.Rule, an element of its set's array, would keep every rule
+	// of a replaced set alive for as long as the connection lasts.
+	rule                *engine.Rule
 	limit, reset, retry int64
 	closing             bool
 }
@@ -337,6 +342,9 @@ func (c *conn) serveOne(n int) bool {
 	} else {
 		d = p.Check(r, &c.st)
 	}
+	// The connection keeps its State between requests; what the request
+	// held of the rules in force goes with it.
+	defer c.st.Reset()
 	switch d.Outcome {
 	case proxy.Pass, proxy.Allowed:
 		keep := c.forward(p, d, n)
@@ -375,7 +383,7 @@ func (c *conn) answer(d *proxy.Decision, n int) bool {
 		// The prebuilt answer depends on the rule and on these values of
 		// its binding only (a deny reports Remaining 0).
 		b := &d.Binding
-		k := denyKey{rule: d.Rule, limit: b.Limit,
+		k := denyKey{rule: d.Rule.Engine, limit: b.Limit,
 			reset: ratelimitheaders.CeilSeconds(max(b.ResetAfter, b.RetryAfter), 0),
 			retry: b.RetrySeconds(), closing: closing}
 		if k != c.denyKey || date != c.denyDate || c.deny == nil {

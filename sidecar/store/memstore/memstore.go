@@ -11,10 +11,12 @@
 // was written under with a use count that eviction reads. A table doubles when 7/8 full, so while keys arrive it
 // is at least 7/16 full and a key costs at most 32/(7/16) ≈ 73 bytes of
 // heap, index included (measured: 67 bytes per key after a million keys).
-// Tables do not shrink: after keys expire, the memory stays at its peak,
-// which WithMaxKeys bounds. SlidingLog is the exception: each of its keys also holds a
+// SlidingLog is the exception: each of its keys also holds a
 // limiter.Log of 40 bytes plus a buffer of 16 bytes per run of admitted
 // requests in the window (grown by doubling), so O(Requests) per key.
+// Expired keys keep their memory until Sweep, which shrinks the tables
+// they leave sparse and frees their logs: between sweeps, the memory
+// stays at its peak, which WithMaxKeys bounds.
 //
 // Two keys share state only if their 64-bit hashes collide. For k keys the
 // chance that any two collide is about k²/2^65: 3e-8 for a million keys,
@@ -247,7 +249,11 @@ func (s *Store) Len() int {
 
 // Sweep removes every key whose state has expired at now (the zero time
 // means the store's clock) and returns how many it removed. Expired keys
-// are also reclaimed lazily; Sweep returns their memory at once.
+// are also reclaimed lazily, a few slots per new key, but only Sweep gives
+// their memory back: a table it leaves at most 1/8 full shrinks, and the
+// SlidingLog buffers of the keys it removed go. A store whose keys came
+// and went (a config of many rules that was replaced, a flood of clients
+// that ended) returns to the size of the keys it still holds.
 func (s *Store) Sweep(now time.Time) int {
 	if now.IsZero() {
 		now = s.clock()
@@ -258,6 +264,7 @@ func (s *Store) Sweep(now time.Time) int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n += sh.sweepAll(us)
+		sh.fit()
 		sh.mu.Unlock()
 	}
 	return n

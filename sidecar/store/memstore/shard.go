@@ -268,10 +268,17 @@ func (sh *shard) insert(h uint64, now int64) int {
 	return i
 }
 
-func (sh *shard) grow() {
+func (sh *shard) grow() { sh.rehash(max(minTable, 2*len(sh.table))) }
+
+// rehash moves the keys to a table of size slots, a power of two larger
+// than the key count, or to none when size is 0.
+func (sh *shard) rehash(size int) {
 	old := sh.table
-	sh.table = make([]slot, max(minTable, 2*len(old)))
-	mask := uint64(len(sh.table) - 1)
+	sh.table = nil
+	if size > 0 {
+		sh.table = make([]slot, size)
+	}
+	mask := uint64(size - 1)
 	for _, e := range old {
 		if e.hash == 0 {
 			continue
@@ -283,6 +290,36 @@ func (sh *shard) grow() {
 		sh.table[i] = e
 	}
 	sh.cursor = 0
+}
+
+// fit gives back the memory that deletions freed: a table at most 1/8
+// full moves to one at most 7/16 full (as full as a table that has just
+// grown), none when the shard is empty, and when at least half of the
+// logs are unused the live ones move to a slice of their own, freeing
+// the rest. It costs a pass over the table, as sweepAll does.
+func (sh *shard) fit() {
+	switch {
+	case sh.count == 0:
+		if sh.table != nil {
+			sh.rehash(0)
+		}
+	case len(sh.table) > minTable && sh.count*8 <= len(sh.table):
+		size := minTable
+		for size*7 < sh.count*16 {
+			size *= 2
+		}
+		sh.rehash(size)
+	}
+	if len(sh.free) > 0 && len(sh.free)*2 >= len(sh.logs) {
+		logs := make([]limiter.Log, 0, len(sh.logs)-len(sh.free))
+		for i := range sh.table {
+			if e := &sh.table[i]; e.hash != 0 && sh.isLog(e) {
+				logs = append(logs, sh.logs[e.a])
+				e.a = int64(len(logs) - 1)
+			}
+		}
+		sh.logs, sh.free = logs, nil
+	}
 }
 
 // deleteAt empties slot i and shifts back the slots after it that probed
