@@ -102,9 +102,11 @@ type Policy struct {
 	// replicas, in increasing order; Replicas is then its length. A
 	// sidecar's position in this list is its replica index, which
 	// staggers the replicas' fail-open shares so that no two spend the
-	// same share of the limit. A sidecar whose pod is not listed (it just
-	// became ready, or the list is absent) derives its index from a hash
-	// of its pod name.
+	// same share of the limit. In Kubernetes mode a sidecar whose pod is
+	// not listed yet (it just became ready) derives its index from a hash
+	// of its pod name until the manager lists it; a standalone sidecar on
+	// Redis refuses a config that does not list it (docs/sidecar-config.md,
+	// "Replicas and pod identity").
 	ReplicaPods []int32 `json:"replicaPods,omitempty"`
 	// TrustedProxies says how X-Forwarded-For is read. Nil means the
 	// client IP is the socket peer.
