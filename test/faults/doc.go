@@ -6,9 +6,11 @@
 // clients at once. Each test asserts the bound the documentation gives
 // and logs the figure it measured.
 //
-// Timing bounds are the promise plus the worst lateness of a goroutine
-// measured on the same machine over the same run (a goroutine that sleeps
-// 1ms at a time), so that a machine busy with other work does not fail
-// them while a stall of floodgate's own (several call budgets, seconds)
-// does. The tests do not run in parallel with one another.
+// A timing bound is the promise plus what the machine was measured to
+// have delayed the event it bounds, over the same span, and nothing else
+// (test/lateness: late timers, goroutines' and threads' waits for a CPU,
+// and the Redis nodes' own where the bound waits on their answers), so
+// that a machine busy with other work does not fail it while a stall of
+// floodgate's own (several call budgets, seconds) does. The tests do not
+// run in parallel with one another.
 package faults

@@ -3,12 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
-	"math"
-	"os"
-	"path/filepath"
-	rtmetrics "runtime/metrics"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +16,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/lateness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -361,337 +357,17 @@ func percentile(ds []decision, p float64) time.Duration {
 	return t[min(len(t)-1, int(float64(len(t))*p))]
 }
 
-// noise measures how late this process's goroutines run on the shared
-// machine: goroutines sleep as long as a call budget, staggered so that one
-// wakes about every millisecond, and record when, and how much later than
-// asked, they woke. They wait as a store call waits for its deadline, among
-// the same goroutines. A timing bound in this package is the promise plus
-// the lateness measured around the decision it bounds (excuse), so that a machine
-// busy with other work does not fail it, while a stall of floodgate's own
-// (waiting several call budgets) still does: the sleepers are not late
-// then. With them, it reads the runtime's own measurement of how long
-// runnable goroutines waited for a processor (/sched/latencies), which on
-// a starved machine exceeds the timers' lateness, and the kernel's of how
-// long each thread of the process (and each Redis node it is asked to
-// watch) waited for a CPU, which adds up over a span on a machine where
-// the process gets a fraction of a core.
-type noise struct {
-	mu      sync.Mutex
-	samples []lateSample
-	maxLate time.Duration // the worst lateness, once the samples are sorted
-	// runq are the Go runtime's own measurements of how long runnable
-	// goroutines waited to run (/sched/latencies), per interval of
-	// runqEvery, in the order of their ends; osq the kernel's, of how
-	// long each thread of the process, and each watched Redis node,
-	// waited for a CPU while runnable (their schedstat).
-	runq    []runqSample
-	osq     []threadSample
-	stop    chan struct{}
-	done    chan struct{}
-	endOnce sync.Once
-}
-
-// lateSample is one sleep: it ran from start to end, late by late.
-type lateSample struct {
-	start, end time.Time
-	late       time.Duration
-}
-
-// runqSample is the longest time a goroutine waited in the run queue, as
-// the runtime measured it (the lower bound of the highest histogram bucket
-// that grew), over (from, to].
-type runqSample struct {
-	from, to time.Time
-	worst    time.Duration
-}
-
-// threadSample is how long each thread of the process waited runnable for
-// a CPU over (from, to], as the kernel counted it; worst is the longest of
-// those waits. Threads that did not wait are left out.
-type threadSample struct {
-	from, to time.Time
-	waits    map[string]time.Duration
-	worst    time.Duration
-}
-
-// runqEvery is how often the run-queue measurement is read.
-const runqEvery = 2 * time.Millisecond
-
-// startNoise starts measuring; the Redis nodes among others, if any, are
-// watched too (see redisHeld).
-func startNoise(others ...*redistest.Node) *noise {
-	n := &noise{stop: make(chan struct{}), done: make(chan struct{})}
+// startProbe starts measuring the machine's lateness, with sleepers of
+// the store's default call budget, and watching the running nodes among
+// nodes (see test/lateness).
+func startProbe(nodes ...*redistest.Node) *lateness.Probe {
 	var pids []int
-	for _, o := range others {
-		if pid := o.Pid(); pid > 0 {
+	for _, n := range nodes {
+		if pid := n.Pid(); pid > 0 {
 			pids = append(pids, pid)
 		}
 	}
-	const sleep = redisstore.DefaultTimeout
-	sleepers := int(sleep / time.Millisecond)
-	var wg sync.WaitGroup
-	// A goroutine woken (by a timer, a channel) or preempted waits in a
-	// run queue until a processor takes it: on a machine this busy, at
-	// times longer than the sleepers' timers are late. The runtime
-	// measures that wait itself (for a sample of goroutines); read it
-	// every couple of milliseconds.
-	wg.Go(func() {
-		s := []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}
-		rtmetrics.Read(s)
-		prev := slices.Clone(s[0].Value.Float64Histogram().Counts)
-		from := time.Now()
-		for {
-			select {
-			case <-n.stop:
-				return
-			case <-time.After(runqEvery):
-			}
-			rtmetrics.Read(s)
-			h := s[0].Value.Float64Histogram()
-			to := time.Now()
-			var worst time.Duration
-			for i := len(h.Counts) - 1; i >= 0; i-- {
-				if h.Counts[i] > prev[i] {
-					if b := h.Buckets[i]; b > 0 && !math.IsInf(b, 0) {
-						worst = time.Duration(b * float64(time.Second))
-					}
-					break
-				}
-			}
-			copy(prev, h.Counts)
-			n.mu.Lock()
-			n.runq = append(n.runq, runqSample{from: from, to: to, worst: worst})
-			n.mu.Unlock()
-			from = to
-		}
-	})
-	// A thread of the process that the kernel leaves waiting for a CPU
-	// stalls the goroutine it runs, the timers of its processor and any
-	// lock that goroutine holds, while the other threads (and sleepers)
-	// go on. The kernel counts each thread's time spent runnable but not
-	// running; read it every few milliseconds.
-	wg.Go(func() {
-		prev := threadWaits(nil, pids)
-		from := time.Now()
-		for {
-			select {
-			case <-n.stop:
-				return
-			case <-time.After(runqEvery):
-			}
-			cur := threadWaits(prev, pids)
-			to := time.Now()
-			ts := threadSample{from: from, to: to}
-			for tid, w := range cur {
-				if p, ok := prev[tid]; ok && w > p {
-					if ts.waits == nil {
-						ts.waits = map[string]time.Duration{}
-					}
-					ts.waits[tid] = w - p
-					if !strings.HasPrefix(tid, redisThread) {
-						ts.worst = max(ts.worst, w-p)
-					}
-				}
-			}
-			prev = cur
-			n.mu.Lock()
-			n.osq = append(n.osq, ts)
-			n.mu.Unlock()
-			from = to
-		}
-	})
-	for i := range sleepers {
-		wg.Go(func() {
-			time.Sleep(time.Duration(i) * time.Millisecond)
-			for {
-				select {
-				case <-n.stop:
-					return
-				default:
-				}
-				start := time.Now()
-				time.Sleep(sleep)
-				end := time.Now()
-				n.mu.Lock()
-				n.samples = append(n.samples, lateSample{start: start, end: end, late: end.Sub(start) - sleep})
-				n.mu.Unlock()
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		n.mu.Lock()
-		slices.SortFunc(n.samples, func(a, b lateSample) int { return a.end.Compare(b.end) })
-		for _, s := range n.samples {
-			n.maxLate = max(n.maxLate, s.late)
-		}
-		n.mu.Unlock()
-		close(n.done)
-	}()
-	return n
-}
-
-// end stops the measurement; it may be called more than once.
-func (n *noise) end() {
-	n.endOnce.Do(func() { close(n.stop) })
-	<-n.done
-}
-
-// during returns the worst lateness of the sleeps that overlap [from, to].
-func (n *noise) during(from, to time.Time) time.Duration {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(n.samples, from, func(s lateSample, t time.Time) int { return s.end.Compare(t) })
-	// The samples are in the order of their ends: one that began by to
-	// ends by to + its sleep + its lateness, so the scan goes that far
-	// (a late sample, which matters most, ends after punctual ones that
-	// began later).
-	horizon := to.Add(redisstore.DefaultTimeout + n.maxLate)
-	var worst time.Duration
-	for ; i < len(n.samples) && !n.samples[i].end.After(horizon); i++ {
-		if s := n.samples[i]; !s.start.After(to) {
-			worst = max(worst, s.late)
-		}
-	}
-	return worst
-}
-
-// excuse returns what a decision that ran from at for took may exceed its
-// bound by, on account of the machine: the worst lateness of the sleeps
-// that overlap it (from just before it started, when a stall may already
-// have held it up), which is how late its own timer may have fired, and
-// how long the machine held it runnable: the longest wait of a runnable
-// goroutine for a processor in the same span, as the runtime measured it,
-// or the longest a thread of the process waited for a CPU in the span, as
-// the kernel counted it, whichever is longer. A thread's waits are summed
-// over the whole span, not taken one interval at a time: the decision's
-// goroutine (or the one holding a lock it waits for) runs on a thread for
-// the span, and a thread the kernel leaves waiting again and again holds
-// it for every one of those waits; on a loaded machine they add up to
-// more than any single one.
-func (n *noise) excuse(at time.Time, took time.Duration) time.Duration {
-	from, to := at.Add(-10*time.Millisecond), at.Add(took)
-	g, _, held := n.runqDuring(from, to)
-	return n.during(from, to) + max(g, held)
-}
-
-// stall returns the longest the machine held this process's goroutines up
-// at once in [from, to]: the sleepers' worst lateness, and the longest
-// single run-queue wait of a goroutine or of a thread. It bounds how far
-// one stall can have pushed events together, where excuse bounds how
-// late one decision can have been.
-func (n *noise) stall(from, to time.Time) time.Duration {
-	g, th, _ := n.runqDuring(from, to)
-	return n.during(from, to) + max(g, th)
-}
-
-// runqDuring returns the longest run-queue wait the runtime measured in
-// the intervals that overlap [from, to], the longest the kernel left a
-// thread of the process waiting for a CPU in one of them, and the most
-// one thread waited in all of them together.
-func (n *noise) runqDuring(from, to time.Time) (goroutines, threads, held time.Duration) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(n.osq, from, func(s threadSample, t time.Time) int { return s.to.Compare(t) })
-	sums := map[string]time.Duration{}
-	for ; i < len(n.osq) && !n.osq[i].from.After(to); i++ {
-		threads = max(threads, n.osq[i].worst)
-		for tid, w := range n.osq[i].waits {
-			if strings.HasPrefix(tid, redisThread) {
-				continue
-			}
-			sums[tid] += w
-			held = max(held, sums[tid])
-		}
-	}
-	return worstIn(n.runq, from, to), threads, held
-}
-
-// redisHeld returns the most the kernel left one of the watched Redis
-// nodes waiting for a CPU, in all over [from, to]: how much later than
-// on an idle machine the node can have answered a client, or passed on
-// news of the cluster, in that span.
-func (n *noise) redisHeld(from, to time.Time) time.Duration {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(n.osq, from, func(s threadSample, t time.Time) int { return s.to.Compare(t) })
-	sums := map[string]time.Duration{}
-	var held time.Duration
-	for ; i < len(n.osq) && !n.osq[i].from.After(to); i++ {
-		for tid, w := range n.osq[i].waits {
-			if strings.HasPrefix(tid, redisThread) {
-				sums[tid] += w
-				held = max(held, sums[tid])
-			}
-		}
-	}
-	return held
-}
-
-// worstIn returns the worst of the samples of ss, in the order of their
-// ends, that overlap [from, to].
-func worstIn(ss []runqSample, from, to time.Time) time.Duration {
-	i, _ := slices.BinarySearchFunc(ss, from, func(s runqSample, t time.Time) int { return s.to.Compare(t) })
-	var worst time.Duration
-	for ; i < len(ss) && !ss[i].from.After(to); i++ {
-		worst = max(worst, ss[i].worst)
-	}
-	return worst
-}
-
-// worstRunq returns the longest run-queue waits of the whole run: the
-// runtime's, and the kernel's for a thread of the process.
-func (n *noise) worstRunq() (goroutines, threads time.Duration) {
-	g, th, _ := n.runqDuring(time.Time{}, time.Now().Add(time.Hour))
-	return g, th
-}
-
-// threadWaits returns, by thread id, how long each thread of the process
-// has waited runnable for a CPU (the second field of its schedstat), and
-// each process of pids, by "pid:" and its id, its main thread (the one
-// that serves a Redis node's clients), in a map sized after the last one,
-// m. Threads it cannot read are left out.
-func threadWaits(m map[string]time.Duration, pids []int) map[string]time.Duration {
-	out := make(map[string]time.Duration, len(m))
-	read := func(key, path string) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return
-		}
-		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			return
-		}
-		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-			out[key] = time.Duration(ns)
-		}
-	}
-	for _, pid := range pids {
-		p := strconv.Itoa(pid)
-		read(redisThread+p, "/proc/"+p+"/schedstat")
-	}
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return out
-	}
-	for _, task := range tasks {
-		read(task.Name(), "/proc/self/task/"+task.Name()+"/schedstat")
-	}
-	return out
-}
-
-// redisThread prefixes a watched Redis node's key among the threads.
-const redisThread = "pid:"
-
-// worst returns the worst lateness of the whole run.
-func (n *noise) worst() time.Duration {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var w time.Duration
-	for _, s := range n.samples {
-		w = max(w, s.late)
-	}
-	return w
+	return lateness.Start(lateness.Options{Sleep: redisstore.DefaultTimeout, PIDs: pids})
 }
 
 // keyOn returns a counter key (the engine's Hit.Key) whose slot master m
@@ -724,35 +400,6 @@ func waitUntil(timeout time.Duration, cond func() bool) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return true
-}
-
-// loggedAt returns when node n last logged a line containing msg in its
-// redis.log, by the log's own timestamp ("4242:M 05 Dec 2026 23:41:42.123
-// * msg"): the instant of an event of the node's, which a client reacts
-// to, as the node saw it (the same clock as this process's).
-func loggedAt(n *redistest.Node, msg string) (time.Time, error) {
-	b, err := os.ReadFile(filepath.Join(n.Dir(), "redis.log"))
-	if err != nil {
-		return time.Time{}, err
-	}
-	const layout = "02 Jan 2006 15:04:05.000"
-	var at time.Time
-	for line := range strings.Lines(string(b)) {
-		if !strings.Contains(line, msg) {
-			continue
-		}
-		_, rest, ok := strings.Cut(line, " ")
-		if !ok || len(rest) < len(layout) {
-			return time.Time{}, fmt.Errorf("%s: no timestamp in log line %q", n.Addr(), line)
-		}
-		if at, err = time.ParseInLocation(layout, rest[:len(layout)], time.Local); err != nil {
-			return time.Time{}, fmt.Errorf("%s: %w", n.Addr(), err)
-		}
-	}
-	if at.IsZero() {
-		return time.Time{}, fmt.Errorf("%s logged no %q", n.Addr(), msg)
-	}
-	return at, nil
 }
 
 // storeAgain reports whether every one of sidecars has decided a request,

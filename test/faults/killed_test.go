@@ -102,13 +102,13 @@ func TestKilledMasterBounds(t *testing.T) {
 
 	rec := &record{}
 	stop := make(chan struct{})
-	n := startNoise(c.Nodes()...)
+	n := startProbe(c.Nodes()...)
 	start := time.Now()
 	wg := drive(ctx, fleet, rules, key, rate, rec, stop)
 	halt := sync.OnceFunc(func() {
 		close(stop)
 		wg.Wait()
-		n.end()
+		n.End()
 	})
 	defer halt()
 	time.Sleep(2 * time.Second)
@@ -169,7 +169,7 @@ func TestKilledMasterBounds(t *testing.T) {
 	// delayed this process by over that span, and the Redis nodes, whose
 	// answers to the sidecars' reloads, and news of the promotion to one
 	// another, the followBudget takes to be prompt.
-	goLate, redisLate := n.excuse(promoted, recovery), n.redisHeld(promoted, promoted.Add(recovery))
+	goLate, redisLate := n.Excuse(promoted, recovery), n.During(promoted, promoted.Add(recovery)).Others
 	lateness := goLate + redisLate
 	recoveryBound := followBudget + lateness
 	t.Logf("killed %s: %s won the failover election %v after the SIGKILL (node timeout %v); every sidecar counted in the store again %v after the promotion (bound %v + lateness %v = %v: this process %v, the Redis nodes %v); fallback windows %v",

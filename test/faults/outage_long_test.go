@@ -60,8 +60,8 @@ func TestLongOutage(t *testing.T) {
 	}
 	// The machine's lateness over the return, this process's and the
 	// restarted nodes'.
-	n := startNoise(c.Nodes()...)
-	defer n.end()
+	n := startProbe(c.Nodes()...)
+	defer n.End()
 	if err := c.WaitClusterOK(60 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestLongOutage(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	close(stop)
 	wg.Wait()
-	n.end()
+	n.End()
 
 	var during, after []decision
 	for _, d := range rec.all() {
@@ -110,7 +110,7 @@ func TestLongOutage(t *testing.T) {
 			continue
 		}
 		since := d.at.Sub(back)
-		if late := n.excuse(back, since) + n.redisHeld(back, d.at); since > 2*time.Second+late {
+		if late := n.Excuse(back, since) + n.During(back, d.at).Others; since > 2*time.Second+late {
 			t.Errorf("sidecar %d fell back %v after the store was back, more than 2s (+ the machine's lateness %v): %v", d.sidecar, since, late, counts(after))
 			break
 		}

@@ -18,7 +18,7 @@ import (
 //
 //   - every decision answers within the call budget plus 10ms from its
 //     arrival (plus what the machine delayed goroutines by meanwhile,
-//     measured in the same run: see noise), never seconds;
+//     measured in the same run: see test/lateness), never seconds;
 //   - at 0.5x the master comes back as the master; the scripts that timed
 //     out may run late, once each, never twice;
 //   - at 2x its replica takes over while it is stopped, and the old master,
@@ -57,12 +57,12 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 
 	rec := &record{}
 	stop := make(chan struct{})
-	n := startNoise()
+	n := startProbe()
 	wg := drive(ctx, fleet, rules, key, rate, rec, stop)
 	halt := sync.OnceFunc(func() {
 		close(stop)
 		wg.Wait()
-		n.end()
+		n.End()
 	})
 	defer halt()
 	time.Sleep(time.Second)
@@ -105,7 +105,7 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 		if d.took > bound {
 			over++
 		}
-		if late := n.excuse(d.at, d.took); d.took > bound+late {
+		if late := n.Excuse(d.at, d.took); d.took > bound+late {
 			t.Errorf("sidecar %d: a decision at %+v from the pause took %v: more than the call budget %v + %v, and the machine's delays around it excuse only %v; %s",
 				d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, budget, slack, late, d.story())
 		}
@@ -116,9 +116,9 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 			during = append(during, d)
 		}
 	}
-	g, th := n.worstRunq()
+	w := n.Worst()
 	t.Logf("stopped %v for %v: %d decisions, %d while stopped (max %v, p99 %v); %d took longer than %v; %v; the machine's lateness over the run: sleepers' timers up to %v, run-queue waits up to %v (goroutines) and %v (threads)",
-		victim.Addr(), resumed.Sub(paused).Round(time.Millisecond), len(ds), len(during), maxTook(during), percentile(during, .99), over, bound, counts(ds), n.worst(), g, th)
+		victim.Addr(), resumed.Sub(paused).Round(time.Millisecond), len(ds), len(during), maxTook(during), percentile(during, .99), over, bound, counts(ds), w.Timer, w.Goroutine, w.Thread)
 
 	// What Redis holds against what the store admitted, and the calls
 	// sent to a shard that got no answer (they may have run, once).
@@ -152,7 +152,7 @@ func testPausedMaster(t *testing.T, nodeTimeout, pause time.Duration, failover b
 		if err != nil {
 			t.Fatal(err)
 		}
-		lagWindow := 50*time.Millisecond + n.stall(paused.Add(-50*time.Millisecond), paused)
+		lagWindow := 50*time.Millisecond + n.Stall(paused.Add(-50*time.Millisecond), paused)
 		lag := 0
 		for _, d := range ds {
 			if end := d.at.Add(d.took); d.source == engine.FromStore && d.outcome == engine.Allow &&

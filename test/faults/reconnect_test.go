@@ -108,10 +108,10 @@ func sampleStats(ctx context.Context, addr, password string, interval time.Durat
 // 100ms, and in its first second back, from its readiness as it logs it,
 // the node sees at most twice the commands of a steady second
 // (handshakes, the slot map, the scripts loaded again included). The
-// clients' times are this process's: a stall of the machine (see noise)
-// holds back the reconnections due during it and lets them go together,
-// so the window they are counted in is widened by the longest stall
-// measured over them. How soon after the node's readiness they are all
+// clients' times are this process's: a stall of the machine (see
+// test/lateness) holds back the reconnections due during it and lets them
+// go together, so the window they are counted in is widened by the
+// longest stall measured over them. How soon after the node's readiness they are all
 // back is reported, not bounded: it is the sum of a probe cooldown, a
 // redial pause and a round trip or more, each of which a machine busy
 // enough to hold 200 clients back delays again.
@@ -197,8 +197,8 @@ func TestReconnectAfterOutage(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	samples := sampleStats(sctx, node.Addr(), c.Password(), 50*time.Millisecond)
-	n := startNoise()
-	defer n.end()
+	n := startProbe()
+	defer n.End()
 	// Steady state: every client connected and deciding.
 	if !waitUntil(30*time.Second, all(ok)) {
 		t.Fatal("not every client decided within 30s of the start")
@@ -223,7 +223,7 @@ func TestReconnectAfterOutage(t *testing.T) {
 	if err := c.Restart(node); err != nil {
 		t.Fatal(err)
 	}
-	ready, err := loggedAt(node, "Ready to accept connections")
+	ready, err := node.LoggedAt("Ready to accept connections")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestReconnectAfterOutage(t *testing.T) {
 		t.Fatalf("a minute after the node was back: every client reached it %v, decided %v; its first 2s sampled %v", all(reached)(), all(ok)(), sampled())
 	}
 	cancel()
-	n.end()
+	n.End()
 
 	// The counters restart with the node: the samples from its readiness
 	// on are counts since it came back.
@@ -286,7 +286,7 @@ func TestReconnectAfterOutage(t *testing.T) {
 			j++
 		}
 		count := i - j + 1
-		stalled := n.stall(times[j], times[j].Add(window))
+		stalled := n.Stall(times[j], times[j].Add(window))
 		allowed := together * float64(clients) * float64(window+stalled) / float64(window)
 		if float64(count)/allowed > float64(worst)/max(worstAllowed, 1) {
 			worst, worstAllowed, worstStall = count, allowed, stalled

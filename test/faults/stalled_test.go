@@ -46,12 +46,12 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 
 	rec := &record{}
 	stop := make(chan struct{})
-	n := startNoise()
+	n := startProbe()
 	wg := drive(ctx, fleet, rules, key, rate, rec, stop)
 	halt := sync.OnceFunc(func() {
 		close(stop)
 		wg.Wait()
-		n.end()
+		n.End()
 	})
 	defer halt()
 	time.Sleep(2 * time.Second)
@@ -81,15 +81,13 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 	}
 	// Each request's wait is measured from its arrival (the Decide call)
 	// to its answer. The bound is one call budget plus a few ms; what the
-	// shared machine itself delayed goroutines by meanwhile is measured in
-	// the same run by independent probes (noise: sleepers of one budget
-	// each, waking every millisecond, for how late timers fire; the
-	// runtime's own run-queue waits, for how long a runnable goroutine
-	// waits for a processor) and stated, per decision and over the run. A
-	// request's wait ends on a timer of its own (its store call's, or its
-	// deadline in the deny cache), which the machine delays as it delays
-	// the sleepers'; a wait of floodgate's own making (a second call
-	// budget) is not excused by them, the probes not being late then.
+	// shared machine itself delayed this process by meanwhile is measured
+	// in the same run by independent probes (test/lateness) and stated,
+	// per decision and over the run. A request's wait ends on a timer of
+	// its own (its store call's, or its deadline in the deny cache), which
+	// the machine delays as it delays the probes'; a wait of floodgate's
+	// own making (a second call budget) is not excused by them, the probes
+	// not being late then.
 	bound := budget + few
 	over100, overBound := 0, 0
 	var worstExcess time.Duration
@@ -100,17 +98,17 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 	}
 	reported := 0
 	for _, d := range ds {
-		late := n.excuse(d.at, d.took)
+		late := n.Excuse(d.at, d.took)
 		if d.took > bound {
 			overBound++
 		}
 		if excess := d.took - bound - late; excess > 0 {
-			g, _, held := n.runqDuring(d.at.Add(-10*time.Millisecond), d.at.Add(d.took))
+			around := n.During(d.at.Add(-10*time.Millisecond), d.at.Add(d.took))
 			worstExcess = max(worstExcess, excess)
 			if reported++; reported <= 10 {
 				t.Errorf("sidecar %d: a decision at %+v from the stop waited %v from its arrival (%s; %v): more than one call budget (%v) + %v, and the machine's lateness around it (sleepers' timers %v + the longest run-queue wait of a goroutine %v or a thread's waits for a CPU %v) excuses only %v",
 					d.sidecar, d.at.Sub(paused).Round(time.Millisecond), d.took, d.story(), counts([]decision{d}), budget, few,
-					n.during(d.at.Add(-10*time.Millisecond), d.at.Add(d.took)), g, held, late)
+					around.Timer, around.Goroutine, around.Held, late)
 			}
 		}
 	}
@@ -128,9 +126,9 @@ func TestStalledShardCostsOneBudget(t *testing.T) {
 	}
 	t.Logf("%d decisions while the master was stopped (%v): max %v, p99 %v, p50 %v, %d over 100ms; %v",
 		len(during), resumed.Sub(paused).Round(time.Millisecond), maxTook(during), percentile(during, .99), percentile(during, .5), over100, counts(during))
-	g, th := n.worstRunq()
+	w := n.Worst()
 	t.Logf("bound: budget %v + %v = %v from each request's arrival, plus the machine's lateness around it (worst over the run: sleepers' timers %v, run-queue wait of a goroutine %v, of a thread %v); %d decisions of the run took longer than %v, %d longer than the bound and the lateness around them (worst by %v); %d store calls while stopped, %d of them waited out their budget",
-		budget, few, bound, n.worst(), g, th, overBound, bound, reported, worstExcess, storeCalls, budgetCalls)
+		budget, few, bound, w.Timer, w.Goroutine, w.Thread, overBound, bound, reported, worstExcess, storeCalls, budgetCalls)
 	// The load ran: the drivers sent what their schedules asked for over
 	// the stop, less the spans the machine held them past (which they
 	// skip rather than burst to catch up).

@@ -740,39 +740,49 @@ func (c *Cluster) failedOver(ctx context.Context, old *Node, slot int) (*Node, e
 const promotionLine = "Failover election won: I'm the new master."
 
 // PromotedAt returns when n last won a failover election, as n itself
-// logged it in redis.log: the instant its master's slots became n's, which
-// is the event a client of the cluster reacts to. The log's timestamps are
-// the machine's local time to the millisecond.
+// logged it (see LoggedAt): the instant its master's slots became n's,
+// which is the event a client of the cluster reacts to.
 func (n *Node) PromotedAt() (time.Time, error) {
+	return n.LoggedAt(promotionLine)
+}
+
+// LoggedAt returns when n last logged a line containing msg in its
+// redis.log, by the line's own timestamp: the instant of an event of the
+// node's, which a client reacts to, as the node saw it. The timestamps
+// are the machine's local time, to the millisecond, on the same clock as
+// the test's.
+func (n *Node) LoggedAt(msg string) (time.Time, error) {
 	b, err := os.ReadFile(filepath.Join(n.Dir(), "redis.log"))
 	if err != nil {
 		return time.Time{}, err
 	}
-	var at time.Time
+	var last string
 	for line := range strings.Lines(string(b)) {
-		if !strings.Contains(line, promotionLine) {
-			continue
+		if strings.Contains(line, msg) {
+			last = line
 		}
-		t, err := logTime(line)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("redistest: %s: %w", n.Addr(), err)
-		}
-		at = t
 	}
-	if at.IsZero() {
-		return time.Time{}, fmt.Errorf("redistest: %s logged no failover election won", n.Addr())
+	if last == "" {
+		return time.Time{}, fmt.Errorf("redistest: %s logged no %q", n.Addr(), msg)
+	}
+	at, err := logTime(last)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redistest: %s: %w", n.Addr(), err)
 	}
 	return at, nil
 }
 
+// logLayout is the timestamp of a redis.log line.
+const logLayout = "02 Jan 2006 15:04:05.000"
+
 // logTime reads the timestamp of a redis.log line, which looks like
-// "4242:S 05 Dec 2026 23:41:42.123 # message".
+// "4242:S 05 Dec 2026 23:41:42.123 # message", in local time.
 func logTime(line string) (time.Time, error) {
 	_, rest, ok := strings.Cut(line, " ")
-	if !ok || len(rest) < len("02 Jan 2006 15:04:05.000") {
+	if !ok || len(rest) < len(logLayout) {
 		return time.Time{}, fmt.Errorf("no timestamp in log line %q", line)
 	}
-	return time.ParseInLocation("02 Jan 2006 15:04:05.000", rest[:len("02 Jan 2006 15:04:05.000")], time.Local)
+	return time.ParseInLocation(logLayout, rest[:len(logLayout)], time.Local)
 }
 
 // ID returns the node's cluster ID, a new one after Reschedule without

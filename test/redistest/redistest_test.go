@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,6 +91,42 @@ func TestOptionsValidate(t *testing.T) {
 	so = ServerOptions{Command: []string{"true"}}
 	if err := so.setDefaults(); err == nil || !strings.Contains(err.Error(), "command: needs the host and port") {
 		t.Errorf("a command without an address: %v, want an error naming command", err)
+	}
+}
+
+// TestLoggedAt reads the last matching line of a node's redis.log, in
+// local time, and names what it cannot find.
+func TestLoggedAt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const log = `4242:M 05 Dec 2026 23:41:40.001 * Ready to accept connections tcp
+4242:S 05 Dec 2026 23:41:41.500 # Failover election won: I'm the new master.
+4242:M 05 Dec 2026 23:41:42.123 * Ready to accept connections tcp
+4242:M 05 Dec 2026 23:41:43.000 * Cluster state changed: ok
+4242:M no time here: broken
+`
+	if err := os.WriteFile(filepath.Join(dir, "redis.log"), []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{proc: &process{dir: dir, host: "127.0.0.1", port: 12000}}
+	for _, tc := range []struct {
+		msg  string
+		want time.Time
+	}{
+		{"Ready to accept connections", time.Date(2026, 12, 5, 23, 41, 42, 123e6, time.Local)},
+		{promotionLine, time.Date(2026, 12, 5, 23, 41, 41, 500e6, time.Local)},
+	} {
+		if got, err := n.LoggedAt(tc.msg); err != nil || !got.Equal(tc.want) {
+			t.Errorf("LoggedAt(%q) = %v, %v, want %v", tc.msg, got, err, tc.want)
+		}
+	}
+	if got, err := n.PromotedAt(); err != nil || !got.Equal(time.Date(2026, 12, 5, 23, 41, 41, 500e6, time.Local)) {
+		t.Errorf("PromotedAt() = %v, %v", got, err)
+	}
+	for _, msg := range []string{"never logged", "broken"} {
+		if _, err := n.LoggedAt(msg); err == nil || !strings.Contains(err.Error(), "127.0.0.1:12000") {
+			t.Errorf("LoggedAt(%q): %v, want an error naming the node", msg, err)
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/lateness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -63,7 +64,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 
 // few is what a decision may take beyond its deadline on an idle
 // machine: returning from the timer, a map lookup, a lock. What a loaded
-// machine adds is measured around each decision (see lateness).
+// machine adds is measured around each decision (see test/lateness).
 const few = 5 * time.Millisecond
 
 // waitUntil polls cond every 10ms until it holds, and reports whether it
@@ -134,8 +135,8 @@ func TestKilledMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	lt := startLateness(redisstore.DefaultTimeout)
-	defer lt.end()
+	lt := lateness.Start(lateness.Options{Sleep: redisstore.DefaultTimeout})
+	defer lt.End()
 	// Two callers on the dead shard and two on the live ones, each
 	// pausing a millisecond between decisions as a busy client would, for
 	// 600ms (less than it takes Redis to fail the master over, on an idle
@@ -170,7 +171,7 @@ func TestKilledMaster(t *testing.T) {
 	})
 	done.Store(true)
 	wg.Wait()
-	lt.end()
+	lt.End()
 	stopped, breaker := time.Now(), breakerOf(s, victim.Addr())
 	if !enough {
 		t.Fatalf("too few decisions in 30s: %d on the dead shard, %d on live ones", len(dead), len(live))
@@ -205,7 +206,7 @@ func TestKilledMaster(t *testing.T) {
 		if r.deadlineSpent() {
 			t.Errorf("decision on the killed shard waited out its deadline (%v): %v", r.took, r.err)
 		}
-		if late := lt.excuse(r.at, r.took); r.took > timeout+few+late {
+		if late := lt.Excuse(r.at, r.took); r.took > timeout+few+late {
 			t.Errorf("decision on the killed shard took %v, more than the %v deadline + %v + the machine's lateness around it %v", r.took, timeout, few, late)
 		}
 		if r.failedFast() {
@@ -224,7 +225,7 @@ func TestKilledMaster(t *testing.T) {
 		liveTook = append(liveTook, r.took)
 	}
 	t.Logf("killed shard: %d decisions, %d of them ErrUnavailable (%d failed fast by the breaker), p50 %v p99 %v max %v; %d asked for after Redis promoted its replica (%v after the kill) found it; the machine's worst lateness %v",
-		len(dead), len(deadTook), fast, percentile(deadTook, .5), percentile(deadTook, .99), percentile(deadTook, 1), afterFailover, promotedAt.Sub(killed).Round(time.Millisecond), lt.worst())
+		len(dead), len(deadTook), fast, percentile(deadTook, .5), percentile(deadTook, .99), percentile(deadTook, 1), afterFailover, promotedAt.Sub(killed).Round(time.Millisecond), lt.Worst().Timer)
 	t.Logf("live shards: %d decisions, no error, p50 %v p99 %v", len(live), percentile(liveTook, .5), percentile(liveTook, .99))
 	// Until the failover, the dead master's breaker is open.
 	if stopped.Before(promotedAt) && breaker != redisstore.BreakerOpen && breaker != redisstore.BreakerHalfOpen {
@@ -293,8 +294,8 @@ func TestPausedNode(t *testing.T) {
 		warmUp(t, func() error { _, r := take(k, 0); return r.err })
 	}
 
-	lt := startLateness(timeout)
-	defer lt.end()
+	lt := lateness.Start(lateness.Options{Sleep: timeout})
+	defer lt.End()
 	if err := c.Pause(victim); err != nil {
 		t.Fatal(err)
 	}
@@ -331,14 +332,14 @@ func TestPausedNode(t *testing.T) {
 	if !waitUntil(30*time.Second, func() bool { _, other = take(otherKey, 0); return other.err == nil }) {
 		t.Fatalf("other shard while one is paused: %v", other.err)
 	}
-	lt.end()
+	lt.End()
 	var tooks []time.Duration
 	sent := 0
 	for _, r := range paused {
 		if !errors.Is(r.err, limiter.ErrUnavailable) {
 			t.Fatalf("decision on the paused shard: %v, want ErrUnavailable", r.err)
 		}
-		if late := lt.excuse(r.at, r.took); r.took > timeout+few+late {
+		if late := lt.Excuse(r.at, r.took); r.took > timeout+few+late {
 			t.Errorf("decision on the paused shard took %v, more than the %v deadline + %v + the machine's lateness around it %v", r.took, timeout, few, late)
 		}
 		// A call the breaker did not fail went to the stopped node (or
@@ -349,7 +350,7 @@ func TestPausedNode(t *testing.T) {
 		tooks = append(tooks, r.took)
 	}
 	t.Logf("paused shard: %d decisions, all ErrUnavailable; %d waited for the deadline, p50 %v max %v; the machine's worst lateness %v",
-		len(paused), sent, percentile(tooks, .5), percentile(tooks, 1), lt.worst())
+		len(paused), sent, percentile(tooks, .5), percentile(tooks, 1), lt.Worst().Timer)
 	if sent > 16+4 {
 		t.Errorf("%d decisions waited for the deadline; the breaker should have failed most of the last 20 fast", sent)
 	}
