@@ -52,11 +52,15 @@ spec:
 		Eventually(policyStatus(ctx, ns, "admission"), timeout, poll).Should(
 			haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
 
+		// The first document may predate the pods' readiness in the
+		// manager's cache: read the one compiled from both ready pods.
 		var c *config.Config
-		Eventually(func() error {
+		Eventually(func(g Gomega) {
 			var err error
 			c, _, err = compiled(ctx, ns)
-			return err
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Policies).To(HaveLen(1))
+			g.Expect(c.Policies[0].Replicas).To(Equal(int32(2)))
 		}, timeout, poll).Should(Succeed())
 		Expect(c.Policies).To(HaveLen(1))
 		p := c.Policies[0]

@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
@@ -40,10 +41,17 @@ var _ = Describe("config/samples", func() {
 		createPod(ctx, ns, "api-0", map[string]string{"app": "api"})
 		setPodReady(ctx, ns, "api-0", true)
 		for _, p := range policies.Items {
+			// The status read by kubectl get below: settled once it counts
+			// api-0 for the policies that select it.
+			targeted := int32(0)
+			if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector); err == nil && sel.Matches(labels.Set{"app": "api"}) {
+				targeted = 1
+			}
 			Eventually(policyStatus(ctx, ns, p.Name), timeout, poll).Should(And(
 				haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted),
 				haveCondition(v1alpha1.ConditionResolvedRefs, metav1.ConditionTrue, v1alpha1.ReasonResolvedRefs),
 				haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars),
+				HaveField("Status.TargetedPods", targeted),
 			), p.Name)
 		}
 		Eventually(func(g Gomega) {

@@ -47,6 +47,11 @@ var (
 	managerDone = make(chan error, 1)
 )
 
+func init() {
+	SetDefaultEventuallyTimeout(timeout)
+	SetDefaultEventuallyPollingInterval(poll)
+}
+
 func TestPolicyController(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "policy controller suite")
@@ -128,26 +133,45 @@ type recorder struct {
 	cmWrites map[string]int
 	// failApplies makes this many ConfigMap applies fail in the namespace.
 	failApplies map[string]int
+	// failedApplies holds the time of each apply failed on purpose.
+	failedApplies map[string][]time.Time
+	// podsRead holds the names of the pods a reconcile has listed.
+	podsRead map[string]map[string]bool
 }
 
 func newRecorder() *recorder {
 	return &recorder{
-		reconciles:  map[string][]time.Time{},
-		cmWrites:    map[string]int{},
-		failApplies: map[string]int{},
+		reconciles:    map[string][]time.Time{},
+		cmWrites:      map[string]int{},
+		failApplies:   map[string]int{},
+		failedApplies: map[string][]time.Time{},
+		podsRead:      map[string]map[string]bool{},
 	}
 }
 
 func (r *recorder) funcs() interceptor.Funcs {
 	return interceptor.Funcs{
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			lo := (&client.ListOptions{}).ApplyOptions(opts)
 			if _, ok := list.(*v1alpha1.RateLimitPolicyList); ok {
-				lo := (&client.ListOptions{}).ApplyOptions(opts)
 				r.mu.Lock()
 				r.reconciles[lo.Namespace] = append(r.reconciles[lo.Namespace], time.Now())
 				r.mu.Unlock()
 			}
-			return c.List(ctx, list, opts...)
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if pods, ok := list.(*corev1.PodList); ok {
+				r.mu.Lock()
+				if r.podsRead[lo.Namespace] == nil {
+					r.podsRead[lo.Namespace] = map[string]bool{}
+				}
+				for _, p := range pods.Items {
+					r.podsRead[lo.Namespace][p.Name] = true
+				}
+				r.mu.Unlock()
+			}
+			return nil
 		},
 		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
 			cm, ok := obj.(*corev1ac.ConfigMapApplyConfiguration)
@@ -160,6 +184,7 @@ func (r *recorder) funcs() interceptor.Funcs {
 			fail := r.failApplies[ns] > 0
 			if fail {
 				r.failApplies[ns]--
+				r.failedApplies[ns] = append(r.failedApplies[ns], time.Now())
 			}
 			r.mu.Unlock()
 			if fail {
@@ -185,6 +210,21 @@ func (r *recorder) reconcileTimes(ns string) []time.Time {
 }
 
 func (r *recorder) reconcileCount(ns string) int { return len(r.reconcileTimes(ns)) }
+
+// failedApplyTimes returns when the ConfigMap applies failed on purpose
+// were made.
+func (r *recorder) failedApplyTimes(ns string) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.failedApplies[ns]...)
+}
+
+// readPod reports whether a reconcile has listed the pod ns/name.
+func (r *recorder) readPod(ns, name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.podsRead[ns][name]
+}
 
 func (r *recorder) writes(ns string) int {
 	r.mu.Lock()

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,6 +125,9 @@ func serviceURL(ctx context.Context, ns string) string {
 
 var _ = Describe("floodgate on a real node", Ordered, func() {
 	var url string
+	// exactDenied is how many of the exact-count spec's requests were
+	// answered 429, which the status spec finds in status.rules.
+	var exactDenied int
 
 	It("installs the chart with helm, from the images of make images", func(ctx SpecContext) {
 		valuesFile := filepath.Join(helmHome, "values.yaml")
@@ -245,6 +249,8 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			return seen
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(50 * time.Millisecond).Should(HaveLen(3))
 		const sent = perKey + 10
+		fallbackAllowed0 := fallbackDecisions(ctx, pods, "per-api-key", "allowed")
+		fallbackDenied0 := fallbackDecisions(ctx, pods, "per-api-key", "denied")
 		t := tally{}
 		served := map[string]int{}
 		var denied answer
@@ -254,16 +260,30 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			if a.Status == http.StatusOK {
 				served[podOf(a)]++
 			}
-			if a.Status == http.StatusTooManyRequests {
+			// The store's answer: a fallback's 429 gives the pod's share
+			// of the limit as X-RateLimit-Limit.
+			if a.Status == http.StatusTooManyRequests && a.Header.Get("X-RateLimit-Limit") == strconv.Itoa(perKey) {
 				denied = a
 			}
 		}
-		AddReportEntry("30 requests for one key through the Service", fmt.Sprintf("%s; served by %v", t, served))
-		Expect(t[200]).To(Equal(perKey), "%s", t)
-		Expect(t[429]).To(Equal(sent-perKey), "%s", t)
+		// A store call that misses its budget on this busy node is decided
+		// on the pod's share of the limit (failureMode Open), and may still
+		// have taken its token in Redis: the shared count admits exactly
+		// the limit when no decision fell back, never more, and at most
+		// one less per decision that fell back.
+		onFallbackAllowed := fallbackDecisions(ctx, pods, "per-api-key", "allowed") - fallbackAllowed0
+		onFallback := onFallbackAllowed + fallbackDecisions(ctx, pods, "per-api-key", "denied") - fallbackDenied0
+		shared := int64(t[200]) - onFallbackAllowed
+		AddReportEntry("30 requests for one key through the Service", fmt.Sprintf("%s; served by %v; %d decided on a fallback share", t, served, onFallback))
+		Expect(t[200]+t[429]).To(Equal(sent), "only 200 and 429: %s", t)
+		Expect(onFallback).To(BeNumerically("<", sent-perKey), "the store missed its budget for too many decisions to reach the limit: %s", t)
+		Expect(shared).To(BeNumerically("<=", perKey), "the shared count admits at most the limit: %s, %d on a fallback share", t, onFallback)
+		Expect(shared).To(BeNumerically(">=", int64(perKey)-onFallback), "the shared count admits the limit: %s, %d on a fallback share", t, onFallback)
 		Expect(len(served)).To(BeNumerically(">=", 2), "kube-proxy sent every request to one pod: %v", served)
-		Expect(pathHits(ctx, pods, "/api/exact")).To(Equal(int64(perKey)), "the app received exactly the allowed requests")
+		Expect(pathHits(ctx, pods, "/api/exact")).To(Equal(int64(t[200])), "the app received exactly the allowed requests")
+		exactDenied = t[429]
 
+		Expect(denied.Status).To(Equal(http.StatusTooManyRequests), "no 429 from the shared count: %s", t)
 		Expect(denied.Header.Get("Content-Type")).To(Equal("application/problem+json"))
 		Expect(denied.Header.Get("Retry-After")).NotTo(BeEmpty())
 		Expect(denied.Header.Get("X-RateLimit-Limit")).To(Equal(strconv.Itoa(perKey)))
@@ -286,22 +306,28 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		start := time.Now()
 		Eventually(func() string {
 			return kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", `jsonpath={.status.rules[?(@.name=="per-api-key")].denied}`)
-		}).WithContext(ctx).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Equal("10"), "per-api-key denied the 10 requests over its limit")
+		}).WithContext(ctx).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Equal(strconv.Itoa(exactDenied)), "per-api-key denied the requests over its limit")
 		AddReportEntry("denials in status after", time.Since(start).Round(100*time.Millisecond).String())
 		AddReportEntry("status.rules and status.usage", kubectl(ctx, "-n", appNS, "get", "rlp", app, "-o", "jsonpath={.status.rules}{\"\\n\"}{.status.usage}"))
 	})
 
 	It("enforces a live policy edit within 2 s on every pod", func(ctx SpecContext) {
 		pods := readyPods(ctx, appNS, map[string]string{"app": app})
-		var rlp v1alpha1.RateLimitPolicy
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: appNS, Name: app}, &rlp)).To(Succeed())
-		Expect(rlp.Spec.Rules[0].Name).To(Equal("per-api-key"))
-		rlp.Spec.Rules[0].Limit.Requests = perKeyEdited
-		// Timed from the write to the API server, not from a kubectl
+		// Timed from the write the API server accepted, not from a kubectl
 		// process start (its discovery alone can take seconds after the
-		// chart added CRDs).
-		start := time.Now()
-		Expect(k8s.Update(ctx, &rlp)).To(Succeed())
+		// chart added CRDs), nor from a write refused because the manager
+		// had just written the status.
+		var start time.Time
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var rlp v1alpha1.RateLimitPolicy
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: appNS, Name: app}, &rlp); err != nil {
+				return err
+			}
+			Expect(rlp.Spec.Rules[0].Name).To(Equal("per-api-key"))
+			rlp.Spec.Rules[0].Limit.Requests = perKeyEdited
+			start = time.Now()
+			return k8s.Update(ctx, &rlp)
+		})).To(Succeed())
 		var wg sync.WaitGroup
 		took := make([]time.Duration, len(pods))
 		for i, p := range pods {
@@ -339,18 +365,27 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			}
 		}
 		Expect(master).NotTo(BeNil())
+		var cs v1alpha1.CounterStore
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
+		Expect(cs.Spec.Managed).NotTo(BeNil())
+		Expect(cs.Spec.Managed.NodeTimeout).NotTo(BeNil())
+		nodeTimeout := cs.Spec.Managed.NodeTimeout.Duration
+		password := redisPassword(ctx)
 		By("deleting Redis master pod " + master.Name)
 		Expect(k8s.Delete(ctx, master, client.GracePeriodSeconds(0))).To(Succeed())
 		// The API answers the delete before the kubelet has stopped the
-		// container: the outage starts when the sidecars lose the master,
-		// which the fail-closed rule shows first (the node timeout, 8s,
-		// leaves that long before a replica takes over).
+		// container, which on a busy node takes a while: the outage starts
+		// when the master stops answering, and lasts the node timeout
+		// before a replica takes over. The fail-closed rule shows it
+		// within that window.
+		Eventually(func() error { return pingRedis(ctx, master.Status.PodIP+":6379", password) }).WithContext(ctx).
+			WithTimeout(2*time.Minute).WithPolling(50*time.Millisecond).ShouldNot(Succeed(), "the deleted master stops answering")
 		probe := 0
 		Eventually(func() int {
 			probe++
 			return send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("probe-%d", probe)}).Status
-		}).WithContext(ctx).WithTimeout(8*time.Second).WithPolling(20*time.Millisecond).Should(Equal(http.StatusServiceUnavailable),
-			"no request for the lost master's slots was refused")
+		}).WithContext(ctx).WithTimeout(nodeTimeout).WithPolling(20*time.Millisecond).Should(Equal(http.StatusServiceUnavailable),
+			"no request for the lost master's slots was refused within the node timeout (%v) of its loss", nodeTimeout)
 
 		// 60 users and 60 API keys: about a third hash to the lost shard.
 		round := func(tag string) (open, closed tally) {
@@ -425,13 +460,25 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			client.MatchingLabels(counterstore.SelectorLabels("default")), client.GracePeriodSeconds(0))).To(Succeed())
 		deleted := time.Now()
 
+		// A round sends its 30 logins at once: the time a round takes is
+		// added to the measured resumption, so it is kept to about one
+		// request's.
 		round := 0
 		closedRound := func() tally {
 			round++
+			r := round
+			var mu sync.Mutex
+			var wg sync.WaitGroup
 			closed := tally{}
 			for i := range 30 {
-				closed[send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("replaced-%d-%d", round, i)}).Status]++
+				wg.Go(func() {
+					status := send(ctx, http.MethodPost, url+"/login", map[string]string{"X-User": fmt.Sprintf("replaced-%d-%d", r, i)}).Status
+					mu.Lock()
+					closed[status]++
+					mu.Unlock()
+				})
 			}
+			wg.Wait()
 			return closed
 		}
 		By("seeing the fail-closed rule refuse while the store is gone")
@@ -446,7 +493,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 			closed := closedRound()
 			g.Expect(closed[200]).To(Equal(30), "closed rule: %s", closed)
 			resumed = time.Since(deleted)
-		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		}).WithContext(ctx).WithTimeout(4 * time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: "default"}, &cs)).To(Succeed())
 		AddReportEntry("every Redis pod deleted at once -> shared counting again on every sidecar, none restarted",
 			fmt.Sprintf("%s (bound node timeout %v + 10s; the real StatefulSet recreates the six pods and the manager re-forms them); endpoints %v -> %v",
@@ -530,13 +577,16 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 				time.Sleep(250 * time.Millisecond)
 			}
 		}()
-		time.Sleep(2 * time.Second)
+		Eventually(func() bool { return sent.Load() >= 20 && created.Load() >= 3 }).WithContext(ctx).WithTimeout(time.Minute).
+			Should(BeTrue(), "traffic and admissions under way before the upgrade")
 		start := time.Now()
 		helm(ctx, "upgrade", release, filepath.Join(root, "charts", "floodgate"), "-n", releaseNS, "--reuse-values",
 			"--set-string", "podAnnotations.restartedAt="+strconv.FormatInt(time.Now().Unix(), 10), "--wait", "--timeout", "5m")
 		waitRollout(ctx, releaseNS, release+"-manager", 2, 3*time.Minute)
 		AddReportEntry("helm upgrade (manager rollout)", time.Since(start).Round(time.Millisecond).String())
-		time.Sleep(2 * time.Second)
+		sentBy, createdBy := sent.Load(), created.Load()
+		Eventually(func() bool { return sent.Load() >= sentBy+20 && created.Load() >= createdBy+3 }).WithContext(ctx).WithTimeout(time.Minute).
+			Should(BeTrue(), "traffic and admissions served by the new replicas")
 		close(stop)
 		wg.Wait()
 		AddReportEntry("during the upgrade", fmt.Sprintf("%d requests, %d answered 200, %d answered 429 by a fail-open share; %d opted-in pods admitted",
@@ -628,9 +678,24 @@ func meta(conds []metav1.Condition, t string) metav1.ConditionStatus {
 // with its password, closed at the end of the spec.
 func redisClient(ctx context.Context, addr string) *redis.Client {
 	GinkgoHelper()
-	var s corev1.Secret
-	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: counterstore.AuthSecretName("default")}, &s)).To(Succeed())
-	c := redis.NewClient(&redis.Options{Addr: addr, Password: string(s.Data[counterstore.PasswordKey]), DialTimeout: 2 * time.Second})
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: redisPassword(ctx), DialTimeout: 2 * time.Second})
 	DeferCleanup(c.Close)
 	return c
+}
+
+// redisPassword returns the default store's password.
+func redisPassword(ctx context.Context) string {
+	GinkgoHelper()
+	var s corev1.Secret
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: counterstore.AuthSecretName("default")}, &s)).To(Succeed())
+	return string(s.Data[counterstore.PasswordKey])
+}
+
+// pingRedis asks a Redis node for PONG once, on a connection of its own
+// with short timeouts; an error means the node does not answer.
+func pingRedis(ctx context.Context, addr, password string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: password, MaxRetries: -1,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	defer func() { _ = c.Close() }()
+	return c.Ping(ctx).Err()
 }

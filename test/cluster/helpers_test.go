@@ -102,6 +102,21 @@ func fallbackDenied(ctx context.Context, pods []corev1.Pod) int64 {
 	return int64(n)
 }
 
+// fallbackDecisions sums, over pods, the sidecars' decisions of rule that
+// a local fallback share took with result ("allowed" or "denied")
+// because a store call failed or missed its budget.
+func fallbackDecisions(ctx context.Context, pods []corev1.Pod, rule, result string) int64 {
+	GinkgoHelper()
+	var n float64
+	for _, p := range pods {
+		v, err := simnode.MetricSum(ctx, "http://"+p.Status.PodIP+":9090/metrics",
+			"floodgate_sidecar_fallback_decisions_total", map[string]string{"rule": rule, "result": result})
+		Expect(err).NotTo(HaveOccurred())
+		n += v
+	}
+	return int64(n)
+}
+
 // readyPods returns the Running, Ready, not terminating pods of a
 // namespace that match labels.
 func readyPods(ctx context.Context, ns string, labels map[string]string) []corev1.Pod {

@@ -43,9 +43,9 @@ func watchGeneration(ctx context.Context, ns, name string, gen int64) <-chan tim
 	return seen
 }
 
-// checkoutPolicy is the flow's policy; perKey is the per-API-key limit
-// that the live edit changes.
-func checkoutPolicy(ns string, perKey int) string {
+// checkoutPolicy is the flow's policy; perKey per per is the per-API-key
+// limit that the live edit changes.
+func checkoutPolicy(ns string, perKey int, per string) string {
 	return fmt.Sprintf(`apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: RateLimitPolicy
 metadata:
@@ -61,7 +61,7 @@ spec:
       path: {type: Prefix, value: /api/}
     key:
     - header: X-API-Key
-    limit: {requests: %d, per: 10s, algorithm: TokenBucket}
+    limit: {requests: %d, per: %s, algorithm: TokenBucket}
   - name: login-per-ip
     match:
       path: {type: Exact, value: /login}
@@ -70,7 +70,7 @@ spec:
     - clientIP: {}
     limit: {requests: 3, per: 1m, algorithm: GCRA}
     failureMode: Closed
-`, ns, storeName, perKey)
+`, ns, storeName, perKey, per)
 }
 
 var _ = Describe("the demo flow, asserted", Ordered, func() {
@@ -106,7 +106,7 @@ var _ = Describe("the demo flow, asserted", Ordered, func() {
 	})
 
 	It("accepts a policy applied with kubectl", func(ctx SpecContext) {
-		Expect(apply(ctx, "checkout-policy.yaml", checkoutPolicy(ns, 5))).To(Equal("ratelimitpolicy.ratelimit.floodgate.dev/checkout created"))
+		Expect(apply(ctx, "checkout-policy.yaml", checkoutPolicy(ns, 5, "10s"))).To(Equal("ratelimitpolicy.ratelimit.floodgate.dev/checkout created"))
 		Eventually(func() string { return condition(ctx, ns, "checkout", "Accepted") }).WithContext(ctx).Should(Equal("True/Accepted"))
 	})
 
@@ -130,14 +130,28 @@ var _ = Describe("the demo flow, asserted", Ordered, func() {
 	})
 
 	It("runs the injected sidecar in front of a real backend and turns Programmed=True once it reports its revision", func(ctx SpecContext) {
-		m = startMember(ctx, ns, "checkout-0")
+		m = startMember(ctx, ns, "checkout-0", exactStore...)
 		Expect(m.sidecar.Args[:len(m.sidecar.Injected.Args)]).To(Equal(m.sidecar.Injected.Args), "the injected args come first")
 		Expect(m.sidecar.Env).To(ContainElements("FLOODGATE_KUBERNETES=true", "POD_NAME=checkout-0", "POD_NAMESPACE="+ns))
-		loaded, err := stack.WaitPolicyLoaded(ctx, ns, "checkout-0", 30*time.Second)
+		_, err := stack.WaitPolicyLoaded(ctx, ns, "checkout-0", 30*time.Second)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(loaded).To(Equal(compiled(ctx, ns).Revision))
-		Expect(m.sidecar.Revision(ctx)).To(Equal(loaded))
+		// checkout-0 is targeted, not yet Ready: the sidecar reports the
+		// revision the manager settles on for that.
+		reportsOnPod := func(rev string) {
+			GinkgoHelper()
+			Eventually(func(g Gomega) {
+				c, err := stack.PolicyLoaded(ctx, ns, "checkout-0")
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(c).NotTo(BeNil())
+				g.Expect(c.Status).To(Equal(corev1.ConditionTrue))
+				g.Expect(c.Message).To(Equal(rev))
+			}).WithContext(ctx).Should(Succeed(), "checkout-0 reports revision %s", rev)
+			Expect(m.sidecar.Revision(ctx)).To(Equal(rev))
+		}
+		reportsOnPod(settledRevision(ctx, ns, "checkout", 1))
 		Expect(stack.MarkPodReady(ctx, ns, "checkout-0")).To(Succeed())
+		// Ready, it is a replica of the policy: a new revision.
+		reportsOnPod(settledRevision(ctx, ns, "checkout", 1, "checkout-0"))
 		Eventually(func() string { return condition(ctx, ns, "checkout", "Programmed") }).WithContext(ctx).Should(Equal("True/Programmed"))
 		Expect(jsonpath(ctx, "{.status.enforcingPods}/{.status.targetedPods}", "-n", ns, "get", "rlp", "checkout")).To(Equal("1/1"))
 	})
@@ -227,12 +241,15 @@ spec:
 	})
 
 	It("applies a live policy edit within 5 s and reports Programmed=True for the new revision", func(ctx SpecContext) {
-		before := compiled(ctx, ns).Revision
+		before := settledRevision(ctx, ns, "checkout", 1, "checkout-0")
 		// The watch sees when the API server stored the edit: kubectl's
 		// own start-up is not part of the loop's latency.
 		written := watchGeneration(ctx, ns, "checkout", 2)
 		start := time.Now()
-		Expect(apply(ctx, "checkout-policy.yaml", checkoutPolicy(ns, 20))).To(Equal("ratelimitpolicy.ratelimit.floodgate.dev/checkout configured"))
+		// 20 per hour: the 21 requests on a fresh key below are counted
+		// exactly however long they take on a busy machine (at 20 per 10
+		// s, a token would come back every half second).
+		Expect(apply(ctx, "checkout-policy.yaml", checkoutPolicy(ns, 20, "1h"))).To(Equal("ratelimitpolicy.ratelimit.floodgate.dev/checkout configured"))
 		applied := time.Now()
 		probes := 0
 		Eventually(func() string {
@@ -257,7 +274,7 @@ spec:
 		Expect(statuses(ctx, m.sidecar.URL, 21, http.MethodGet, "/api/orders", "X-API-Key", "carol")).To(Equal(append(repeat(200, 20), 429)))
 
 		By("reporting the new revision on the pod, and Programmed=True for the new generation")
-		after := compiled(ctx, ns).Revision
+		after := settledRevision(ctx, ns, "checkout", 1, "checkout-0")
 		Expect(after).NotTo(Equal(before))
 		Expect(m.sidecar.Revision(ctx)).To(Equal(after))
 		Eventually(func() string {

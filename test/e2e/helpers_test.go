@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -12,8 +13,11 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/simnode"
 )
@@ -97,6 +101,15 @@ spec:
 `, name, ns, app, app)
 }
 
+// exactStore is the Redis call budget of the sidecars whose specs count
+// exactly: one the busiest test machine meets. A call that runs out of
+// the default 50ms there (a sidecar's first call to a shard dials,
+// authenticates and loads the scripts) is decided by the rule's failure
+// mode instead, which exact counts do not allow for. What the sidecars do
+// when Redis is slow or gone is test/faults' and test/failopen's; the
+// fleet and the outage here run on the default budget.
+var exactStore = []string{"--redis-timeout=10s"}
+
 // member is one injected pod run locally: its backend and its sidecar.
 type member struct {
 	pod     string
@@ -105,12 +118,12 @@ type member struct {
 }
 
 // startMember starts a backend and the pod's injected sidecar in front of
-// it. The caller stops them with stop.
-func startMember(ctx context.Context, ns, pod string) *member {
+// it, with args after the injected ones. The caller stops them with stop.
+func startMember(ctx context.Context, ns, pod string, args ...string) *member {
 	GinkgoHelper()
 	b, err := simnode.StartBackend(pod)
 	Expect(err).NotTo(HaveOccurred())
-	sc, err := stack.StartSidecar(ctx, simnode.SidecarOptions{Namespace: ns, Pod: pod, Upstream: b.URL})
+	sc, err := stack.StartSidecar(ctx, simnode.SidecarOptions{Namespace: ns, Pod: pod, Upstream: b.URL, Args: args})
 	if err != nil {
 		_ = b.Close()
 	}
@@ -129,8 +142,9 @@ func (m *member) stop() {
 // cleanup (the spec, or the ordered container for BeforeAll), plays the
 // kubelet for each,
 // and waits until every sidecar enforces the namespace's current revision,
-// compiled for n ready replicas, and the policy is Programmed.
-func startFleet(ctx context.Context, ns, app, policy string, n int) []*member {
+// compiled for n ready replicas, and the policy is Programmed. The
+// sidecars run with args after the injected ones.
+func startFleet(ctx context.Context, ns, app, policy string, n int, args ...string) []*member {
 	GinkgoHelper()
 	var docs []string
 	for i := range n {
@@ -139,7 +153,7 @@ func startFleet(ctx context.Context, ns, app, policy string, n int) []*member {
 	apply(ctx, app+"-pods.yaml", strings.Join(docs, "---\n"))
 	fleet := make([]*member, n)
 	for i := range n {
-		fleet[i] = startMember(ctx, ns, fmt.Sprintf("%s-%d", app, i))
+		fleet[i] = startMember(ctx, ns, fmt.Sprintf("%s-%d", app, i), args...)
 		DeferCleanup(fleet[i].stop)
 	}
 	for _, m := range fleet {
@@ -165,6 +179,43 @@ func startFleet(ctx context.Context, ns, app, policy string, n int) []*member {
 		g.Expect(condition(ctx, ns, policy, "Programmed")).To(Equal("True/Programmed"))
 	}).WithContext(ctx).Should(Succeed())
 	return fleet
+}
+
+// settledRevision waits until the manager has compiled what the spec
+// built for policy, and returns the document's revision: the document
+// holds the policy's current generation with exactly ready as its replica
+// pods (so no pod event the manager has yet to see can recompile it), and
+// the policy's status describes that generation with targeted pods. The
+// policy is read before the document, so the document checked is at least
+// as new as the status. A spec that asserts on a revision reads it here.
+func settledRevision(ctx context.Context, ns, policy string, targeted int64, ready ...string) string {
+	GinkgoHelper()
+	dyn, err := dynamic.NewForConfig(stack.Config)
+	Expect(err).NotTo(HaveOccurred())
+	policies := dyn.Resource(v1alpha1.GroupVersion.WithResource("ratelimitpolicies")).Namespace(ns)
+	var rev string
+	Eventually(func(g Gomega) {
+		p, err := policies.Get(ctx, policy, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		observed, _, _ := unstructured.NestedInt64(p.Object, "status", "observedGeneration")
+		g.Expect(observed).To(Equal(p.GetGeneration()), "the status of %s", policy)
+		got, _, _ := unstructured.NestedInt64(p.Object, "status", "targetedPods")
+		g.Expect(got).To(Equal(targeted), "the targeted pods of %s", policy)
+		c := compiled(ctx, ns)
+		g.Expect(c).NotTo(BeNil(), "the document of %s", ns)
+		i := slices.IndexFunc(c.Policies, func(e config.Policy) bool { return e.Name == policy })
+		g.Expect(i).To(BeNumerically(">=", 0), "policy %s in revision %s", policy, c.Revision)
+		e := c.Policies[i]
+		g.Expect(e.Generation).To(Equal(p.GetGeneration()), "the generation of %s in revision %s", policy, c.Revision)
+		var replicas []string
+		for _, j := range e.ReplicaPods {
+			g.Expect(int(j)).To(BeNumerically("<", len(c.Pods)))
+			replicas = append(replicas, c.Pods[j])
+		}
+		g.Expect(replicas).To(ConsistOf(ready), "replica pods of %s in revision %s", policy, c.Revision)
+		rev = c.Revision
+	}).WithContext(ctx).Should(Succeed(), "the manager settles on the generation and pods of %s", policy)
+	return rev
 }
 
 // compiled returns the namespace's compiled sidecar config, or nil.

@@ -37,6 +37,10 @@ var _ = Describe("two manager replicas", func() {
 		Expect(holder).NotTo(BeEmpty())
 		standby, err := stack.StartManagerReplica(ctx, "floodgate-manager-standby", false)
 		Expect(err).NotTo(HaveOccurred())
+		// Ready on its probe port, it may not serve metrics yet (the
+		// metrics server binds its port as it starts): the window starts
+		// once it does.
+		Eventually(func() float64 { return leads(standby) }).WithContext(ctx).Should(BeNumerically(">=", 0), "the standby serves its metrics")
 		Consistently(func() float64 { return leads(standby) }).WithContext(ctx).WithTimeout(3 * time.Second).Should(BeZero())
 
 		ns := newNamespace(ctx, "leader")
@@ -76,6 +80,7 @@ spec:
 		m, err := stack.StartManagerReplica(ctx, "floodgate-manager-2", true)
 		Expect(err).NotTo(HaveOccurred())
 		manager = m
+		Eventually(func() float64 { return leads(m) }).WithContext(ctx).Should(BeNumerically(">=", 0), "the new replica serves its metrics")
 		Consistently(func() float64 { return leads(m) }).WithContext(ctx).WithTimeout(2*time.Second).Should(BeZero(), "the standby keeps the lead")
 
 		By("reconciling under the new leader, observedGeneration included")

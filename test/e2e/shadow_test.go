@@ -33,7 +33,7 @@ spec:
     mode: Shadow
 `, ns, storeName))
 		Eventually(func() string { return condition(ctx, ns, "trial", "Accepted") }).WithContext(ctx).Should(Equal("True/Accepted"))
-		fleet := startFleet(ctx, ns, "shadow", "trial", 1)
+		fleet := startFleet(ctx, ns, "shadow", "trial", 1, exactStore...)
 		m := fleet[0]
 
 		match := func(result string) map[string]string {

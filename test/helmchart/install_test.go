@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -144,6 +145,14 @@ func TestInstallOnEnvtest(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// The API server calls a webhook once its own informer has the
+		// configuration helm created, a moment after helm returned: wait,
+		// with a dry run of what the injector intercepts, until it is in
+		// force, so that what the pods below show is the configuration's
+		// doing.
+		waitIntercepted(ctx, t, `failed calling webhook "inject.floodgate.dev"`, func() error {
+			return c.Create(ctx, testPod("shop", "probe", map[string]string{"floodgate.dev/inject": "true"}), client.DryRunAll)
+		})
 		// A pod that did not opt in never reaches the webhook
 		// (matchConditions), so the outage does not block it.
 		if err := c.Create(ctx, testPod("shop", "plain", nil)); err != nil {
@@ -180,6 +189,9 @@ func TestInstallOnEnvtest(t *testing.T) {
 		}, policy); err != nil {
 			t.Fatal(err)
 		}
+		waitIntercepted(ctx, t, `failed calling webhook "validate.ratelimitpolicy.floodgate.dev"`, func() error {
+			return c.Create(ctx, policy.DeepCopy(), client.DryRunAll)
+		})
 		err = c.Create(ctx, policy)
 		if err == nil || !strings.Contains(err.Error(), `failed calling webhook "validate.ratelimitpolicy.floodgate.dev"`) {
 			t.Errorf("a RateLimitPolicy with no validator answering: err = %v, want a failed call to validate.ratelimitpolicy.floodgate.dev", err)
@@ -252,6 +264,21 @@ func TestInstallOnEnvtest(t *testing.T) {
 			}
 		}
 	})
+}
+
+// waitIntercepted waits until create, a dry run, fails with want: the
+// API server calls the webhook of a configuration only once its informer
+// has the configuration, some time after it was created.
+func waitIntercepted(ctx context.Context, t *testing.T, want string, create func() error) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last = create()
+		return last != nil && strings.Contains(last.Error(), want), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for the API server to call the webhook (%s): %v; last answer: %v", want, err, last)
+	}
 }
 
 // assertNotes checks that helm printed the chart's NOTES.txt with the

@@ -55,6 +55,13 @@ var _ = Describe("the RateLimitPolicy validator", func() {
 		AddReportEntry("policy warnings", out)
 
 		By("warning about a store different from the namespace's")
+		// The validator reads the namespace's other policies from the
+		// manager's cache: wait until the manager has seen api (its
+		// controller reports the current generation, read from that cache).
+		Eventually(func(g Gomega) {
+			p := getPolicy(ctx, ns, "api")
+			g.Expect(p.Status.ObservedGeneration).To(Equal(p.Generation))
+		}).Should(Succeed())
 		out, err = kubectl.RunWithInput(ctx, []byte(policyYAML(ns, "other", strings.Replace(spec, "nope", "default", 1))), "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out).To(ContainSubstring(`the namespace's sidecars share one CounterStore, "nope", used by policy "api"`))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -11,15 +12,21 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -165,31 +172,60 @@ func revision(ctx context.Context, ns string) string {
 // that asserts on a revision reads it here, not at the first instant a
 // sidecar happens to agree with the ConfigMap.
 func settledRevision(ctx context.Context, ns, policy string, pods ...string) string {
+	GinkgoHelper()
+	return settled(ctx, ns, policy, int32(len(pods)), pods...)
+}
+
+// settled is settledRevision for a policy whose targeted pods are not all
+// ready: the document holds the policy's current generation with ready as
+// its replica pods (at least one replica, as the compiler counts them),
+// and the policy's status describes that generation with targeted pods.
+// The policy is read before the document, so the document checked is at
+// least as new as the status.
+func settled(ctx context.Context, ns, policy string, targeted int32, ready ...string) string {
+	GinkgoHelper()
 	var rev string
 	Eventually(func(g Gomega) {
+		var p v1alpha1.RateLimitPolicy
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: policy}, &p)).To(Succeed())
+		g.Expect(p.Status.ObservedGeneration).To(Equal(p.Generation), "the status of %s", policy)
+		g.Expect(p.Status.TargetedPods).To(Equal(targeted), "the targeted pods of %s", policy)
 		c, err := configMap(ctx, ns)
 		g.Expect(err).NotTo(HaveOccurred())
+		i := slices.IndexFunc(c.Policies, func(e config.Policy) bool { return e.Name == policy })
+		g.Expect(i).To(BeNumerically(">=", 0), "policy %s in revision %s", policy, c.Revision)
+		e := c.Policies[i]
+		g.Expect(e.Generation).To(Equal(p.Generation), "the generation of %s in revision %s", policy, c.Revision)
 		var replicas []string
-		found := false
-		for _, p := range c.Policies {
-			if p.Name != policy {
-				continue
-			}
-			found = true
-			for _, i := range p.ReplicaPods {
-				g.Expect(int(i)).To(BeNumerically("<", len(c.Pods)))
-				replicas = append(replicas, c.Pods[i])
-			}
-			g.Expect(p.Replicas).To(Equal(int32(len(pods))), "replicas of %s in revision %s", policy, c.Revision)
+		for _, j := range e.ReplicaPods {
+			g.Expect(int(j)).To(BeNumerically("<", len(c.Pods)))
+			replicas = append(replicas, c.Pods[j])
 		}
-		g.Expect(found).To(BeTrue(), "policy %s in revision %s", policy, c.Revision)
-		g.Expect(replicas).To(ConsistOf(pods), "replica pods of %s in revision %s", policy, c.Revision)
-		p := getPolicy(ctx, ns, policy)
-		g.Expect(p.Status.ObservedGeneration).To(Equal(p.Generation))
-		g.Expect(p.Status.TargetedPods).To(Equal(int32(len(pods))))
+		g.Expect(replicas).To(ConsistOf(ready), "replica pods of %s in revision %s", policy, c.Revision)
+		g.Expect(e.Replicas).To(Equal(max(int32(len(ready)), 1)), "replicas of %s in revision %s", policy, c.Revision)
 		rev = c.Revision
-	}, 30*time.Second, 50*time.Millisecond).Should(Succeed(), "the controllers settle on %d replicas of %s", len(pods), policy)
+	}, 30*time.Second, 50*time.Millisecond).Should(Succeed(), "the controllers settle on generation and pods of %s", policy)
 	return rev
+}
+
+// waitAllowed waits until the API server authorizes the identity of cfg
+// to do verb on resource (and subresource; name may be empty) in ns. A
+// Role or RoleBinding that a client reads back at once takes effect only
+// when the API server's authorizer has it from its own informer, a moment
+// later.
+func waitAllowed(ctx context.Context, cfg *rest.Config, ns, verb, resource, subresource, name string) {
+	GinkgoHelper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func(g Gomega) {
+		r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: verb, Resource: resource, Subresource: subresource, Name: name,
+			}},
+		}, metav1.CreateOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Status.Allowed).To(BeTrue(), "%s %s/%s %s: %s", verb, resource, subresource, name, r.Status.Reason)
+	}).Should(Succeed(), "the API server authorizes %s on %s/%s in %s", verb, resource, subresource, ns)
 }
 
 // loadedCondition returns the sidecar's condition on a pod, or nil.
@@ -213,16 +249,87 @@ func getPolicy(ctx context.Context, ns, name string) *v1alpha1.RateLimitPolicy {
 	return &p
 }
 
-// updatePolicy changes a policy's spec, retrying on conflicts.
-func updatePolicy(ctx context.Context, ns, name string, change func(*v1alpha1.RateLimitPolicy)) {
+// updatePolicy changes a policy's spec, retrying on conflicts (the
+// controllers write its status), and returns when the write the API
+// server accepted was sent: the event a bound on the change's propagation
+// is measured from.
+func updatePolicy(ctx context.Context, ns, name string, change func(*v1alpha1.RateLimitPolicy)) time.Time {
+	var sent time.Time
 	Eventually(func() error {
 		p := getPolicy(ctx, ns, name)
 		change(p)
+		sent = time.Now()
 		return k8sClient.Update(ctx, p)
 	}).Should(Succeed())
+	return sent
 }
 
 func isForbidden(err error) bool { return apierrors.IsForbidden(err) }
+
+// recovery bounds how long the manager and a sidecar take to follow the
+// API server again once it is back after an outage: client-go's
+// reflectors retry a failed list or watch with a backoff that stops
+// growing at [30, 60) s, and the restarted API server refuses them
+// (Forbidden) until its own RBAC cache has synced, which grows that
+// backoff further.
+const recovery = 2 * time.Minute
+
+// managerFollows waits, after an API server restart, until the manager's
+// cache follows the API server again for every kind its controllers and
+// webhooks watch, except ClusterRateLimitPolicies, which no spec of this
+// suite uses: until then, a change of a kind whose informer is still
+// backing off reaches no controller, in this spec or the next. A marker of
+// each kind is created where no controller acts on it, in a namespace of
+// its own (a Secret in the manager's namespace, the only one whose
+// Secrets it caches), and the manager's cache must return each; Roles,
+// RoleBindings and Secrets are watched as metadata only.
+func managerFollows(ctx context.Context) {
+	GinkgoHelper()
+	ns := newNamespace(ctx)
+	name := "marker-" + rand.String(6)
+	pod := appPod(ns, name, false)
+	pod.Labels = map[string]string{"app": "marker"}
+	store := &v1alpha1.CounterStore{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1alpha1.CounterStoreSpec{External: &v1alpha1.ExternalStore{Addresses: []v1alpha1.HostPort{"127.0.0.1:6379"}}},
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: managerNamespace, Name: name}}
+	typed := []client.Object{
+		pod,
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			Labels: map[string]string{policy.ManagedByLabel: policy.ManagedByValue}}},
+		store,
+		validPolicy(ns, name, name),
+	}
+	metadata := []client.Object{
+		secret,
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}},
+	}
+	for _, o := range append(slices.Clone(typed), metadata...) {
+		Expect(k8sClient.Create(ctx, o)).To(Succeed())
+	}
+	DeferCleanup(func(ctx SpecContext) {
+		for _, o := range []client.Object{store, secret} {
+			Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, o))).To(Succeed())
+		}
+	})
+	Eventually(func(g Gomega) {
+		g.Expect(managerCache.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})).To(Succeed(), "Namespace %s", ns)
+		for _, o := range typed {
+			got := o.DeepCopyObject().(client.Object)
+			g.Expect(managerCache.Get(ctx, client.ObjectKeyFromObject(o), got)).To(Succeed(), "%T %s", o, o.GetName())
+		}
+		for _, o := range metadata {
+			gvk, err := apiutil.GVKForObject(o, k8sClient.Scheme())
+			g.Expect(err).NotTo(HaveOccurred())
+			m := &metav1.PartialObjectMetadata{}
+			m.SetGroupVersionKind(gvk)
+			g.Expect(managerCache.Get(ctx, client.ObjectKeyFromObject(o), m)).To(Succeed(), "%s %s (metadata)", gvk.Kind, o.GetName())
+		}
+	}).WithTimeout(recovery).WithPolling(100*time.Millisecond).Should(Succeed(), "the manager's cache follows the API server again")
+}
 
 // killAPIServer crashes envtest's kube-apiserver with SIGKILL, as a node
 // failure would: no graceful shutdown, open watches cut. It finds the

@@ -34,6 +34,25 @@ func patchStatus(ctx context.Context, cfg *rest.Config, ns, name string, patch [
 	return err
 }
 
+// waitStatusPolicy waits until the API server enforces the sidecar pod
+// status policy (config/rbac/sidecar_pod_status_policy.yaml) in ns. The
+// ValidatingAdmissionPolicy, and the sidecar Role it takes as its param,
+// take effect when the API server's policy source has loaded them, which
+// it does on a timer, some time after the writes (and again after an API
+// server restart). The probe is a dry run of a patch the policy refuses:
+// the sidecar of another pod (as other) writing pod's condition.
+func waitStatusPolicy(ctx context.Context, other *rest.Config, ns, pod string) {
+	GinkgoHelper()
+	cs, err := kubernetes.NewForConfig(other)
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func(g Gomega) {
+		_, err := cs.CoreV1().Pods(ns).Patch(ctx, pod, types.StrategicMergePatchType, conditionPatch("floodgate.dev/policy-loaded", "False"),
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		g.Expect(isForbidden(err)).To(BeTrue(), "a dry run of another pod's sidecar patching %s: %v", pod, err)
+		g.Expect(err.Error()).To(ContainSubstring("may write only the status of the pod its token is bound to"))
+	}).Should(Succeed(), "the API server enforces the pod status policy in %s", ns)
+}
+
 // canIList runs kubectl auth can-i --list in ns as cfg and returns the
 // rules on namespaced resources.
 func canIList(ctx context.Context, cfg *rest.Config, ns, name string) string {
@@ -75,6 +94,11 @@ var _ = Describe("a sidecar's access to pod status", func() {
 
 		asA, asB, asBatch := podIdentity(ctx, a), podIdentity(ctx, b), podIdentity(ctx, batch)
 		loaded := conditionPatch("floodgate.dev/policy-loaded", "True")
+
+		By("waiting until the API server has the binding and the policy with its Role in force")
+		waitAllowed(ctx, asA, ns, "patch", "pods", "status", a.Name)
+		waitAllowed(ctx, asB, ns, "patch", "pods", "status", b.Name)
+		waitStatusPolicy(ctx, asB, ns, a.Name)
 
 		By("letting a sidecar write its own pod's condition")
 		Expect(patchStatus(ctx, asA, ns, a.Name, loaded)).To(Succeed())
@@ -149,7 +173,9 @@ var _ = Describe("a sidecar's access to pod status", func() {
 		oldBatch := appPod(legacy, "batch-0", false)
 		oldBatch.Spec.ServiceAccountName = "batch"
 		Expect(k8sClient.Create(ctx, oldBatch)).To(Succeed())
-		before := canIList(ctx, podIdentity(ctx, oldBatch), legacy, "before")
+		asOldBatch := podIdentity(ctx, oldBatch)
+		waitAllowed(ctx, asOldBatch, legacy, "patch", "pods", "status", oldBatch.Name)
+		before := canIList(ctx, asOldBatch, legacy, "before")
 		Expect(before).To(MatchRegexp(`pods/status\s+\[\]\s+\[\]\s+\[get patch\]`), "before, any service account could patch any pod's status")
 
 		AddReportEntry("kubectl auth can-i --list, a sidecar's token (pod api-0, service account default), after", after)

@@ -43,7 +43,10 @@ var _ = Describe("the sidecar's identity", func() {
 			g.Expect(b.Subjects).To(ContainElement(HaveField("Name", "default")), "the pod's service account is bound")
 		}).Should(Succeed())
 
-		cs, err := kubernetes.NewForConfig(podIdentity(ctx, pod))
+		id := podIdentity(ctx, pod)
+		waitAllowed(ctx, id, ns, "get", "configmaps", "", config.ConfigMapName)
+		waitAllowed(ctx, id, ns, "patch", "pods", "status", pod.Name)
+		cs, err := kubernetes.NewForConfig(id)
 		Expect(err).NotTo(HaveOccurred())
 		cms := cs.CoreV1().ConfigMaps(ns)
 

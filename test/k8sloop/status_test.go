@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -121,15 +121,29 @@ var _ = Describe("kubectl floodgate status", func() {
 		r, err := runner.New(rc, log, src)
 		Expect(err).NotTo(HaveOccurred())
 		// The pod's admin port is a forwarder to the sidecar's, which
-		// tells the spec when the plugin's first scrape has been answered:
-		// the denials the window must count are sent after it.
-		scraped := make(chan struct{})
-		var once sync.Once
+		// orders the window's events: it tells the spec when the plugin's
+		// first scrape has been answered, the denials the window must
+		// count are sent after it, and every later scrape is answered only
+		// once they have been (sent), however long sending them took.
+		scraped, sent := make(chan struct{}), make(chan struct{})
+		var scrapes atomic.Int32
 		admin := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: r.AdminAddr()})
 		fwd := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path != "/metrics" {
+				admin.ServeHTTP(w, req)
+				return
+			}
+			first := scrapes.Add(1) == 1
+			if !first {
+				select {
+				case <-sent:
+				case <-req.Context().Done():
+					return
+				}
+			}
 			admin.ServeHTTP(w, req)
-			if req.URL.Path == "/metrics" {
-				once.Do(func() { close(scraped) })
+			if first {
+				close(scraped)
 			}
 		})}
 		fwdLn, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
@@ -181,7 +195,6 @@ var _ = Describe("kubectl floodgate status", func() {
 		send(5) // 3 allowed, 2 denied
 
 		By("running kubectl floodgate status while more requests are denied")
-		sent := make(chan struct{})
 		go func() {
 			defer GinkgoRecover()
 			defer close(sent)

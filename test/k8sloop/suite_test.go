@@ -63,6 +63,9 @@ var (
 	kubectl   *kubetest.Kubectl
 	// webhookAddr is where the webhook server listens.
 	webhookAddr string
+	// managerCache is the manager's cache, which its controllers and
+	// webhooks read (see managerFollows).
+	managerCache client.Reader
 
 	stopManager context.CancelFunc
 	managerDone = make(chan error, 1)
@@ -135,6 +138,7 @@ var _ = BeforeSuite(func() {
 		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
+	managerCache = mgr.GetCache()
 
 	certs, err := webhookcert.New(webhookcert.Options{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),

@@ -128,6 +128,9 @@ type SidecarOptions struct {
 	// ReadyTimeout bounds the wait for the store password Secret and for
 	// /readyz (default 30s).
 	ReadyTimeout time.Duration
+	// Args are more flags, after the injected ones and the local
+	// overrides (later flags win).
+	Args []string
 }
 
 // Sidecar is an injected floodgate-sidecar running as a local process.
@@ -231,6 +234,7 @@ func (s *Stack) startSidecarOnce(ctx context.Context, o SidecarOptions, bin stri
 		args = append(args, "--redis-password-file", password,
 			"--redis-username-file", filepath.Join(filepath.Dir(password), config.StoreAuthUserKey))
 	}
+	args = append(args, o.Args...)
 	p, err := s.StartProcess(o.Name, env, bin, args...)
 	if err != nil {
 		return nil, err
