@@ -167,9 +167,8 @@ func (s *sidecar) waitError(t *testing.T, substr string) {
 	t.Fatalf("error %q never reported; status %+v", substr, s.Status())
 }
 
-// metric returns the value of one sample of /metrics, e.g.
-// `floodgate_sidecar_decisions_total{policy="p",result="denied",rule="r"}`.
-func (s *sidecar) metric(t *testing.T, sample string) float64 {
+// metricsText returns the sidecar's /metrics.
+func (s *sidecar) metricsText(t *testing.T) string {
 	t.Helper()
 	res, err := http.Get(s.admin + "/metrics")
 	if err != nil {
@@ -180,7 +179,14 @@ func (s *sidecar) metric(t *testing.T, sample string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(body), "\n") {
+	return string(body)
+}
+
+// metric returns the value of one sample of /metrics, e.g.
+// `floodgate_sidecar_decisions_total{policy="p",result="denied",rule="r"}`.
+func (s *sidecar) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(s.metricsText(t), "\n") {
 		if rest, ok := strings.CutPrefix(line, sample+" "); ok {
 			var v float64
 			if _, err := fmt.Sscan(rest, &v); err != nil {

@@ -259,17 +259,8 @@ func TestShrunkConfigGivesBackItsHeap(t *testing.T) {
 // large configs.
 func removedSeries(t *testing.T, s *sidecar) int {
 	t.Helper()
-	res, err := http.Get(s.admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = res.Body.Close() }()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(s.metricsText(t), "\n") {
 		if strings.Contains(line, `rule="plain-`) || strings.Contains(line, `rule="match-`) {
 			n++
 		}
