@@ -110,8 +110,10 @@ func run(o options, out io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "round %d/%d %s: %d failed, %v (load average %s)\n", round, o.rounds, s.pkg, failed,
-				time.Since(began).Round(time.Second), loadAverage())
+			if _, err := fmt.Fprintf(out, "round %d/%d %s: %d failed, %v (load average %s)\n", round, o.rounds, s.pkg, failed,
+				time.Since(began).Round(time.Second), loadAverage()); err != nil {
+				return err
+			}
 		}
 	}
 	return report(out, results, o, suites, time.Since(start))
@@ -368,7 +370,8 @@ func ginkgoOutcomes(path string) (map[string]outcome, error) {
 	return out, nil
 }
 
-func report(out io.Writer, results map[string]*result, o options, suites []suite, took time.Duration) error {
+func report(w io.Writer, results map[string]*result, o options, suites []suite, took time.Duration) error {
+	out := &strings.Builder{}
 	names := make([]string, 0, len(results))
 	total, failed, skipped := 0, 0, 0
 	for name, r := range results {
@@ -386,13 +389,17 @@ func report(out io.Writer, results map[string]*result, o options, suites []suite
 	}
 	fmt.Fprintf(out, "\n%d outcomes, %d failed, %d skipped\n", total, failed, skipped)
 	if failed == 0 {
-		return nil
+		_, err := io.WriteString(w, out.String())
+		return err
 	}
 	fmt.Fprintln(out, "\nfailures:")
 	for _, name := range names {
 		if r := results[name]; r.failed > 0 {
 			fmt.Fprintf(out, "%s: failed %d of %d; last %s\n", name, r.failed, r.runs, r.lastFailure)
 		}
+	}
+	if _, err := io.WriteString(w, out.String()); err != nil {
+		return err
 	}
 	return fmt.Errorf("%d failures", failed)
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -406,37 +407,38 @@ func TestFailClosedIsUnavailable(t *testing.T) {
 
 func TestProbeGatesConcurrentRequests(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, true)
-	r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 1, false, false)
-	for range 4 {
-		f.decide(Hit{Rule: r, Key: "k", Cost: 1})
-	}
-	// Next window: the deny entry has expired.
-	f.clock.Add(time.Minute)
-	before := f.store.calls.Load()
-	f.store.gate = make(chan struct{})
-	var wg sync.WaitGroup
-	var allowed atomic.Int64
-	for range 8 {
-		wg.Go(func() {
-			if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome == Allow {
-				allowed.Add(1)
-			}
-		})
-	}
-	// Only the probe reaches the store while it is in flight.
-	for f.store.calls.Load() == before {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if got := f.store.calls.Load() - before; got != 1 {
-		t.Errorf("%d store calls while the probe was in flight, want 1", got)
-	}
-	close(f.store.gate)
-	wg.Wait()
-	if got, want := allowed.Load(), int64(3); got != want {
-		t.Errorf("allowed %d in the new window, want %d", got, want)
-	}
+	// In a synctest bubble, Wait returns once every request is blocked:
+	// the probe at the store, the others behind it.
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, true)
+		r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 1, false, false)
+		for range 4 {
+			f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+		}
+		// Next window: the deny entry has expired.
+		f.clock.Add(time.Minute)
+		before := f.store.calls.Load()
+		f.store.gate = make(chan struct{})
+		var wg sync.WaitGroup
+		var allowed atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				if v := f.decide(Hit{Rule: r, Key: "k", Cost: 1}); v.Outcome == Allow {
+					allowed.Add(1)
+				}
+			})
+		}
+		synctest.Wait()
+		// Only the probe reaches the store while it is in flight.
+		if got := f.store.calls.Load() - before; got != 1 {
+			t.Errorf("%d store calls with every request in, the probe still in flight, want 1", got)
+		}
+		close(f.store.gate)
+		wg.Wait()
+		if got, want := allowed.Load(), int64(3); got != want {
+			t.Errorf("allowed %d in the new window, want %d", got, want)
+		}
+	})
 }
 
 // TestWaitersShareAFailedProbe holds the probe of an exhausted key in
@@ -449,51 +451,55 @@ func TestWaitersShareAFailedProbe(t *testing.T) {
 	for _, failClosed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("failClosed=%v", failClosed), func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, true)
-			r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 2, failClosed, false)
-			for range 4 {
-				f.decide(Hit{Rule: r, Key: "k", Cost: 1})
-			}
-			f.clock.Add(time.Minute) // the deny entry has expired: the next request probes
-			before, fbBefore := f.store.calls.Load(), f.fallback.calls.Load()
-			f.store.gate = make(chan struct{})
-			f.store.fail.Store(true)
-			var wg sync.WaitGroup
-			var mu sync.Mutex
-			got := map[string]int{}
-			for range 9 {
-				wg.Go(func() {
-					v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
-					mu.Lock()
-					got[v.Outcome.String()+"/"+v.Results[0].Source.String()]++
-					mu.Unlock()
-				})
-			}
-			for f.store.calls.Load() == before {
-				time.Sleep(time.Millisecond)
-			}
-			time.Sleep(20 * time.Millisecond) // the other 8 queue behind the probe
-			close(f.store.gate)
-			wg.Wait()
-			if n := f.store.calls.Load() - before; n != 1 {
-				t.Errorf("%d store calls, want 1: the waiters must share the probe's failure", n)
-			}
-			if failClosed {
-				if got["unavailable/unavailable"] != 9 {
-					t.Errorf("outcomes %v, want all 9 unavailable", got)
+			// In a synctest bubble, Wait returns once the 9 requests are
+			// blocked: the probe at the store, the other 8 behind it.
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(t, true)
+				r := f.rule(t, "r", perMinute(limiter.FixedWindow, 3), 2, failClosed, false)
+				for range 4 {
+					f.decide(Hit{Rule: r, Key: "k", Cost: 1})
 				}
-				if n := f.fallback.calls.Load() - fbBefore; n != 0 {
-					t.Errorf("%d fallback calls for a fail-closed rule", n)
+				f.clock.Add(time.Minute) // the deny entry has expired: the next request probes
+				before, fbBefore := f.store.calls.Load(), f.fallback.calls.Load()
+				f.store.gate = make(chan struct{})
+				f.store.fail.Store(true)
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				got := map[string]int{}
+				for range 9 {
+					wg.Go(func() {
+						v := f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+						mu.Lock()
+						got[v.Outcome.String()+"/"+v.Results[0].Source.String()]++
+						mu.Unlock()
+					})
 				}
-				return
-			}
-			// The fallback decides on this replica's share of the limit, and
-			// a key it has not seen starts with nothing to spend (so that
-			// an outage adds no burst to what the fleet admits): all 9 are
-			// denied there, none by a store call.
-			if got["deny/fallback"] != 9 {
-				t.Errorf("outcomes %v, want 9 deny, all from the fallback bucket", got)
-			}
+				synctest.Wait() // the other 8 queue behind the probe
+				if n := f.store.calls.Load() - before; n != 1 {
+					t.Errorf("%d store calls with the 9 requests in, want the probe's alone", n)
+				}
+				close(f.store.gate)
+				wg.Wait()
+				if n := f.store.calls.Load() - before; n != 1 {
+					t.Errorf("%d store calls, want 1: the waiters must share the probe's failure", n)
+				}
+				if failClosed {
+					if got["unavailable/unavailable"] != 9 {
+						t.Errorf("outcomes %v, want all 9 unavailable", got)
+					}
+					if n := f.fallback.calls.Load() - fbBefore; n != 0 {
+						t.Errorf("%d fallback calls for a fail-closed rule", n)
+					}
+					return
+				}
+				// The fallback decides on this replica's share of the limit, and
+				// a key it has not seen starts with nothing to spend (so that
+				// an outage adds no burst to what the fleet admits): all 9 are
+				// denied there, none by a store call.
+				if got["deny/fallback"] != 9 {
+					t.Errorf("outcomes %v, want 9 deny, all from the fallback bucket", got)
+				}
+			})
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -478,8 +479,10 @@ func TestConcurrentLeasesNeverOverAdmit(t *testing.T) {
 	}
 }
 
-// slowStore is a memory store on the wall clock that answers every call
-// after delay, as a Redis shard on a busy machine does, and counts them.
+// slowStore is a memory store that answers every call after delay, as a
+// Redis shard on a busy machine does, and counts them. In a synctest
+// bubble the delay is on the bubble's clock: exactly delay, however busy
+// the machine.
 type slowStore struct {
 	*memstore.Store
 	delay         time.Duration
@@ -488,12 +491,19 @@ type slowStore struct {
 	// takes after that: requests that found no tokens on a hot key.
 	leased      atomic.Bool
 	takesLeased atomic.Int64
+	// settled, when set (before the first call), is when the warm-up is
+	// over; takesSettled counts the takes from then on.
+	settled      time.Time
+	takesSettled atomic.Int64
 }
 
 func (s *slowStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
 	s.takes.Add(1)
 	if s.leased.Load() {
 		s.takesLeased.Add(1)
+	}
+	if !s.settled.IsZero() && !time.Now().Before(s.settled) {
+		s.takesSettled.Add(1)
 	}
 	time.Sleep(s.delay)
 	return s.Store.Take(ctx, req)
@@ -513,57 +523,71 @@ func (s *slowStore) Lease(ctx context.Context, req limiter.LeaseRequest) (limite
 // a quarter of a lease lasts, the lease is refreshed earlier and made
 // larger, so that the requests arriving while the refresh is out still
 // find tokens rather than each making a store call of their own.
+//
+// The run is in a synctest bubble: the store's 25ms, the callers' pauses
+// and the engine's clock are the bubble's, so the round trip the engine
+// measures and the rate it sees are the ones the test sets, not what a
+// busy machine makes of them.
 func TestLeaseCoversTheRoundTrip(t *testing.T) {
 	t.Parallel()
-	ms, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &slowStore{Store: ms, delay: 25 * time.Millisecond}
-	fb, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
-	e, err := New(Options{Store: store, StoreName: "slow", Fallback: fb, Metrics: m, Parallel: true, Leases: &LeaseOptions{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close(context.Background()) })
-	r, err := NewRule("pol", "r", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1_000_000_000, Period: time.Hour}, 1, false, false, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Spread(true, 1, m); err != nil {
-		t.Fatal(err)
-	}
-	var decisions atomic.Int64
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(2 * time.Second)
-	for range 16 {
-		wg.Go(func() {
-			var v Verdict
-			for time.Now().Before(deadline) {
-				e.Decide(context.Background(), []Hit{{Rule: r, Key: "k", Cost: 1}}, &v)
-				if v.Outcome != Allow {
-					t.Errorf("denied: %+v", v.Results[0])
-					return
+	synctest.Test(t, func(t *testing.T) {
+		ms, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := &slowStore{Store: ms, delay: 25 * time.Millisecond}
+		fb, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+		e, err := New(Options{Store: store, StoreName: "slow", Fallback: fb, Metrics: m, Parallel: true, Leases: &LeaseOptions{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close(context.Background()) })
+		r, err := NewRule("pol", "r", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1_000_000_000, Period: time.Hour}, 1, false, false, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Spread(true, 1, m); err != nil {
+			t.Fatal(err)
+		}
+		var decisions atomic.Int64
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(2 * time.Second)
+		// The lease grows to the key's rate over the first few refreshes
+		// (a few hundred milliseconds here); by the second half of the
+		// run it covers every round trip.
+		store.settled = time.Now().Add(time.Second)
+		for range 16 {
+			wg.Go(func() {
+				var v Verdict
+				for time.Now().Before(deadline) {
+					e.Decide(context.Background(), []Hit{{Rule: r, Key: "k", Cost: 1}}, &v)
+					if v.Outcome != Allow {
+						t.Errorf("denied: %+v", v.Results[0])
+						return
+					}
+					decisions.Add(1)
+					time.Sleep(time.Millisecond)
 				}
-				decisions.Add(1)
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
-	wg.Wait()
-	// Before the key is found hot, every request takes (the warm-up,
-	// whose length depends on how fast this machine runs the goroutines);
-	// once it is leased, the calls are the refreshes, and a request that
-	// makes its own call is one the lease did not cover.
-	n, calls := decisions.Load(), store.takesLeased.Load()+store.leases.Load()
-	if float64(calls) > 0.02*float64(n) {
-		t.Errorf("%d store calls once leased (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takesLeased.Load(), store.leases.Load(), n)
-	}
-	t.Logf("%d store calls once leased (%d takes, %d leases; %d takes in all) for %d decisions", calls, store.takesLeased.Load(), store.leases.Load(), store.takes.Load(), n)
+			})
+		}
+		wg.Wait()
+		// Before the key is found hot, every request takes (the warm-up);
+		// once it is leased, the calls are the refreshes, and a request
+		// that makes its own call is one the lease did not cover.
+		n, calls := decisions.Load(), store.takesLeased.Load()+store.leases.Load()
+		if float64(calls) > 0.02*float64(n) {
+			t.Errorf("%d store calls once leased (%d takes, %d leases) for %d decisions, want at most 2%%", calls, store.takesLeased.Load(), store.leases.Load(), n)
+		}
+		if got := store.takesSettled.Load(); got != 0 {
+			t.Errorf("%d requests made store calls of their own in the second half of the run, want none: the refresh must land before the lease runs out", got)
+		}
+		t.Logf("%d store calls once leased (%d takes, %d leases; %d takes in all, %d in the second half) for %d decisions",
+			calls, store.takesLeased.Load(), store.leases.Load(), store.takes.Load(), store.takesSettled.Load(), n)
+	})
 }
 
 // TestLeaseCallsShareTheRequestsBudget: a lease call made for a request,

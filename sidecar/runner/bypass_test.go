@@ -34,6 +34,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/test/lateness"
 )
 
 // A policy whose JWT key file is missing is left out and reported; the
@@ -42,7 +43,9 @@ import (
 func TestBrokenPolicyLeavesTheOthersEnforced(t *testing.T) {
 	t.Parallel()
 	be := newBackend(t, nil)
-	sc := startSidecar(t, be.URL, `apiVersion: floodgate.dev/sidecar-config/v1
+	// On a clock that stands still: no token comes back between the
+	// requests.
+	sc := startSidecarOn(t, frozen, be.URL, `apiVersion: floodgate.dev/sidecar-config/v1
 policies:
 - name: broken
   uid: u-broken
@@ -258,8 +261,9 @@ func TestReloadFromTenThousandRulesToOne(t *testing.T) {
 	be := newBackend(t, nil)
 	sc := startSidecar(t, be.URL, b.String(), false)
 	// Parsing and compiling 10,000 rules the first time is slow under the
-	// race detector; the reload below is what is measured.
-	for deadline := time.Now().Add(2 * time.Minute); sc.Status().Revision != "big"; time.Sleep(20 * time.Millisecond) {
+	// race detector, slower still on a busy machine; the reload below is
+	// what is measured, and the wait only bounds a hang.
+	for deadline := time.Now().Add(5 * time.Minute); sc.Status().Revision != "big"; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the 10,000-rule config was never applied: %+v", sc.Status().LastError)
 		}
@@ -273,20 +277,32 @@ func TestReloadFromTenThousandRulesToOne(t *testing.T) {
 
 	small := []byte(policyDoc("small", `key: [{header: X-User}]
 limit: {requests: 10, per: 1m}`))
+	// The bound is the documented one (docs/configuration.md: well under
+	// a second), plus what the machine is measured to have held the
+	// reload up by (test/lateness): a busy machine does not fail it, a
+	// reload that does the removed rules' work on its path (66-80s) does.
+	probe := lateness.Start(lateness.Options{Sleep: 10 * time.Millisecond})
+	defer probe.End()
 	start := time.Now()
 	sc.apply(configsource.Update{Data: small, Origin: "test"})
 	took := time.Since(start)
+	probe.End()
 	if sc.Status().Revision != "small" {
 		t.Fatalf("the small config was not applied: %+v", sc.Status().LastError)
 	}
-	t.Logf("reload from %d rules to 1: %v", config.MaxRules, took)
-	if took > time.Second {
-		t.Errorf("reload from %d rules to 1 took %v, want under 1s", config.MaxRules, took)
+	late := probe.Excuse(start, took)
+	t.Logf("reload from %d rules to 1: %v (the machine held it up to %v)", config.MaxRules, took, late)
+	if took > time.Second+late {
+		t.Errorf("reload from %d rules to 1 took %v, want under 1s plus the %v the machine held it up", config.MaxRules, took, late)
 	}
-	// The removed rules' series go soon after, off the reload.
-	for deadline := time.Now().Add(30 * time.Second); sc.metric(t, `floodgate_sidecar_decisions_total{policy="p3",result="allowed",rule="r7"}`) != 0; time.Sleep(20 * time.Millisecond) {
+	// The removed rules' series go soon after, off the reload: the work
+	// of the 10,000 rules' compile, undone, as slow under the race
+	// detector on a busy machine. The wait only bounds a hang; each look
+	// renders /metrics, whose 10,000 rules' series are slow to write, so
+	// it looks a few times a second.
+	for deadline := time.Now().Add(5 * time.Minute); sc.metric(t, `floodgate_sidecar_decisions_total{policy="p3",result="allowed",rule="r7"}`) != 0; time.Sleep(250 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("a removed rule's series is still exported")
+			t.Fatalf("a removed rule's series is still exported 5 minutes after the reload")
 		}
 	}
 	res, err := http.Get(sc.admin + "/debug/config")
@@ -413,7 +429,9 @@ func TestGRPCDenyIsResourceExhausted(t *testing.T) {
 	healthpb.RegisterHealthServer(gs, hs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	sc := startSidecar(t, "http://"+lis.Addr().String(), policyDoc("r1", `match: {path: {type: Prefix, value: /grpc.health.v1.Health/}}
+	// On a clock that stands still: no token comes back between the
+	// calls.
+	sc := startSidecarOn(t, frozen, "http://"+lis.Addr().String(), policyDoc("r1", `match: {path: {type: Prefix, value: /grpc.health.v1.Health/}}
 key: [{header: X-User}]
 limit: {requests: 2, per: 1m}`), true, "--upstream-h2c")
 	conn, err := grpc.NewClient(strings.TrimPrefix(sc.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,10 +33,25 @@ descriptors:
 // floodgate-sidecar serves ShouldRateLimit on --grpc-listen from an
 // envoyproxy/ratelimit format policy file, on the Redis Cluster store,
 // and reloads it like any policy file.
+//
+// Its limits are per hour, FixedWindow, counted by Redis on its own clock:
+// a run that a window boundary splits counts in two windows, and is run
+// again, on a sidecar of its own and for a user of its own.
 func TestEnvoyRLSOnGRPCListen(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
+	cc := cluster.NewClient()
+	t.Cleanup(func() { _ = cc.Close() })
 	be := newBackend(t, nil)
+	redistest.InOneWindow(t, cc, time.Hour, func(attempt int) func() {
+		return envoyRLS(t, cluster, be, fmt.Sprint("alice-", attempt))
+	})
+}
+
+// envoyRLS runs TestEnvoyRLSOnGRPCListen's calls for user on a sidecar of
+// its own, checks what does not depend on the window the counts fall in,
+// and returns the checks of those counts, for a run that one window held.
+func envoyRLS(t *testing.T, cluster *redistest.Cluster, be *backend, user string) (check func()) {
 	sc := startSidecar(t, be.URL, envoyPolicy, true, "--grpc-listen", "127.0.0.1:0", "--grpc-response-headers",
 		"--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--redis-timeout", "2s")
 	conn, err := grpc.NewClient(sc.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -55,25 +71,30 @@ func TestEnvoyRLSOnGRPCListen(t *testing.T) {
 		}
 		return out
 	}
+	var checks []func()
 	admitted := 0
 	for range 5 {
-		if call("alice").OverallCode == rlsv3.RateLimitResponse_OK {
+		if call(user).OverallCode == rlsv3.RateLimitResponse_OK {
 			admitted++
 		}
 	}
-	if admitted != 3 {
-		t.Errorf("alice: %d of 5 admitted, want 3", admitted)
-	}
-	out := call("alice")
+	checks = append(checks, func() {
+		if admitted != 3 {
+			t.Errorf("%s: %d of 5 admitted, want 3", user, admitted)
+		}
+	})
+	out := call(user)
 	var retry string
 	for _, h := range out.ResponseHeadersToAdd {
 		if h.Key == "Retry-After" {
 			retry = h.Value
 		}
 	}
-	if out.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || retry == "" {
-		t.Errorf("over the limit: %v, want OVER_LIMIT with Retry-After", out)
-	}
+	checks = append(checks, func() {
+		if out.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || retry == "" {
+			t.Errorf("over the limit: %v, want OVER_LIMIT with Retry-After", out)
+		}
+	})
 	for range 5 {
 		if out := call("admin"); out.OverallCode != rlsv3.RateLimitResponse_OK {
 			t.Fatalf("admin is unlimited: %v", out)
@@ -82,9 +103,12 @@ func TestEnvoyRLSOnGRPCListen(t *testing.T) {
 	if n := sc.metric(t, `floodgate_sidecar_fallback_decisions_total{policy="edge",result="allowed",rule="user"}`); n != 0 {
 		t.Errorf("%v decisions fell back: Redis calls failed", n)
 	}
-	if got := sc.metric(t, `floodgate_sidecar_rls_calls_total{code="over_limit"}`); got != 3 {
-		t.Errorf("over_limit calls %v, want 3", got)
-	}
+	overLimit := sc.metric(t, `floodgate_sidecar_rls_calls_total{code="over_limit"}`)
+	checks = append(checks, func() {
+		if overLimit != 3 {
+			t.Errorf("over_limit calls %v, want 3", overLimit)
+		}
+	})
 	st := sc.Status()
 	if st.DescriptorRules != 2 || !strings.Contains(st.Format, "envoyproxy/ratelimit") || st.Store.Type != "redis" {
 		t.Errorf("status %+v", st)
@@ -118,17 +142,24 @@ policies:
     limit: {requests: 5, per: 1h, algorithm: FixedWindow}
 `)
 	sc.waitRevision(t, "r2")
-	admitted = 0
+	raised := 0
 	for range 4 {
-		if call("alice").OverallCode == rlsv3.RateLimitResponse_OK {
-			admitted++
+		if call(user).OverallCode == rlsv3.RateLimitResponse_OK {
+			raised++
 		}
 	}
-	if admitted != 2 {
-		t.Errorf("after raising the limit to 5: %d of 4 admitted, want 2 (3 already spent)", admitted)
-	}
+	checks = append(checks, func() {
+		if raised != 2 {
+			t.Errorf("after raising the limit to 5: %d of 4 admitted, want 2 (3 already spent)", raised)
+		}
+	})
 	if out := call("admin"); out.OverallCode != rlsv3.RateLimitResponse_OK || out.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 5 {
 		t.Errorf("admin after the reload: %v, want the per-user limit (the unlimited rule is gone)", out)
+	}
+	return func() {
+		for _, c := range checks {
+			c()
+		}
 	}
 }
 

@@ -75,6 +75,20 @@ type sidecar struct {
 // upstream. waitReady waits for /readyz.
 func startSidecar(t *testing.T, upstream, policy string, waitReady bool, args ...string) *sidecar {
 	t.Helper()
+	return startSidecarOn(t, nil, upstream, policy, waitReady, args...)
+}
+
+// frozen is a clock that stands still in the middle of a minute and of an
+// hour: windows of a minute or an hour that a test's requests fall in
+// never roll over under them, and buckets never refill, however long a
+// busy machine takes to send them.
+func frozen() time.Time { return time.Date(2030, 1, 1, 12, 30, 30, 0, time.UTC) }
+
+// startSidecarOn is startSidecar with the memory store, the fallback
+// buckets and the engine deciding on clock, as a debugging build's
+// --debug-manual-clock makes them (clock.go); nil is the wall clock.
+func startSidecarOn(t *testing.T, clock func() time.Time, upstream, policy string, waitReady bool, args ...string) *sidecar {
+	t.Helper()
 	dir := t.TempDir()
 	pf := filepath.Join(dir, "policy.yaml")
 	if policy != "" {
@@ -92,6 +106,9 @@ func startSidecar(t *testing.T, upstream, policy string, waitReady bool, args ..
 	r, err := New(cfg, log, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if clock != nil {
+		r.clock = clock
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sidecar{Runner: r, policy: pf, logs: logs, cancel: cancel, done: make(chan error, 1),

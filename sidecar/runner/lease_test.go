@@ -19,30 +19,43 @@ import (
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
-const leasePolicy = `apiVersion: floodgate.dev/sidecar-config/v1
+// leasePolicy is a policy of uid with a hot FixedWindow rule.
+func leasePolicy(uid string) string {
+	return fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
 policies:
 - name: p
-  uid: uid-p
+  uid: %s
   rules:
   - name: hot
     key: [{header: X-Key}]
     limit: {requests: 1000000, per: 1h, algorithm: FixedWindow}
-`
+`, uid)
+}
 
 // TestSidecarReturnsItsLeasesAtShutdown: a sidecar on the Redis store
 // decides a hot key on leases (its metrics count lease hits), and once it
 // has stopped, Redis counts exactly the requests it let through: the
 // unused tokens of its leases went back.
+//
+// Redis counts in hour-long windows on its own clock; a run that a window
+// boundary splits counts in two windows, and is run again under a policy
+// of its own.
 func TestSidecarReturnsItsLeasesAtShutdown(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t, redistest.Options{Masters: 3})
-	// A window boundary mid-test would reset the count: start well inside
-	// one.
-	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < time.Minute {
-		time.Sleep(left + time.Second)
-	}
+	cc := cluster.NewClient()
+	t.Cleanup(func() { _ = cc.Close() })
+	redistest.InOneWindow(t, cc, time.Hour, func(attempt int) func() {
+		return returnsLeases(t, cluster, fmt.Sprintf("uid-lease-%d", attempt))
+	})
+}
+
+// returnsLeases runs TestSidecarReturnsItsLeasesAtShutdown's traffic under
+// a policy of uid and returns the checks of its outcome, for a run that
+// one window held.
+func returnsLeases(t *testing.T, cluster *redistest.Cluster, uid string) (check func()) {
 	be := newBackend(t, nil)
-	sc := startSidecar(t, be.URL, leasePolicy, true, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--redis-timeout", "2s")
+	sc := startSidecar(t, be.URL, leasePolicy(uid), true, "--store", "redis", "--redis-addrs", strings.Join(cluster.Addrs(), ","), "--redis-timeout", "2s")
 	var wg sync.WaitGroup
 	var allowed atomic.Int64
 	for range 8 {
@@ -69,22 +82,25 @@ func TestSidecarReturnsItsLeasesAtShutdown(t *testing.T) {
 	}
 	wg.Wait()
 	hits := metricSum(t, sc.admin, "floodgate_sidecar_lease_hits_total")
-	if hits == 0 {
-		t.Error("no lease hits for a key at thousands of requests a second")
-	}
 	if err := sc.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := allowed.Load(), int64(4000); got != want {
-		t.Fatalf("%d requests allowed, want all %d", got, want)
+	counted := fixedWindowTotal(t, cluster, uid)
+	return func() {
+		if hits == 0 {
+			t.Error("no lease hits for a key at thousands of requests a second")
+		}
+		if got, want := allowed.Load(), int64(4000); got != want {
+			t.Fatalf("%d requests allowed, want all %d", got, want)
+		}
+		if got, want := be.hits.Load(), allowed.Load(); got != want {
+			t.Errorf("the backend saw %d requests, want the %d allowed", got, want)
+		}
+		if got, want := counted, allowed.Load(); got != want {
+			t.Errorf("Redis counts %d after the sidecar stopped, want the %d it let through", got, want)
+		}
+		t.Logf("%d allowed, %v of them on a lease", allowed.Load(), hits)
 	}
-	if got, want := be.hits.Load(), allowed.Load(); got != want {
-		t.Errorf("the backend saw %d requests, want the %d allowed", got, want)
-	}
-	if got, want := fixedWindowTotal(t, cluster), allowed.Load(); got != want {
-		t.Errorf("Redis counts %d after the sidecar stopped, want the %d it let through", got, want)
-	}
-	t.Logf("%d allowed, %v of them on a lease", allowed.Load(), hits)
 }
 
 // metricSum sums a metric family's samples on a sidecar's /metrics.
@@ -114,16 +130,17 @@ func metricSum(t *testing.T, admin, family string) float64 {
 	return sum
 }
 
-// fixedWindowTotal sums the counts of every FixedWindow counter in the
-// cluster (keys ending in :fw:2, 16 bytes: window start, count).
-func fixedWindowTotal(t *testing.T, cluster *redistest.Cluster) int64 {
+// fixedWindowTotal sums the counts of every FixedWindow counter of the
+// policy of uid in the cluster (keys fg:{uid:...}:fw:2, 16 bytes: window
+// start, count).
+func fixedWindowTotal(t *testing.T, cluster *redistest.Cluster, uid string) int64 {
 	t.Helper()
 	cc := cluster.NewClient()
 	defer func() { _ = cc.Close() }()
 	var mu sync.Mutex
 	var total int64
 	err := cc.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-		keys, err := c.Keys(ctx, "*:fw:2").Result()
+		keys, err := c.Keys(ctx, "fg:{"+uid+":*:fw:2").Result()
 		if err != nil {
 			return err
 		}

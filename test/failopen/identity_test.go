@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-dev/floodgate/test/shares"
 	"github.com/floodgate-dev/floodgate/test/simnode"
 )
 
@@ -199,13 +200,6 @@ func refused(t *testing.T, bin string, args func(i int) []string, want string) {
 	wg.Wait()
 }
 
-// answer is one request's outcome at one replica.
-type answer struct {
-	replica    int
-	sent, done time.Time
-	code       int
-}
-
 // runListedFleet offers the fleet at urls a request for one key at every
 // replica each round, for at most rounds rounds in window, and checks
 // what it admitted against the tokens dealt to it: token j of the limit
@@ -216,8 +210,8 @@ func runListedFleet(t *testing.T, urls []string, hits func() int64) {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 2}}
 	t.Cleanup(client.CloseIdleConnections)
-	send := func(i int) answer {
-		a := answer{replica: i, sent: time.Now()}
+	send := func(i int) shares.Answer {
+		a := shares.Answer{Replica: i, Sent: time.Now()}
 		req, err := http.NewRequest(http.MethodGet, urls[i]+"/login", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -226,15 +220,15 @@ func runListedFleet(t *testing.T, urls []string, hits func() int64) {
 		res, err := client.Do(req)
 		if err != nil {
 			t.Errorf("replica %d: %v", i, err)
-			a.done = time.Now()
+			a.Done = time.Now()
 			return a
 		}
 		_, _ = io.Copy(io.Discard, res.Body)
 		_ = res.Body.Close()
-		a.code, a.done = res.StatusCode, time.Now()
+		a.Code, a.Done = res.StatusCode, time.Now()
 		return a
 	}
-	var answers []answer
+	var answers []shares.Answer
 	tick := time.NewTicker(pace)
 	defer tick.Stop()
 	start := time.Now()
@@ -251,18 +245,18 @@ func runListedFleet(t *testing.T, urls []string, hits func() int64) {
 	// certainly arrived between the first answer and the last request,
 	// upper those that may have, between the first request and the last
 	// answer.
-	first := make([]answer, len(urls))
-	last := make([]answer, len(urls))
+	first := make([]shares.Answer, len(urls))
+	last := make([]shares.Answer, len(urls))
 	admitted := make([]int, len(urls))
 	codes := map[int]int{}
 	for _, a := range answers {
-		if first[a.replica].sent.IsZero() {
-			first[a.replica] = a
+		if first[a.Replica].Sent.IsZero() {
+			first[a.Replica] = a
 		}
-		last[a.replica] = a
-		codes[a.code]++
-		if a.code == http.StatusOK {
-			admitted[a.replica]++
+		last[a.Replica] = a
+		codes[a.Code]++
+		if a.Code == http.StatusOK {
+			admitted[a.Replica]++
 		}
 	}
 	// tokens counts replica i's tokens arriving in (from, to].
@@ -278,7 +272,7 @@ func runListedFleet(t *testing.T, urls []string, hits func() int64) {
 	}
 	total, lower, upper := 0, 0, 0
 	for i := range urls {
-		lo, hi := tokens(i, first[i].done, last[i].sent), tokens(i, first[i].sent, last[i].done)
+		lo, hi := tokens(i, first[i].Done, last[i].Sent), tokens(i, first[i].Sent, last[i].Done)
 		if admitted[i] < lo || admitted[i] > hi {
 			t.Errorf("replica api-%d admitted %d, want the tokens dealt to it in its window: %d to %d", i, admitted[i], lo, hi)
 		}
@@ -298,7 +292,7 @@ func runListedFleet(t *testing.T, urls []string, hits func() int64) {
 	if got := hits(); got != int64(total) {
 		t.Errorf("the backend saw %d requests, the clients %d admitted", got, total)
 	}
-	if span := answers[len(answers)-1].done.Sub(answers[0].sent); span >= period {
+	if span := answers[len(answers)-1].Done.Sub(answers[0].Sent); span >= period {
 		t.Errorf("the traffic took %v, a period or more: the limit bounds a period's admissions, not these", span)
 	}
 }
