@@ -96,8 +96,9 @@ plugin-release: ## Build kubectl-floodgate's release archives and krew manifest 
 ##@ Test
 
 .PHONY: test-deps
-test-deps: ## Install redis-server and build the envtest binaries and tools.
+test-deps: ## Install redis-server and Node.js, and build the envtest binaries and tools.
 	hack/redis-cluster.sh install
+	hack/app-servers.sh
 	hack/envtest-assets.sh >/dev/null
 	hack/tools.sh helm >/dev/null
 

@@ -12,6 +12,7 @@
 package descriptor
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -279,10 +280,25 @@ type MissingError struct {
 // Error implements error.
 func (e *MissingError) Error() string { return "missing rate-limit key part: " + e.Part }
 
+// RepeatedError reports a key part the request carries more than once: a
+// header field repeated, or a query parameter. Applications read such a
+// part differently (the first value, the last, or all joined), so no one
+// counter is the one the application would be served on; the request is
+// refused with 400, never keyed on a value of its own choosing.
+type RepeatedError struct {
+	Part string
+}
+
+// Error implements error.
+func (e *RepeatedError) Error() string {
+	return "rate-limit key part " + e.Part + " appears more than once; send it once"
+}
+
 // Key returns the rule's counter key for the request: the key of the first
 // alternative whose parts the request all carries, or, when none does, what
 // the rule's OnMissingKey says. ok is false when the rule is skipped. err
-// is a *MissingError when the rule rejects a request without a key, and an
+// is a *MissingError when the rule rejects a request without a key, a
+// *RepeatedError when a part of any alternative is repeated, and an
 // *InvalidTokenError when the request's bearer token does not verify and
 // the token is needed: a rule never skips a request because of a bad
 // token.
@@ -298,6 +314,10 @@ func (e *Extractor) Key(r *Request) (key string, ok bool, err error) {
 		r.buf = buf
 		if found {
 			return e.keyOf(r, buf), true, nil
+		}
+		var rep *RepeatedError
+		if errors.As(err, &rep) {
+			return "", false, err
 		}
 		if err != nil {
 			if !e.policy.InvalidTokenNext {
@@ -353,16 +373,19 @@ func (e *Extractor) appendAlt(r *Request, alt []part, buf []byte, shared bool) (
 		switch p.kind {
 		case kindHeader:
 			vs := r.HTTP.Header[p.name]
+			if len(vs) > 1 {
+				return buf, false, &RepeatedError{Part: p.String()}
+			}
 			found = len(vs) > 0
-			for i, v := range vs {
-				if i > 0 {
-					buf = append(buf, ',')
-				}
-				buf = append(buf, v...)
+			if found {
+				buf = append(buf, vs[0]...)
 			}
 		case kindQuery:
-			var v string
-			v, found = queryValue(r.HTTP.URL.RawQuery, p.name)
+			v, n, ok := queryValue(r.HTTP.URL.RawQuery, p.name)
+			if n > 1 {
+				return buf, false, &RepeatedError{Part: p.String()}
+			}
+			found = ok
 			buf = append(buf, v...)
 		case kindClientIP:
 			a := r.ClientIP(e.policy)
@@ -448,9 +471,11 @@ func (p part) String() string {
 	return "unknown"
 }
 
-// queryValue returns the first value of a query parameter without parsing
-// the whole query.
-func queryValue(raw, name string) (string, bool) {
+// queryValue returns the value of a query parameter without parsing the
+// whole query, and how many times the parameter appears, counting to 2
+// (an occurrence whose value does not decode counts too). ok is false
+// when it appears once with a value that does not decode.
+func queryValue(raw, name string) (val string, n int, ok bool) {
 	for raw != "" {
 		var kv string
 		kv, raw, _ = strings.Cut(raw, "&")
@@ -464,14 +489,19 @@ func queryValue(raw, name string) (string, bool) {
 		if k != name {
 			continue
 		}
+		if n++; n > 1 {
+			return "", n, false
+		}
+		ok = true
 		if strings.ContainsAny(v, "%+") {
 			u, err := url.QueryUnescape(v)
 			if err != nil {
-				return "", false
+				ok = false
+				continue
 			}
 			v = u
 		}
-		return v, true
+		val = v
 	}
-	return "", false
+	return val, n, ok
 }

@@ -270,6 +270,13 @@ func TestJWTVerification(t *testing.T) {
 	if c := v.Claims(http.Header{"Authorization": {"Basic " + hs}}); c != nil {
 		t.Errorf("a non-bearer Authorization header was read")
 	}
+	// Two Authorization fields, the first one good: applications read
+	// one of them, not always the first, so neither is keyed on.
+	other := sign(t, jwt.SigningMethodHS256, "", f.secret, jwt.MapClaims{"sub": "bob", "iss": "idp"})
+	var bad *InvalidTokenError
+	if c, err := v.Verify(http.Header{"Authorization": {"Bearer " + hs, "Bearer " + other}}); c != nil || !errors.As(err, &bad) {
+		t.Errorf("two Authorization fields: claims %v, error %v; want an InvalidTokenError", c, err)
+	}
 
 	hmacOnly, err := NewJWTVerifier(&config.JWT{HMACSecretFile: filepath.Join(f.dir, "secret")})
 	if err != nil {

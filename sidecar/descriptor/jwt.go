@@ -165,6 +165,11 @@ func (v *JWTVerifier) Claims(h http.Header) jwt.MapClaims {
 // token gets neither claims nor error; one whose token does not verify
 // gets an *InvalidTokenError.
 func (v *JWTVerifier) Verify(h http.Header) (jwt.MapClaims, error) {
+	if len(h[v.header]) > 1 {
+		// Applications read one of them, not always the first: the
+		// claims keyed on would not be those of the caller served.
+		return nil, &InvalidTokenError{Reason: "more than one " + v.header + " field"}
+	}
 	raw := v.token(h)
 	if raw == "" {
 		return nil, nil

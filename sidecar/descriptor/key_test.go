@@ -3,6 +3,7 @@ package descriptor
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http/httptest"
 	"testing"
 
@@ -22,8 +23,9 @@ func TestHTTPKeysAreStable(t *testing.T) {
 	}}
 	req := httptest.NewRequest("POST", "/orders?tenant=t%C3%BC", nil)
 	req.RemoteAddr = "192.0.2.1:1234"
-	req.Header.Add("X-User", "alice")
-	req.Header.Add("X-User", "ünï")
+	// One field whose value lists two: what the key was pinned on, when
+	// two fields were keyed joined by a comma (they are refused now).
+	req.Header.Add("X-User", "alice,ünï")
 	for _, tc := range []struct {
 		rule int
 		want string
@@ -49,8 +51,7 @@ func TestHTTPKeyInput(t *testing.T) {
 		{Name: "r", OnMissingKey: config.OnMissingKeyShared, Key: []config.KeyPart{{Header: "X-A"}, {Query: "q"}, {Header: "X-B"}}},
 	}}
 	req := httptest.NewRequest("GET", "/?q=v%20w", nil)
-	req.Header.Add("X-A", "1")
-	req.Header.Add("X-A", "2")
+	req.Header.Add("X-A", "1,2")
 	key, _, err := keyOf(t, p, 0, req)
 	if err != nil {
 		t.Fatal(err)
@@ -81,5 +82,46 @@ func TestAppendFieldSumKey(t *testing.T) {
 	a, b := Sum(AppendField(AppendField(nil, "a"), "bc")), Sum(AppendField(AppendField(nil, "ab"), "c"))
 	if a == b {
 		t.Error("(a, bc) and (ab, c) share a hash")
+	}
+}
+
+// A key part the request repeats is refused, whatever the rule does
+// without a key: applications read a repeated field or parameter by its
+// first value, its last or all of them, so no counter is the one the
+// application serves the request as.
+func TestRepeatedKeyPartIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, missing := range []string{config.OnMissingKeySkip, config.OnMissingKeyShared, config.OnMissingKeyReject} {
+		p := &config.Policy{Name: "p", UID: "u", Rules: []config.Rule{
+			{Name: "h", OnMissingKey: missing, Key: []config.KeyPart{{Header: "X-Api-Key"}}},
+			{Name: "q", OnMissingKey: missing, Key: []config.KeyPart{{Query: "key"}}},
+			// The repeated part in a later alternative is refused too.
+			{Name: "alt", OnMissingKey: missing, Keys: [][]config.KeyPart{{{Header: "X-Absent"}}, {{Header: "X-Api-Key"}}}},
+		}}
+		for _, tc := range []struct {
+			rule   int
+			target string
+			header []string
+			part   string
+		}{
+			{0, "/", []string{"alice", "junk1"}, "header X-Api-Key"},
+			{2, "/", []string{"alice", "junk1"}, "header X-Api-Key"},
+			{1, "/?key=alice&key=junk1", nil, "query parameter key"},
+			{1, "/?key=alice&k%65y=junk1", nil, "query parameter key"},
+			// A value that does not decode still counts: Go's ParseQuery
+			// drops it and serves the second.
+			{1, "/?key=%zz&key=alice", nil, "query parameter key"},
+		} {
+			req := httptest.NewRequest("GET", tc.target, nil)
+			for _, v := range tc.header {
+				req.Header.Add("X-Api-Key", v)
+			}
+			key, ok, err := keyOf(t, p, tc.rule, req)
+			var rep *RepeatedError
+			if !errors.As(err, &rep) || ok || rep.Part != tc.part {
+				t.Errorf("onMissingKey %s, rule %d, %s %v: Key() = %q, %v, %v; want a RepeatedError for %s",
+					missing, tc.rule, tc.target, tc.header, key, ok, err, tc.part)
+			}
+		}
 	}
 }

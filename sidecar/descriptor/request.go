@@ -24,7 +24,13 @@ func (r *Request) HeaderValues(canonical string) []string { return r.HTTP.Header
 func (r *Request) RawQuery() string { return r.HTTP.URL.RawQuery }
 
 // QueryValue returns the first value of a query parameter, decoded.
-func (r *Request) QueryValue(name string) (string, bool) { return queryValue(r.RawQuery(), name) }
+func (r *Request) QueryValue(name string) (v string, found bool) {
+	r.QueryValues(name, func(s string) bool {
+		v, found = s, true
+		return false
+	})
+	return v, found
+}
 
 // QueryValues calls f with each value of a query parameter, decoded, until
 // f returns false.

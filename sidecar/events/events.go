@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -185,12 +186,32 @@ func (q *Queue) allow(now time.Time) bool {
 	return false
 }
 
-// clone copies the strings of e that may alias a caller's buffer.
+// clone copies the strings of e that may alias a caller's buffer, the
+// client-chosen ones (method and path) clipped to MaxLogged bytes.
 func (e Event) clone() Event {
 	e.Policy, e.Rule, e.Key = strings.Clone(e.Policy), strings.Clone(e.Rule), strings.Clone(e.Key)
-	e.Source, e.Method = strings.Clone(e.Source), strings.Clone(e.Method)
-	e.Path, e.Client = strings.Clone(e.Path), strings.Clone(e.Client)
+	e.Source, e.Method = strings.Clone(e.Source), strings.Clone(Clip(e.Method))
+	e.Path, e.Client = strings.Clone(Clip(e.Path)), strings.Clone(e.Client)
 	return e
+}
+
+// MaxLogged bounds what the sidecar logs of a value the client chose (a
+// path, a method): a request can carry tens of kilobytes of them, and a
+// client that is being refused must not be able to write that much log
+// per request.
+const MaxLogged = 256
+
+// Clip returns s, or its first MaxLogged bytes (cut at a UTF-8 character
+// boundary) followed by "...".
+func Clip(s string) string {
+	if len(s) <= MaxLogged {
+		return s
+	}
+	n := MaxLogged
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
 
 // Run writes events until ctx ends, then writes those still queued and

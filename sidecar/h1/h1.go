@@ -46,6 +46,7 @@ var (
 	errRequestLine  = bad("malformed request line")
 	errMethod       = bad("malformed method")
 	errTarget       = bad("malformed request target")
+	errFragment     = bad("a fragment (#) in the request target")
 	errFieldName    = bad("malformed header field name")
 	errFieldValue   = bad("malformed header field value")
 	errObsFold      = bad("obsolete line folding in a header field")
@@ -201,6 +202,11 @@ func (r *Request) requestLine(line []byte) error {
 	for _, c := range r.Target {
 		if c <= ' ' || c == 0x7f {
 			return errTarget
+		}
+		if c == '#' {
+			// A request-target has no fragment (RFC 9112 §3.2): servers
+			// that cut it off route "/admin#x" as "/admin".
+			return errFragment
 		}
 	}
 	r.Path, r.Query = r.Target, nil

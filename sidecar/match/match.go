@@ -98,6 +98,12 @@ func New(rules []Rule) (*Matcher, error) {
 				r.other = append(r.other, meth)
 			}
 		}
+		if r.methods&methodBit(http.MethodGet) != 0 {
+			// A rule on GET holds HEAD too: servers answer HEAD from
+			// the GET handler (Go's mux, Flask, Express), so HEAD would
+			// otherwise reach it unchecked.
+			r.methods |= methodBit(http.MethodHead)
+		}
 		var err error
 		if r.hosts, err = NewHosts(cm.Hosts); err != nil {
 			return nil, fmt.Errorf("rule %d: %w", i, err)

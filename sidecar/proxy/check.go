@@ -112,6 +112,10 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 	// A request a front did not Finish gives its slots back here.
 	st.adm.finish()
 	*d = Decision{}
+	if why := vetRequest(r); why != "" {
+		p.reject(d, errors.New(why), "")
+		return d
+	}
 	set := p.rules.Load()
 	if set == nil {
 		p.unavailable.Inc()
@@ -196,7 +200,7 @@ func (p *Proxy) publish(r *http.Request, st *State, v *engine.Verdict) {
 // answer; the caller answers it with AppendProblem's 502.
 func (p *Proxy) UpstreamFailed(err error, method, path string) {
 	p.upstreamErr.Inc()
-	p.o.Log.Warn("upstream request failed", "err", err, "method", method, "path", path)
+	p.o.Log.Warn("upstream request failed", "err", err, "method", events.Clip(method), "path", events.Clip(path))
 }
 
 // reject makes d the answer to a request whose key or cost could not be

@@ -55,6 +55,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -208,6 +209,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// exact here.
 		p.rejected.Inc()
 		ps := (&Decision{Outcome: TooLarge, Detail: "the request header block is larger than " + strconv.Itoa(max) + " bytes"}).problem()
+		problem(w, r, nil, &ps)
+		return
+	}
+	if strings.IndexByte(r.RequestURI, '#') >= 0 {
+		// As the lean core's parser refuses it (h1): a request-target
+		// has no fragment, and servers that cut it off route "/admin#x"
+		// as "/admin".
+		p.rejected.Inc()
+		ps := (&Decision{Outcome: Rejected, Detail: "a fragment (#) in the request target"}).problem()
 		problem(w, r, nil, &ps)
 		return
 	}

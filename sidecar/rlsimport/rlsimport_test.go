@@ -138,7 +138,7 @@ policy exports (uid exports-1, replicas 3)
     match: HTTP all requests; counted by all of them together (one counter)
     limit: at most 1 request in flight at once across replicas (a crashed sidecar's slots come back after 2 min); fails closed: 503 while the store is unreachable; shadow: counted and reported, never denies; marks its requests Sheddable for the load shedder
   rule per-key
-    match: HTTP all GET and POST requests with header X-Tier: free; counted by each X-API-Key, else each client IP
+    match: HTTP all GET and POST and HEAD requests with header X-Tier: free; counted by each X-API-Key, else each client IP
     limit: 100 per 1m0s, TokenBucket; fails open to a local share when the store is unreachable
   rule payments
     match: HTTP requests to paths under /pay

@@ -2,6 +2,7 @@ package rlsimport
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
@@ -13,7 +14,12 @@ import (
 func Applies(m *config.Match) string {
 	var what string
 	if len(m.Methods) > 0 {
-		what = strings.Join(m.Methods, " and ") + " requests"
+		methods := m.Methods
+		if slices.Contains(methods, "GET") && !slices.Contains(methods, "HEAD") {
+			// As the matcher holds them: a rule on GET holds HEAD.
+			methods = append(slices.Clip(methods), "HEAD")
+		}
+		what = strings.Join(methods, " and ") + " requests"
 	} else {
 		what = "requests"
 	}

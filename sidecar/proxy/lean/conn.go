@@ -571,8 +571,9 @@ func writeHead(nc net.Conn, head, body []byte) error {
 
 // appendRequestHead appends the head sent to the application: the
 // request line, the client's fields less the hop-by-hop ones and the
-// forwarding ones it may not set, Transfer-Encoding when the body is
-// chunked, and X-Forwarded-For (the client's chain with the peer
+// forwarding ones it may not set, the framing the body was read by
+// (Transfer-Encoding: chunked, or Content-Length written from the parsed
+// length, never the client's field as sent), and X-Forwarded-For (the client's chain with the peer
 // appended), X-Forwarded-Host and X-Forwarded-Proto, as the net/http path
 // sends them.
 func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) []byte {
@@ -596,6 +597,9 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 			continue
 		case len(f.Name) == 2 && h1.EqualFold(f.Name, "te"), len(f.Name) == 7 && h1.EqualFold(f.Name, "trailer"):
 			continue
+		case len(f.Name) == 14 && h1.EqualFold(f.Name, "content-length"):
+			// Written below from the length the body was read by.
+			continue
 		case len(f.Name) == 6 && h1.EqualFold(f.Name, "expect") && bodyPending:
 			// The sidecar answers 100 Continue itself once the request
 			// is admitted, and then streams the body.
@@ -618,6 +622,10 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 	}
 	if q.Chunked {
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	} else if q.ContentLength >= 0 {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, q.ContentLength, 10)
+		b = append(b, "\r\n"...)
 	}
 	b = append(b, "X-Forwarded-For: "...)
 	for _, v := range xff {

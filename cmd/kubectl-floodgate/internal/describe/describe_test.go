@@ -52,7 +52,7 @@ func TestRuleSummaries(t *testing.T) {
 				Headers: []config.HeaderMatch{{Name: "X-Tier", Value: "free"}, {Name: "X-Trial"}}},
 			Limit: config.Limit{Requests: 100, Per: per(time.Minute), Burst: 40, Algorithm: "GCRA"}},
 		summary: "each JWT claim sub: 100 requests per minute, burst 40, GCRA; fails open to 25 requests per minute per replica on 4 replicas (burst 10)",
-		applies: "GET and POST requests to paths under /api/ with header X-Tier: free and a X-Trial header",
+		applies: "GET and POST and HEAD requests to paths under /api/ with header X-Tier: free and a X-Trial header",
 		cost:    "1 per request",
 		missing: "requests without JWT claim sub are answered 400",
 	}, {
