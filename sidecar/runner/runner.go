@@ -749,22 +749,31 @@ func (r *Runner) adminHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(u)
 	})
-	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
-		st := r.Status()
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, req *http.Request) {
+		var body any = r.Status()
+		if !fromLoopback(req) {
+			red, err := redactStatus(r.Status())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			body = red
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(st)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(body)
 	})
 	if r.clockHandler != nil {
-		mux.Handle("/debug/clock", r.clockHandler)
+		mux.Handle("/debug/clock", loopbackOnly(r.clockHandler))
 	}
 	if r.cfg.AdminPprof {
-		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.Handle("GET /debug/pprof/", loopbackOnly(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/cmdline", loopbackOnly(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("GET /debug/pprof/profile", loopbackOnly(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/symbol", loopbackOnly(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("GET /debug/pprof/trace", loopbackOnly(http.HandlerFunc(pprof.Trace)))
 	}
 	return mux
 }
