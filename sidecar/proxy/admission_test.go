@@ -87,7 +87,7 @@ func newBackend(t *testing.T) *backend {
 			return
 		}
 		defer func() { _ = nc.Close() }()
-		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		_ = brw.Flush()
 		for {
 			line, err := brw.ReadString('\n')
@@ -471,7 +471,7 @@ func TestConcurrencySlotHeldWhileUpgraded(t *testing.T) {
 	b := newBackend(t)
 	for _, f := range fronts(t, b, "") {
 		t.Run(f.name, func(t *testing.T) {
-			nc, br := send(t, f.url, "/ws/chat", "X-Tenant", "w", "Connection", "Upgrade", "Upgrade", "echo")
+			nc, br := send(t, f.url, "/ws/chat", "X-Tenant", "w", "Connection", "Upgrade", "Upgrade", "websocket")
 			res, err := http.ReadResponse(br, nil)
 			if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
 				t.Fatalf("upgrade: %v %v", res, err)
@@ -495,7 +495,7 @@ func TestConcurrencySlotHeldWhileUpgraded(t *testing.T) {
 			if got := f.inFlight(t, "ws"); got != 1 {
 				t.Errorf("slots held while the upgraded connection is open = %v, want 1", got)
 			}
-			if r := do(t, f.url, "/ws/chat", "X-Tenant", "w", "Connection", "Upgrade", "Upgrade", "echo"); r.status != http.StatusTooManyRequests {
+			if r := do(t, f.url, "/ws/chat", "X-Tenant", "w", "Connection", "Upgrade", "Upgrade", "websocket"); r.status != http.StatusTooManyRequests {
 				t.Errorf("a second upgrade of the key while the first is open: %d, want 429", r.status)
 			}
 			_ = nc.Close()

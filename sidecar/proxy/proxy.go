@@ -212,6 +212,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, r, nil, &ps)
 		return
 	}
+	stripUpgrade(r.Header)
 	if strings.IndexByte(r.RequestURI, '#') >= 0 {
 		// As the lean core's parser refuses it (h1): a request-target
 		// has no fragment, and servers that cut it off route "/admin#x"
@@ -247,6 +248,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		problem(w, r, challenge, &ps)
 	}
+}
+
+// stripUpgrade removes a request's Upgrade field unless it asks for
+// WebSocket alone, so that the request goes on as a plain one. After a 101
+// the connection is a tunnel the sidecar no longer reads: a WebSocket
+// carries messages, decided as the one request that opened it, but an
+// upgrade to h2c or another HTTP would carry further requests that no rule
+// checks. A server may ignore an Upgrade it does not want (RFC 9110
+// §7.8), as the application now does.
+func stripUpgrade(h http.Header) {
+	up := h["Upgrade"]
+	if len(up) == 0 || len(up) == 1 && strings.EqualFold(strings.TrimSpace(up[0]), "websocket") {
+		return
+	}
+	delete(h, "Upgrade")
 }
 
 func (p *Proxy) release(st *State) {

@@ -170,3 +170,52 @@ func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestOnlyWebSocketUpgradesReachTheApp: after a 101 the connection is a
+// tunnel the sidecar no longer reads, so only an upgrade to WebSocket,
+// whose messages belong to the request that opened it, reaches the
+// application; an upgrade to h2c or anything else goes on as a plain
+// request, one the rules decided.
+func TestOnlyWebSocketUpgradesReachTheApp(t *testing.T) {
+	t.Parallel()
+	for _, server := range []struct {
+		name  string
+		start func(*testing.T) appServer
+	}{{"go-net-http", goApp}, {"node-http", nodeApp}} {
+		for _, front := range []struct {
+			name string
+			args []string
+		}{{"lean", nil}, {"net-http", []string{"--lean-http1=false"}}} {
+			t.Run(server.name+"/"+front.name, func(t *testing.T) {
+				t.Parallel()
+				app := server.start(t)
+				sc := startSidecarOn(t, frozen, app.url, uncheckedPolicy, true, front.args...)
+				addr := strings.TrimPrefix(sc.url, "http://")
+				for _, up := range []string{"h2c", "foo", "websocket, h2c", "TLS/1.2"} {
+					raw := "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: " + up +
+						"\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Asked: " + up + "\r\n\r\n"
+					if got := exchange(t, addr, raw); len(got) != 1 || got[0] != http.StatusOK {
+						t.Errorf("Upgrade: %s: answers %v, want one 200 (served as a plain request)", up, got)
+					}
+				}
+				if got := exchange(t, addr, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Asked: websocket\r\n\r\n"); len(got) != 1 {
+					t.Errorf("Upgrade: websocket: answers %v, want one", got)
+				}
+				asked := 0
+				for _, p := range app.seen(t) {
+					want := ""
+					if a := p.Headers["x-asked"]; len(a) == 1 && a[0] == "websocket" {
+						want = "websocket"
+					}
+					if got := strings.Join(p.Headers["upgrade"], ","); got != want {
+						t.Errorf("the application got %s %s with Upgrade %q (asked %v), want %q", p.Method, p.Target, got, p.Headers["x-asked"], want)
+					}
+					asked++
+				}
+				if asked != 5 {
+					t.Errorf("the application saw %d requests, want the 5 sent", asked)
+				}
+			})
+		}
+	}
+}
