@@ -121,7 +121,7 @@ func (s *Server) requestHits(st *state, i int, d *rlcommonv3.RateLimitDescriptor
 	hv := &sc.http
 	hv.fill(d)
 	ev := &hv.eval
-	ev.Request.Reset(&hv.r, match.CleanPath(hv.u.Path), st.set.Policies)
+	ev.Request.Reset(&hv.r, match.MatchPath(hv.u.Path), st.set.Policies)
 	if err := st.set.EvaluatePolicy(pol, ev); err != nil {
 		return true
 	}

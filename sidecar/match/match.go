@@ -510,6 +510,35 @@ func methodBit(m string) uint16 {
 	return 0
 }
 
+// MatchPath returns the path rules are matched and keyed on: CleanPath of
+// p once the forms that servers route as another path are read as that
+// path. A segment's parameters are dropped ("/admin;jsessionid=1" is
+// "/admin", as Java servers route it), a backslash is a separator (as some
+// servers read it), and whitespace ending a segment is dropped ("/admin "
+// is "/admin"). Each makes a rule hold more requests, never fewer; the
+// application is still sent the path as the client wrote it, unless
+// cleaning changed it. It does not allocate when p has none of them and
+// is clean.
+func MatchPath(p string) string {
+	if strings.ContainsAny(p, ";\\ \t") {
+		p = routedForm(p)
+	}
+	return CleanPath(p)
+}
+
+// routedForm is MatchPath's rewriting of p before cleaning.
+func routedForm(p string) string {
+	p = strings.ReplaceAll(p, "\\", "/")
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if j := strings.IndexByte(s, ';'); j >= 0 {
+			s = s[:j]
+		}
+		segs[i] = strings.TrimRight(s, " \t")
+	}
+	return strings.Join(segs, "/")
+}
+
 // CleanPath returns the canonical form of a request path that rules are
 // matched and keyed on: path.Clean, rooted, keeping a trailing slash. It
 // does not allocate when p is already clean.

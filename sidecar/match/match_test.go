@@ -184,3 +184,29 @@ func BenchmarkMatch(b *testing.B) {
 		})
 	}
 }
+
+// The forms servers route as another path are matched as that path, and a
+// clean path is returned as it is.
+func TestMatchPath(t *testing.T) {
+	// Not parallel: it counts allocations.
+	for in, want := range map[string]string{
+		"/admin":               "/admin",
+		"/admin;jsessionid=1":  "/admin",
+		"/a;x/b;y/":            "/a/b/",
+		"/a;x/../admin":        "/admin",
+		"/admin\\":             "/admin/",
+		"\\admin":              "/admin",
+		"/admin ":              "/admin",
+		"/admin \t/x":          "/admin/x",
+		"/my file.txt":         "/my file.txt",
+		"/a/./b/../admin;v=2 ": "/a/admin",
+		"/;x":                  "/",
+	} {
+		if got := MatchPath(in); got != want {
+			t.Errorf("MatchPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = MatchPath("/api/v1/orders") }); n != 0 {
+		t.Errorf("MatchPath of a clean path allocates %v times, want 0", n)
+	}
+}

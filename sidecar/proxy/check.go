@@ -123,7 +123,7 @@ func (p *Proxy) Check(r *http.Request, st *State) *Decision {
 		return d
 	}
 	st.fit(set)
-	st.Request.Reset(r, match.CleanPath(r.URL.Path), set.Policies)
+	st.Request.Reset(r, match.MatchPath(r.URL.Path), set.Policies)
 	if !p.classify(set, st, d) {
 		return d
 	}

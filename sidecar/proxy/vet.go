@@ -14,6 +14,8 @@ import (
 //     rules name the upper-case ones, but some servers upper-case what
 //     they receive: "post" would pass a rule on POST and be served as
 //     POST.
+//   - A control character in the path, as sent or percent-encoded
+//     ("/admin%00"): servers cut the path there, or read it otherwise.
 //   - A Connection field naming Content-Length, Transfer-Encoding or Host.
 //     A proxy removes the fields Connection names, so the application
 //     would read the body without the framing the sidecar read it by, as
@@ -22,6 +24,11 @@ func vetRequest(r *http.Request) string {
 	for i := 0; i < len(r.Method); i++ {
 		if c := r.Method[i]; 'a' <= c && c <= 'z' {
 			return "the method must be upper case"
+		}
+	}
+	for i := 0; i < len(r.URL.Path); i++ {
+		if c := r.URL.Path[i]; c < ' ' || c == 0x7f {
+			return "a control character in the path"
 		}
 	}
 	for _, v := range r.Header["Connection"] {

@@ -53,6 +53,15 @@ func TestNothingReachesTheAppUnchecked(t *testing.T) {
 		{"HEAD on a rule for GET", "HEAD /once HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusTooManyRequests},
 		// Servers that cut the fragment off route /admin.
 		{"fragment in the target", "GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusBadRequest},
+		// Java servers drop a segment's parameters, some servers read a
+		// backslash as a separator or drop trailing whitespace: the rule
+		// on /admin holds them all. A control character is refused.
+		{"segment parameters", "GET /admin;x=1 HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusTooManyRequests},
+		{"trailing space", "GET /admin%20 HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusTooManyRequests},
+		{"trailing tab", "GET /admin%09 HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusBadRequest},
+		{"encoded NUL", "GET /admin%00 HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusBadRequest},
+		{"encoded backslash", "GET /admin%5C HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusTooManyRequests},
+		{"backslash", "GET /admin\\ HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusTooManyRequests},
 		// Go's Header.Get reads the first, a fresh counter would take
 		// the pair.
 		{"repeated key header", "GET /keyed HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\nX-Api-Key: junk1\r\n\r\n", http.StatusBadRequest},
