@@ -102,6 +102,11 @@ type Options struct {
 	// MaxHeaderBytes, when positive, answers 431 to a request whose
 	// header block is larger (see HeaderSize).
 	MaxHeaderBytes int
+	// BodyTimeout, when positive, is how long each BodyWindow bytes of a
+	// request body, and its last part, may take to arrive; a body that
+	// stalls or trickles is cut off and the application sees it end
+	// early.
+	BodyTimeout time.Duration
 }
 
 // Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
@@ -152,6 +157,14 @@ func New(o Options) (*Proxy, error) {
 		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			upstreamFailed(w)
+			if errors.Is(err, ErrBodyTimeout) || bodyTimedOut(r) {
+				// The client, not the application, failed: as the lean
+				// core answers it.
+				p.rejected.Inc()
+				w.Header().Set("Connection", "close")
+				http.Error(w, ErrBodyTimeout.Error(), http.StatusRequestTimeout)
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				// The client went away; nobody is listening.
 				return
@@ -213,6 +226,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stripUpgrade(r.Header)
+	r = timeBody(w, r, p.o.BodyTimeout)
 	if strings.IndexByte(r.RequestURI, '#') >= 0 {
 		// As the lean core's parser refuses it (h1): a request-target
 		// has no fragment, and servers that cut it off route "/admin#x"

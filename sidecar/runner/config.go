@@ -92,11 +92,14 @@ type Config struct {
 	// ReadHeaderTimeout bounds the time from a request head's first byte
 	// to its last (slowloris).
 	ReadHeaderTimeout time.Duration
-	DrainTimeout      time.Duration
-	DenyCacheKeys     int
-	LocalMaxKeys      int
-	EventQueue        int
-	LogLevel          string
+	// BodyTimeout is how long each proxy.BodyWindow bytes of a request
+	// body may take to arrive.
+	BodyTimeout   time.Duration
+	DrainTimeout  time.Duration
+	DenyCacheKeys int
+	LocalMaxKeys  int
+	EventQueue    int
+	LogLevel      string
 	// GRPCListen, when set, serves Envoy's rate-limit service
 	// (ShouldRateLimit), gRPC health and reflection on this address.
 	GRPCListen string
@@ -175,6 +178,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "longest each 64 KiB of a request body, and its last part, may take to arrive; a body that stalls or trickles more slowly is cut off")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
 	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
@@ -298,6 +302,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		bad("drain-timeout", "must not be negative")
+	}
+	if c.BodyTimeout <= 0 {
+		bad("body-timeout", "must be positive, got %v", c.BodyTimeout)
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		bad("read-header-timeout", "must be positive, got %v", c.ReadHeaderTimeout)

@@ -411,6 +411,7 @@ func (r *Runner) leanServer() *lean.Server {
 		Proxy:             r.px.Load,
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
+		BodyTimeout:       r.cfg.BodyTimeout,
 		IdleTimeout:       2 * time.Minute,
 		Log:               r.log,
 	})
@@ -533,7 +534,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 	}
 	up, _ := url.Parse(r.cfg.Upstream) // validated
 	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log,
-		MaxHeaderBytes: r.cfg.MaxHeaderBytes})
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout})
 	if err != nil {
 		_ = closeStore(st)
 		return err

@@ -493,6 +493,9 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 			var ce clientErr
 			if errors.As(err, &ce) {
 				c.dropUp(up)
+				if isTimeout(ce.error) {
+					c.answerError(http.StatusRequestTimeout, "request body not received in time")
+				}
 				return false
 			}
 			return c.upstreamFailed(p, up, err)
@@ -667,21 +670,37 @@ func equalFoldBytes(a, b []byte) bool {
 
 // streamBody sends the rest of the request body: rest Content-Length
 // bytes, spliced socket to socket, or the rest of a chunked body, checked
-// chunk by chunk on the way.
+// chunk by chunk on the way. With a body timeout, each proxy.BodyWindow
+// bytes must arrive within it.
 func (c *conn) streamBody(up *upConn, rest int64) error {
 	c.noDeadline()
-	if rest > 0 {
-		n, err := io.CopyN(up.nc, c.nc, rest)
+	timeout := c.s.o.BodyTimeout
+	renew := func() {
+		if timeout > 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(timeout))
+		}
+	}
+	defer c.noDeadline()
+	for rest > 0 {
+		renew()
+		window := min(rest, proxy.BodyWindow)
+		n, err := io.CopyN(up.nc, c.nc, window)
+		rest -= n
 		if err != nil {
-			if n < rest && isReadSide(err, c.nc) {
+			// Only reads from the client have a deadline.
+			if n < window && (isReadSide(err, c.nc) || isTimeout(err)) {
 				return clientErr{err}
 			}
 			return err
 		}
+	}
+	if c.req.ContentLength >= 0 && !c.req.Chunked {
 		return nil
 	}
 	// Chunked: whatever follows in buf was scanned already; read on.
 	c.r, c.w = 0, 0
+	renew()
+	got := 0
 	for !c.chunk.Done() {
 		m, err := c.nc.Read(c.buf)
 		if m > 0 {
@@ -693,6 +712,10 @@ func (c *conn) streamBody(up *upConn, rest int64) error {
 				return err
 			}
 			c.r, c.w = k, m
+			if got += m; got >= proxy.BodyWindow {
+				got = 0
+				renew()
+			}
 		}
 		if err != nil && !c.chunk.Done() {
 			return clientErr{err}

@@ -43,6 +43,9 @@ type Options struct {
 	// ReadHeaderTimeout bounds the time from a head's first byte to its
 	// last; a slower client is answered 408 and disconnected.
 	ReadHeaderTimeout time.Duration
+	// BodyTimeout, when positive, is how long each proxy.BodyWindow
+	// bytes of a request body, and its last part, may take to arrive.
+	BodyTimeout time.Duration
 	// IdleTimeout bounds the wait for the next request on a kept-alive
 	// connection.
 	IdleTimeout time.Duration
