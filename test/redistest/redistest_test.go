@@ -382,12 +382,21 @@ func TestKillFailoverRestart(t *testing.T) {
 	if err := c.WaitClusterOK(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	reps, err = c.ReplicasOf(ctx, promoted)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(reps) != 1 || reps[0] != old {
-		t.Errorf("after restart, replicas of %v = %v, want the old master %v", promoted, reps, old)
+	// The restarted node comes back as a master of nothing and turns into
+	// the promoted node's replica once it learns the newer config epoch,
+	// which the cluster state being ok does not wait for: wait for it. The
+	// deadline only bounds a hang.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		reps, err = c.ReplicasOf(ctx, promoted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(reps) == 1 && reps[0] == old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the restart, replicas of %v = %v, want the old master %v", promoted, reps, old)
+		}
 	}
 }
 
