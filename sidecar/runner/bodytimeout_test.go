@@ -18,7 +18,7 @@ import (
 // deadline.
 func TestBodyTimeout(t *testing.T) {
 	t.Parallel()
-	const timeout = 2 * time.Second
+	const timeout = 5 * time.Second // 50 times the pause between two parts of a live body
 	for _, front := range []struct {
 		name string
 		args []string

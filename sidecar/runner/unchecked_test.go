@@ -64,62 +64,45 @@ func TestNothingReachesTheAppUnchecked(t *testing.T) {
 		// Go's Header.Get reads the first, a fresh counter would take
 		// the pair.
 		{"repeated key header", "GET /keyed HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\nX-Api-Key: junk1\r\n\r\n", http.StatusBadRequest},
+		{"repeated key header in another case", "GET /keyed HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\nx-api-key: junk2\r\n\r\n", http.StatusBadRequest},
 	}
-	for _, server := range []struct {
-		name  string
-		start func(*testing.T) appServer
-	}{{"go-net-http", goApp}, {"node-http", nodeApp}} {
-		for _, front := range []struct {
-			name string
-			args []string
-		}{{"lean", nil}, {"net-http", []string{"--lean-http1=false"}}} {
-			t.Run(server.name+"/"+front.name, func(t *testing.T) {
-				t.Parallel()
-				// An application of its own: what it parsed is this
-				// sidecar's doing.
-				app := server.start(t)
-				// A clock that stands still: an hour's window never ends
-				// under the test.
-				sc := startSidecarOn(t, frozen, app.url, uncheckedPolicy, true, front.args...)
-				addr := strings.TrimPrefix(sc.url, "http://")
-				// Spend every rule.
-				for _, spend := range []string{
-					"GET /once HTTP/1.1\r\nHost: x\r\n\r\n",
-					"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-					"GET /admin HTTP/1.1\r\nHost: x\r\n\r\n",
-					"GET /keyed HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\n\r\n",
-					"GET /deep/x HTTP/1.1\r\nHost: x\r\n\r\n",
-				} {
-					if got := exchange(t, addr, spend); len(got) != 1 || got[0] != http.StatusOK {
-						t.Fatalf("spending %q: answers %v, want one 200", firstLine(spend), got)
-					}
-				}
-				before := len(app.seen(t))
-				for _, tc := range cases {
-					got := exchange(t, addr, tc.raw)
-					if len(got) != 1 || got[0] != tc.want {
-						t.Errorf("%s: answers %v, want one %d", tc.name, got, tc.want)
-					}
-				}
-				// A denied request's path is logged clipped: a client
-				// cannot write its 32 KB path to the log per request.
-				logged := len(sc.logs.String())
-				long := "GET /deep/" + strings.Repeat("a", 32<<10) + " HTTP/1.1\r\nHost: x\r\n\r\n"
-				if got := exchange(t, addr, long); len(got) != 1 || got[0] != http.StatusTooManyRequests {
-					t.Errorf("a long path under a spent rule: answers %v, want one 429", got)
-				}
-				waitFor(t, 10*time.Second, "the deny event of the long path to be logged", func() bool {
-					return strings.Contains(sc.logs.String()[logged:], `"/deep/aaa`)
-				})
-				if grew := len(sc.logs.String()) - logged; grew > 2<<10 {
-					t.Errorf("the log grew by %d bytes for one denied request with a 32 KB path, want at most 2 KB", grew)
-				}
-				for _, p := range app.seen(t)[before:] {
-					t.Errorf("the application parsed %s %s (headers %v, %d body bytes) after every rule was spent", p.Method, p.Target, p.Headers, p.Body)
-				}
-			})
+	behindEachApp(t, func(t *testing.T, app appServer, sc *sidecar, addr string) {
+		// Spend every rule.
+		for _, spend := range []string{
+			"GET /once HTTP/1.1\r\nHost: x\r\n\r\n",
+			"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+			"GET /admin HTTP/1.1\r\nHost: x\r\n\r\n",
+			"GET /keyed HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\n\r\n",
+			"GET /deep/x HTTP/1.1\r\nHost: x\r\n\r\n",
+		} {
+			if got := exchange(t, addr, spend); len(got) != 1 || got[0] != http.StatusOK {
+				t.Fatalf("spending %q: answers %v, want one 200", firstLine(spend), got)
+			}
 		}
-	}
+		before := len(app.seen(t))
+		for _, tc := range cases {
+			got := exchange(t, addr, tc.raw)
+			if len(got) != 1 || got[0] != tc.want {
+				t.Errorf("%s: answers %v, want one %d", tc.name, got, tc.want)
+			}
+		}
+		// A denied request's path is logged clipped: a client
+		// cannot write its 32 KB path to the log per request.
+		logged := len(sc.logs.String())
+		long := "GET /deep/" + strings.Repeat("a", 32<<10) + " HTTP/1.1\r\nHost: x\r\n\r\n"
+		if got := exchange(t, addr, long); len(got) != 1 || got[0] != http.StatusTooManyRequests {
+			t.Errorf("a long path under a spent rule: answers %v, want one 429", got)
+		}
+		waitFor(t, 10*time.Second, "the deny event of the long path to be logged", func() bool {
+			return strings.Contains(sc.logs.String()[logged:], `"/deep/aaa`)
+		})
+		if grew := len(sc.logs.String()) - logged; grew > 2<<10 {
+			t.Errorf("the log grew by %d bytes for one denied request with a 32 KB path, want at most 2 KB", grew)
+		}
+		for _, p := range app.seen(t)[before:] {
+			t.Errorf("the application parsed %s %s (headers %v, %d body bytes) after every rule was spent", p.Method, p.Target, p.Headers, p.Body)
+		}
+	})
 }
 
 // exchange sends raw on a connection of its own and returns the statuses
@@ -185,6 +168,39 @@ func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
 // request, one the rules decided.
 func TestOnlyWebSocketUpgradesReachTheApp(t *testing.T) {
 	t.Parallel()
+	behindEachApp(t, func(t *testing.T, app appServer, sc *sidecar, addr string) {
+		for _, up := range []string{"h2c", "foo", "websocket, h2c", "TLS/1.2"} {
+			raw := "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: " + up +
+				"\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Asked: " + up + "\r\n\r\n"
+			if got := exchange(t, addr, raw); len(got) != 1 || got[0] != http.StatusOK {
+				t.Errorf("Upgrade: %s: answers %v, want one 200 (served as a plain request)", up, got)
+			}
+		}
+		if got := exchange(t, addr, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Asked: websocket\r\n\r\n"); len(got) != 1 {
+			t.Errorf("Upgrade: websocket: answers %v, want one", got)
+		}
+		asked := 0
+		for _, p := range app.seen(t) {
+			want := ""
+			if a := p.Headers["x-asked"]; len(a) == 1 && a[0] == "websocket" {
+				want = "websocket"
+			}
+			if got := strings.Join(p.Headers["upgrade"], ","); got != want {
+				t.Errorf("the application got %s %s with Upgrade %q (asked %v), want %q", p.Method, p.Target, got, p.Headers["x-asked"], want)
+			}
+			asked++
+		}
+		if asked != 5 {
+			t.Errorf("the application saw %d requests, want the 5 sent", asked)
+		}
+	})
+}
+
+// behindEachApp runs check, in parallel, for each real application server
+// behind a sidecar of its own on each front, on uncheckedPolicy and a
+// clock that stands still (an hour's window never ends under the test):
+// what the application parsed is that sidecar's doing.
+func behindEachApp(t *testing.T, check func(t *testing.T, app appServer, sc *sidecar, addr string)) {
 	for _, server := range []struct {
 		name  string
 		start func(*testing.T) appServer
@@ -197,31 +213,7 @@ func TestOnlyWebSocketUpgradesReachTheApp(t *testing.T) {
 				t.Parallel()
 				app := server.start(t)
 				sc := startSidecarOn(t, frozen, app.url, uncheckedPolicy, true, front.args...)
-				addr := strings.TrimPrefix(sc.url, "http://")
-				for _, up := range []string{"h2c", "foo", "websocket, h2c", "TLS/1.2"} {
-					raw := "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: " + up +
-						"\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Asked: " + up + "\r\n\r\n"
-					if got := exchange(t, addr, raw); len(got) != 1 || got[0] != http.StatusOK {
-						t.Errorf("Upgrade: %s: answers %v, want one 200 (served as a plain request)", up, got)
-					}
-				}
-				if got := exchange(t, addr, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Asked: websocket\r\n\r\n"); len(got) != 1 {
-					t.Errorf("Upgrade: websocket: answers %v, want one", got)
-				}
-				asked := 0
-				for _, p := range app.seen(t) {
-					want := ""
-					if a := p.Headers["x-asked"]; len(a) == 1 && a[0] == "websocket" {
-						want = "websocket"
-					}
-					if got := strings.Join(p.Headers["upgrade"], ","); got != want {
-						t.Errorf("the application got %s %s with Upgrade %q (asked %v), want %q", p.Method, p.Target, got, p.Headers["x-asked"], want)
-					}
-					asked++
-				}
-				if asked != 5 {
-					t.Errorf("the application saw %d requests, want the 5 sent", asked)
-				}
+				check(t, app, sc, strings.TrimPrefix(sc.url, "http://"))
 			})
 		}
 	}
