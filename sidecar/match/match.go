@@ -520,8 +520,13 @@ func methodBit(m string) uint16 {
 // cleaning changed it. It does not allocate when p has none of them and
 // is clean.
 func MatchPath(p string) string {
-	if strings.ContainsAny(p, ";\\ \t") {
-		p = routedForm(p)
+	for i := 0; i < len(p); i++ {
+		// A byte loop: strings.ContainsAny builds its set on every call,
+		// and this runs on every request.
+		if c := p[i]; c == ';' || c == '\\' || c == ' ' || c == '\t' {
+			p = routedForm(p)
+			break
+		}
 	}
 	return CleanPath(p)
 }
