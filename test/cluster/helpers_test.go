@@ -16,11 +16,34 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/simnode"
 )
+
+// watchGeneration returns a channel that receives the time at which a watch
+// saw the app's policy stored at generation gen or later: the event that the
+// manager and the sidecars react to.
+func watchGeneration(ctx context.Context, gen int64) <-chan time.Time {
+	GinkgoHelper()
+	w, err := k8s.Watch(ctx, &v1alpha1.RateLimitPolicyList{}, client.InNamespace(appNS),
+		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", app)})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(w.Stop)
+	seen := make(chan time.Time, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*v1alpha1.RateLimitPolicy); ok && p.Generation >= gen {
+				seen <- time.Now()
+				return
+			}
+		}
+	}()
+	return seen
+}
 
 // answer is what a request got.
 type answer struct {

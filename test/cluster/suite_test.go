@@ -49,7 +49,7 @@ const (
 )
 
 var (
-	k8s        client.Client
+	k8s        client.WithWatch
 	kubeconfig string
 	kubectlBin string
 	helmBin    string
@@ -90,7 +90,7 @@ var _ = BeforeSuite(func() {
 	scheme := runtime.NewScheme()
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
-	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	k8s, err = client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 	helmHome, err = os.MkdirTemp("", "floodgate-cluster-helm-")
 	Expect(err).NotTo(HaveOccurred())
