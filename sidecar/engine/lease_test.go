@@ -24,10 +24,22 @@ type leaseStore struct {
 	takes, leases atomic.Int64
 	fail          atomic.Bool
 	// budget, when set, is the engine's Budget: requestLeases counts the
-	// lease calls made for a request (a cost or a want), outOfBudget those
-	// whose Deadline is missing or more than budget away.
-	budget                     time.Duration
-	requestLeases, outOfBudget atomic.Int64
+	// lease calls made for a request (a cost or a want), and deadlines
+	// keeps their Deadlines until the test reads them (requestDeadlines).
+	budget        time.Duration
+	requestLeases atomic.Int64
+	deadlineMu    sync.Mutex
+	deadlines     []time.Time
+}
+
+// requestDeadlines returns the Deadlines of the lease calls made for
+// requests since the last call, and forgets them.
+func (s *leaseStore) requestDeadlines() []time.Time {
+	s.deadlineMu.Lock()
+	defer s.deadlineMu.Unlock()
+	d := s.deadlines
+	s.deadlines = nil
+	return d
 }
 
 func (s *leaseStore) Take(ctx context.Context, req limiter.Request) (limiter.Decision, string, error) {
@@ -43,9 +55,9 @@ func (s *leaseStore) Lease(ctx context.Context, req limiter.LeaseRequest) (limit
 	s.leases.Add(1)
 	if s.budget > 0 && (req.Cost > 0 || req.Want > 0) {
 		s.requestLeases.Add(1)
-		if now := time.Now(); req.Deadline.IsZero() || req.Deadline.After(now.Add(s.budget)) || !req.Deadline.After(now.Add(-s.budget)) {
-			s.outOfBudget.Add(1)
-		}
+		s.deadlineMu.Lock()
+		s.deadlines = append(s.deadlines, req.Deadline)
+		s.deadlineMu.Unlock()
 	}
 	if s.fail.Load() {
 		return limiter.Lease{}, "shard-a", fmt.Errorf("dial: %w", limiter.ErrUnavailable)
@@ -593,25 +605,45 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 // TestLeaseCallsShareTheRequestsBudget: a lease call made for a request,
 // plain or on a split sub-counter, carries the request's deadline, as its
 // Take would, so a stalled shard costs it one budget from its arrival.
+//
+// The engine's clock here is the test's, so the deadline is the budget
+// from the request's arrival on the wall clock (time.Now in Decide). The
+// test reads that clock just before and just after each decision: the
+// arrival lies between the two, and so the deadline lies between them plus
+// the budget, however late the machine runs the decision. A call that
+// carries none, another request's or one set anew at the call is outside.
 func TestLeaseCallsShareTheRequestsBudget(t *testing.T) {
 	t.Parallel()
+	const budget = 50 * time.Millisecond
 	for _, split := range []int{1, 3} {
 		t.Run(fmt.Sprintf("split=%d", split), func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
 			store := newSharedStore(t, clk)
-			store.budget = 50 * time.Millisecond
+			store.budget = budget
 			f := newLeaseFixture(t, store, clk)
 			r := f.rule(t, "hot", hourWindow(100000), true, split, false)
-			for range 2000 {
+			outOfBudget := 0
+			for i := range 2000 {
 				clk.Add(200 * time.Microsecond)
+				before := time.Now()
 				f.decide(Hit{Rule: r, Key: "k", Cost: 1})
+				after := time.Now()
+				for _, dl := range store.requestDeadlines() {
+					if dl.IsZero() || dl.Before(before.Add(budget)) || dl.After(after.Add(budget)) {
+						if outOfBudget == 0 {
+							t.Errorf("decision %d: a lease call made for it carries the deadline %v, want the budget from its arrival, in [%v, %v]",
+								i, dl, before.Add(budget), after.Add(budget))
+						}
+						outOfBudget++
+					}
+				}
 			}
 			if n := store.requestLeases.Load(); n == 0 {
 				t.Fatal("no lease call was made for a request")
 			}
-			if n := store.outOfBudget.Load(); n != 0 {
-				t.Errorf("%d of %d lease calls made for requests lack the request's deadline", n, store.requestLeases.Load())
+			if outOfBudget != 0 {
+				t.Errorf("%d of %d lease calls made for requests lack the request's deadline", outOfBudget, store.requestLeases.Load())
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package envoyrls_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/floodgate-dev/floodgate/sidecar/envoyrls"
+	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -40,18 +42,6 @@ func redisStore(t *testing.T, c *redistest.Cluster, timeout time.Duration) *redi
 	return s
 }
 
-// clearOfWindowEdge waits, when the current window of period ends within
-// margin, until the next one has begun: FixedWindow and SlidingWindow
-// count in windows that start at multiples of period since the Unix
-// epoch, and a test's calls must fall in one of them to count exactly.
-func clearOfWindowEdge(t *testing.T, period, margin time.Duration) {
-	t.Helper()
-	if left := period - time.Duration(time.Now().UnixNano()%int64(period)); left < margin {
-		t.Logf("waiting %v for the next %v window", left, period)
-		time.Sleep(left)
-	}
-}
-
 var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow", "SlidingLog"}
 
 // Every algorithm admits exactly its limit per distinct value of a
@@ -59,54 +49,66 @@ var algorithms = []string{"TokenBucket", "GCRA", "SlidingWindow", "FixedWindow",
 func TestExactCountsPerAlgorithmRedis(t *testing.T) {
 	t.Parallel()
 	store := redisStore(t, cluster, 2*time.Second)
+	cc := cluster.NewClient()
+	t.Cleanup(func() { _ = cc.Close() })
 	for _, alg := range algorithms {
 		t.Run(alg, func(t *testing.T) {
 			t.Parallel()
-			// A uid of its own: the shared cluster outlives a run, and
-			// -count=N must start from fresh counters.
-			doc := fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
+			// Redis counts on its own clock, FixedWindow and SlidingWindow
+			// in hour-long windows: calls that a window boundary splits
+			// count in two windows, so a run that straddles one is made
+			// again, on a server and counters of its own.
+			redistest.InOneWindow(t, cc, time.Hour, func(attempt int) func() {
+				// A uid of its own: the shared cluster outlives a run,
+				// and -count=N and a rerun must start from fresh
+				// counters.
+				doc := fmt.Sprintf(`apiVersion: floodgate.dev/sidecar-config/v1
 policies:
 - name: p
-  uid: exact-%s-%d
+  uid: exact-%s-%d-%d
   rules:
   - name: per-user
     match: {descriptors: {domain: api, entries: [{key: user}]}}
     limit: {requests: 7, per: 1h, algorithm: %s}
-`, strings.ToLower(alg), time.Now().UnixNano(), alg)
-			r := newRLS(t, doc, setup{store: store, parallel: true})
-			// The windows are Redis's, on this machine's clock.
-			clearOfWindowEdge(t, time.Hour, 30*time.Second)
-			for i := range 7 {
-				out := r.call(t, req("api", d("user=alice")))
-				st := out.Statuses[0]
-				if out.OverallCode != ok || st.Code != ok {
-					t.Fatalf("call %d: %v, want OK", i, out)
+`, strings.ToLower(alg), time.Now().UnixNano(), attempt, alg)
+				r := newRLS(t, doc, setup{store: store, parallel: true})
+				var alice []*rlsv3.RateLimitResponse
+				for range 17 {
+					alice = append(alice, r.call(t, req("api", d("user=alice"))))
 				}
-				if got, want := st.LimitRemaining, uint32(6-i); got != want {
-					t.Errorf("call %d: limit_remaining %d, want %d", i, got, want)
+				bob := r.count(t, 9, req("api", d("user=bob")))
+				return func() {
+					for i, out := range alice[:7] {
+						st := out.Statuses[0]
+						if out.OverallCode != ok || st.Code != ok {
+							t.Fatalf("call %d: %v, want OK", i, out)
+						}
+						if got, want := st.LimitRemaining, uint32(6-i); got != want {
+							t.Errorf("call %d: limit_remaining %d, want %d", i, got, want)
+						}
+						if cl := st.CurrentLimit; cl.GetRequestsPerUnit() != 7 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR || cl.GetUnitMultiplier() != nil {
+							t.Errorf("call %d: current_limit %v, want 7 per HOUR", i, cl)
+						}
+					}
+					for i, out := range alice[7:] {
+						if out.OverallCode != over || out.Statuses[0].Code != over || out.Statuses[0].LimitRemaining != 0 {
+							t.Fatalf("call %d past the limit: %v, want OVER_LIMIT with nothing remaining", 7+i, out)
+						}
+						if out.Statuses[0].DurationUntilReset.AsDuration() <= 0 {
+							t.Errorf("OVER_LIMIT without duration_until_reset: %v", out.Statuses[0])
+						}
+					}
+					if bob != 7 {
+						t.Errorf("bob: %d of 9 admitted, want 7 (a counter per value)", bob)
+					}
+					if n := r.metric(t, "floodgate_sidecar_fallback_decisions_total"); n != 0 {
+						t.Errorf("%v decisions fell back: the store calls failed", n)
+					}
+					if got := r.metric(t, "floodgate_sidecar_decisions_total", "rule", "per-user", "result", "allowed"); got != 14 {
+						t.Errorf("allowed decisions metric %v, want 14", got)
+					}
 				}
-				if cl := st.CurrentLimit; cl.GetRequestsPerUnit() != 7 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR || cl.GetUnitMultiplier() != nil {
-					t.Errorf("call %d: current_limit %v, want 7 per HOUR", i, cl)
-				}
-			}
-			for i := range 10 {
-				out := r.call(t, req("api", d("user=alice")))
-				if out.OverallCode != over || out.Statuses[0].Code != over || out.Statuses[0].LimitRemaining != 0 {
-					t.Fatalf("call %d past the limit: %v, want OVER_LIMIT with nothing remaining", 7+i, out)
-				}
-				if out.Statuses[0].DurationUntilReset.AsDuration() <= 0 {
-					t.Errorf("OVER_LIMIT without duration_until_reset: %v", out.Statuses[0])
-				}
-			}
-			if got := r.count(t, 9, req("api", d("user=bob"))); got != 7 {
-				t.Errorf("bob: %d of 9 admitted, want 7 (a counter per value)", got)
-			}
-			if n := r.metric(t, "floodgate_sidecar_fallback_decisions_total"); n != 0 {
-				t.Errorf("%v decisions fell back: the store calls failed", n)
-			}
-			if got := r.metric(t, "floodgate_sidecar_decisions_total", "rule", "per-user", "result", "allowed"); got != 14 {
-				t.Errorf("allowed decisions metric %v, want 14", got)
-			}
+			})
 		})
 	}
 }
@@ -446,7 +448,12 @@ policies:
 func TestFailModesWithClusterKilled(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, redistest.Options{Masters: 1, NodeTimeout: time.Second})
-	store := redisStore(t, c, 200*time.Millisecond)
+	// A call budget no answer of a loaded machine reaches, as in
+	// TestExactCountsPerAlgorithmRedis: the healthy call must decide on
+	// the cluster, and a timed-out call would fall back instead. The
+	// calls after the kill do not wait for it: the dead node refuses
+	// them, and its breaker then fails them at once.
+	store := redisStore(t, c, 2*time.Second)
 	// The fallback runs on a clock the test moves: what it admits depends
 	// on the instants of the calls, not on how fast they are made.
 	var now atomic.Int64
@@ -465,6 +472,22 @@ policies:
     match: {descriptors: {domain: d, entries: [{key: closed}]}}
     limit: {requests: 10, per: 1h, algorithm: FixedWindow}
 `, setup{store: store, parallel: true, clock: func() time.Time { return time.Unix(0, now.Load()) }})
+	// The healthy call needs the store ready: its slot map loaded, its
+	// connection to the master up and the rules' script (FixedWindow)
+	// cached there. A first call does all of that within its own call
+	// budget, which a loaded machine can exceed: the test waits for a call
+	// of the store's own, on a key of its own, to answer.
+	warm := limiter.Request{Key: "warm-up", Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1_000_000, Period: time.Hour}, Cost: 1}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, _, err := store.Take(t.Context(), warm)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, limiter.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("the store does not answer 10s after the cluster started: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// Healthy: both decide on the cluster.
 	if out := r.call(t, req("d", d("open=a"), d("closed=a"))); out.OverallCode != ok {
 		t.Fatalf("healthy: %v", out)
