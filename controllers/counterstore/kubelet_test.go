@@ -310,6 +310,22 @@ func (k *kubelet) clients() []*redis.Client {
 	return out
 }
 
+// pids returns the process IDs of the running containers' redis-servers
+// (the start script execs it), for a lateness probe to watch.
+func (k *kubelet) pids() []int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []int
+	for _, c := range k.pods {
+		if c.proc != nil {
+			if pid := c.proc.Pid(); pid > 0 {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
 // clusterOK reports whether every running node says cluster_state:ok with
 // all slots ok.
 func (k *kubelet) clusterOK(ctx context.Context) bool {

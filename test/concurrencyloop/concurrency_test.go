@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgate-dev/floodgate/test/redistest"
 	"github.com/floodgate-dev/floodgate/test/simnode"
@@ -274,15 +277,49 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 	killed := time.Now()
 	<-scs[0].Done()
 	// The dead sidecar never releases its slots: they come back when their
-	// leases expire, a lease TTL after their last renewal, which was
-	// before the kill (a renewal's margin for one in flight then). From
-	// then on all ten are free, so ten concurrent requests through the
-	// live sidecars, the first since the kill, are all admitted. (No
+	// leases expire, in Redis, a lease TTL after their last renewal, by
+	// Redis's clock, which the acquire script reads to drop them. That
+	// renewal was before the kill, or in flight then: Redis has run every
+	// call the sidecar sent before it died when it answers a read sent
+	// after its exit, so no lease of the first such read expires more than
+	// a lease TTL after that read (measured from the kill: the TTL plus
+	// however long the machine took to let the test read).
+	rdb := cluster.NewClient()
+	defer func() { _ = rdb.Close() }()
+	key := leaseKey(t, rdb)
+	first := readLeases(t, rdb, key)
+	held := first.live()
+	if len(held) == 0 {
+		t.Fatalf("%s holds no live lease after sidecar 0 was killed holding every slot: %v", key, first.expires)
+	}
+	var last time.Time
+	for id, exp := range held {
+		if limit := first.now.Add(leaseTTL); exp.After(limit) {
+			t.Errorf("sidecar 0's lease %s expires %v after the kill: more than the lease TTL %s after Redis read it, %v after the kill, when any renewal of it had run",
+				id, exp.Sub(killed).Round(time.Millisecond), leaseTTL, first.now.Sub(killed).Round(time.Millisecond))
+		}
+		if exp.After(last) {
+			last = exp
+		}
+	}
+	// Wait on Redis until they have expired by its clock. The timeout only
+	// bounds a hang: Redis's clock passes the last expiry on its own.
+	var expired leases
+	if err := simnode.Poll(context.Background(), 10*time.Millisecond, time.Until(last)+30*time.Second, "sidecar 0's leases expired in Redis", func() (bool, error) {
+		l, err := tryReadLeases(context.Background(), rdb, key)
+		if err != nil {
+			return false, nil //nolint:nilerr // a read that failed: read again
+		}
+		expired = l
+		return len(l.live()) == 0, nil
+	}); err != nil {
+		t.Fatalf("%v: Redis's clock at %v after the kill, its live leases %v", err, expired.now.Sub(killed).Round(time.Millisecond), expired.live())
+	}
+	// From then on all ten are free, so ten concurrent requests through
+	// the live sidecars, the first since the kill, are all admitted. (No
 	// request is admitted before them: a live sidecar gives a slot back
 	// after its answer has gone, and a next request could find it still
 	// taken.)
-	bound := killed.Add(leaseTTL + 500*time.Millisecond)
-	time.Sleep(time.Until(bound))
 	a.hold.Store(int64(200 * time.Millisecond))
 	var admitted atomic.Int64
 	var wg2 sync.WaitGroup
@@ -296,9 +333,123 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 		}()
 	}
 	wg2.Wait()
-	t.Logf("%d of %d concurrent requests admitted %v after SIGKILL (lease TTL %s)", admitted.Load(), maxInFlight, bound.Sub(killed), leaseTTL)
+	t.Logf("sidecar 0 held %d leases, read %v after SIGKILL, the last expiring %v after it (lease TTL %s), and expired by Redis's clock %v after it; then %d of %d concurrent requests admitted",
+		len(held), first.now.Sub(killed).Round(time.Millisecond), last.Sub(killed).Round(time.Millisecond), leaseTTL, expired.now.Sub(killed).Round(time.Millisecond), admitted.Load(), maxInFlight)
 	if got := admitted.Load(); got != maxInFlight {
-		t.Errorf("%v after sidecar 0 was killed, %d of %d concurrent requests were admitted, want all: its slots come back within the lease TTL %s",
-			bound.Sub(killed), got, maxInFlight, leaseTTL)
+		t.Errorf("once sidecar 0's leases had expired in Redis (%v after it was killed), %d of %d concurrent requests were admitted, want all: its slots come back within the lease TTL %s",
+			expired.now.Sub(killed).Round(time.Millisecond), got, maxInFlight, leaseTTL)
 	}
+}
+
+// leaseKey returns the key of the concurrency leases in the cluster: the
+// one key redisstore.SlotKey names, fg:{<tag>}:cc:1, that the test's
+// requests, all of one tenant, take their slots on.
+func leaseKey(t *testing.T, rdb *redis.ClusterClient) string {
+	t.Helper()
+	var keys []string
+	if err := simnode.Poll(context.Background(), 10*time.Millisecond, 30*time.Second, "a scan of the cluster's lease keys", func() (bool, error) {
+		var mu sync.Mutex
+		keys = nil
+		err := rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			it := c.Scan(ctx, 0, "fg:*:cc:1", 100).Iterator()
+			for it.Next(ctx) {
+				mu.Lock()
+				keys = append(keys, it.Val())
+				mu.Unlock()
+			}
+			return it.Err()
+		})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 {
+		t.Fatalf("the cluster holds lease keys %v, want one: the key of tenant acme's slots", keys)
+	}
+	return keys[0]
+}
+
+// leases is what a lease key held at an instant of Redis's clock.
+type leases struct {
+	// now is Redis's clock when it was read.
+	now time.Time
+	// expires holds when each lease, by id, expires.
+	expires map[string]time.Time
+}
+
+// live returns the leases that have not expired at l.now: those the
+// acquire script, which drops every lease whose expiry is at or before its
+// now, would keep.
+func (l leases) live() map[string]time.Time {
+	out := map[string]time.Time{}
+	for id, exp := range l.expires {
+		if exp.After(l.now) {
+			out[id] = exp
+		}
+	}
+	return out
+}
+
+// leasesScript reads a lease key (concurrency_acquire.lua: members are
+// lease ids, scores their expiry in microseconds since the epoch) and
+// Redis's clock at once.
+var leasesScript = redis.NewScript(`local t = redis.call('TIME')
+return {t[1] .. string.format('%06d', tonumber(t[2])), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}`)
+
+func readLeases(t *testing.T, rdb *redis.ClusterClient, key string) leases {
+	t.Helper()
+	var l leases
+	if err := simnode.Poll(context.Background(), 10*time.Millisecond, 30*time.Second, "a read of "+key, func() (bool, error) {
+		var err error
+		l, err = tryReadLeases(context.Background(), rdb, key)
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func tryReadLeases(ctx context.Context, rdb *redis.ClusterClient, key string) (leases, error) {
+	res, err := leasesScript.Run(ctx, rdb, []string{key}).Slice()
+	if err != nil {
+		return leases{}, err
+	}
+	if len(res) != 2 {
+		return leases{}, fmt.Errorf("reading %s: reply %v, want Redis's clock and the leases", key, res)
+	}
+	now, err := micros(res[0])
+	if err != nil {
+		return leases{}, err
+	}
+	flat, ok := res[1].([]any)
+	if !ok || len(flat)%2 != 0 {
+		return leases{}, fmt.Errorf("reading %s: leases %v, want ids and expiries", key, res[1])
+	}
+	l := leases{now: now, expires: map[string]time.Time{}}
+	for i := 0; i < len(flat); i += 2 {
+		id, ok := flat[i].(string)
+		if !ok {
+			return leases{}, fmt.Errorf("reading %s: lease id %v", key, flat[i])
+		}
+		exp, err := micros(flat[i+1])
+		if err != nil {
+			return leases{}, err
+		}
+		l.expires[id] = exp
+	}
+	return l, nil
+}
+
+// micros reads a count of microseconds since the epoch, as Redis returns
+// it: a decimal string (a sorted set's score, formatted as a double).
+func micros(v any) (time.Time, error) {
+	s, ok := v.(string)
+	if !ok {
+		return time.Time{}, fmt.Errorf("%v (%T) is no count of microseconds", v, v)
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is no count of microseconds: %w", s, err)
+	}
+	return time.UnixMicro(int64(f)), nil
 }
