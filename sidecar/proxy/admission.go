@@ -253,11 +253,11 @@ func (d *Decision) admissionProblem() problemSpec {
 			d2: strconv.FormatInt(d.InFlight, 10), d3: " requests in flight, at most ", d4: strconv.FormatInt(r.Max, 10), secs: secs}
 	case ConcurrencyUnavailable:
 		r := d.Slot.Engine
-		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: "Service Unavailable",
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: titleUnavailable,
 			d0: "the counter store for policy ", d1: r.Policy, d2: ", rule ", d3: r.Name,
 			d4: " is unreachable and the rule fails closed", secs: ratelimitheaders.RetrySeconds(engine.UnavailableRetryAfter)}
 	}
-	return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemOverloaded, title: "Service Unavailable",
+	return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemOverloaded, title: titleUnavailable,
 		d0: "the service is overloaded and sheds ", d1: d.Priority.String(), d2: " requests; retry later",
 		secs: ratelimitheaders.RetrySeconds(shedder.RetryAfter)}
 }

@@ -238,7 +238,7 @@ func (d *Decision) problem() problemSpec {
 			d0: "rate limit of policy ", d1: r.Policy, d2: ", rule ", d3: r.Name, d4: " exceeded", secs: d.Binding.RetrySeconds()}
 	case Unavailable:
 		r := d.Rule.Engine
-		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: "Service Unavailable",
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: titleUnavailable,
 			d0: "the counter store for policy ", d1: r.Policy, d2: ", rule ", d3: r.Name,
 			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
 	case Rejected:
@@ -250,8 +250,11 @@ func (d *Decision) problem() problemSpec {
 	case TooLarge:
 		return problemSpec{status: http.StatusRequestHeaderFieldsTooLarge, typ: ProblemTooLarge, title: "Request Header Fields Too Large", d0: d.Detail}
 	case NoConfig:
-		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: "Service Unavailable",
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemNoConfig, title: titleUnavailable,
 			d0: "the rate limiter has no configuration yet", secs: ratelimitheaders.RetrySeconds(time.Second)}
+	case AtCapacity:
+		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemAtCapacity, title: titleUnavailable,
+			d0: d.Detail, secs: ratelimitheaders.RetrySeconds(time.Second)}
 	}
 	return problemSpec{status: http.StatusBadGateway, typ: ProblemUpstream, title: "Bad Gateway", d0: "the application did not answer"}
 }
@@ -281,10 +284,10 @@ func AppendFields(b []byte, d *Decision) []byte {
 }
 
 // AppendProblem appends the whole HTTP/1.1 answer of a decision that is
-// not proxied (Denied, Unavailable, Rejected, NoConfig, or UpstreamError):
-// status line, the problem fields, the rate-limit fields, date (an HTTP
-// date, or nil for none), "Connection: close" when closing, and the
-// problem+json body. It allocates nothing when b has room.
+// not proxied (Denied, Unavailable, Rejected, NoConfig, AtCapacity, or
+// UpstreamError): status line, the problem fields, the rate-limit fields,
+// date (an HTTP date, or nil for none), "Connection: close" when closing,
+// and the problem+json body. It allocates nothing when b has room.
 func AppendProblem(b []byte, d *Decision, date []byte, closing bool) []byte {
 	ps := d.problem()
 	b = append(b, "HTTP/1.1 "...)

@@ -107,12 +107,16 @@ type Options struct {
 	// stalls or trickles is cut off and the application sees it end
 	// early.
 	BodyTimeout time.Duration
+	// BodyMinRate, when positive, is the slowest a request body may
+	// arrive, in bytes per second over each window (see NewBodyPace).
+	BodyMinRate int64
 }
 
 // Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
 // be called at any time and applies to requests that start afterwards.
 type Proxy struct {
 	o     Options
+	pace  BodyPace
 	rules atomic.Pointer[ruleset.Set]
 	rp    *httputil.ReverseProxy
 	pool  sync.Pool
@@ -136,6 +140,9 @@ func New(o Options) (*Proxy, error) {
 		o.Transport = NewTransport(o.UpstreamH2C)
 	}
 	p := &Proxy{o: o}
+	if o.BodyTimeout > 0 {
+		p.pace = NewBodyPace(o.BodyTimeout, o.BodyMinRate)
+	}
 	p.pool.New = func() any { return new(State) }
 	up := o.Upstream
 	p.rp = &httputil.ReverseProxy{
@@ -226,7 +233,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stripUpgrade(r.Header)
-	r = timeBody(w, r, p.o.BodyTimeout)
+	r = timeBody(w, r, p.pace)
 	if strings.IndexByte(r.RequestURI, '#') >= 0 {
 		// As the lean core's parser refuses it (h1): a request-target
 		// has no fragment, and servers that cut it off route "/admin#x"

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/proxy"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -94,12 +95,22 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	// BodyTimeout is how long each proxy.BodyWindow bytes of a request
 	// body may take to arrive.
-	BodyTimeout   time.Duration
-	DrainTimeout  time.Duration
-	DenyCacheKeys int
-	LocalMaxKeys  int
-	EventQueue    int
-	LogLevel      string
+	BodyTimeout time.Duration
+	// BodyMinRate, when positive, is the slowest a request body may
+	// arrive, in bytes per second over each window (proxy.NewBodyPace).
+	BodyMinRate int64
+	// MaxConnections caps the client connections open at once on the
+	// proxy listener, over both fronts; 0 is no cap.
+	MaxConnections int
+	// MaxPendingHeadBytes caps the bytes of request heads the client
+	// connections hold beyond each head's first proxy.HeadAllowance; 0 is
+	// no cap.
+	MaxPendingHeadBytes int64
+	DrainTimeout        time.Duration
+	DenyCacheKeys       int
+	LocalMaxKeys        int
+	EventQueue          int
+	LogLevel            string
 	// GRPCListen, when set, serves Envoy's rate-limit service
 	// (ShouldRateLimit), gRPC health and reflection on this address.
 	GRPCListen string
@@ -141,6 +152,19 @@ const (
 	DefaultPollInterval = time.Second
 )
 
+// Defaults of the resource budgets. With them the sidecar stays inside
+// the memory limit the injector gives it (256Mi) with every connection
+// held by an attacker, on either front, while clients past 10,000
+// hostile connections are still served: measured with 10,000 partial
+// heads, 1,000 trickling bodies and 5,000 idle h2c connections
+// (docs/performance.md, "Hostile connections"). A connection costs 10-16
+// KiB with a partial head (the lean core, net/http), an h2c one about 34
+// KiB and counts twice (proxy.H2ConnWeight).
+const (
+	DefaultMaxConnections      = 10240
+	DefaultMaxPendingHeadBytes = 16 << 20
+)
+
 // RegisterFlags defines the flags on fs, bound to c.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", DefaultListen, "address the proxy listens on (HTTP/1.1 and h2c)")
@@ -179,6 +203,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "longest each 64 KiB of a request body, and its last part, may take to arrive; a body that stalls or trickles more slowly is cut off")
+	fs.Int64Var(&c.BodyMinRate, "body-min-rate", 0, "slowest a request body may arrive, in bytes per second over each window (64 KiB, or a second's worth when more); a slower body is cut off with 408; 0: off")
+	fs.IntVar(&c.MaxConnections, "max-connections", DefaultMaxConnections, "most client connections open at once on --listen, over both HTTP fronts; past it a new connection is answered 503 and closed; 0: no cap")
+	fs.Int64Var(&c.MaxPendingHeadBytes, "max-pending-head-bytes", DefaultMaxPendingHeadBytes, "most bytes of request heads held beyond each head's first 4 KiB, over all connections; a connection that would go past it is answered 503 and closed; 0: no cap")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 15*time.Second, "how long shutdown waits for in-flight requests")
 	fs.IntVar(&c.DenyCacheKeys, "deny-cache-keys", 100000, "bound on the local deny cache")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 1<<20, "bound on keys in the in-memory and fallback stores")
@@ -306,6 +333,7 @@ func (c *Config) Validate() error {
 	if c.BodyTimeout <= 0 {
 		bad("body-timeout", "must be positive, got %v", c.BodyTimeout)
 	}
+	c.validateBudgets(bad)
 	if c.ReadHeaderTimeout <= 0 {
 		bad("read-header-timeout", "must be positive, got %v", c.ReadHeaderTimeout)
 	}
@@ -330,6 +358,20 @@ func (c *Config) Validate() error {
 		bad("log-level", "must be debug, info, warn or error, got %q", c.LogLevel)
 	}
 	return errors.Join(errs...)
+}
+
+// validateBudgets checks the bounds on what clients hold: connections,
+// head bytes and the pace of bodies.
+func (c *Config) validateBudgets(bad func(flagName, format string, args ...any)) {
+	if least := proxy.MinUsefulRate(c.BodyTimeout); c.BodyMinRate < 0 || c.BodyMinRate > 0 && c.BodyMinRate < least {
+		bad("body-min-rate", "must be 0 (off) or at least %d bytes/s, what --body-timeout %v already requires (64 KiB per timeout), got %d", least, c.BodyTimeout, c.BodyMinRate)
+	}
+	if c.MaxConnections < 0 {
+		bad("max-connections", "must be 0 (no cap) or positive, got %d", c.MaxConnections)
+	}
+	if c.MaxPendingHeadBytes < 0 || c.MaxPendingHeadBytes > 0 && c.MaxPendingHeadBytes < int64(c.MaxHeaderBytes) {
+		bad("max-pending-head-bytes", "must be 0 (no cap) or at least --max-header-bytes (%d), got %d", c.MaxHeaderBytes, c.MaxPendingHeadBytes)
+	}
 }
 
 // validateRedis checks the Redis store's flags.

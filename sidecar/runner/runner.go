@@ -48,6 +48,9 @@ type Runner struct {
 	reg *prometheus.Registry
 	m   *metrics.Metrics
 	ev  *events.Queue
+	// budget bounds the client connections of both HTTP fronts and the
+	// request heads they hold.
+	budget *proxy.Budget
 	// started is when the counters started, for the usage report.
 	started time.Time
 
@@ -180,6 +183,8 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 	}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.m = metrics.NewMetrics(r.reg)
+	r.budget = proxy.NewBudget(proxy.BudgetOptions{MaxConnections: cfg.MaxConnections,
+		MaxPendingHeadBytes: cfg.MaxPendingHeadBytes, Registerer: r.reg})
 	r.ev = events.NewQueue(cfg.EventQueue, log.With("component", "deny-events"),
 		r.m.DenyEventsTotal.WithLabelValues("logged"), r.m.DenyEventsTotal.WithLabelValues("dropped"))
 	r.ev.CountUnlogged(r.m.DenyEventsTotal.WithLabelValues("unlogged"))
@@ -271,14 +276,19 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	// The proxy listener serves from the start: 503 until the first good
 	// config has opened the store and built the proxy.
+	// Both fronts take their connections from one listener, which counts
+	// each once against the cap on connections; the lean core charges
+	// the heads it reads itself, the net/http server's are counted on
+	// its connections (HeadListener).
 	srv := r.proxyServer()
 	proxyErr := make(chan error, 1)
+	ln := lingerListener{Listener: r.proxyLn, budget: r.budget}
 	ls := r.leanServer()
 	if ls != nil {
-		go func() { proxyErr <- ls.Serve(lingerListener{r.proxyLn}) }()
-		go func() { _ = srv.Serve(ls.Handoff()) }()
+		go func() { proxyErr <- ls.Serve(ln) }()
+		go func() { _ = srv.Serve(r.budget.HeadListener(ls.Handoff())) }()
 	} else {
-		go func() { proxyErr <- srv.Serve(lingerListener{r.proxyLn}) }()
+		go func() { proxyErr <- srv.Serve(r.budget.HeadListener(ln)) }()
 	}
 	// The Envoy rate-limit service serves from the start too: UNAVAILABLE
 	// and health NOT_SERVING until the first good config.
@@ -381,7 +391,9 @@ func (r *Runner) proxyServer() *http.Server {
 	ps.SetHTTP1(true)
 	ps.SetUnencryptedHTTP2(true)
 	return &http.Server{
-		Handler:           http.HandlerFunc(r.serveProxy),
+		Handler:           r.budget.Handler(http.HandlerFunc(r.serveProxy)),
+		ConnState:         r.budget.ConnState,
+		ConnContext:       r.budget.ConnContext,
 		Protocols:         &ps,
 		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
@@ -412,6 +424,8 @@ func (r *Runner) leanServer() *lean.Server {
 		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
 		BodyTimeout:       r.cfg.BodyTimeout,
+		BodyMinRate:       r.cfg.BodyMinRate,
+		Budget:            r.budget,
 		IdleTimeout:       2 * time.Minute,
 		Log:               r.log,
 	})
@@ -534,7 +548,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 	}
 	up, _ := url.Parse(r.cfg.Upstream) // validated
 	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log,
-		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout})
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout, BodyMinRate: r.cfg.BodyMinRate})
 	if err != nil {
 		_ = closeStore(st)
 		return err

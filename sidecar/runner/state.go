@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"io"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -160,53 +158,4 @@ func (r *Runner) watchKeyFiles(ctx context.Context) {
 		}
 		r.applyMu.Unlock()
 	}
-}
-
-// lingerListener's connections read and discard what the client is still
-// sending before they close after an error answer, for at most
-// lingerTime and lingerBytes: net/http answers 431 to a header block
-// larger than its bound and closes, and closing with unread data resets
-// the connection, which throws away the answer before the client reads
-// it.
-type lingerListener struct{ net.Listener }
-
-// Linger bounds.
-const (
-	lingerTime  = 2 * time.Second
-	lingerBytes = 32 << 20
-)
-
-// Accept implements net.Listener.
-func (l lingerListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		return &lingerConn{TCPConn: tc}, nil
-	}
-	return c, nil
-}
-
-// lingerConn is a TCP connection that lingers on Close after CloseWrite.
-type lingerConn struct {
-	*net.TCPConn
-	halfClosed bool
-}
-
-// CloseWrite implements the half close net/http does before an error
-// close (closeWriteAndWait).
-func (c *lingerConn) CloseWrite() error {
-	c.halfClosed = true
-	return c.TCPConn.CloseWrite()
-}
-
-// Close drains what the client still sends after a half close, so that it
-// reads the answer, then closes.
-func (c *lingerConn) Close() error {
-	if c.halfClosed {
-		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
-		_, _ = io.CopyN(io.Discard, c.TCPConn, lingerBytes)
-	}
-	return c.TCPConn.Close()
 }

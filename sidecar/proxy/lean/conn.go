@@ -28,12 +28,15 @@ const (
 )
 
 // The buffer sizes: a connection starts with bufSize and grows its
-// request buffer up to the head bound when a head needs it.
+// request buffer up to the head bound when a head needs it; once it has
+// waited parkAfter for its next request, it parks (see park) and its
+// buffer is back at bufSize.
 const (
-	bufSize       = 4 << 10
+	bufSize       = proxy.HeadAllowance
 	maxRespHead   = 1 << 20
 	smallBody     = 2 << 10 // buffered body bytes copied next to the head rather than written by writev
 	maxCanonNames = 256
+	parkAfter     = time.Second
 )
 
 // conn is one client connection.
@@ -57,7 +60,18 @@ type conn struct {
 	chunk h1.Chunked
 
 	up  *upConn
-	out []byte // the head being written
+	out []byte // the head being written; see scratch
+
+	// charged is what the head budget holds for this connection: its
+	// request buffer beyond bufSize.
+	charged int64
+	// parked is set while the connection waits for a request with no
+	// more than it needs for that (see park).
+	parked bool
+	// fresh is set until the client sends its first byte: a new
+	// connection waits for its first request no longer than a head may
+	// take, as net/http's do.
+	fresh bool
 
 	// deadline bookkeeping: what kind of read deadline is set and when it
 	// was set for an idle wait.
@@ -95,8 +109,7 @@ type upConn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	c := &conn{s: s, nc: nc, buf: make([]byte, bufSize), hdr: http.Header{}, canon: map[string]string{},
-		out: make([]byte, 0, bufSize)}
+	c := &conn{s: s, nc: nc, buf: make([]byte, bufSize), hdr: http.Header{}, canon: map[string]string{}, fresh: true}
 	c.remote = nc.RemoteAddr().String()
 	c.peer = c.remote
 	if host, _, err := net.SplitHostPort(c.remote); err == nil {
@@ -132,6 +145,8 @@ func (c *conn) serve() {
 		if !handedOff {
 			_ = c.nc.Close()
 		}
+		c.s.o.Budget.ReleaseHead(c.charged)
+		c.charged = 0
 		c.s.forget(c)
 	}()
 	for {
@@ -175,15 +190,8 @@ func (c *conn) readHead() (int, bool) {
 			c.w = copy(c.buf, c.buf[c.r:c.w])
 			c.r = 0
 		}
-		if c.w == len(c.buf) {
-			limit := c.s.o.MaxHeaderBytes + 64
-			if len(c.buf) >= limit {
-				c.answerError(http.StatusRequestHeaderFieldsTooLarge, "request header fields too large")
-				return 0, false
-			}
-			nb := make([]byte, min(2*len(c.buf), limit))
-			copy(nb, c.buf[:c.w])
-			c.buf = nb
+		if c.w == len(c.buf) && !c.grow() {
+			return 0, false
 		}
 		idle := c.w == 0
 		if idle {
@@ -207,9 +215,17 @@ func (c *conn) readHead() (int, bool) {
 			return 0, false // Shutdown closed it
 		}
 		c.w += m
+		if m > 0 && (c.parked || c.fresh) {
+			c.parked, c.fresh, c.dlIdle = false, false, false
+		}
 		if err != nil {
 			var ne net.Error
-			if c.w > 0 && errors.As(err, &ne) && ne.Timeout() {
+			timeout := errors.As(err, &ne) && ne.Timeout()
+			if c.w == 0 && timeout && !c.parked && c.idleTimeout() > parkAfter {
+				c.park()
+				continue
+			}
+			if c.w > 0 && timeout {
 				c.answerError(http.StatusRequestTimeout, "request head not received in time")
 			}
 			return 0, false
@@ -217,15 +233,110 @@ func (c *conn) readHead() (int, bool) {
 	}
 }
 
+// grow doubles the request buffer, up to the head bound, for a head that
+// fills it, charging the head budget for it. False when the connection
+// is to be closed: the head is too large (431), or its buffer does not
+// fit in the budget (503).
+func (c *conn) grow() bool {
+	limit := c.s.o.MaxHeaderBytes + 64
+	if len(c.buf) >= limit {
+		c.answerError(http.StatusRequestHeaderFieldsTooLarge, "request header fields too large")
+		return false
+	}
+	n := min(2*len(c.buf), limit)
+	if more := int64(n-bufSize) - c.charged; more > 0 {
+		if !c.s.o.Budget.ReserveHead(more) {
+			c.s.o.Budget.RefusedHead()
+			c.refuse(proxy.DetailHeadBudget)
+			return false
+		}
+		c.charged += more
+	}
+	nb := make([]byte, n)
+	copy(nb, c.buf[:c.w])
+	c.buf = nb
+	return true
+}
+
+// park lets go of what a connection that waits for its next request
+// holds beyond its first read buffer, so that idle keep-alive connections
+// cost little: the grown request buffer (and its head budget charge), the
+// scratch, the upstream connection (back to the server's pool), the
+// parsed head and its header map, and the decision's scratch. They are
+// taken again, at their first sizes, by the next request. A connection
+// parks once it has waited parkAfter (by its idle deadline), and then
+// waits the rest of the idle timeout.
+func (c *conn) park() {
+	c.parked = true
+	if len(c.buf) > bufSize {
+		c.buf = make([]byte, bufSize)
+	}
+	c.r, c.w = 0, 0
+	c.s.o.Budget.ReleaseHead(c.charged)
+	c.charged = 0
+	c.out, c.deny, c.denyKey, c.denyDate = nil, nil, denyKey{}, nil
+	if c.up != nil {
+		if c.up.r == c.up.w {
+			c.s.putUp(c.up)
+		} else {
+			_ = c.up.nc.Close()
+		}
+		c.up = nil
+	}
+	if cap(c.req.Fields) > 0 {
+		// A head was parsed since the connection last parked.
+		c.req = h1.Request{}
+		c.hdr, c.vals = http.Header{}, nil
+		c.hreq.Header = c.hdr
+	}
+	if len(c.canon) > 0 {
+		c.canon = map[string]string{}
+	}
+	c.st = proxy.State{}
+	c.dlIdle, c.dlAt = true, c.s.second.Load()
+	_ = c.nc.SetReadDeadline(time.Now().Add(c.idleTimeout() - parkAfter))
+}
+
+// idleTimeout is how long the connection may wait for its next request:
+// the idle timeout, or the read header timeout for its first request
+// when that is shorter.
+func (c *conn) idleTimeout() time.Duration {
+	if c.fresh {
+		return min(c.s.o.IdleTimeout, c.s.o.ReadHeaderTimeout)
+	}
+	return c.s.o.IdleTimeout
+}
+
 // idleDeadline sets the idle read deadline, at most once a second (by
-// the server's once-a-second clock, so a request reads no clock for it).
+// the server's once-a-second clock, so a request reads no clock for it):
+// parkAfter from now (park), or the idle timeout when that is shorter.
+// A new connection's first wait sets it afresh.
 func (c *conn) idleDeadline() {
 	sec := c.s.second.Load()
-	if c.dlIdle && c.dlAt == sec {
+	if c.parked || c.dlIdle && c.dlAt == sec {
+		// A parked connection keeps the deadline park set.
 		return
 	}
 	c.dlIdle, c.dlAt = true, sec
-	_ = c.nc.SetReadDeadline(time.Now().Add(c.s.o.IdleTimeout))
+	_ = c.nc.SetReadDeadline(time.Now().Add(min(parkAfter, c.idleTimeout())))
+}
+
+// scratch returns the connection's scratch buffer, empty, for an answer
+// or a head to be written.
+func (c *conn) scratch() []byte {
+	if c.out == nil {
+		c.out = make([]byte, 0, bufSize)
+	}
+	return c.out[:0]
+}
+
+// refuse answers 503 at capacity (detail says which bound), and the
+// connection closes.
+func (c *conn) refuse(detail string) {
+	d := proxy.Decision{Outcome: proxy.AtCapacity, Detail: detail}
+	c.out = proxy.AppendProblem(c.scratch(), &d, *c.s.date.Load(), true)
+	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.nc.Write(c.out)
 }
 
 // noDeadline lifts the read deadline while a body streams.
@@ -392,7 +503,7 @@ func (c *conn) answer(d *proxy.Decision, n int) bool {
 		}
 		out = c.deny
 	} else {
-		c.out = proxy.AppendProblem(c.out[:0], d, *date, closing)
+		c.out = proxy.AppendProblem(c.scratch(), d, *date, closing)
 		out = c.out
 	}
 	c.r = next
@@ -405,7 +516,7 @@ func (c *conn) answer(d *proxy.Decision, n int) bool {
 // answerError answers a malformed request and the connection closes.
 func (c *conn) answerError(status int, reason string) {
 	text := http.StatusText(status)
-	b := c.out[:0]
+	b := c.scratch()
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, ' ')
@@ -450,7 +561,7 @@ func (c *conn) forward(p *proxy.Proxy, d *proxy.Decision, n int) bool {
 	}
 	bodyPending := rest > 0 || !chunkDone
 
-	c.out = c.appendRequestHead(c.out[:0], d, bodyPending)
+	c.out = c.appendRequestHead(c.scratch(), d, bodyPending)
 	body := c.buf[bodyStart : bodyStart+inBuf]
 	c.r = bodyStart + inBuf
 
@@ -556,7 +667,7 @@ func (c *conn) upstreamFailed(p *proxy.Proxy, up *upConn, err error) bool {
 		p.UpstreamFailed(err, string(c.req.Method), string(c.req.Path))
 	}
 	d := proxy.UpstreamError
-	c.out = proxy.AppendProblem(c.out[:0], &d, *c.s.date.Load(), true)
+	c.out = proxy.AppendProblem(c.scratch(), &d, *c.s.date.Load(), true)
 	_, _ = c.nc.Write(c.out)
 	return false
 }
@@ -669,21 +780,24 @@ func equalFoldBytes(a, b []byte) bool {
 }
 
 // streamBody sends the rest of the request body: rest Content-Length
-// bytes, spliced socket to socket, or the rest of a chunked body, checked
-// chunk by chunk on the way. With a body timeout, each proxy.BodyWindow
-// bytes must arrive within it.
+// bytes, copied socket to socket, or the rest of a chunked body, checked
+// chunk by chunk on the way. With a body timeout, the body must arrive at
+// the server's pace: each window within its time.
 func (c *conn) streamBody(up *upConn, rest int64) error {
 	c.noDeadline()
-	timeout := c.s.o.BodyTimeout
+	pace := c.s.pace
 	renew := func() {
-		if timeout > 0 {
-			_ = c.nc.SetReadDeadline(time.Now().Add(timeout))
+		if pace.Time > 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(pace.Time))
 		}
 	}
 	defer c.noDeadline()
 	for rest > 0 {
 		renew()
-		window := min(rest, proxy.BodyWindow)
+		window := rest
+		if pace.Time > 0 {
+			window = min(rest, pace.Window)
+		}
 		n, err := io.CopyN(up.nc, c.nc, window)
 		rest -= n
 		if err != nil {
@@ -712,7 +826,7 @@ func (c *conn) streamBody(up *upConn, rest int64) error {
 				return err
 			}
 			c.r, c.w = k, m
-			if got += m; got >= proxy.BodyWindow {
+			if got += m; pace.Time > 0 && int64(got) >= pace.Window {
 				got = 0
 				renew()
 			}
@@ -820,7 +934,7 @@ func (c *conn) relay(up *upConn, d *proxy.Decision, head bool) bool {
 		inBuf = avail
 	}
 
-	b := append(c.out[:0], "HTTP/1.1 "...)
+	b := append(c.scratch(), "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(rs.Status), 10)
 	b = append(b, ' ')
 	b = append(b, rs.Reason...)

@@ -15,6 +15,12 @@
 // bytes already read, to the net/http server behind Handoff(). The handoff
 // happens at a request boundary, before anything was answered, so the
 // net/http server sees the connection as if it had accepted it.
+//
+// What a connection holds is bounded: its read buffer grows for a large
+// head only as far as the head budget (Options.Budget) allows, and a
+// connection that has waited a second for its next request parks, giving
+// back everything it grew and its upstream connection, so that idle
+// keep-alive connections cost a 4 KiB buffer and about 2 KiB of state.
 package lean
 
 import (
@@ -46,6 +52,14 @@ type Options struct {
 	// BodyTimeout, when positive, is how long each proxy.BodyWindow
 	// bytes of a request body, and its last part, may take to arrive.
 	BodyTimeout time.Duration
+	// BodyMinRate, when positive, is the slowest a request body may
+	// arrive, in bytes per second over each window (proxy.NewBodyPace).
+	BodyMinRate int64
+	// Budget, when not nil, is charged for what each connection's head
+	// holds beyond proxy.HeadAllowance; a head that does not fit is
+	// answered 503 and its connection closed. The listener Serve is
+	// given counts the connections themselves against it.
+	Budget *proxy.Budget
 	// IdleTimeout bounds the wait for the next request on a kept-alive
 	// connection.
 	IdleTimeout time.Duration
@@ -59,6 +73,7 @@ type Options struct {
 // Server serves client connections with the lean core.
 type Server struct {
 	o       Options
+	pace    proxy.BodyPace // zero Time: bodies are not timed
 	handoff *handoffListener
 	dialer  net.Dialer
 
@@ -95,6 +110,9 @@ func New(o Options) *Server {
 	}
 	s := &Server{o: o, conns: map[*conn]struct{}{}, stopTick: make(chan struct{}),
 		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
+	if o.BodyTimeout > 0 {
+		s.pace = proxy.NewBodyPace(o.BodyTimeout, o.BodyMinRate)
+	}
 	s.handoff = newHandoffListener()
 	s.tick(time.Now())
 	return s
@@ -225,8 +243,12 @@ func (s *Server) getUp() *upConn {
 	return nil
 }
 
-// putUp keeps an upstream connection for another client connection.
+// putUp keeps an upstream connection for another client connection,
+// with its read buffer back at its first size.
 func (s *Server) putUp(u *upConn) {
+	if len(u.buf) > bufSize {
+		u.buf, u.r, u.w = make([]byte, bufSize), 0, 0
+	}
 	s.poolMu.Lock()
 	if len(s.pool) < s.o.MaxIdleUpstream && !s.closing.Load() {
 		s.pool = append(s.pool, u)
