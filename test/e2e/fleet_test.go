@@ -36,6 +36,11 @@ spec:
 `, ns, storeName, rate, burst))
 		Eventually(func() string { return condition(ctx, ns, "shared", "Accepted") }).WithContext(ctx).Should(Equal("True/Accepted"))
 		fleet := startFleet(ctx, ns, "fleet", "shared", 3)
+		// The load starts on sidecars that have called every master: a
+		// first call, cold, may miss the budget and be decided on the
+		// fallback bucket, which the bound on those below is not about.
+		warmUp(ctx, fleet, "/warmup")
+		hits0 := backendHits(fleet)
 
 		fallbackAllowed := func() float64 {
 			return metricSum(ctx, fleet, "floodgate_sidecar_fallback_decisions_total", map[string]string{"policy": "shared", "rule": "per-tenant", "result": "allowed"})
@@ -81,7 +86,7 @@ spec:
 		Expect(shared).To(BeNumerically("<=", upper), "the shared count admits at most limit × window + burst")
 		Expect(onFallback).To(BeNumerically("<=", 0.05*float64(admitted)), "fallback decisions stay rare while the store answers")
 		Expect(float64(admitted)).To(BeNumerically(">=", lower), "at least 90%% of limit × window")
-		Expect(backendHits(fleet)).To(Equal(int64(admitted)), "the backends receive exactly the admitted requests")
+		Expect(backendHits(fleet)-hits0).To(Equal(int64(admitted)), "the backends receive exactly the admitted requests")
 		for i, m := range fleet {
 			Expect(res.perSidecar[i][http.StatusOK]+res.perSidecar[i][http.StatusTooManyRequests]).To(BeNumerically(">", 100),
 				"the load is spread over all three sidecars (%s)", m.pod)

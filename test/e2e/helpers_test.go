@@ -365,6 +365,39 @@ func drive(ctx context.Context, fleet []*member, ls loadSpec) load {
 	return res
 }
 
+// warmUp brings every sidecar of fleet to the state a spec that asserts
+// on its store's answers needs: connected to every master of the cluster,
+// with the scripts loaded there, and with every shard's last call
+// answered (fallback_active 0). A sidecar's first call to a shard loads
+// the slot map, dials, authenticates and loads the script, which on a busy
+// machine can miss the default call budget, and the rule then follows its
+// failure mode: warmUp's own requests, on keys of their own
+// (X-Tenant: warmup-<pod>-<n>, GET path), are not asserted on. It does not
+// change the budget the sidecars run on, nor any key the spec counts.
+func warmUp(ctx context.Context, fleet []*member, path string) {
+	GinkgoHelper()
+	masters, err := cluster.Masters(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(masters).NotTo(BeEmpty())
+	for _, m := range fleet {
+		n := 0
+		Eventually(func(g Gomega) {
+			n++
+			_, err := send(ctx, m.sidecar.URL, http.MethodGet, path, "X-Tenant", fmt.Sprintf("warmup-%s-%d", m.pod, n))
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, master := range masters {
+				ok, err := m.sidecar.Metric(ctx, "floodgate_sidecar_store_operations_total", map[string]string{"shard": master.Addr(), "result": "ok"})
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(ok).To(BeNumerically(">", 0), "calls of %s answered by master %s", m.pod, master.Addr())
+			}
+			active, err := m.sidecar.Metric(ctx, "floodgate_sidecar_fallback_active", nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(active).To(BeZero(), "fallback_active of %s", m.pod)
+		}).WithContext(ctx).WithPolling(10*time.Millisecond).Should(Succeed(), "%s calls every master and its last calls were answered", m.pod)
+		AddReportEntry("warm-up of "+m.pod, fmt.Sprintf("%d requests on keys of their own until it had called all %d masters", n, len(masters)))
+	}
+}
+
 // backendHits sums what the fleet's backends received.
 func backendHits(fleet []*member) int64 {
 	var n int64

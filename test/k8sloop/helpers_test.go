@@ -17,7 +17,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -251,8 +253,9 @@ func getPolicy(ctx context.Context, ns, name string) *v1alpha1.RateLimitPolicy {
 
 // updatePolicy changes a policy's spec, retrying on conflicts (the
 // controllers write its status), and returns when the write the API
-// server accepted was sent: the event a bound on the change's propagation
-// is measured from.
+// server accepted was sent. A bound on the change's propagation is
+// measured from the watch event instead (watchGeneration): the write's own
+// round trip (admission webhooks, etcd) is not the loop's latency.
 func updatePolicy(ctx context.Context, ns, name string, change func(*v1alpha1.RateLimitPolicy)) time.Time {
 	var sent time.Time
 	Eventually(func() error {
@@ -262,6 +265,31 @@ func updatePolicy(ctx context.Context, ns, name string, change func(*v1alpha1.Ra
 		return k8sClient.Update(ctx, p)
 	}).Should(Succeed())
 	return sent
+}
+
+// watchGeneration returns a channel that receives the instant a watch
+// saw the API server store generation gen (or a later one) of a policy:
+// the event the policy controller's own watch delivers, which a bound on
+// the change's propagation is measured from. Call it before the write.
+func watchGeneration(ctx context.Context, ns, name string, gen int64) <-chan time.Time {
+	GinkgoHelper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	w, err := dyn.Resource(v1alpha1.GroupVersion.WithResource("ratelimitpolicies")).Namespace(ns).
+		Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(w.Stop)
+	seen := make(chan time.Time, 1)
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && u.GetGeneration() >= gen {
+				seen <- time.Now()
+				return
+			}
+		}
+	}()
+	return seen
 }
 
 func isForbidden(err error) bool { return apierrors.IsForbidden(err) }

@@ -67,25 +67,36 @@ var _ = Describe("the policy loop", func() {
 		}).Should(Succeed())
 
 		By("applying policy changes within 2 s")
-		var latencies []time.Duration
+		var latencies, fromSent []time.Duration
 		limit := int64(0)
 		for i, requests := range []int64{5, 7, 3, 6, 4} {
 			before := sc.Status().Revision
-			// Timed from the write the API server accepted: the retries of
-			// a write that met the controller's status update are not the
-			// loop's latency.
-			written := updatePolicy(ctx, ns, "api", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = requests })
+			// Timed from the watch event of the stored change, the event
+			// the policy controller reacts to: neither the retries of a
+			// write that met the controller's status update nor the
+			// write's own round trip (the validating webhook, etcd) are
+			// the loop's latency.
+			gen := getPolicy(ctx, ns, "api").Generation + 1
+			stored := watchGeneration(ctx, ns, "api", gen)
+			sent := updatePolicy(ctx, ns, "api", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = requests })
 			Eventually(func() string { return sc.Status().Revision }).WithTimeout(10 * time.Second).WithPolling(2 * time.Millisecond).
 				ShouldNot(Equal(before))
-			latency := time.Since(written)
+			applied := time.Now()
+			var seen time.Time
+			Eventually(stored).Should(Receive(&seen), "the watch sees generation %d of the policy", gen)
+			latency := applied.Sub(seen)
 			latencies = append(latencies, latency)
-			Expect(latency).To(BeNumerically("<", 2*time.Second), "change %d took %v", i, latency)
+			fromSent = append(fromSent, applied.Sub(sent))
+			Expect(latency).To(BeNumerically("<", 2*time.Second), "change %d took %v from the watch event (%v from sending the write)", i, latency, applied.Sub(sent))
 			Expect(sc.Status().Revision).To(Equal(settled(ctx, ns, "api", 1)))
 			limit = requests
 		}
 		slices.Sort(latencies)
-		AddReportEntry("policy change to sidecar applied (RateLimitPolicy update -> controller -> ConfigMap -> watch -> runner)",
-			fmt.Sprintf("min %v, median %v, max %v over %d changes", latencies[0], latencies[len(latencies)/2], latencies[len(latencies)-1], len(latencies)))
+		slices.Sort(fromSent)
+		AddReportEntry("policy change to sidecar applied (watch event of the stored RateLimitPolicy change -> controller -> ConfigMap -> watch -> runner)",
+			fmt.Sprintf("min %v, median %v, max %v over %d changes (from sending the write: min %v, median %v, max %v)",
+				latencies[0], latencies[len(latencies)/2], latencies[len(latencies)-1], len(latencies),
+				fromSent[0], fromSent[len(fromSent)/2], fromSent[len(fromSent)-1]))
 		Expect(sc.codes("client-a", int(limit)+1)).To(Equal(limited(int(limit))), "the sidecar enforces the last limit")
 		Eventually(func() string { c := loadedCondition(ctx, ns, "api-0"); return c.Message }).Should(Equal(sc.Status().Revision))
 

@@ -43,6 +43,13 @@ import (
 	"github.com/floodgate-dev/floodgate/test/kubetest"
 )
 
+// controlPlaneStart bounds each start of etcd and the kube-apiserver,
+// BeforeSuite's and the restart a spec makes after killing the API server:
+// a wait for the state the spec needs (the API server healthy), not a
+// bound on floodgate. envtest's default of 20 s was missed by a restart on
+// 2 cores busy with other tests and two spinning processes.
+const controlPlaneStart = 2 * time.Minute
+
 // The names the manager's flags default to, as in the Helm chart.
 const (
 	managerNamespace = "floodgate-system"
@@ -89,6 +96,7 @@ var _ = BeforeSuite(func() {
 			MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mutating},
 			ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{validating},
 		},
+		ControlPlaneStartTimeout: controlPlaneStart,
 	}
 	// A fixed certificate directory keeps the API server's serving
 	// certificate across the restart one spec makes, so that clients
