@@ -117,8 +117,13 @@ func startHostile(t *testing.T, bin string, args ...string) *hostile {
 	writeAtomic(t, pf, policyDoc("r1", `limit: {requests: 1000000, per: 1s}`))
 	// --admin-pprof only serves the profiles, which report reads the
 	// live heap through.
+	// The head and body timeouts are long: an attack holds its
+	// connections only as long as the timeouts let it (it opens new
+	// ones as they are cut), and here every connection stays held until
+	// the test has measured, however slowly a busy machine opens them.
 	h.cmd = exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--upstream", be.URL, "--policy-file", pf, "--admin-pprof"}, args...)...)
+		"--upstream", be.URL, "--policy-file", pf, "--admin-pprof",
+		"--read-header-timeout", "10m", "--body-timeout", "10m"}, args...)...)
 	// What the sidecar sets from the container's limit
 	// (--memory-limit-ratio 0.9); this machine gives it none.
 	h.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+strconv.Itoa(injectedMemoryLimit*9/10))
