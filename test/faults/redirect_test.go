@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -129,6 +130,14 @@ func TestScriptFlushThenFailover(t *testing.T) {
 		len(ds), victim.Addr(), promoted.Addr(), got, maxTook(ds), after["NOSCRIPT"]-before["NOSCRIPT"], after["MOVED"]-before["MOVED"])
 	if got["allow/store"] != len(ds) {
 		t.Errorf("%d of %d decisions did not come from the store: %v", len(ds)-got["allow/store"], len(ds), got)
+		shown := 0
+		for _, d := range ds {
+			if d.outcome != engine.Allow || d.source != engine.FromStore {
+				if shown++; shown <= 10 {
+					t.Logf("sidecar %d, %v/%v at %v: %s", d.sidecar, d.outcome, d.source, d.at.Format("15:04:05.000"), d.story())
+				}
+			}
+		}
 	}
 	if after["NOSCRIPT"] == before["NOSCRIPT"] {
 		t.Error("no node answered NOSCRIPT: the flush was not exercised")
