@@ -131,17 +131,24 @@ func (c *conn) closeIfIdle() {
 
 var aLongTimeAgo = time.Unix(1, 0)
 
+// releaseUp gives the upstream connection back to the pool when it holds
+// no unread bytes, and closes it otherwise.
+func (c *conn) releaseUp() {
+	if c.up == nil {
+		return
+	}
+	if c.up.r == c.up.w {
+		c.s.putUp(c.up)
+	} else {
+		_ = c.up.nc.Close()
+	}
+	c.up = nil
+}
+
 func (c *conn) serve() {
 	handedOff := false
 	defer func() {
-		if c.up != nil {
-			if c.up.r == c.up.w {
-				c.s.putUp(c.up)
-			} else {
-				_ = c.up.nc.Close()
-			}
-			c.up = nil
-		}
+		c.releaseUp()
 		if !handedOff {
 			_ = c.nc.Close()
 		}
@@ -275,14 +282,7 @@ func (c *conn) park() {
 	c.s.o.Budget.ReleaseHead(c.charged)
 	c.charged = 0
 	c.out, c.deny, c.denyKey, c.denyDate = nil, nil, denyKey{}, nil
-	if c.up != nil {
-		if c.up.r == c.up.w {
-			c.s.putUp(c.up)
-		} else {
-			_ = c.up.nc.Close()
-		}
-		c.up = nil
-	}
+	c.releaseUp()
 	if cap(c.req.Fields) > 0 {
 		// A head was parsed since the connection last parked.
 		c.req = h1.Request{}
