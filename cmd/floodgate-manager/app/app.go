@@ -219,7 +219,7 @@ func NewManager(ctx context.Context, cfg *rest.Config, o Options) (ctrl.Manager,
 		RetryPeriod:                   &o.RetryPeriod,
 		GracefulShutdownTimeout:       &graceful,
 		Cache:                         CacheOptions(o.Webhook.Namespace),
-		WebhookServer:                 webhookServer(&o, tlsOpts),
+		WebhookServer:                 webhookServer(&o),
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
 	if err != nil {

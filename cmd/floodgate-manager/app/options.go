@@ -26,7 +26,8 @@ type Options struct {
 	ProbeAddr string
 	// EnableHTTP2 allows HTTP/2 on the metrics server. It is off by
 	// default because of the HTTP/2 stream-reset attacks
-	// (CVE-2023-44487, CVE-2023-39325).
+	// (CVE-2023-44487, CVE-2023-39325). The webhook server always offers
+	// HTTP/2: see webhookServer.
 	EnableHTTP2 bool
 
 	// LeaderElect makes only one replica active at a time.

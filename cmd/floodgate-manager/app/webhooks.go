@@ -130,9 +130,24 @@ type flagSet interface {
 // webhookServer is the controller-runtime webhook server of o: it loads
 // the files of --webhook-cert-dir through certwatcher, so a renewed
 // certificate is served without a restart.
-func webhookServer(o *Options, tlsOpts []func(*tls.Config)) webhook.Server {
-	return webhook.NewServer(webhook.Options{Port: o.Webhook.Port, CertDir: o.Webhook.CertDir, TLSOpts: tlsOpts})
+//
+// It always offers HTTP/2, whatever --enable-http2 says for the metrics
+// server. The API server keeps its connection to a webhook replica open
+// between admission requests, and a replica that stops must close it.
+// Over HTTP/1.1 that close races the API server's next request on the
+// connection, which then fails ("write: broken pipe") and, with
+// failurePolicy Fail, refuses the pod. Over HTTP/2 the stopping replica
+// sends GOAWAY first, and the API server's client retries any request the
+// replica did not take on a new connection, to another replica. The
+// stream-reset attacks that --enable-http2 guards the metrics server
+// against are bounded in the Go runtime the manager is built with (Go
+// 1.21.3 and later cap the handlers a connection can start).
+func webhookServer(o *Options) webhook.Server {
+	return webhook.NewServer(webhook.Options{Port: o.Webhook.Port, CertDir: o.Webhook.CertDir, TLSOpts: []func(*tls.Config){webhookTLS}})
 }
+
+// webhookTLS offers HTTP/2 and HTTP/1.1 to the webhook's callers.
+func webhookTLS(c *tls.Config) { c.NextProtos = []string{"h2", "http/1.1"} }
 
 // setupWebhookCert keeps the self-managed certificate: one sync now, so
 // that the files exist when the webhook server starts, then a loop.
