@@ -376,7 +376,9 @@ func (e *Extractor) appendAlt(r *Request, alt []part, buf []byte, shared bool) (
 			if len(vs) > 1 {
 				return buf, false, &RepeatedError{Part: p.String()}
 			}
-			found = len(vs) > 0
+			// An empty value is none: applications read the two alike
+			// (Go's Header.Get, nginx's $http_ variables).
+			found = len(vs) > 0 && vs[0] != ""
 			if found {
 				buf = append(buf, vs[0]...)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/descriptor"
@@ -108,6 +109,44 @@ func (st *State) fit(set *ruleset.Set) {
 // URL.Path, URL.RawQuery, Header (with canonical names), Host and
 // RemoteAddr. The returned Decision lives in st.
 func (p *Proxy) Check(r *http.Request, st *State) *Decision {
+	d := p.check(r, st)
+	if p.o.Checked != nil && d.Outcome != NoConfig {
+		p.o.Checked(checked(p.rules.Load(), r, st, d))
+	}
+	return d
+}
+
+// Checked is what a decision of Check was taken on, for Options.Checked.
+type Checked struct {
+	// Method and Path are the request's method and the path the rules
+	// matched (match.MatchPath of the request's).
+	Method, Path string
+	// Rules are the PolicyName of each rule that counted the request, and
+	// Keys its counter key, in the same order.
+	Rules, Keys []string
+	// Outcome is the decision's.
+	Outcome Outcome
+}
+
+// checked copies what Options.Checked is told out of r and st, which the
+// front reuses. Only an outcome the rules were evaluated for has hits.
+func checked(set *ruleset.Set, r *http.Request, st *State, d *Decision) Checked {
+	c := Checked{Method: strings.Clone(r.Method), Path: match.MatchPath(r.URL.Path), Outcome: d.Outcome}
+	switch d.Outcome {
+	case Pass, Allowed, Denied, Unavailable:
+	default:
+		return c
+	}
+	for i, h := range st.Hits {
+		if set != nil && i < len(st.Rules) && st.Rules[i] < len(set.Rules) {
+			c.Rules = append(c.Rules, set.Rules[st.Rules[i]].PolicyName)
+		}
+		c.Keys = append(c.Keys, strings.Clone(h.Key))
+	}
+	return c
+}
+
+func (p *Proxy) check(r *http.Request, st *State) *Decision {
 	d := &st.d
 	// A request a front did not Finish gives its slots back here.
 	st.adm.finish()

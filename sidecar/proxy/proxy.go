@@ -110,6 +110,14 @@ type Options struct {
 	// BodyMinRate, when positive, is the slowest a request body may
 	// arrive, in bytes per second over each window (see NewBodyPace).
 	BodyMinRate int64
+	// AllowUnderscoreHeaders forwards, and lets the rules read, header
+	// fields whose names contain an underscore; by default both fronts
+	// drop them (see UnderscoreName).
+	AllowUnderscoreHeaders bool
+	// Checked, when set, is told of every decision Check makes with the
+	// rules in force, after it makes it: what a harness compares with
+	// what the application parsed. It runs on the request's goroutine.
+	Checked func(Checked)
 }
 
 // Proxy is the HTTP handler. It is safe for concurrent use; SetRules may
@@ -233,6 +241,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stripUpgrade(r.Header)
+	dropUnforwarded(r.Header, p.o.AllowUnderscoreHeaders)
 	r = timeBody(w, r, p.pace)
 	if strings.IndexByte(r.RequestURI, '#') >= 0 {
 		// As the lean core's parser refuses it (h1): a request-target

@@ -90,6 +90,9 @@ type Config struct {
 	// (package proxy/lean); false sends every connection through
 	// net/http.
 	LeanHTTP1 bool
+	// AllowUnderscoreHeaders forwards header fields whose names contain
+	// an underscore; by default both fronts drop them.
+	AllowUnderscoreHeaders bool
 	// ReadHeaderTimeout bounds the time from a request head's first byte
 	// to its last (slowloris).
 	ReadHeaderTimeout time.Duration
@@ -200,6 +203,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
 		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")
+	fs.BoolVar(&c.AllowUnderscoreHeaders, "allow-underscore-headers", false, "forward request header fields whose names contain an underscore, and let rules read them; by default they are dropped, because CGI-style servers (WSGI, Rack, PHP) read X_Api_Key as X-Api-Key")
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", 30*time.Second, "longest each 64 KiB of a request body, and its last part, may take to arrive; a body that stalls or trickles more slowly is cut off")

@@ -89,6 +89,13 @@ func frozen() time.Time { return time.Date(2030, 1, 1, 12, 30, 30, 0, time.UTC) 
 // --debug-manual-clock makes them (clock.go); nil is the wall clock.
 func startSidecarOn(t *testing.T, clock func() time.Time, upstream, policy string, waitReady bool, args ...string) *sidecar {
 	t.Helper()
+	return startSidecarWith(t, clock, nil, upstream, policy, waitReady, args...)
+}
+
+// startSidecarWith is startSidecarOn with setup, when not nil, called on
+// the Runner before it runs.
+func startSidecarWith(t testing.TB, clock func() time.Time, setup func(*Runner), upstream, policy string, waitReady bool, args ...string) *sidecar {
+	t.Helper()
 	dir := t.TempDir()
 	pf := filepath.Join(dir, "policy.yaml")
 	if policy != "" {
@@ -110,6 +117,9 @@ func startSidecarOn(t *testing.T, clock func() time.Time, upstream, policy strin
 	if clock != nil {
 		r.clock = clock
 	}
+	if setup != nil {
+		setup(r)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sidecar{Runner: r, policy: pf, logs: logs, cancel: cancel, done: make(chan error, 1),
 		url: "http://" + r.ProxyAddr(), admin: "http://" + r.AdminAddr()}
@@ -128,7 +138,7 @@ func startSidecarOn(t *testing.T, clock func() time.Time, upstream, policy strin
 	return s
 }
 
-func (s *sidecar) stop(t *testing.T) error {
+func (s *sidecar) stop(t testing.TB) error {
 	t.Helper()
 	s.cancel()
 	select {
@@ -141,7 +151,7 @@ func (s *sidecar) stop(t *testing.T) error {
 	}
 }
 
-func (s *sidecar) waitReady(t *testing.T) {
+func (s *sidecar) waitReady(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -217,7 +227,7 @@ func (s *sidecar) metric(t *testing.T, sample string) float64 {
 
 // writeAtomic replaces path the way editors and ConfigMap volumes do: write
 // a temporary file, then rename it over the old one.
-func writeAtomic(t *testing.T, path, content string) {
+func writeAtomic(t testing.TB, path, content string) {
 	t.Helper()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {

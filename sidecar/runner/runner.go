@@ -51,6 +51,9 @@ type Runner struct {
 	// budget bounds the client connections of both HTTP fronts and the
 	// request heads they hold.
 	budget *proxy.Budget
+	// checked, set before Run, is proxy.Options.Checked: the
+	// differential harness's view of every decision.
+	checked func(proxy.Checked)
 	// started is when the counters started, for the usage report.
 	started time.Time
 
@@ -419,15 +422,16 @@ func (r *Runner) leanServer() *lean.Server {
 		host = net.JoinHostPort(up.Hostname(), "80")
 	}
 	return lean.New(lean.Options{
-		Upstream:          host,
-		Proxy:             r.px.Load,
-		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
-		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
-		BodyTimeout:       r.cfg.BodyTimeout,
-		BodyMinRate:       r.cfg.BodyMinRate,
-		Budget:            r.budget,
-		IdleTimeout:       2 * time.Minute,
-		Log:               r.log,
+		Upstream:               host,
+		Proxy:                  r.px.Load,
+		MaxHeaderBytes:         r.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout:      r.cfg.ReadHeaderTimeout,
+		BodyTimeout:            r.cfg.BodyTimeout,
+		BodyMinRate:            r.cfg.BodyMinRate,
+		Budget:                 r.budget,
+		IdleTimeout:            2 * time.Minute,
+		AllowUnderscoreHeaders: r.cfg.AllowUnderscoreHeaders,
+		Log:                    r.log,
 	})
 }
 
@@ -548,7 +552,8 @@ func (r *Runner) openLocked(c *config.Config) error {
 	}
 	up, _ := url.Parse(r.cfg.Upstream) // validated
 	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log,
-		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout, BodyMinRate: r.cfg.BodyMinRate})
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout, BodyMinRate: r.cfg.BodyMinRate,
+		AllowUnderscoreHeaders: r.cfg.AllowUnderscoreHeaders, Checked: r.checked})
 	if err != nil {
 		_ = closeStore(st)
 		return err

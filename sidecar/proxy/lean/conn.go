@@ -383,6 +383,10 @@ func (c *conn) request() (*http.Request, bool) {
 	vals := c.vals[:0]
 	for i := range q.Fields {
 		f := &q.Fields[i]
+		if c.dropped(f.Name) {
+			// Not forwarded, so not decided on (proxy/forwarded.go).
+			continue
+		}
 		name, ok := c.canon[string(f.Name)]
 		if !ok {
 			name = textproto.CanonicalMIMEHeaderKey(string(f.Name))
@@ -707,7 +711,7 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 	for i := range q.Fields {
 		f := &q.Fields[i]
 		switch {
-		case h1.IsHopByHop(f.Name), c.connOption(f.Name):
+		case h1.IsHopByHop(f.Name), c.dropped(f.Name):
 			continue
 		case len(f.Name) == 2 && h1.EqualFold(f.Name, "te"), len(f.Name) == 7 && h1.EqualFold(f.Name, "trailer"):
 			continue
@@ -752,6 +756,16 @@ func (c *conn) appendRequestHead(b []byte, d *proxy.Decision, bodyPending bool) 
 	b = append(b, "\r\nX-Forwarded-Proto: http\r\n\r\n"...)
 	_ = d
 	return b
+}
+
+// dropped reports whether a field is one the application does not get:
+// one the Connection field names, or, unless allowed, one with an
+// underscore in its name (proxy/forwarded.go).
+func (c *conn) dropped(name []byte) bool {
+	if len(name) == 10 && h1.EqualFold(name, "connection") {
+		return false // read by the checks of its options
+	}
+	return c.connOption(name) || !c.s.o.AllowUnderscoreHeaders && proxy.UnderscoreName(name)
 }
 
 func (c *conn) connOption(name []byte) bool {

@@ -60,6 +60,10 @@ type Options struct {
 	// answered 503 and its connection closed. The listener Serve is
 	// given counts the connections themselves against it.
 	Budget *proxy.Budget
+	// AllowUnderscoreHeaders forwards, and lets the rules read, header
+	// fields whose names contain an underscore; by default they are
+	// dropped (proxy.UnderscoreName).
+	AllowUnderscoreHeaders bool
 	// IdleTimeout bounds the wait for the next request on a kept-alive
 	// connection.
 	IdleTimeout time.Duration
