@@ -102,6 +102,112 @@ type Budget struct {
 	refusedConns, refusedHeads prometheus.Counter
 	// refuseConn is the prebuilt answer at the cap on connections.
 	refuseConn []byte
+
+	// idle lists the HTTP/1.1 connections that wait for their next
+	// request, oldest first: at the cap, a new connection takes the place
+	// of one idle for at least IdleEvictAfter (see Idle).
+	idleMu  sync.Mutex
+	idle    idleList
+	evicted prometheus.Counter
+	now     func() time.Time
+}
+
+// IdleEvictAfter is how long a kept-alive connection must have waited for
+// its next request before a new connection may take its place at the cap
+// on connections.
+const IdleEvictAfter = time.Second
+
+// IdleConn is a client connection's place in the budget's list of idle
+// connections. The zero value is not listed.
+type IdleConn struct {
+	prev, next *IdleConn
+	listed     bool
+	since      time.Time
+	// close closes the connection if it still waits, and reports whether
+	// it did; it must not block.
+	close func() bool
+}
+
+// idleList is a list of IdleConns, oldest first.
+type idleList struct{ head, tail *IdleConn }
+
+func (l *idleList) push(c *IdleConn) {
+	c.prev, c.next, c.listed = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *idleList) remove(c *IdleConn) {
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next, c.listed = nil, nil, false
+}
+
+// Idle lists c, a connection that has waited for its next request for
+// waited already: at the cap on connections, once it has waited
+// IdleEvictAfter, close may be called to make room for a new connection.
+// Active takes it off the list.
+func (b *Budget) Idle(c *IdleConn, waited time.Duration, close func() bool) {
+	if b == nil || b.maxConns == 0 {
+		return
+	}
+	since := b.now().Add(-waited)
+	b.idleMu.Lock()
+	if c.listed {
+		b.idle.remove(c)
+	}
+	c.since, c.close = since, close
+	b.idle.push(c)
+	b.idleMu.Unlock()
+}
+
+// Active takes c off the list of idle connections: it has a request in
+// progress, or it closed.
+func (b *Budget) Active(c *IdleConn) {
+	if b == nil || b.maxConns == 0 {
+		return
+	}
+	b.idleMu.Lock()
+	if c.listed {
+		b.idle.remove(c)
+	}
+	b.idleMu.Unlock()
+}
+
+// evictIdle closes the oldest idle connection that has waited at least
+// IdleEvictAfter, and reports whether there was one. The connection
+// leaves the count when it has closed, a moment later: until then the
+// count may be past the cap by the connections being evicted.
+func (b *Budget) evictIdle() bool {
+	cutoff := b.now().Add(-IdleEvictAfter)
+	for {
+		b.idleMu.Lock()
+		c := b.idle.head
+		if c == nil || c.since.After(cutoff) {
+			b.idleMu.Unlock()
+			return false
+		}
+		b.idle.remove(c)
+		close := c.close
+		b.idleMu.Unlock()
+		if close() {
+			b.evicted.Inc()
+			return true
+		}
+		// It had started a request: try the next.
+	}
 }
 
 // NewBudget returns a Budget, with its metrics registered on
@@ -111,7 +217,11 @@ type Budget struct {
 //	floodgate_sidecar_connections_refused_total{reason}
 //	floodgate_sidecar_pending_head_bytes
 func NewBudget(o BudgetOptions) *Budget {
-	b := &Budget{maxConns: int64(max(o.MaxConnections, 0)), maxHead: max(o.MaxPendingHeadBytes, 0)}
+	b := &Budget{maxConns: int64(max(o.MaxConnections, 0)), maxHead: max(o.MaxPendingHeadBytes, 0), now: time.Now}
+	b.evicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "floodgate_sidecar", Name: "connections_evicted_total",
+		Help: "Idle keep-alive client connections closed to make room for a new connection at --max-connections: each had waited at least a second for its next request.",
+	})
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "floodgate_sidecar", Name: "connections_refused_total",
 		Help: "Client connections (and HTTP/2 requests) refused by reason: max_connections (at --max-connections) or head_budget (a request head would go past --max-pending-head-bytes).",
@@ -119,7 +229,7 @@ func NewBudget(o BudgetOptions) *Budget {
 	b.refusedConns = refused.WithLabelValues(ReasonMaxConnections)
 	b.refusedHeads = refused.WithLabelValues(ReasonHeadBudget)
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(refused,
+		o.Registerer.MustRegister(refused, b.evicted,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Namespace: "floodgate_sidecar", Name: "connections_open",
 				Help: "Client connections open on the proxy listener, over both HTTP fronts, as --max-connections counts them: an HTTP/2 connection twice, and each HTTP/2 request in progress once more.",
@@ -141,6 +251,9 @@ func (b *Budget) AcquireConn() bool {
 		return true
 	}
 	if n := b.conns.Add(1); b.maxConns > 0 && n > b.maxConns {
+		if b.evictIdle() {
+			return true
+		}
 		b.conns.Add(-1)
 		return false
 	}
@@ -270,6 +383,29 @@ type headConn struct {
 	read    int64 // bytes read in this head
 	charged int64 // bytes of them charged to the budget
 	h2      bool  // an HTTP/2 connection, weighed
+	began   bool  // bytes of this head have arrived
+
+	idle IdleConn // its place among the idle connections
+}
+
+func (c *headConn) isH2() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.h2
+}
+
+// closeIdle closes the connection to make room for a new one, unless it
+// has started reading a request: net/http reports StateActive only once a
+// request's first bytes are read.
+func (c *headConn) closeIdle() bool {
+	c.mu.Lock()
+	started := c.began || c.h2
+	c.mu.Unlock()
+	if started {
+		return false
+	}
+	_ = c.Conn.Close()
+	return true
 }
 
 // headConnKey holds a request's *headConn in its context.
@@ -306,6 +442,9 @@ func (c *headConn) count(p []byte) error {
 	defer c.mu.Unlock()
 	if c.phase != phaseHead {
 		return nil
+	}
+	if len(p) > 0 {
+		c.began = true
 	}
 	if c.read == 0 && bytes.HasPrefix(p, h2Preface) {
 		c.phase = phaseOff
@@ -347,7 +486,7 @@ func (c *headConn) set(phase int) {
 		return
 	}
 	c.b.ReleaseHead(c.charged)
-	c.charged, c.read = 0, 0
+	c.charged, c.read, c.began = 0, 0, false
 }
 
 // CloseWrite half-closes the connection when the one under it can, as
@@ -382,10 +521,20 @@ func (b *Budget) ConnState(nc net.Conn, st http.ConnState) {
 		return
 	}
 	switch st {
+	case http.StateNew:
+		// Silent so far: it may make room once it has waited, as an
+		// idle one does (the lean core's fresh connections park too).
+		b.Idle(&c.idle, 0, c.closeIdle)
 	case http.StateIdle:
 		c.set(phaseHead)
+		if !c.isH2() {
+			b.Idle(&c.idle, 0, c.closeIdle)
+		}
+	case http.StateActive:
+		b.Active(&c.idle)
 	case http.StateHijacked, http.StateClosed:
 		c.set(phaseOff)
+		b.Active(&c.idle)
 	}
 }
 

@@ -49,14 +49,20 @@ func TestMaxConnections(t *testing.T) {
 				append([]string{"--max-connections", "3", "--read-header-timeout", "1m"}, front.args...)...)
 			const get = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 
+			// None of the three waits for a request, so none may make
+			// room (TestIdleConnectionMakesRoomAtTheCap): each holds a
+			// partial head.
+			const head = "GET /x HTTP/1.1\r\nHost: x\r\n"
 			kept := dialRaw(t, sc)
 			kept.send(get)
 			if res, _ := kept.read(http.MethodGet); res.StatusCode != http.StatusOK {
 				t.Fatalf("the first connection: %s, want 200", res.Status)
 			}
+			kept.send(head)
 			partial := dialRaw(t, sc)
-			partial.send("GET /x HTTP/1.1\r\nHost: x\r\n")
+			partial.send(head)
 			third := dialRaw(t, sc)
+			third.send(head)
 			waitFor(t, 10*time.Second, "3 connections open", func() bool {
 				return sc.metric(t, "floodgate_sidecar_connections_open") == 3
 			})
@@ -73,7 +79,7 @@ func TestMaxConnections(t *testing.T) {
 			hits := be.hits.Load()
 
 			// The connections already open are served.
-			kept.send(get)
+			kept.send("\r\n")
 			if res, _ := kept.read(http.MethodGet); res.StatusCode != http.StatusOK {
 				t.Errorf("the kept-alive connection at the cap: %s, want 200", res.Status)
 			}
@@ -98,6 +104,75 @@ func TestMaxConnections(t *testing.T) {
 			if res, _ := next.read(http.MethodGet); res.StatusCode != http.StatusOK {
 				t.Errorf("a connection after one closed: %s, want 200", res.Status)
 			}
+		})
+	}
+}
+
+// TestIdleConnectionMakesRoomAtTheCap fills the cap with a connection
+// that waits for its next request and one with a partial head: a new
+// connection is refused until the waiting one has waited
+// proxy.IdleEvictAfter, then takes its place; the one with a partial head
+// is never closed for it.
+func TestIdleConnectionMakesRoomAtTheCap(t *testing.T) {
+	t.Parallel()
+	for _, front := range fronts {
+		t.Run(front.name, func(t *testing.T) {
+			t.Parallel()
+			be := newBackend(t, nil)
+			sc := startSidecar(t, be.URL, policyDoc("r1", `limit: {requests: 1000, per: 1h}`), true,
+				append([]string{"--max-connections", "2", "--read-header-timeout", "1m"}, front.args...)...)
+			const get = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+			waiting := dialRaw(t, sc)
+			waiting.send(get)
+			if res, _ := waiting.read(http.MethodGet); res.StatusCode != http.StatusOK {
+				t.Fatalf("the first connection: %s, want 200", res.Status)
+			}
+			// It waits from before its answer arrived; idle is measured
+			// from after, so it is no longer than the server's.
+			idle := time.Now()
+			partial := dialRaw(t, sc)
+			partial.send("GET /x HTTP/1.1\r\nHost: x\r\n")
+			waitFor(t, 10*time.Second, "2 connections open", func() bool {
+				return sc.metric(t, "floodgate_sidecar_connections_open") == 2
+			})
+
+			var next *rawConn
+			refused := 0
+			for deadline := time.Now().Add(20 * time.Second); next == nil; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no new connection was admitted within 20s of the first one going idle (%d refused)", refused)
+				}
+				c := dialRaw(t, sc)
+				c.send(get)
+				res, body := c.read(http.MethodGet)
+				if res.StatusCode == http.StatusOK {
+					next = c
+					break
+				}
+				wantAtCapacity(t, "a connection past the cap", res, body)
+				refused++
+			}
+			// The server saw the first connection wait at least
+			// IdleEvictAfter; the client's clock started later, by at
+			// most the answer's delivery.
+			if waited := time.Since(idle); waited < proxy.IdleEvictAfter/2 {
+				t.Errorf("a new connection took the place of one that had waited %v, want at least %v", waited, proxy.IdleEvictAfter)
+			}
+			if !waiting.closed() {
+				t.Errorf("the waiting connection is still open after a new one took its place")
+			}
+			if got := sc.metric(t, "floodgate_sidecar_connections_evicted_total"); got != 1 {
+				t.Errorf("connections evicted: %v, want 1", got)
+			}
+			partial.send("\r\n")
+			if res, _ := partial.read(http.MethodGet); res.StatusCode != http.StatusOK {
+				t.Errorf("the connection with a partial head: %s, want 200", res.Status)
+			}
+			next.send(get)
+			if res, _ := next.read(http.MethodGet); res.StatusCode != http.StatusOK {
+				t.Errorf("the admitted connection's second request: %s, want 200", res.Status)
+			}
+			t.Logf("%d connections refused before the waiting one made room", refused)
 		})
 	}
 }

@@ -46,6 +46,10 @@ type conn struct {
 	remote string
 	peer   string // remote's host, as X-Forwarded-For gets it
 	state  atomic.Int32
+	// idle is its place among the budget's idle connections, while it
+	// is parked; evict is closeIfIdle, for the budget.
+	idle  proxy.IdleConn
+	evict func() bool
 
 	buf  []byte // request bytes; buf[r:w] not yet consumed
 	r, w int
@@ -122,11 +126,14 @@ func newConn(s *Server, nc net.Conn) *conn {
 	return c
 }
 
-// closeIfIdle closes the connection if it waits for a request.
-func (c *conn) closeIfIdle() {
+// closeIfIdle closes the connection if it waits for a request, and
+// reports whether it did.
+func (c *conn) closeIfIdle() bool {
 	if c.state.CompareAndSwap(stateIdle, stateClosed) {
 		_ = c.nc.SetReadDeadline(aLongTimeAgo)
+		return true
 	}
+	return false
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
@@ -148,6 +155,7 @@ func (c *conn) releaseUp() {
 func (c *conn) serve() {
 	handedOff := false
 	defer func() {
+		c.s.o.Budget.Active(&c.idle)
 		c.releaseUp()
 		if !handedOff {
 			_ = c.nc.Close()
@@ -223,6 +231,9 @@ func (c *conn) readHead() (int, bool) {
 		}
 		c.w += m
 		if m > 0 && (c.parked || c.fresh) {
+			if c.parked {
+				c.s.o.Budget.Active(&c.idle)
+			}
 			c.parked, c.fresh, c.dlIdle = false, false, false
 		}
 		if err != nil {
@@ -295,6 +306,12 @@ func (c *conn) park() {
 	c.st = proxy.State{}
 	c.dlIdle, c.dlAt = true, c.s.second.Load()
 	_ = c.nc.SetReadDeadline(time.Now().Add(c.idleTimeout() - parkAfter))
+	// Idle for parkAfter already: at the cap on connections, a new one
+	// may take its place.
+	if c.evict == nil {
+		c.evict = c.closeIfIdle
+	}
+	c.s.o.Budget.Idle(&c.idle, parkAfter, c.evict)
 }
 
 // idleTimeout is how long the connection may wait for its next request:
