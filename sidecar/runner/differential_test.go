@@ -348,9 +348,7 @@ func (run *diffRun) exchange(t testing.TB, raw []byte) diffExchange {
 		t.Fatalf("write: %v", err)
 	}
 	ex.answer, err = io.ReadAll(nc)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		ex.timeout = true
-	}
+	ex.timeout = isTimeout(err)
 	_ = nc.Close()
 	// The sidecar decides a request before it forwards it, and the
 	// upstream records it when it parses it: wait for as many parses as
@@ -504,8 +502,8 @@ func (run *diffRun) one(t testing.TB, name string, raw []byte) {
 		run.stats.Refused++
 	}
 	if bad := run.check(t, ex); len(bad) > 0 {
-		t.Errorf("%s, %s: %s\n  sent:     %q\n  answered: %q\n  decided:  %+v\n  parsed:   %+v",
-			run.up.name, name, strings.Join(bad, "\n  "), ex.sent, clip(ex.answer, 2000), ex.checks, ex.parses)
+		t.Errorf("%s, %s: %s\n  sent:     %q\n  answered: %q (cut by the client's deadline: %v)\n  decided:  %+v\n  parsed:   %+v",
+			run.up.name, name, strings.Join(bad, "\n  "), ex.sent, clip(ex.answer, 2000), ex.timeout, ex.checks, ex.parses)
 	}
 }
 

@@ -68,7 +68,12 @@ func TestWebhookReplicaStopsWithoutFailingARequest(t *testing.T) {
 		var ctx context.Context
 		ctx, r.cancel = context.WithCancel(context.Background())
 		go func() { r.done <- srv.Start(ctx) }()
-		t.Cleanup(func() { r.cancel(); <-r.done })
+		t.Cleanup(func() {
+			r.cancel()
+			if err := <-r.done; err != nil {
+				t.Errorf("webhook replica %s stopped with %v", r.addr, err)
+			}
+		})
 		return r
 	}
 	a, b := start(), start()
