@@ -25,23 +25,25 @@ import (
 const injectedMemoryLimit = 256 << 20
 
 // TestHostileConnectionsRSS runs the floodgate-sidecar binary, with its
-// default budgets, as the injector runs it (its Go memory limit at 0.9 of
-// the container's 256Mi), on each front, and holds against it: 10,000
-// connections with partial heads that fit in each connection's 4 KiB;
-// then 10,000 with partial heads of 60 KB, which the head budget refuses
-// once spent; then 1,000 connections trickling request bodies to the
-// application; then, through the lean core's handoff, 5,000 idle h2c
-// connections, which count as 10,000 (proxy.H2ConnWeight). With each
-// held, it reads the process's resident memory
-// from /proc and sends a request from another client, which must be
-// answered 200 within 5 seconds.
+// default budgets, as the injector runs it (its Go memory limit at
+// DefaultMemoryLimitRatio of the container's 256Mi, its binary not in the
+// page cache), on each front, and holds against it: 10,000 connections
+// with partial heads that fit in each connection's 4 KiB; then 10,000
+// with partial heads of 60 KB, which the head budget refuses once spent;
+// then 1,000 connections trickling request bodies to the application;
+// then, through the lean core's handoff, 5,000 idle h2c connections,
+// which count as 10,000 (proxy.H2ConnWeight). With each held, it reads
+// the process's resident memory from /proc and sends a request from
+// another client, which must be answered 200 within 5 seconds.
 //
-// The peak of the anonymous resident memory (sampled every 20ms) must stay
-// under the container's limit: that is what the limit holds the process
-// to. Its resident memory also counts 40-50 MiB of the binary's file
-// pages, which the kernel takes back under pressure, and the Go runtime
-// lets garbage grow up to its memory limit (0.9 of the container's)
-// before it collects, with --gc-percent 400: both are logged.
+// The limit must hold what the process needs resident: its anonymous
+// memory at its peak (sampled every 20ms), the binary's pages it touched
+// to start, and the kernel's memory for its sockets. Where the test may
+// make a memory cgroup (as root), the process runs in one limited to the
+// container's 256Mi, which is charged what the container's is (anonymous
+// memory, page cache, the kernel's sockets) and kills past it: the
+// kernel must kill nothing, and its kernel-memory figure is counted.
+// Elsewhere the kernel's part is not known and counts 0.
 func TestHostileConnectionsRSS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 10,000 connections to a sidecar process")
@@ -55,7 +57,15 @@ func TestHostileConnectionsRSS(t *testing.T) {
 	}
 	for _, front := range fronts {
 		t.Run(front.name, func(t *testing.T) {
-			h := startHostile(t, bin, front.args...)
+			// Where it can, the test holds the process to the limit
+			// as its container is held, by a memory cgroup: the
+			// kernel then counts everything the limit counts, and
+			// kills the process if it goes past.
+			cg, err := newMemoryCgroup(t, injectedMemoryLimit)
+			if err != nil {
+				t.Logf("no memory cgroup (%v): the limit is checked against the anonymous memory only", err)
+			}
+			h := startHostile(t, bin, cg, front.args...)
 
 			h.partialHeads(t, 10000, 4000)
 			h.report(t, "10,000 partial heads of 4,000 bytes")
@@ -80,6 +90,29 @@ func TestHostileConnectionsRSS(t *testing.T) {
 			if peak := h.anonPeak.Load(); peak >= injectedMemoryLimit {
 				t.Errorf("peak anonymous resident memory %.1f MiB, past the container's limit of %d MiB", mib(peak), injectedMemoryLimit>>20)
 			}
+			// What the process needs resident: its anonymous memory
+			// at its peak, the binary's pages it had touched once
+			// started, and the kernel's memory for its sockets
+			// (measured by the cgroup, where there is one). The
+			// limit must hold all of it, so that the kernel never
+			// takes the sidecar's own code from under it to make room.
+			need, kernel := h.anonPeak.Load()+h.startFile, int64(0)
+			if cg != nil {
+				kills, reached := cg.ooms()
+				kernel = max(cg.kernelPeak(), 0)
+				need += kernel
+				t.Logf("  memory cgroup of %d MiB: peak charge %.1f MiB (page cache included; kernel memory %.1f MiB), limit reached %d times, out-of-memory kills %d",
+					injectedMemoryLimit>>20, mib(cg.peak()), mib(kernel), reached, kills)
+				if kills != 0 {
+					t.Errorf("the out-of-memory killer killed %d processes in the sidecar's cgroup of %d MiB", kills, injectedMemoryLimit>>20)
+				}
+			}
+			t.Logf("  needed resident: %.1f MiB (anonymous peak %.1f, the binary's pages at start %.1f, kernel %.1f)",
+				mib(need), mib(h.anonPeak.Load()), mib(h.startFile), mib(kernel))
+			if need >= injectedMemoryLimit {
+				t.Errorf("the sidecar needs %.1f MiB resident (anonymous peak %.1f, binary %.1f, kernel %.1f), past the container's limit of %d MiB",
+					mib(need), mib(h.anonPeak.Load()), mib(h.startFile), mib(kernel), injectedMemoryLimit>>20)
+			}
 		})
 	}
 }
@@ -99,12 +132,16 @@ type hostile struct {
 	refused float64 // refusals (of both reasons) before the attack
 	stop    func()
 
-	anonPeak atomic.Int64 // the most anonymous resident memory sampled
+	anonPeak  atomic.Int64 // the most anonymous resident memory sampled
+	startFile int64        // the binary's resident pages once started
+
+	cg *memoryCgroup // the process's memory cgroup, or nil
 }
 
-func startHostile(t *testing.T, bin string, args ...string) *hostile {
+// startHostile starts the sidecar; inside cg unless it is nil.
+func startHostile(t *testing.T, bin string, cg *memoryCgroup, args ...string) *hostile {
 	t.Helper()
-	h := &hostile{stderr: &syncBuffer{}}
+	h := &hostile{stderr: &syncBuffer{}, cg: cg}
 	be := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {
 			h.bodies.Add(1)
@@ -126,7 +163,16 @@ func startHostile(t *testing.T, bin string, args ...string) *hostile {
 		"--read-header-timeout", "10m", "--body-timeout", "10m"}, args...)...)
 	// What the sidecar sets from the container's limit
 	// (--memory-limit-ratio 0.9); this machine gives it none.
-	h.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+strconv.Itoa(injectedMemoryLimit*9/10))
+	h.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+strconv.FormatInt(int64(injectedMemoryLimit*DefaultMemoryLimitRatio), 10))
+	// A container's image is not in the page cache before it starts:
+	// the binary's pages that the process touches are faulted in (and,
+	// in a cgroup, charged to it).
+	if err := dropFromPageCache(bin); err != nil {
+		t.Fatalf("drop %s from the page cache: %v", bin, err)
+	}
+	if cg != nil {
+		h.cmd = cg.command(h.cmd)
+	}
 	pr, pw := io.Pipe()
 	h.cmd.Stderr = pw
 	if err := h.cmd.Start(); err != nil {
@@ -175,7 +221,8 @@ func startHostile(t *testing.T, bin string, args ...string) *hostile {
 		return res.StatusCode == http.StatusOK
 	})
 	m := h.memory(t)
-	t.Logf("%s: resident memory at start %.1f MiB (%.1f MiB anonymous, %.1f MiB file)", strings.Join(args, " "), mib(m.rss), mib(m.anon), mib(m.file))
+	h.startFile = m.file
+	t.Logf("%s: resident memory at start %.1f MiB (%.1f MiB anonymous, %.1f MiB file)%s", strings.Join(args, " "), mib(m.rss), mib(m.anon), mib(m.file), h.charged())
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
@@ -313,8 +360,8 @@ func (h *hostile) report(t *testing.T, what string) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		_ = res.Body.Close()
 	}
-	t.Logf("  %s: %d of %d connections held, %.0f refused; resident %.1f MiB (%.1f anonymous, peak %.1f), live heap %.1f MiB, stacks %.1f MiB; another client: %s in %v",
-		what, h.held, len(h.conns), h.refusals(t)-h.refused, mib(m.rss), mib(m.anon), mib(m.hwm), h.metric(t, "go_memstats_heap_alloc_bytes")/(1<<20),
+	t.Logf("  %s: %d of %d connections held, %.0f refused; resident %.1f MiB (%.1f anonymous, peak %.1f)%s, live heap %.1f MiB, stacks %.1f MiB; another client: %s in %v",
+		what, h.held, len(h.conns), h.refusals(t)-h.refused, mib(m.rss), mib(m.anon), mib(m.hwm), h.charged(), h.metric(t, "go_memstats_heap_alloc_bytes")/(1<<20),
 		h.metric(t, "go_memstats_stack_inuse_bytes")/(1<<20), status, took.Round(time.Millisecond))
 	if err != nil || res.StatusCode != http.StatusOK {
 		t.Errorf("%s: another client got %s %v, want 200 within 5s", what, status, err)
@@ -322,6 +369,15 @@ func (h *hostile) report(t *testing.T, what string) {
 	if m.anon >= injectedMemoryLimit {
 		t.Errorf("%s: anonymous resident memory %.1f MiB, past the container's limit of %d MiB", what, mib(m.anon), injectedMemoryLimit>>20)
 	}
+}
+
+// charged says what the memory cgroup is charged, if there is one.
+func (h *hostile) charged() string {
+	if h.cg == nil {
+		return ""
+	}
+	all, cache := h.cg.charged()
+	return fmt.Sprintf("; cgroup charged %.1f MiB (%.1f page cache)", mib(all), mib(cache))
 }
 
 // procMemory is a process's resident memory: all of it now, and its
