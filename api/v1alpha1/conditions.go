@@ -54,6 +54,12 @@ const (
 	// ReasonConfigMapError: writing the namespace's ConfigMap failed; the
 	// manager retries with backoff.
 	ReasonConfigMapError = "ConfigMapError"
+	// ReasonDocumentFull: the policy is valid, but the compiled document
+	// has no room for it: the namespace's ConfigMap is full, or, for a
+	// policy with a targetRef, the namespace's share of the central
+	// rate-limit service's document is. The policies created first are
+	// kept; the message gives the share and what the policy needs.
+	ReasonDocumentFull = "DocumentFull"
 )
 
 // Condition types of a CounterStore.

@@ -506,6 +506,8 @@ func desiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, pods
 	case specErr != nil && res.CompiledGeneration != 0:
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
 			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", config.ConfigMapName, specErr))
+	case res.LeftOut != "":
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonDocumentFull, res.LeftOut)
 	case res.CompiledGeneration == p.Generation && sidecars.Reason != "":
 		set(v1alpha1.ConditionProgrammed, sidecars.Programmed, sidecars.Reason, sidecars.Message)
 	case res.CompiledGeneration == p.Generation:

@@ -2,6 +2,8 @@ package policy_test
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -312,6 +314,65 @@ var _ = Describe("the RateLimitPolicy controller", func() {
 
 		Expect(k8sClient.Delete(ctx, b)).To(Succeed())
 		Eventually(configMapGone(ctx, ns)).Should(BeTrue())
+	})
+
+	It("leaves out the policies that do not fit in the namespace's document: Programmed=False/DocumentFull, still Accepted, the others compiled", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		store := newStore(ctx, true)
+		// 12 policies of 64 rules of about 1.5 KB each in the
+		// document: about 1,100 KiB, over the 1,000 KiB it may hold.
+		var large []v1alpha1.Rule
+		for i := range 64 {
+			large = append(large, v1alpha1.Rule{Name: fmt.Sprintf("r%02d", i),
+				Match: &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchRegularExpression, Value: "/" + strings.Repeat("x", 900)}},
+				Key:   []v1alpha1.KeyPart{{Header: "X-API-Key"}},
+				Limit: v1alpha1.Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}}})
+		}
+		var names []string
+		for i := range 12 {
+			p := newPolicy(ns, fmt.Sprintf("p%02d", i), store)
+			p.Spec.Rules = large
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			names = append(names, p.Name)
+		}
+		// Once every policy's status reflects the document written.
+		var inDoc, leftOut []string
+		Eventually(func(g Gomega) {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			inDoc, leftOut = nil, nil
+			for _, e := range c.Policies {
+				inDoc = append(inDoc, e.Name)
+			}
+			for _, name := range names {
+				p := policyStatus(ctx, ns, name)(g)
+				g.Expect(p).To(haveCondition(v1alpha1.ConditionAccepted, metav1.ConditionTrue, v1alpha1.ReasonAccepted))
+				if slices.Contains(inDoc, name) {
+					g.Expect(p).To(haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars))
+					continue
+				}
+				g.Expect(p).To(haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonDocumentFull))
+				g.Expect(conditionMessage(p, v1alpha1.ConditionProgrammed)).To(ContainSubstring("do not fit in one ConfigMap"))
+				leftOut = append(leftOut, name)
+			}
+			g.Expect(len(inDoc) + len(leftOut)).To(Equal(12))
+		}).WithTimeout(2 * timeout).Should(Succeed())
+		Expect(inDoc).NotTo(BeEmpty())
+		Expect(leftOut).NotTo(BeEmpty())
+		GinkgoWriter.Printf("document holds %v; left out %v\n", inDoc, leftOut)
+
+		By("making room: a policy left out gets in, and reports it")
+		for _, name := range inDoc[:len(leftOut)] {
+			Expect(k8sClient.Delete(ctx, &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
+		}
+		Eventually(func(g Gomega) {
+			c, _, err := compiled(ctx, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, name := range leftOut {
+				g.Expect(c.Policies).To(ContainElement(HaveField("Name", name)))
+				g.Expect(policyStatus(ctx, ns, name)(g)).To(haveCondition(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, v1alpha1.ReasonWaitingForSidecars))
+			}
+		}).WithTimeout(2 * timeout).Should(Succeed())
 	})
 
 	It("retries API errors with backoff rather than in a hot loop", func(ctx SpecContext) {

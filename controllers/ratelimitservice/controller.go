@@ -388,6 +388,8 @@ func DesiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, targ
 	case specErr != nil && res.CompiledGeneration != 0:
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonConfigMapError,
 			fmt.Sprintf("Writing ConfigMap %s failed, retrying with backoff: %v", cm, specErr))
+	case res.LeftOut != "":
+		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonDocumentFull, res.LeftOut)
 	case res.CompiledGeneration == p.Generation && loaded.programmed():
 		set(v1alpha1.ConditionProgrammed, true, programmed.ReasonProgrammed,
 			fmt.Sprintf("Generation %d is loaded by %d of %d replicas of the central rate-limit service.", p.Generation, loaded.enforcing, loaded.running))

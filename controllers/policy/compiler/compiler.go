@@ -192,6 +192,11 @@ type PolicyResult struct {
 	// ClusterRules are the ClusterRateLimitPolicy rules that apply to the
 	// policy's pods, or that one of its rules replaces there.
 	ClusterRules []v1alpha1.ClusterRuleStatus `json:"clusterRules,omitempty"`
+	// LeftOut, when set, says why the document leaves the policy out
+	// although it compiled: the document (or, for the central rate-limit
+	// service's, the namespace's share of it) is full. CompiledGeneration
+	// is then 0.
+	LeftOut string `json:"leftOut,omitempty"`
 }
 
 // Accepted reports whether the policy's spec is valid.
@@ -400,30 +405,6 @@ func Compile(in Input) (Output, error) {
 	return out, nil
 }
 
-// assemble sets out's document to entries under store, leaving out the
-// policy created last (live is ordered by creation) for as long as the
-// document does not fit in the ConfigMap, so that one policy too many
-// never keeps the others from being written.
-func (out *Output) assemble(entries []config.Policy, store config.Store, pods []corev1.Pod, live []*v1alpha1.RateLimitPolicy) error {
-	slices.SortFunc(entries, func(a, b config.Policy) int {
-		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Namespace, b.Namespace))
-	})
-	out.Action = Apply
-	for {
-		out.Config = &config.Config{APIVersion: config.APIVersion, Store: store, Policies: entries}
-		placeReplicas(out.Config, pods)
-		data, err := Marshal(out.Config)
-		if err != nil {
-			return err
-		}
-		out.Data = data
-		if len(data) <= MaxDocumentBytes || len(entries) == 1 {
-			return nil
-		}
-		entries = dropNewest(entries, live, out.Policies)
-	}
-}
-
 // applyReplacements decides, for each default rule of cluster policy c,
 // which freshly compiled team policies replace it (entry's rules'
 // ReplacedBy), and reports on the cluster rules in the team policies'
@@ -490,33 +471,6 @@ func pruneReplacedBy(entries []config.Policy) []config.Policy {
 		}
 	}
 	return entries
-}
-
-// MaxDocumentBytes bounds the compiled document, so that the ConfigMap
-// holding it stays under the API server's 1 MiB object limit.
-const MaxDocumentBytes = 1000 << 10
-
-// dropNewest removes from entries the one of the policy created last,
-// and reports why in its result. live is ordered by creation.
-func dropNewest(entries []config.Policy, live []*v1alpha1.RateLimitPolicy, results []PolicyResult) []config.Policy {
-	for i := len(live) - 1; i >= 0; i-- {
-		uid := string(live[i].UID)
-		j := slices.IndexFunc(entries, func(e config.Policy) bool { return e.UID == uid })
-		if j < 0 {
-			continue
-		}
-		for k := range results {
-			// A result has a Namespace only when the document spans
-			// namespaces (the central rate-limit service's).
-			if results[k].Name == live[i].Name && (results[k].Namespace == "" || results[k].Namespace == live[i].Namespace) {
-				results[k].Invalid = append(results[k].Invalid, field.Invalid(field.NewPath("spec", "rules"), len(live[i].Spec.Rules),
-					fmt.Sprintf("the namespace's compiled policies would exceed the %d bytes a ConfigMap can hold; this policy, created last, is left out: merge rules or move workloads to another namespace", MaxDocumentBytes)))
-				results[k].CompiledGeneration = 0
-			}
-		}
-		return slices.Delete(entries, j, j+1)
-	}
-	return entries[:len(entries)-1]
 }
 
 // Marshal sets c.Revision to the hash of c's content and returns the
