@@ -91,20 +91,6 @@ func HasSidecar(pod *corev1.Pod) bool {
 
 func isSidecar(c corev1.Container) bool { return c.Name == config.ContainerName }
 
-// ReadsStoreUser reports whether pod's sidecar reads the store's ACL user
-// (config.EnvRedisUsernameFile): sidecars injected before stores had
-// users do not, and authenticate with the password alone.
-func ReadsStoreUser(pod *corev1.Pod) bool {
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range cs {
-			if isSidecar(c) {
-				return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == config.EnvRedisUsernameFile })
-			}
-		}
-	}
-	return false
-}
-
 // Inject returns a copy of pod with the sidecar injected, or pod itself
 // when it is not opted in or already has the sidecar Inject writes. mounts
 // are the objects the namespace's policies reference. An opted-in pod with

@@ -206,7 +206,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	if err := r.applyRBAC(ctx, ns, ServiceAccounts(pods)); err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
-	if err := r.mirror(ctx, ns, pods); err != nil {
+	if err := r.mirror(ctx, ns); err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
 	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
@@ -269,7 +269,7 @@ func (r *Reconciler) applyRBAC(ctx context.Context, ns string, serviceAccounts [
 }
 
 // mirror copies the credentials of the store that ns's ConfigMap names.
-func (r *Reconciler) mirror(ctx context.Context, ns string, pods []corev1.Pod) error {
+func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	var cm corev1.ConfigMap
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm); apierrors.IsNotFound(err) {
 		return nil // no store chosen yet; keep any earlier copy
@@ -286,7 +286,7 @@ func (r *Reconciler) mirror(ctx context.Context, ns string, pods []corev1.Pod) e
 	if doc.Store.Type != config.StoreRedis {
 		return nil // a memory store needs no password
 	}
-	creds, ok, err := r.credentials(ctx, ns, doc.Store, pods)
+	creds, ok, err := StoreCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, doc.Store)
 	if err != nil || !ok {
 		return err
 	}
@@ -305,25 +305,6 @@ func (r *Reconciler) mirror(ctx context.Context, ns string, pods []corev1.Pod) e
 	return nil
 }
 
-// credentials returns what the sidecars of ns use for store: a managed
-// store's sidecar user, from the Secret the store keeps in the manager's
-// namespace; an external store's passwordSecretRef; or no password. A
-// managed store's sidecars get the store's admin password instead, as
-// before it had users, while some pod of ns runs a sidecar that cannot
-// read a user (injected by an older manager): it would authenticate as the
-// default user with the sidecar user's password, and be refused. Once those
-// pods are replaced, the copy holds the sidecar user. ok is false when the
-// CounterStore is gone: the copy is left as it is.
-func (r *Reconciler) credentials(ctx context.Context, ns string, store config.Store, pods []corev1.Pod) (creds Credentials, ok bool, err error) {
-	legacy := legacySidecars(pods)
-	creds, ok, admin, err := storeCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, store, len(legacy) > 0)
-	if admin {
-		log.FromContext(ctx).Info("some sidecars cannot use the store's sidecar user; mirroring the admin password until their pods are replaced",
-			"namespace", ns, "store", store.Name, "pods", legacy)
-	}
-	return creds, ok, err
-}
-
 // StoreCredentials returns what a sidecar of this version authenticates to
 // store with: a managed store's sidecar user (counterstore.SidecarUser),
 // whose ACL rules allow the counter scripts on fg:* keys and the cluster
@@ -331,23 +312,17 @@ func (r *Reconciler) credentials(ctx context.Context, ns string, store config.St
 // the CA bundle of its tls.caSecretRef; or no password. c reads the
 // CounterStore (a cache will do); apiReader reads the Secrets from the API
 // server, as the manager caches no Secret's data; managerNS holds a
-// managed store's auth Secret. ok is false when the
-// CounterStore is gone. The central rate-limit service, which runs the
-// sidecar binary and the same scripts, authenticates with these too.
+// managed store's auth Secret. ok is false when the CounterStore is gone.
+// A managed store's admin password is never returned, whatever runs in
+// the namespace: before the store has a sidecar password, that is an
+// error. The central rate-limit service, which runs the sidecar binary
+// and the same scripts, authenticates with these too.
 func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) (creds Credentials, ok bool, err error) {
-	creds, ok, _, err = storeCredentials(ctx, c, apiReader, managerNS, store, false)
-	return creds, ok, err
-}
-
-// storeCredentials is StoreCredentials; with legacy set, a managed store
-// gives its admin password (the default user) instead of the sidecar
-// user, for sidecars that cannot read a user, and reports it in admin.
-func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store, legacy bool) (creds Credentials, ok, admin bool, err error) {
 	var cs v1alpha1.CounterStore
 	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); apierrors.IsNotFound(err) {
-		return Credentials{}, false, false, nil
+		return Credentials{}, false, nil
 	} else if err != nil {
-		return Credentials{}, false, false, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
+		return Credentials{}, false, fmt.Errorf("get CounterStore %s: %w", store.Name, err)
 	}
 	read := func(sns, name string) (*corev1.Secret, error) {
 		var s corev1.Secret
@@ -360,27 +335,26 @@ func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS
 	case cs.Spec.Managed != nil:
 		s, err := read(managerNS, counterstore.AuthSecretName(store.Name))
 		if err != nil {
-			return Credentials{}, false, false, err
+			return Credentials{}, false, err
 		}
+		// Only the sidecar user: the store's admin password never
+		// leaves the manager's namespace, whatever runs in ns.
 		pw := s.Data[counterstore.SidecarPasswordKey]
-		if len(pw) > 0 && !legacy {
-			return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, false, nil
+		if len(pw) == 0 {
+			return Credentials{}, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no sidecar user's password (key %q) yet; the store's admin password is never given out",
+				managerNS, s.Name, store.Name, counterstore.SidecarPasswordKey)
 		}
-		adminPW, found := s.Data[counterstore.PasswordKey]
-		if !found {
-			return Credentials{}, false, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no key %q", managerNS, s.Name, store.Name, counterstore.PasswordKey)
-		}
-		return Credentials{Password: adminPW}, true, len(pw) > 0, nil
+		return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, nil
 	case cs.Spec.External != nil:
 		creds := Credentials{Password: []byte{}}
 		if ref := cs.Spec.External.PasswordSecretRef; ref != nil {
 			s, err := read(ref.Namespace, ref.Name)
 			if err != nil {
-				return Credentials{}, false, false, err
+				return Credentials{}, false, err
 			}
 			pw, found := s.Data[ref.Key]
 			if !found {
-				return Credentials{}, false, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+				return Credentials{}, false, fmt.Errorf("the password Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
 			}
 			creds.Password = pw
 		}
@@ -388,29 +362,15 @@ func storeCredentials(ctx context.Context, c, apiReader client.Reader, managerNS
 			ref := t.CASecretRef
 			s, err := read(ref.Namespace, ref.Name)
 			if err != nil {
-				return Credentials{}, false, false, err
+				return Credentials{}, false, err
 			}
 			if creds.CA = s.Data[ref.Key]; len(creds.CA) == 0 {
-				return Credentials{}, false, false, fmt.Errorf("the CA Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
+				return Credentials{}, false, fmt.Errorf("the CA Secret %s/%s of CounterStore %s has no key %q", ref.Namespace, ref.Name, store.Name, ref.Key)
 			}
 		}
-		return creds, true, false, nil
+		return creds, true, nil
 	}
-	return Credentials{Password: []byte{}}, true, false, nil
-}
-
-// maxLegacyNames bounds the pod names a log line lists.
-const maxLegacyNames = 10
-
-// legacySidecars names the pods whose sidecar cannot read a store user.
-func legacySidecars(pods []corev1.Pod) []string {
-	var out []string
-	for i := range pods {
-		if injection.HasSidecar(&pods[i]) && !injection.ReadsStoreUser(&pods[i]) && len(out) < maxLegacyNames {
-			out = append(out, pods[i].Name)
-		}
-	}
-	return out
+	return Credentials{Password: []byte{}}, true, nil
 }
 
 // remove deletes this controller's objects from ns.

@@ -12,9 +12,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/kubetest"
@@ -139,6 +142,51 @@ var _ = Describe("the sidecar's identity", func() {
 })
 
 var _ = Describe("the sidecar access controller", func() {
+	It("never gives a namespace a managed store's admin password: not for a look-alike sidecar pod, not before the sidecar user exists", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		name := "managed-" + rand.String(6)
+		auth := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: counterstore.AuthSecretName(name), Namespace: managerNamespace},
+			Data:       map[string][]byte{counterstore.PasswordKey: []byte("admin-pw")},
+		}
+		Expect(k8sClient.Create(ctx, auth)).To(Succeed())
+		cs := &v1alpha1.CounterStore{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}}}
+		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed()) })
+
+		By("refusing while the store has no sidecar user's password")
+		_, ok, err := sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, config.Store{Name: name, Type: config.StoreRedis})
+		Expect(ok).To(BeFalse())
+		Expect(err).To(MatchError(ContainSubstring("the store's admin password is never given out")))
+
+		By("giving a namespace that runs a look-alike sidecar the sidecar user")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(auth), auth)).To(Succeed())
+		auth.Data[counterstore.SidecarPasswordKey] = []byte("sidecar-pw")
+		Expect(k8sClient.Update(ctx, auth)).To(Succeed())
+		cs.Status = v1alpha1.CounterStoreStatus{
+			ObservedGeneration: cs.Generation,
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "test store",
+				LastTransitionTime: metav1.Now(), ObservedGeneration: cs.Generation}},
+			SlotsCovered: v1alpha1.RedisClusterSlots, Endpoints: []string{"127.0.0.1:6379"}, AuthSecretName: sidecaraccess.SecretName,
+		}
+		Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
+		// A container named as the sidecar, without the store user's
+		// file: what a sidecar injected before stores had users looked
+		// like, and what any pod may look like. It needs no annotation.
+		lookalike := appPod(ns, "lookalike", false)
+		fake := *lookalike.Spec.Containers[0].DeepCopy()
+		fake.Name, fake.Image, fake.Ports, fake.ReadinessProbe = config.ContainerName, "registry.example/anything:1", nil, nil
+		lookalike.Spec.Containers = append(lookalike.Spec.Containers, fake)
+		Expect(k8sClient.Create(ctx, lookalike)).To(Succeed())
+		Expect(k8sClient.Create(ctx, validPolicy(ns, "api", name))).To(Succeed())
+		var s corev1.Secret
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)
+		}).Should(Succeed())
+		Expect(string(s.Data[sidecaraccess.UsernameKey])).To(Equal(counterstore.SidecarUser))
+		Expect(string(s.Data[sidecaraccess.PasswordKey])).To(Equal("sidecar-pw"), "the first copy holds the sidecar user's password, never the admin's")
+	})
+
 	It("repairs a widened Role and removes its objects when the namespace no longer needs them", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		store := newStore(ctx, "pw-1")
