@@ -161,9 +161,12 @@ func startHostile(t *testing.T, bin string, cg *memoryCgroup, args ...string) *h
 	h.cmd = exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--upstream", be.URL, "--policy-file", pf, "--admin-pprof",
 		"--read-header-timeout", "10m", "--body-timeout", "10m"}, args...)...)
-	// What the sidecar sets from the container's limit
-	// (--memory-limit-ratio 0.9); this machine gives it none.
-	h.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+strconv.FormatInt(int64(injectedMemoryLimit*DefaultMemoryLimitRatio), 10))
+	// What the sidecar sets from the container's limit with its
+	// default --memory-limit-ratio; this process's cgroup gives it none.
+	// (A variable: a ratio whose product is not a whole number of bytes
+	// would not convert as a constant.)
+	ratio := DefaultMemoryLimitRatio
+	h.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+strconv.FormatInt(int64(injectedMemoryLimit*ratio), 10))
 	// A container's image is not in the page cache before it starts:
 	// the binary's pages that the process touches are faulted in (and,
 	// in a cgroup, charged to it).
