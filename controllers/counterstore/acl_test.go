@@ -17,15 +17,59 @@ import (
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
-// TestSidecarUser starts a node with the Pods' own start script, during a
-// rotation (a current and a previous sidecar password), and checks the
-// sidecar user as the sidecars see it: the counter store works with it
-// (its handshake, the scripts, the slot map), with either password, and
-// everything else a credential in a tenant namespace could be used for is
-// refused. Then the manager's EnsureUser ends the rotation on the running
-// node: the previous password is refused, and a connection authenticated
-// with it before stays open.
-func TestSidecarUser(t *testing.T) {
+// TestLibraryCommandsAllowed: Redis checks the commands a function calls
+// against the caller's ACL rules, so every command the library calls must
+// be in NamespaceACLRules, and no command that runs code or touches
+// another namespace may be.
+func TestLibraryCommandsAllowed(t *testing.T) {
+	t.Parallel()
+	_, src := redisstore.Library()
+	rules := NamespaceACLRules("team-a")
+	called := map[string]bool{}
+	for _, part := range strings.Split(src, "redis.call('")[1:] {
+		cmd, _, ok := strings.Cut(part, "'")
+		if !ok || cmd == "" {
+			t.Fatalf("unreadable redis.call in the library near %.40q", part)
+		}
+		called[strings.ToLower(cmd)] = true
+	}
+	if len(called) < 5 {
+		t.Fatalf("found only %v called in the library", called)
+	}
+	for cmd := range called {
+		if !slices.Contains(rules, "+"+cmd) {
+			t.Errorf("the library calls %s, which NamespaceACLRules do not allow: %v", cmd, rules)
+		}
+	}
+	for _, r := range rules {
+		switch {
+		case strings.HasPrefix(r, "~") && r != "~fg:{team-a/*":
+			t.Errorf("key pattern %s beyond the namespace's keys", r)
+		case r == "+@all" || strings.HasPrefix(r, "+eval") || strings.HasPrefix(r, "+script") || strings.HasPrefix(r, "+function") ||
+			strings.HasPrefix(r, "+config") || r == "+keys" || r == "+scan" || strings.HasPrefix(r, "+acl") || strings.HasPrefix(r, "+debug") || r == "+del":
+			t.Errorf("rule %s lets a tenant run code, read the config or touch keys beyond the functions' use", r)
+		case strings.HasPrefix(r, "&") || r == "allchannels" || r == "allkeys":
+			t.Errorf("rule %s widens the user", r)
+		}
+	}
+}
+
+// TestNamespaceUsers starts a node with the Pods' own start script and
+// gives it what the manager does (the counter functions, and the users of
+// two namespaces, team-a during a rotation), then checks each user as its
+// sidecars, and as a tenant holding its credential, would use it:
+//   - the counter store works with it, every algorithm, leases and
+//     concurrency slots, with either password of a rotation;
+//   - it reaches its own namespace's counters and no other's, however it
+//     names them, and everything else a tenant could try is refused:
+//     plain reads and writes outside its keys, EVAL, EVALSHA, SCRIPT,
+//     FUNCTION, CONFIG, KEYS, and the admin commands;
+//   - without the library loaded, a call fails as unavailable (the user
+//     may not load it), and works once the manager has loaded it;
+//   - the manager ends the rotation on the running node, and deletes the
+//     users of namespaces without access and the shared user of earlier
+//     releases.
+func TestNamespaceUsers(t *testing.T) {
 	t.Parallel()
 	host := redistest.ClaimHost(t, RedisPort)
 	dir := t.TempDir()
@@ -39,135 +83,214 @@ func TestSidecarUser(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(confDir, "redis.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	const admin, current, previous = "admin-password-0001", "sidecar-password-0002", "sidecar-password-0001"
+	const admin, currentA, previousA, passwordB = "admin-password-0001", "team-a-password-0002", "team-a-password-0001", "team-b-password-0001"
 	srv := redistest.StartServer(t, redistest.ServerOptions{
 		Host: host.IP, Port: RedisPort, Password: admin,
 		Command: []string{"sh", "-c", StartScript(confDir, dataDir)},
-		Env: []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + admin, "REDISCLI_AUTH=" + admin,
-			"REDIS_SIDECAR_PASSWORD=" + current, "REDIS_SIDECAR_PASSWORD_PREVIOUS=" + previous},
+		Env:     []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + admin, "REDISCLI_AUTH=" + admin},
 	})
 	ctx := t.Context()
 	if err := srv.Client().Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
 		t.Fatal(err)
 	}
-	sidecar := func(password string) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: SidecarUser, Password: password, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+	sess := formation.NewSession(formation.Dialer{Password: admin})
+	defer func() { _ = sess.Close() }()
+	addrs := []string{srv.Addr()}
+	userA := formation.User{Name: NamespaceUser("team-a"), Passwords: []string{currentA, previousA}, Rules: NamespaceACLRules("team-a")}
+	userB := formation.User{Name: NamespaceUser("team-b"), Passwords: []string{passwordB}, Rules: NamespaceACLRules("team-b")}
+	if _, err := sess.EnsureUsers(ctx, addrs, []formation.User{userA, userB}); err != nil {
+		t.Fatal(err)
 	}
-
-	// The counter store, as the sidecars run it, with both passwords.
-	l := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 3, Period: time.Minute}
-	for _, pw := range []string{current, previous} {
-		s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Username: SidecarUser, Password: pw, Timeout: 5 * time.Second})
+	open := func(space, user, password string) *redisstore.Store {
+		s, err := redisstore.New(redisstore.Options{Addrs: addrs, Username: user, Password: password, KeySpace: space, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, _, err = s.Take(ctx, limiter.Request{Key: "acl-" + pw, Limit: l, Cost: 1})
-			if err == nil || time.Now().After(deadline) {
-				break
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 3, Period: time.Minute}
+
+	// Without the library: the user may not load it, so the call fails as
+	// unavailable, naming the library.
+	libName, libSrc := redisstore.Library()
+	storeA := open("team-a", userA.Name, currentA)
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, err = storeA.Take(ctx, limiter.Request{Key: "before-library", Limit: l, Cost: 1})
+		if err != nil && strings.Contains(err.Error(), libName) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // a fresh cluster node settles
+	}
+	if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), libName) {
+		t.Fatalf("a decision before the library is loaded: %v, want ErrUnavailable naming %s", err, libName)
+	}
+	if loaded, err := sess.EnsureLibrary(ctx, addrs, libName, libSrc); err != nil || !slices.Equal(loaded, addrs) {
+		t.Fatalf("EnsureLibrary = %v, %v; want it loaded on %v", loaded, err, addrs)
+	}
+	if loaded, err := sess.EnsureLibrary(ctx, addrs, libName, libSrc); err != nil || len(loaded) != 0 {
+		t.Errorf("EnsureLibrary again = %v, %v; want nothing loaded", loaded, err)
+	}
+
+	// The store works for each namespace, with either password of team-a.
+	for _, c := range []struct{ space, user, pw string }{
+		{"team-a", userA.Name, currentA}, {"team-a", userA.Name, previousA}, {"team-b", userB.Name, passwordB},
+	} {
+		s := open(c.space, c.user, c.pw)
+		for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog} {
+			lim := limiter.Limit{Algorithm: alg, Requests: 3, Period: time.Minute}
+			if _, _, err := s.Take(ctx, limiter.Request{Key: "acl-" + c.pw, Limit: lim, Cost: 1}); err != nil {
+				t.Errorf("%v as %s (%s): %v", alg, c.user, c.pw, err)
 			}
-			time.Sleep(50 * time.Millisecond) // a fresh cluster node settles
+			if alg.Leasable() {
+				if _, _, err := s.Lease(ctx, limiter.LeaseRequest{Key: "lease-" + c.pw, Limit: lim, LeaseArgs: limiter.LeaseArgs{Cost: 1, Want: 2}}); err != nil {
+					t.Errorf("%v lease as %s: %v", alg, c.user, err)
+				}
+			}
 		}
-		_ = s.Close()
-		if err != nil {
-			t.Fatalf("a decision as %s with password %s: %v", SidecarUser, pw, err)
+		slot := limiter.SlotRequest{Key: "slots-" + c.pw, Max: 2, Lease: 1, TTL: time.Minute}
+		if _, _, err := s.Acquire(ctx, slot); err != nil {
+			t.Errorf("a concurrency slot as %s: %v", c.user, err)
 		}
-	}
-	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
-		s, err := redisstore.New(redisstore.Options{Addrs: []string{srv.Addr()}, Username: SidecarUser, Password: current, Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _, err = s.Take(ctx, limiter.Request{Key: "acl-alg", Limit: limiter.Limit{Algorithm: alg, Requests: 3, Period: time.Minute}, Cost: 1})
-		_ = s.Close()
-		if err != nil {
-			t.Errorf("%v script as %s: %v", alg, SidecarUser, err)
+		if _, err := s.Release(ctx, slot); err != nil {
+			t.Errorf("releasing a concurrency slot as %s: %v", c.user, err)
 		}
 	}
 
-	c := sidecar(current)
+	// A namespace cannot reach another's counters through the store: B's
+	// credential with A's key space is refused.
+	if _, _, err := open("team-a", userB.Name, passwordB).Take(ctx, limiter.Request{Key: "acl-" + currentA, Limit: l, Cost: 1}); !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("team-b's user on team-a's keys: %v, want a NOPERM refusal", err)
+	}
+	if _, _, err := open("", userB.Name, passwordB).Take(ctx, limiter.Request{Key: "acl", Limit: l, Cost: 1}); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("team-b's user on unnamed keys: %v, want a NOPERM refusal", err)
+	}
+
+	// Everything else B's credential could be used for is refused.
 	if err := srv.Client().Set(ctx, "app:session", "secret", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	keyA := redisstore.Keys{Space: "team-a"}.Counter("acl-"+currentA, limiter.GCRA)
+	keyB := redisstore.Keys{Space: "team-b"}.Counter("acl-"+passwordB, limiter.GCRA)
+	stateA, err := srv.Client().Get(ctx, keyA).Result()
+	if err != nil {
+		t.Fatalf("team-a's counter %s: %v", keyA, err)
+	}
+	_, _, fn, _ := redisstore.Script(limiter.GCRA)
+	b := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: userB.Name, Password: passwordB, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+	t.Cleanup(func() { _ = b.Close() })
 	refused := [][]any{
-		{"flushall"},
-		{"flushdb"},
+		{"get", keyA},
+		{"set", keyA, "x"},
+		{"del", keyA},
+		{"pexpire", keyA, 1},
+		{"fcall", fn, 1, keyA, "", 3, 3, 60000000, 1, 1, 1, 3, 3},
+		{"fcall", fn, 1, "fg:{team-a}:x", ""},
+		{"eval", "return 1", 0},
+		{"eval", "while true do end", 0},
+		{"evalsha", strings.Repeat("0", 40), 0},
+		{"eval_ro", "return 1", 0},
+		{"script", "load", "while true do end"},
+		{"script", "flush"},
+		{"script", "kill"},
+		{"function", "load", "#!lua name=evil\nredis.register_function('evil', function() while true do end end)"},
+		{"function", "flush"},
+		{"function", "delete", libName},
+		{"function", "list"},
+		{"function", "kill"},
 		{"config", "get", "requirepass"},
 		{"config", "set", "maxmemory", "1"},
 		{"keys", "*"},
 		{"scan", "0"},
 		{"get", "app:session"},
 		{"set", "app:session", "x"},
-		{"del", "fg:{acl-" + current + "}:sl:2"},
-		{"eval", "return redis.call('get', KEYS[1])", 1, "app:session"},
-		{"eval", "return redis.call('flushall')", 0},
-		{"script", "flush"},
+		{"flushall"},
+		{"flushdb"},
 		{"acl", "list"},
-		{"acl", "setuser", SidecarUser, "+@all"},
+		{"acl", "setuser", userB.Name, "~*", "+@all"},
 		{"cluster", "reset"},
 		{"cluster", "forget", "0123456789012345678901234567890123456789"},
+		{"debug", "sleep", "10"},
 		{"shutdown", "nosave"},
 		{"monitor"},
 		{"client", "kill", "user", "default"},
+		{"client", "list"},
 		{"subscribe", "x"},
 	}
 	for _, cmd := range refused {
-		err := c.Do(ctx, cmd...).Err()
+		err := b.Do(ctx, cmd...).Err()
 		var re redis.Error
-		if err == nil || !errors.As(err, &re) || (!strings.HasPrefix(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't run this command")) {
-			t.Errorf("%v as %s: %v, want a NOPERM refusal", cmd, SidecarUser, err)
+		// DEBUG is refused before the ACL is consulted: the nodes run
+		// with enable-debug-command no.
+		if err == nil || !errors.As(err, &re) || (!strings.HasPrefix(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't run this command") &&
+			!strings.HasPrefix(err.Error(), "ERR DEBUG command not allowed")) {
+			t.Errorf("%v as %s: %v, want a NOPERM refusal", cmd, userB.Name, err)
 			continue
 		}
-		t.Logf("refused: %v -> %v", cmd, err)
+		t.Logf("refused: %.60v -> %v", cmd, err)
+	}
+	// B's own counter is its own to read: the functions need GET.
+	if err := b.Get(ctx, keyB).Err(); err != nil {
+		t.Errorf("team-b reading its own counter: %v", err)
 	}
 	if got, err := srv.Client().Get(ctx, "app:session").Result(); err != nil || got != "secret" {
 		t.Errorf("app:session = %q, %v after the refusals", got, err)
 	}
-	if n, err := srv.Client().DBSize(ctx).Result(); err != nil || n < 2 {
-		t.Errorf("dbsize %d, %v: the data is gone", n, err)
+	if got, err := srv.Client().Get(ctx, keyA).Result(); err != nil || got != stateA {
+		t.Errorf("team-a's counter changed after team-b's attempts: %q, %v", got, err)
+	}
+	libs, err := srv.Client().FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 || libs[0].Name != libName {
+		t.Errorf("libraries after the attempts: %v, %v; want only %s", libs, err, libName)
 	}
 
-	// The rotation ends: the manager sets the user's passwords to the
+	// The rotation ends: the manager sets team-a's passwords to the
 	// current one alone, on the running node.
-	held := sidecar(previous)
+	conn := func(user, password string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: user, Password: password, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	held := conn(userA.Name, previousA)
 	if err := held.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	sess := formation.NewSession(formation.Dialer{Password: admin})
-	defer func() { _ = sess.Close() }()
-	u := formation.User{Name: SidecarUser, Passwords: []string{current}, Rules: SidecarACLRules}
-	changed, err := sess.EnsureUser(ctx, []string{srv.Addr()}, u)
-	if err != nil || !slices.Equal(changed, []string{srv.Addr()}) {
+	userA.Passwords = []string{currentA}
+	changed, err := sess.EnsureUser(ctx, addrs, userA)
+	if err != nil || !slices.Equal(changed, addrs) {
 		t.Fatalf("EnsureUser = %v, %v; want the node changed", changed, err)
 	}
-	if changed, err := sess.EnsureUser(ctx, []string{srv.Addr()}, u); err != nil || len(changed) != 0 {
+	if changed, err := sess.EnsureUser(ctx, addrs, userA); err != nil || len(changed) != 0 {
 		t.Errorf("EnsureUser again = %v, %v; want nothing changed", changed, err)
 	}
-	if err := sidecar(previous).Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+	if err := conn(userA.Name, previousA).Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Errorf("a new connection with the previous password: %v, want WRONGPASS", err)
 	}
 	if err := held.Ping(ctx).Err(); err != nil {
 		t.Errorf("a connection authenticated before the rotation ended: %v", err)
 	}
-	if err := sidecar(current).Ping(ctx).Err(); err != nil {
-		t.Errorf("a new connection with the current password: %v", err)
-	}
 
-	// A node without the user (started before it existed) gets it, with
-	// its rules.
-	if err := srv.Client().Do(ctx, "acl", "deluser", SidecarUser).Err(); err != nil {
+	// Pruning: team-b lost access, and an earlier release's shared user
+	// is still there; both go, team-a stays.
+	if err := srv.Client().Do(ctx, "acl", "setuser", LegacySidecarUser, "on", ">legacy-password-01", "~fg:*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if changed, err := sess.EnsureUser(ctx, []string{srv.Addr()}, u); err != nil || len(changed) != 1 {
-		t.Fatalf("EnsureUser on a node without the user = %v, %v", changed, err)
+	deleted, err := sess.PruneUsers(ctx, addrs, func(name string) bool {
+		return name == LegacySidecarUser || strings.HasPrefix(name, UserPrefix) && name != userA.Name
+	})
+	if err != nil || !slices.Equal(slices.Sorted(slices.Values(deleted[srv.Addr()])), slices.Sorted(slices.Values([]string{LegacySidecarUser, userB.Name}))) {
+		t.Errorf("PruneUsers = %v, %v; want %s and %s deleted", deleted, err, LegacySidecarUser, userB.Name)
 	}
-	if err := sidecar(current).Do(ctx, "flushall").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
-		t.Errorf("flushall as the recreated user: %v, want NOPERM", err)
+	users, err := srv.Client().Do(ctx, "acl", "users").StringSlice()
+	if err != nil || !slices.Equal(users, []string{"default", userA.Name}) {
+		t.Errorf("users after pruning: %v, %v", users, err)
 	}
-	if err := sidecar(current).Do(ctx, "time").Err(); err != nil {
-		t.Errorf("time as the recreated user: %v", err)
+	if err := b.Ping(ctx).Err(); err == nil {
+		t.Error("team-b's connection still works after its user was deleted")
+	}
+	if _, _, err := open("team-a", userA.Name, currentA).Take(ctx, limiter.Request{Key: "after-prune", Limit: l, Cost: 1}); err != nil {
+		t.Errorf("team-a after pruning: %v", err)
 	}
 }

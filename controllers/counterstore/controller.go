@@ -87,6 +87,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 const (
@@ -276,7 +277,7 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	m := cs.Spec.Managed
 	ns := o.Namespace
 
-	creds, publishLater, err := r.ensureCredentials(ctx, cs, ns, o)
+	creds, err := r.ensureCredentials(ctx, cs, ns)
 	if err != nil {
 		obs := &observation{failReason: ReasonSecretError, failMessage: err.Error()}
 		if errors.Is(err, errBadPassword) {
@@ -332,14 +333,7 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	if err := r.apply(ctx, DesiredStatefulSet(cs, ns, int32(replicas), password)); err != nil {
 		return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
 	}
-	aclErr := r.syncSidecarUser(ctx, cs, sess, res.Snapshot, creds)
-	if publishLater && aclErr == nil {
-		// Every reachable node accepts the new set of sidecar passwords:
-		// only now may the sidecars be given the new one, or lose the old.
-		if err := r.apply(ctx, DesiredSecret(cs, ns, creds)); err != nil {
-			return &observation{failReason: ReasonApplyError, failMessage: err.Error()}, err
-		}
-	}
+	expires, usersErr := r.syncUsers(ctx, cs, ns, sess, res.Snapshot, o)
 
 	h := formation.Assess(res.Snapshot, int(m.ReplicasPerShard))
 	return &observation{
@@ -349,8 +343,8 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 		outcome:    res.Outcome,
 		endpoints:  h.Masters,
 		authSecret: config.StoreAuthSecret,
-		expires:    creds.PreviousExpires,
-	}, errors.Join(formErr, aclErr)
+		expires:    expires,
+	}, errors.Join(formErr, usersErr)
 }
 
 // syncNetworkPolicy applies the store's NetworkPolicy, or deletes it when
@@ -375,26 +369,95 @@ func (r *Reconciler) syncNetworkPolicy(ctx context.Context, cs *v1alpha1.Counter
 	return nil
 }
 
-// syncSidecarUser gives every reachable node the sidecar user with the
-// passwords creds accept: the Pods' start script sets it when they start,
-// and a rotation changes it on the running nodes.
-func (r *Reconciler) syncSidecarUser(ctx context.Context, cs *v1alpha1.CounterStore, sess *formation.Session, snap *formation.Snapshot, creds Credentials) error {
-	var addrs []string
+// syncUsers gives the store's masters the counter functions' library, and
+// every reachable node the users of the namespaces that have a user Secret
+// (UserSecretLabels), with the passwords each one's Secret holds or, when
+// it needs a new one (a new namespace, a rotation request, the end of a
+// rotation's overlap), the ones it should hold: those are written to the
+// Secret only once every reachable node accepts them, so that no sidecar
+// is given a password a node refuses. Users of namespaces without a Secret
+// any more, and the one shared sidecar user of earlier releases, are
+// deleted. It returns when the earliest previous password expires (zero
+// outside a rotation), when the next reconcile must come.
+func (r *Reconciler) syncUsers(ctx context.Context, cs *v1alpha1.CounterStore, ns string, sess *formation.Session, snap *formation.Snapshot, o Options) (time.Time, error) {
+	var addrs, masters []string
 	for _, n := range snap.Nodes {
-		if n.Reachable {
-			addrs = append(addrs, n.Addr)
+		if !n.Reachable {
+			continue
+		}
+		addrs = append(addrs, n.Addr)
+		if n.Self.Flags&formation.FlagMaster != 0 {
+			masters = append(masters, n.Addr)
 		}
 	}
-	changed, err := sess.EnsureUser(ctx, addrs, formation.User{Name: SidecarUser, Passwords: creds.SidecarPasswords(), Rules: SidecarACLRules})
-	if len(changed) > 0 {
-		log.FromContext(ctx).Info("set the sidecar user's passwords", "nodes", changed, "passwords", len(creds.SidecarPasswords()))
-		r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "SidecarUser", "SetPasswords",
-			"%s", message.Truncate(fmt.Sprintf("the sidecar user %s accepts %d password(s) on %s", SidecarUser, len(creds.SidecarPasswords()), strings.Join(changed, ", ")), maxEventNote))
+	var errs []error
+	name, src := redisstore.Library()
+	if loaded, err := sess.EnsureLibrary(ctx, masters, name, src); err != nil {
+		errs = append(errs, fmt.Errorf("counter functions: %w", err))
+	} else if len(loaded) > 0 {
+		log.FromContext(ctx).Info("loaded the counter functions", "library", name, "nodes", loaded)
+	}
+
+	var secrets corev1.SecretList
+	if err := r.APIReader.List(ctx, &secrets, client.InNamespace(ns), client.MatchingLabels{UserStoreLabel: cs.Name}); err != nil {
+		return time.Time{}, errors.Join(append(errs, fmt.Errorf("list the namespace users' Secrets: %w", err))...)
+	}
+	keep := map[string]bool{}
+	var expires time.Time
+	now := time.Now()
+	for i := range secrets.Items {
+		sec := &secrets.Items[i]
+		tenant := sec.Labels[UserNamespaceLabel]
+		if sec.DeletionTimestamp != nil || !dnsLabel.MatchString(tenant) || !metav1.IsControlledBy(sec, cs) || sec.Name != UserSecretName(cs.Name, tenant) {
+			continue
+		}
+		user := NamespaceUser(tenant)
+		cur, rotate, err := UserCredentialsFrom(sec)
+		if err != nil {
+			cur = UserCredentials{} // unusable: replaced by a generated one
+		}
+		keep[user] = true
+		next, changed, err := NextUserCredentials(cur, rotate, now, o.PasswordOverlap, GeneratePassword)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		nodes, err := sess.EnsureUser(ctx, addrs, formation.User{Name: user, Passwords: next.Passwords(), Rules: NamespaceACLRules(tenant)})
+		if len(nodes) > 0 {
+			log.FromContext(ctx).Info("set a namespace's store user", "user", user, "nodes", nodes, "passwords", len(next.Passwords()))
+			r.Recorder.Eventf(cs, nil, corev1.EventTypeNormal, "NamespaceUser", "SetPasswords",
+				"%s", message.Truncate(fmt.Sprintf("the store user %s accepts %d password(s) on %s", user, len(next.Passwords()), strings.Join(nodes, ", ")), maxEventNote))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("namespace %s's user: %w", tenant, err))
+			continue
+		}
+		if changed {
+			// Every reachable node accepts next: only now may the
+			// namespace's sidecars be given the new password, or lose
+			// the old one.
+			if err := r.apply(ctx, DesiredUserSecret(cs, ns, tenant, next)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if next.Password != cur.Password && cur.Password != "" {
+				log.FromContext(ctx).Info("rotated a namespace's store password", "user", user, "previousAcceptedUntil", next.PreviousExpires)
+			}
+		}
+		if next.Previous != "" && (expires.IsZero() || next.PreviousExpires.Before(expires)) {
+			expires = next.PreviousExpires
+		}
+	}
+	deleted, err := sess.PruneUsers(ctx, addrs, func(name string) bool {
+		return name == LegacySidecarUser || strings.HasPrefix(name, UserPrefix) && !keep[name]
+	})
+	if len(deleted) > 0 {
+		log.FromContext(ctx).Info("deleted the store users of namespaces without access", "users", deleted)
 	}
 	if err != nil {
-		return fmt.Errorf("sidecar user: %w", err)
+		errs = append(errs, err)
 	}
-	return nil
+	return expires, errors.Join(errs...)
 }
 
 // Members turns the store's Pods into formation members in ordinal order:
@@ -442,43 +505,36 @@ func joinHostPort(ip string, port int) string {
 // errBadPassword marks a password Secret the user must fix.
 var errBadPassword = errors.New("unusable password")
 
-// ensureCredentials returns the store's credentials, generating them on
-// first use, rotating the sidecar password when the Secret's
-// RotateAnnotation asks for it, and dropping the previous one once its
-// overlap has passed. The Secret is read from the API server directly: the
-// cache holds Secrets as metadata only.
-//
-// New credentials are written at once when the Pods need them to start
-// (a new store, a new admin password). A change of the sidecar passwords
-// alone is not (publishLater): the running nodes must accept the new set
-// first, so that no sidecar is given a password a node refuses.
-func (r *Reconciler) ensureCredentials(ctx context.Context, cs *v1alpha1.CounterStore, ns string, o Options) (creds Credentials, publishLater bool, err error) {
+// ensureCredentials returns the store's admin password, generating it on
+// first use. The Secret is read from the API server directly: the cache
+// holds Secrets as metadata only.
+func (r *Reconciler) ensureCredentials(ctx context.Context, cs *v1alpha1.CounterStore, ns string) (Credentials, error) {
 	var sec corev1.Secret
 	var cur Credentials
-	rotate, exists := "", false
 	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: AuthSecretName(cs.Name)}, &sec); {
 	case err == nil:
-		exists = true
-		if cur, rotate, err = CredentialsFrom(&sec); err != nil {
-			return Credentials{}, false, fmt.Errorf("secret %s/%s: %w: %w", ns, AuthSecretName(cs.Name), errBadPassword, err)
+		if cur, err = CredentialsFrom(&sec); err != nil {
+			return Credentials{}, fmt.Errorf("secret %s/%s: %w: %w", ns, AuthSecretName(cs.Name), errBadPassword, err)
+		}
+		if cur.Admin != "" && len(sec.Data) == 1 {
+			return cur, nil
 		}
 	case !apierrors.IsNotFound(err):
-		return Credentials{}, false, fmt.Errorf("get Secret %s/%s: %w", ns, AuthSecretName(cs.Name), err)
+		return Credentials{}, fmt.Errorf("get Secret %s/%s: %w", ns, AuthSecretName(cs.Name), err)
 	}
-	next, changed, err := NextCredentials(cur, rotate, time.Now(), o.PasswordOverlap, GeneratePassword)
-	if err != nil {
-		return Credentials{}, false, err
-	}
-	if changed && exists && next.Admin == cur.Admin && cur.Sidecar != "" {
-		if next.Sidecar != cur.Sidecar {
-			log.FromContext(ctx).Info("rotating the sidecar password", "store", cs.Name, "previousAcceptedUntil", next.PreviousExpires)
+	// A new store, or a Secret with more than the admin password (the
+	// sidecar user's of an earlier release, which goes).
+	if cur.Admin == "" {
+		p, err := GeneratePassword()
+		if err != nil {
+			return Credentials{}, err
 		}
-		return next, true, nil
+		cur.Admin = p
 	}
-	if err := r.apply(ctx, DesiredSecret(cs, ns, next)); err != nil {
-		return Credentials{}, false, err
+	if err := r.apply(ctx, DesiredSecret(cs, ns, cur)); err != nil {
+		return Credentials{}, err
 	}
-	return next, false, nil
+	return cur, nil
 }
 
 func (r *Reconciler) reconcileExternal(ctx context.Context, cs *v1alpha1.CounterStore, o Options) (*observation, error) {

@@ -6,61 +6,94 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
-// Redis users and the keys of the auth Secret of a managed store.
+// Redis users and the Secrets that hold their passwords.
 //
-// A managed store has two Redis users. The default user, with the password
-// under PasswordKey, is the manager's admin user: it forms and heals the
-// cluster, the replicas authenticate with it, and the probes use it; it
-// never leaves the manager's namespace. SidecarUser, with the password
-// under SidecarPasswordKey, is what the sidecars get (mirrored into their
-// namespaces): it may run the counter scripts on fg:* keys and read the
-// cluster's topology, and nothing else.
+// A managed store has one admin user, the default user, with the password
+// under PasswordKey of its auth Secret: it forms and heals the cluster,
+// the replicas authenticate with it, and the probes use it; it never
+// leaves the manager's namespace.
+//
+// Every namespace whose sidecars use the store has a Redis user of its own,
+// NamespaceUser(ns), with NamespaceACLRules(ns): the counter functions on
+// that namespace's keys (fg:{<ns>/...}) and the cluster's topology, and
+// nothing else. Its passwords live in a Secret of the manager's namespace,
+// UserSecretName(store, ns), which the sidecaraccess controller creates
+// (empty) when the namespace needs the store, and deletes when it no
+// longer does. The store's controller fills it in: it generates the
+// password, rotates it on request with an overlap, and writes a password
+// there only once every reachable node accepts it. The sidecaraccess
+// controller then mirrors the current password into the namespace.
 const (
-	// SidecarUser is the Redis ACL user of the sidecars.
-	SidecarUser = "floodgate-sidecar"
-	// SidecarPasswordKey holds SidecarUser's password in the auth Secret.
-	SidecarPasswordKey = "sidecar-password"
-	// PreviousSidecarPasswordKey holds SidecarUser's previous password
-	// while a rotation overlaps the two.
-	PreviousSidecarPasswordKey = "sidecar-password-previous"
+	// UserPasswordKey holds a namespace user's password in its Secret.
+	UserPasswordKey = "password"
+	// PreviousUserPasswordKey holds its previous password while a
+	// rotation overlaps the two.
+	PreviousUserPasswordKey = "password-previous"
+	// UserPrefix starts every namespace user's name.
+	UserPrefix = "floodgate-ns-"
+	// LegacySidecarUser is the one sidecar user that every namespace
+	// shared before namespace users; the manager deletes it from the
+	// nodes.
+	LegacySidecarUser = "floodgate-sidecar"
 
-	// RotateAnnotation on the auth Secret asks for a new sidecar
+	// RotateAnnotation on a namespace user's Secret asks for a new
 	// password: set it to a new value (a timestamp) to rotate.
 	RotateAnnotation = "floodgate.dev/rotate"
 	// RotatedAnnotation records the RotateAnnotation value the manager
 	// has acted on.
 	RotatedAnnotation = "ratelimit.floodgate.dev/rotated"
 	// PreviousExpiresAnnotation says until when (RFC 3339) the previous
-	// sidecar password is accepted.
-	PreviousExpiresAnnotation = "ratelimit.floodgate.dev/sidecar-password-previous-expires"
+	// password is accepted.
+	PreviousExpiresAnnotation = "ratelimit.floodgate.dev/password-previous-expires"
+	// UserNamespaceLabel on a namespace user's Secret names its namespace.
+	UserNamespaceLabel = "ratelimit.floodgate.dev/namespace"
+	// UserStoreLabel on a namespace user's Secret names its CounterStore.
+	UserStoreLabel = "ratelimit.floodgate.dev/store-user"
 )
 
-// SidecarACLRules are SidecarUser's ACL rules: the keys and commands the
-// sidecars need, and nothing else. Redis checks the commands a script
-// calls against the caller's rules too, so the scripts' own commands (GET,
-// SET, PEXPIRE and the sorted-set ones of SlidingLog) are allowed, on fg:*
-// keys only. The rest is what the store's connections need: AUTH, HELLO
-// and CLIENT SETNAME for the handshake, the cluster topology for the slot
-// map, ASKING for a slot in migration, TIME and PING.
-var SidecarACLRules = []string{
-	"resetchannels", "resetkeys", "~fg:*", "-@all",
-	"+evalsha", "+eval", "+script|load", "+script|exists",
-	"+get", "+set", "+pexpire",
-	"+zadd", "+zcard", "+zcount", "+zrange", "+zrevrange", "+zremrangebyscore",
-	"+time", "+ping", "+auth", "+hello", "+client|setname", "+asking",
-	"+cluster|slots", "+cluster|shards", "+cluster|nodes", "+cluster|info", "+cluster|myid",
+// NamespaceUser returns the Redis ACL user of namespace ns's sidecars.
+func NamespaceUser(ns string) string { return UserPrefix + ns }
+
+// NamespaceACLRules are NamespaceUser(ns)'s ACL rules: what ns's sidecars
+// need, and nothing else.
+//
+//   - Keys: only ns's counters, whose hash tags start with "<ns>/"
+//     (redisstore.Keys). A sidecar of another namespace cannot name them.
+//   - Scripts: FCALL and FCALL_RO, which run only the functions the
+//     manager loaded (redisstore's library); no EVAL, EVALSHA, SCRIPT or
+//     FUNCTION, so no code of the sidecar's own can run on the store, and
+//     nothing can hold it busy.
+//   - Data commands: Redis checks the commands a function calls against
+//     the caller's rules, so the ones the library calls (GET, SET,
+//     PEXPIRE, the sorted-set ones; TestLibraryCommandsAllowed checks the
+//     list against the library) are allowed, on ns's keys only: a
+//     namespace can at worst reset its own counters, which its own
+//     credential allows anyway.
+//   - The rest is what the store's connections need: AUTH, HELLO and
+//     CLIENT SETNAME for the handshake, the cluster topology for the slot
+//     map, ASKING for a slot in migration, TIME and PING.
+func NamespaceACLRules(ns string) []string {
+	return []string{
+		"resetchannels", "resetkeys", redisstore.Keys{Space: ns}.Pattern(), "-@all",
+		"+fcall", "+fcall_ro",
+		"+get", "+set", "+pexpire",
+		"+zadd", "+zcard", "+zcount", "+zrange", "+zrevrange", "+zrem", "+zremrangebyscore", "+zscore",
+		"+time", "+ping", "+auth", "+hello", "+client|setname", "+asking",
+		"+cluster|slots", "+cluster|shards", "+cluster|nodes", "+cluster|info", "+cluster|myid",
+	}
 }
 
-// Credentials are a managed store's passwords, as its auth Secret holds
+// UserCredentials are a namespace user's passwords, as its Secret holds
 // them.
-type Credentials struct {
-	// Admin is the default user's password (PasswordKey).
-	Admin string
-	// Sidecar is SidecarUser's password.
-	Sidecar string
-	// Previous is SidecarUser's previous password, accepted until
+type UserCredentials struct {
+	// Password is the current password: what the namespace's sidecars
+	// get.
+	Password string
+	// Previous is the password before the last rotation, accepted until
 	// PreviousExpires; empty outside a rotation.
 	Previous        string
 	PreviousExpires time.Time
@@ -68,38 +101,33 @@ type Credentials struct {
 	Rotated string
 }
 
-// SidecarPasswords returns the passwords SidecarUser is accepted with:
-// the current one, and the previous one during a rotation.
-func (c Credentials) SidecarPasswords() []string {
+// Passwords returns the passwords the user is accepted with: the current
+// one, and the previous one during a rotation.
+func (c UserCredentials) Passwords() []string {
 	if c.Previous != "" {
-		return []string{c.Sidecar, c.Previous}
+		return []string{c.Password, c.Previous}
 	}
-	return []string{c.Sidecar}
+	return []string{c.Password}
 }
 
-// NextCredentials returns the credentials a reconcile at now should hold,
-// given the current ones and the Secret's RotateAnnotation: missing
-// passwords are generated; a RotateAnnotation value not yet acted on
-// moves the sidecar password to Previous, accepted for overlap more, and
-// generates a new one; a Previous past its expiry is dropped. The bool
-// reports a change. gen returns a new password.
-func NextCredentials(cur Credentials, rotate string, now time.Time, overlap time.Duration, gen func() (string, error)) (Credentials, bool, error) {
+// NextUserCredentials returns the credentials a reconcile at now should
+// hold, given the current ones and the Secret's RotateAnnotation: a
+// missing password is generated; a RotateAnnotation value not yet acted on
+// moves the password to Previous, accepted for overlap more, and generates
+// a new one; a Previous past its expiry is dropped. The bool reports a
+// change. gen returns a new password.
+func NextUserCredentials(cur UserCredentials, rotate string, now time.Time, overlap time.Duration, gen func() (string, error)) (UserCredentials, bool, error) {
 	next := cur
 	var err error
-	if next.Admin == "" {
-		if next.Admin, err = gen(); err != nil {
-			return cur, false, err
-		}
-	}
 	switch {
-	case next.Sidecar == "":
-		if next.Sidecar, err = gen(); err != nil {
+	case next.Password == "":
+		if next.Password, err = gen(); err != nil {
 			return cur, false, err
 		}
 		next.Rotated = rotate
 	case rotate != "" && rotate != next.Rotated:
-		next.Previous, next.PreviousExpires = next.Sidecar, now.Add(overlap).UTC().Truncate(time.Second)
-		if next.Sidecar, err = gen(); err != nil {
+		next.Previous, next.PreviousExpires = next.Password, now.Add(overlap).UTC().Truncate(time.Second)
+		if next.Password, err = gen(); err != nil {
 			return cur, false, err
 		}
 		next.Rotated = rotate

@@ -96,9 +96,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 	var (
 		k        *kubelet
 		password string
-		// sidecarPassword is the sidecar user's.
-		sidecarPassword string
-		keys            = map[string]string{}
+		keys     = map[string]string{}
 	)
 
 	BeforeAll(func(ctx SpecContext) {
@@ -114,6 +112,23 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		}
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 	})
+
+	// namespaceUser asks for tenant's store user as the sidecaraccess
+	// controller does (an empty user Secret owned by the store), and
+	// returns the password the store's controller gives it once every
+	// node accepts it.
+	namespaceUser := func(ctx context.Context, tenant string) string {
+		GinkgoHelper()
+		sec := counterstore.NewUserSecret(getStore(ctx, storeName), counterstore.DefaultNamespace, tenant)
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, sec))).To(Succeed())
+		var pw string
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(sec), sec)).To(Succeed())
+			pw = string(sec.Data[counterstore.UserPasswordKey])
+			g.Expect(pw).To(HaveLen(64))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		return pw
+	}
 
 	clusterClient := func() *redis.ClusterClient {
 		var addrs []string
@@ -199,9 +214,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		isOwned(&sec)
 		password = string(sec.Data[counterstore.PasswordKey])
 		Expect(password).To(HaveLen(64))
-		sidecarPassword = string(sec.Data[counterstore.SidecarPasswordKey])
-		Expect(sidecarPassword).To(HaveLen(64))
-		Expect(sidecarPassword).NotTo(Equal(password))
+		Expect(sec.Data).To(HaveLen(1), "the admin password alone: the namespaces' users have Secrets of their own")
 
 		Eventually(func(g Gomega) {
 			cs := getStore(ctx, storeName)
@@ -460,7 +473,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		// A generous call budget: this spec measures how soon counting
 		// resumes, and a loaded machine must not turn a slow answer into
 		// a 503.
-		creds := map[string]string{"password": sidecarPassword, "username": counterstore.SidecarUser}
+		creds := map[string]string{"password": namespaceUser(ctx, ns), "username": counterstore.NamespaceUser(ns)}
 		a := startSidecar(ctx, ns, "api-a", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
 		b := startSidecar(ctx, ns, "api-b", creds, "--redis-timeout=1s", "--redis-breaker-cooldown=200ms")
 		Eventually(func() []int { return shared(a, b, "warm-"+rand.String(6)) }).WithTimeout(30 * time.Second).
@@ -510,7 +523,47 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		}
 	})
 
-	It("rotates the sidecar password on the running nodes, the old one accepted until every sidecar has the new one", func(ctx SpecContext) {
+	It("gives a namespace its own store user and the counter functions, and deletes the user with its Secret", func(ctx SpecContext) {
+		tenant := "fg-" + rand.String(8)
+		pw := namespaceUser(ctx, tenant)
+		user := counterstore.NamespaceUser(tenant)
+		libName, _ := redisstore.Library()
+		for _, c := range k.clients() {
+			Expect(c.Do(ctx, "acl", "getuser", user).Val()).NotTo(BeNil(), "node %s has %s", c.Options().Addr, user)
+			// Every node has the library: the masters loaded by the
+			// manager, the replicas by replication.
+			Eventually(func() ([]redis.Library, error) {
+				return c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libName}).Result()
+			}).WithTimeout(30*time.Second).Should(HaveLen(1), "node %s has the library %s", c.Options().Addr, libName)
+		}
+		st, err := redisstore.New(redisstore.Options{Addrs: getStore(ctx, storeName).Status.Endpoints, Username: user, Password: pw, KeySpace: tenant, Timeout: 5 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(st.Close)
+		l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Hour}
+		Eventually(func() error {
+			_, _, err := st.Take(ctx, limiter.Request{Key: "own-user", Limit: l, Cost: 1})
+			return err
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		other, err := redisstore.New(redisstore.Options{Addrs: getStore(ctx, storeName).Status.Endpoints, Username: user, Password: pw, KeySpace: "fg-other", Timeout: 5 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(other.Close)
+		_, _, err = other.Take(ctx, limiter.Request{Key: "own-user", Limit: l, Cost: 1})
+		Expect(err).To(MatchError(ContainSubstring("NOPERM")), "another namespace's keys")
+
+		By("deleting the user's Secret, as the sidecaraccess controller does when the namespace needs no access")
+		sec := counterstore.NewUserSecret(getStore(ctx, storeName), counterstore.DefaultNamespace, tenant)
+		Expect(k8sClient.Delete(ctx, sec)).To(Succeed())
+		Eventually(func(g Gomega) {
+			for _, c := range k.clients() {
+				g.Expect(c.Do(ctx, "acl", "getuser", user).Val()).To(BeNil(), "node %s still has %s", c.Options().Addr, user)
+			}
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+	})
+
+	It("rotates a namespace's password on the running nodes, the old one accepted until every sidecar has the new one", func(ctx SpecContext) {
+		tenant := "fg-" + rand.String(8)
+		sidecarPassword := namespaceUser(ctx, tenant)
+		user := counterstore.NamespaceUser(tenant)
 		masters := func() []string {
 			GinkgoHelper()
 			return getStore(ctx, storeName).Status.Endpoints
@@ -535,12 +588,12 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		newStore := func() *redisstore.Store {
 			GinkgoHelper()
 			st, err := redisstore.New(redisstore.Options{
-				Addrs: masters(), Timeout: 30 * time.Second, DialTimeout: 30 * time.Second,
+				Addrs: masters(), Timeout: 30 * time.Second, DialTimeout: 30 * time.Second, KeySpace: tenant,
 				Credentials: func() (string, string) {
 					mu.Lock()
 					defer mu.Unlock()
 					dials = append(dials, dial{at: time.Now(), password: volume})
-					return counterstore.SidecarUser, volume
+					return user, volume
 				},
 			})
 			Expect(err).NotTo(HaveOccurred())
@@ -614,8 +667,8 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		}()
 		admin := func() []*redis.Client { return k.clients() }
 
-		By("asking for a rotation on the auth Secret")
-		key := client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.AuthSecretName(storeName)}
+		By("asking for a rotation on the namespace's user Secret")
+		key := client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.UserSecretName(storeName, tenant)}
 		var sec corev1.Secret
 		Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
 		if sec.Annotations == nil {
@@ -629,8 +682,8 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
 			g.Expect(sec.Annotations).To(HaveKeyWithValue(counterstore.RotatedAnnotation, "rotation-1"))
-			g.Expect(string(sec.Data[counterstore.PreviousSidecarPasswordKey])).To(Equal(sidecarPassword))
-			next = string(sec.Data[counterstore.SidecarPasswordKey])
+			g.Expect(string(sec.Data[counterstore.PreviousUserPasswordKey])).To(Equal(sidecarPassword))
+			next = string(sec.Data[counterstore.UserPasswordKey])
 			var err error
 			expires, err = time.Parse(time.RFC3339, sec.Annotations[counterstore.PreviousExpiresAnnotation])
 			g.Expect(err).NotTo(HaveOccurred(), "the old password's expiry")
@@ -640,10 +693,12 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		// overlap has passed: at expires or after.
 		published := time.Now()
 		Expect(next).NotTo(Equal(sidecarPassword))
-		Expect(string(sec.Data[counterstore.PasswordKey])).To(Equal(password), "the admin password does not change")
+		var auth corev1.Secret
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.AuthSecretName(storeName)}, &auth)).To(Succeed())
+		Expect(string(auth.Data[counterstore.PasswordKey])).To(Equal(password), "the admin password does not change")
 		// A new connection to node addr as the sidecar user with pw.
 		authAs := func(addr, pw string) error {
-			c := redis.NewClient(&redis.Options{Addr: addr, Username: counterstore.SidecarUser, Password: pw, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+			c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pw, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
 			defer func() { _ = c.Close() }()
 			return c.Ping(ctx).Err()
 		}
@@ -674,7 +729,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		By("dropping the old password once the overlap has passed")
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, key, &sec)).To(Succeed())
-			g.Expect(sec.Data).NotTo(HaveKey(counterstore.PreviousSidecarPasswordKey))
+			g.Expect(sec.Data).NotTo(HaveKey(counterstore.PreviousUserPasswordKey))
 			g.Expect(sec.Annotations).NotTo(HaveKey(counterstore.PreviousExpiresAnnotation))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		dropped := time.Now()
@@ -742,16 +797,15 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 				failures = append(failures, fmt.Sprintf("%s: more than its budget %v and the machine's delays over it, %v", what, budget, late))
 			}
 		}
-		AddReportEntry("sidecar password rotation",
+		AddReportEntry("namespace password rotation",
 			fmt.Sprintf("%d calls (the slowest %v), %d failed, one client reconnecting every 300ms; the kubelet switched %v after the request, the old password expired %v and was dropped %v after it (overlap %v)",
 				len(calls), slowest.Round(time.Millisecond), len(failures), switched.Sub(rotated).Round(time.Millisecond), expires.Sub(rotated).Round(time.Millisecond), ended.Round(time.Millisecond), passwordOverlap))
 		if len(lateChecks)+len(excused) > 0 {
-			AddReportEntry("sidecar password rotation: what the machine's delays explain",
+			AddReportEntry("namespace password rotation: what the machine's delays explain",
 				fmt.Sprintf("nodes refusing the old password when checked after its expiry: %v; the kubelet's switch %v after the expiry; calls not counted: %v",
 					lateChecks, switched.Sub(expires).Round(time.Millisecond), excused))
 		}
 		Expect(failures).To(BeEmpty(), "%d of %d calls failed during the rotation", len(failures), len(calls))
 		Expect(len(calls)).To(BeNumerically(">", 100))
-		sidecarPassword = next
 	})
 })

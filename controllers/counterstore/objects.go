@@ -179,10 +179,11 @@ func RedisConf(cs *v1alpha1.CounterStore) string {
 // empty node that kept its identity would come back as the master of its
 // old slots, and its replica would then copy the empty data set. A new node
 // leaves the old identity to fail over to its replica, and the operator
-// makes the new node a replica. The per-Pod settings, the passwords and the
-// sidecars' ACL user (SidecarUser with SidecarACLRules, accepted with its
-// password and, during a rotation, its previous one) go in through standard
-// input, never on the command line.
+// makes the new node a replica. The per-Pod settings and the admin
+// password go in through standard input, never on the command line. The
+// namespaces' users and the counter functions are not there: the manager
+// sets them on the running nodes (ACL SETUSER, FUNCTION LOAD) before a new
+// node serves any slot.
 func StartScript(confDir, dir string) string {
 	return fmt.Sprintf(`set -eu
 rm -f %[2]s/nodes.conf
@@ -191,9 +192,8 @@ bind ${POD_IP}
 cluster-announce-ip ${POD_IP}
 requirepass "${REDIS_PASSWORD}"
 masterauth "${REDIS_PASSWORD}"
-user %[3]s on >${REDIS_SIDECAR_PASSWORD} ${REDIS_SIDECAR_PASSWORD_PREVIOUS:+>${REDIS_SIDECAR_PASSWORD_PREVIOUS}} %[4]s
 EOF
-`, confDir, dir, SidecarUser, strings.Join(SidecarACLRules, " "))
+`, confDir, dir)
 }
 
 // LivenessScript checks that the node answers PING. REDISCLI_AUTH carries
@@ -302,37 +302,88 @@ func DesiredPDB(cs *v1alpha1.CounterStore, ns string) *policyv1.PodDisruptionBud
 	}
 }
 
-// DesiredSecret returns the Secret that holds the store's credentials: the
-// admin password, the sidecar user's and, during a rotation, its previous
-// one with its expiry.
+// DesiredSecret returns the Secret that holds the store's admin password.
 func DesiredSecret(cs *v1alpha1.CounterStore, ns string, c Credentials) *corev1.Secret {
-	s := &corev1.Secret{
+	return &corev1.Secret{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: objectMeta(cs, ns, AuthSecretName(cs.Name), "auth"),
 		Type:       corev1.SecretTypeOpaque,
-		Data: map[string][]byte{
-			PasswordKey:        []byte(c.Admin),
-			SidecarPasswordKey: []byte(c.Sidecar),
-		},
+		Data:       map[string][]byte{PasswordKey: []byte(c.Admin)},
 	}
+}
+
+// Credentials are a managed store's admin password, as its auth Secret
+// holds it.
+type Credentials struct {
+	// Admin is the default user's password (PasswordKey).
+	Admin string
+}
+
+// CredentialsFrom reads the admin password a managed store's auth Secret
+// holds.
+func CredentialsFrom(s *corev1.Secret) (Credentials, error) {
+	c := Credentials{Admin: string(s.Data[PasswordKey])}
+	if c.Admin != "" {
+		if err := ValidatePassword(c.Admin); err != nil {
+			return Credentials{}, fmt.Errorf("key %q: %w", PasswordKey, err)
+		}
+	}
+	return c, nil
+}
+
+// UserSecretName returns the name of the Secret, in the manager's
+// namespace, that holds namespace ns's store user's passwords for store:
+// counterstore-<store>-user- and a hash of ns, so that any namespace name
+// fits and no two collide. Its labels name the store and the namespace.
+func UserSecretName(store, ns string) string {
+	sum := sha256.Sum256([]byte(ns))
+	return NamePrefix + store + "-user-" + hex.EncodeToString(sum[:8])
+}
+
+// UserSecretLabels are the labels of namespace ns's user Secret of store.
+func UserSecretLabels(store, ns string) map[string]string {
+	l := labelsFor(store, "store-user")
+	l[UserStoreLabel] = store
+	l[UserNamespaceLabel] = ns
+	return l
+}
+
+// NewUserSecret returns the Secret that asks for namespace ns's store user
+// of cs, as the sidecaraccess controller creates it: no password yet, which
+// the store's controller generates once every node accepts it. The
+// CounterStore owns it, so its controller hears of it.
+func NewUserSecret(cs *v1alpha1.CounterStore, managerNS, ns string) *corev1.Secret {
+	meta := objectMeta(cs, managerNS, UserSecretName(cs.Name, ns), "store-user")
+	meta.Labels = UserSecretLabels(cs.Name, ns)
+	return &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: meta,
+		Type:       corev1.SecretTypeOpaque,
+	}
+}
+
+// DesiredUserSecret returns namespace ns's user Secret of cs holding c:
+// the password, and during a rotation the previous one with its expiry.
+func DesiredUserSecret(cs *v1alpha1.CounterStore, managerNS, ns string, c UserCredentials) *corev1.Secret {
+	s := NewUserSecret(cs, managerNS, ns)
+	s.Data = map[string][]byte{UserPasswordKey: []byte(c.Password)}
 	s.Annotations = map[string]string{}
 	if c.Rotated != "" {
 		s.Annotations[RotatedAnnotation] = c.Rotated
 	}
 	if c.Previous != "" {
-		s.Data[PreviousSidecarPasswordKey] = []byte(c.Previous)
+		s.Data[PreviousUserPasswordKey] = []byte(c.Previous)
 		s.Annotations[PreviousExpiresAnnotation] = c.PreviousExpires.UTC().Format(time.RFC3339)
 	}
 	return s
 }
 
-// CredentialsFrom reads the credentials a managed store's auth Secret
+// UserCredentialsFrom reads the credentials a namespace user's Secret
 // holds, and the RotateAnnotation value it asks for.
-func CredentialsFrom(s *corev1.Secret) (c Credentials, rotate string, err error) {
-	c = Credentials{
-		Admin:    string(s.Data[PasswordKey]),
-		Sidecar:  string(s.Data[SidecarPasswordKey]),
-		Previous: string(s.Data[PreviousSidecarPasswordKey]),
+func UserCredentialsFrom(s *corev1.Secret) (c UserCredentials, rotate string, err error) {
+	c = UserCredentials{
+		Password: string(s.Data[UserPasswordKey]),
+		Previous: string(s.Data[PreviousUserPasswordKey]),
 		Rotated:  s.Annotations[RotatedAnnotation],
 	}
 	if c.Previous != "" {
@@ -344,12 +395,12 @@ func CredentialsFrom(s *corev1.Secret) (c Credentials, rotate string, err error)
 			c.PreviousExpires = expires
 		}
 	}
-	for _, kv := range [][2]string{{PasswordKey, c.Admin}, {SidecarPasswordKey, c.Sidecar}, {PreviousSidecarPasswordKey, c.Previous}} {
+	for _, kv := range [][2]string{{UserPasswordKey, c.Password}, {PreviousUserPasswordKey, c.Previous}} {
 		if kv[1] == "" {
 			continue
 		}
 		if err := ValidatePassword(kv[1]); err != nil {
-			return Credentials{}, "", fmt.Errorf("key %q: %w", kv[0], err)
+			return UserCredentials{}, "", fmt.Errorf("key %q: %w", kv[0], err)
 		}
 	}
 	return c, s.Annotations[RotateAnnotation], nil
@@ -395,8 +446,6 @@ func DesiredStatefulSet(cs *v1alpha1.CounterStore, ns string, replicas int32, pa
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 			{Name: "REDIS_PASSWORD", ValueFrom: passwordRef},
 			{Name: "REDISCLI_AUTH", ValueFrom: passwordRef},
-			{Name: "REDIS_SIDECAR_PASSWORD", ValueFrom: secretRef(SidecarPasswordKey, false)},
-			{Name: "REDIS_SIDECAR_PASSWORD_PREVIOUS", ValueFrom: secretRef(PreviousSidecarPasswordKey, true)},
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: "redis", ContainerPort: RedisPort, Protocol: corev1.ProtocolTCP},

@@ -102,20 +102,17 @@ func TestDesiredStatefulSet(t *testing.T) {
 	if e := env["POD_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
 		t.Errorf("POD_IP = %+v", e)
 	}
-	for name, key := range map[string]string{
-		"REDIS_PASSWORD": PasswordKey, "REDISCLI_AUTH": PasswordKey,
-		"REDIS_SIDECAR_PASSWORD": SidecarPasswordKey, "REDIS_SIDECAR_PASSWORD_PREVIOUS": PreviousSidecarPasswordKey,
-	} {
+	for _, name := range []string{"REDIS_PASSWORD", "REDISCLI_AUTH"} {
 		e := env[name]
-		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "counterstore-orders-auth" || e.ValueFrom.SecretKeyRef.Key != key {
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "counterstore-orders-auth" || e.ValueFrom.SecretKeyRef.Key != PasswordKey ||
+			ptr.Deref(e.ValueFrom.SecretKeyRef.Optional, false) {
 			t.Errorf("%s = %+v", name, e)
-			continue
 		}
-		// Only the previous sidecar password may be missing: outside a
-		// rotation there is none.
-		if got, want := ptr.Deref(e.ValueFrom.SecretKeyRef.Optional, false), key == PreviousSidecarPasswordKey; got != want {
-			t.Errorf("%s optional = %v, want %v", name, got, want)
-		}
+	}
+	// The admin password is the only one the Pods get: the namespaces'
+	// users are set on the running nodes.
+	if len(env) != 3 {
+		t.Errorf("env = %v, want POD_IP and the admin password alone", env)
 	}
 	if c.Resources.Limits.Memory().String() != "300Mi" {
 		t.Errorf("resources = %+v", c.Resources)
@@ -166,28 +163,49 @@ func TestDesiredChildren(t *testing.T) {
 	if pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("pdb maxUnavailable = %v", pdb.Spec.MaxUnavailable)
 	}
-	creds := Credentials{Admin: "admin-password-0123", Sidecar: "sidecar-password-01", Rotated: "1"}
+	creds := Credentials{Admin: "admin-password-0123"}
 	sec := DesiredSecret(cs, "ns", creds)
-	if sec.Name != "counterstore-orders-auth" || len(sec.Data) != 2 || string(sec.Data[PasswordKey]) != creds.Admin ||
-		string(sec.Data[SidecarPasswordKey]) != creds.Sidecar || sec.Annotations[RotatedAnnotation] != "1" {
+	if sec.Name != "counterstore-orders-auth" || len(sec.Data) != 1 || string(sec.Data[PasswordKey]) != creds.Admin {
 		t.Errorf("secret = %+v", sec)
 	}
-	got, rotate, err := CredentialsFrom(sec)
-	if err != nil || got != creds || rotate != "" {
-		t.Errorf("CredentialsFrom(DesiredSecret(%+v)) = %+v, %q, %v", creds, got, rotate, err)
+	if got, err := CredentialsFrom(sec); err != nil || got != creds {
+		t.Errorf("CredentialsFrom(DesiredSecret(%+v)) = %+v, %v", creds, got, err)
 	}
-	creds.Previous, creds.PreviousExpires = "previous-password-1", time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	sec = DesiredSecret(cs, "ns", creds)
-	if string(sec.Data[PreviousSidecarPasswordKey]) != creds.Previous || sec.Annotations[PreviousExpiresAnnotation] != "2030-01-01T00:00:00Z" {
-		t.Errorf("secret during a rotation = %+v", sec)
+	sec.Data[PasswordKey] = []byte("short")
+	if _, err := CredentialsFrom(sec); err == nil || !strings.Contains(err.Error(), `key "password"`) {
+		t.Errorf("CredentialsFrom with a short admin password: %v, want an error naming the key", err)
 	}
-	sec.Annotations[RotateAnnotation] = "2"
-	if got, rotate, err := CredentialsFrom(sec); err != nil || got != creds || rotate != "2" {
-		t.Errorf("CredentialsFrom during a rotation = %+v, %q, %v", got, rotate, err)
+
+	// A namespace's user Secret: asked for empty, filled in by the store's
+	// controller, owned by the store, named apart for any namespace.
+	if a, b := UserSecretName("orders", "team-a"), UserSecretName("orders", "team-b"); a == b || !strings.HasPrefix(a, "counterstore-orders-user-") || len(a) > 63 {
+		t.Errorf("user Secret names %q and %q", a, b)
 	}
-	sec.Data[SidecarPasswordKey] = []byte("short")
-	if _, _, err := CredentialsFrom(sec); err == nil || !strings.Contains(err.Error(), `key "sidecar-password"`) {
-		t.Errorf("CredentialsFrom with a short sidecar password: %v, want an error naming the key", err)
+	asked := NewUserSecret(cs, "ns", "team-a")
+	if len(asked.Data) != 0 || asked.Labels[UserNamespaceLabel] != "team-a" || asked.Labels[UserStoreLabel] != "orders" ||
+		len(asked.OwnerReferences) != 1 || !ptr.Deref(asked.OwnerReferences[0].Controller, false) {
+		t.Errorf("asked-for user Secret = %+v", asked)
+	}
+	uc := UserCredentials{Password: "team-a-password-01", Rotated: "1"}
+	us := DesiredUserSecret(cs, "ns", "team-a", uc)
+	if us.Name != asked.Name || string(us.Data[UserPasswordKey]) != uc.Password || us.Annotations[RotatedAnnotation] != "1" || len(us.Data) != 1 {
+		t.Errorf("user secret = %+v", us)
+	}
+	if got, rotate, err := UserCredentialsFrom(us); err != nil || got != uc || rotate != "" {
+		t.Errorf("UserCredentialsFrom(DesiredUserSecret(%+v)) = %+v, %q, %v", uc, got, rotate, err)
+	}
+	uc.Previous, uc.PreviousExpires = "previous-password-1", time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	us = DesiredUserSecret(cs, "ns", "team-a", uc)
+	if string(us.Data[PreviousUserPasswordKey]) != uc.Previous || us.Annotations[PreviousExpiresAnnotation] != "2030-01-01T00:00:00Z" {
+		t.Errorf("user secret during a rotation = %+v", us)
+	}
+	us.Annotations[RotateAnnotation] = "2"
+	if got, rotate, err := UserCredentialsFrom(us); err != nil || got != uc || rotate != "2" {
+		t.Errorf("UserCredentialsFrom during a rotation = %+v, %q, %v", got, rotate, err)
+	}
+	us.Data[UserPasswordKey] = []byte("short")
+	if _, _, err := UserCredentialsFrom(us); err == nil || !strings.Contains(err.Error(), `key "password"`) {
+		t.Errorf("UserCredentialsFrom with a short password: %v, want an error naming the key", err)
 	}
 	cm := DesiredConfigMap(cs, "ns")
 	if cm.Labels[LabelManagedBy] != ManagedByValue {
@@ -351,8 +369,7 @@ func TestStartScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	const password = "start-script-password-1"
-	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password,
-		"REDIS_SIDECAR_PASSWORD=sidecar-password-0001"}
+	env := []string{"POD_IP=" + host.IP, "REDIS_PASSWORD=" + password, "REDISCLI_AUTH=" + password}
 	start := func() string {
 		t.Helper()
 		p := redistest.StartServer(t, redistest.ServerOptions{

@@ -116,6 +116,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 		return ctrl.Result{}, fmt.Errorf("compile the central rate-limit service's document: %w", err)
 	}
 	specErr := r.reconcileSpec(ctx, existing, out)
+	pending := errors.Is(specErr, sidecaraccess.ErrCredentialsPending)
+	if pending {
+		// The store has not given the service's namespace its user yet;
+		// the document waits for the credentials it needs.
+		log.FromContext(ctx).Info("waiting for the central rate-limit service's store user", "reason", specErr.Error())
+		specErr = nil
+	}
 	statusErr := r.reconcileStatus(ctx, in, out, specErr)
 	if err := errors.Join(specErr, statusErr); err != nil {
 		return ctrl.Result{}, err
@@ -129,6 +136,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	if len(rejected) > 0 {
 		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("rejected RateLimitPolicies with a targetRef %s (see their Accepted condition)",
 			strings.Join(rejected, ", ")))
+	}
+	if pending {
+		return ctrl.Result{RequeueAfter: sidecaraccess.PendingRetry}, nil
 	}
 	return ctrl.Result{}, nil
 }
@@ -230,12 +240,13 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, existing *corev1.ConfigM
 // the Secret config.RateLimitServiceStoreAuthSecret of the service's
 // namespace, which its pods mount, before the document that needs them is
 // written. They are what the sidecars of this version get
-// (sidecaraccess.StoreCredentials): a managed store's sidecar ACL user,
-// which may run the counter scripts on fg:* keys and nothing else, an
-// external store's password, or none. When the CounterStore is gone the
+// (sidecaraccess.StoreCredentials): a managed store's user of the
+// service's namespace, which may run the counter functions on that
+// namespace's keys and nothing else, an external store's password, or
+// none. When the CounterStore is gone the
 // copy is left as it is.
 func (r *Reconciler) mirrorCredentials(ctx context.Context, store config.Store) error {
-	creds, ok, err := sidecaraccess.StoreCredentials(ctx, r.Client, r.APIReader, r.Namespace, store)
+	creds, ok, err := sidecaraccess.StoreCredentials(ctx, r.Client, r.APIReader, r.Namespace, r.Namespace, store)
 	if err != nil || !ok {
 		return err
 	}

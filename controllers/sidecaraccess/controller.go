@@ -78,6 +78,10 @@ const (
 	// ResyncPeriod bounds how long a changed external store password
 	// takes to reach the mirrored Secrets.
 	ResyncPeriod = 10 * time.Minute
+	// PendingRetry is how soon a namespace whose store user has no
+	// password yet is tried again, should the user Secret's own change
+	// not be seen first.
+	PendingRetry = time.Second
 )
 
 // In every namespace it writes only its own objects: the Role and
@@ -92,7 +96,7 @@ const (
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,resourceNames=floodgate-sidecar,verbs=get;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create
 // +kubebuilder:rbac:groups="",resources=secrets,resourceNames=floodgate-store-auth,verbs=patch;delete
-// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=secrets,verbs=list;watch
+// +kubebuilder:rbac:groups="",namespace=floodgate-system,resources=secrets,verbs=list;watch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/status,verbs=get;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
@@ -145,7 +149,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		Watches(&rbacv1.RoleBinding{}, toNamespace, oursOnly, builder.OnlyMetadata).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			if o.GetNamespace() == r.ManagerNamespace {
-				// A store's password may have changed.
+				if tenant := o.GetLabels()[counterstore.UserNamespaceLabel]; tenant != "" {
+					// One namespace's store user changed.
+					return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: tenant}}}
+				}
+				// A store's Secret may have changed.
 				return r.namespacesWithConfig(ctx)
 			}
 			if o.GetName() == SecretName && ours(o.GetLabels()) {
@@ -206,7 +214,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	if err := r.applyRBAC(ctx, ns, ServiceAccounts(pods)); err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
-	if err := r.mirror(ctx, ns); err != nil {
+	if err := r.mirror(ctx, ns); errors.Is(err, ErrCredentialsPending) {
+		log.FromContext(ctx).V(1).Info("waiting for the namespace's store user", "reason", err.Error())
+		return ctrl.Result{RequeueAfter: PendingRetry}, nil
+	} else if err != nil {
 		return ctrl.Result{}, ignoreTerminating(err)
 	}
 	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
@@ -286,7 +297,7 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	if doc.Store.Type != config.StoreRedis {
 		return nil // a memory store needs no password
 	}
-	creds, ok, err := StoreCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, doc.Store)
+	creds, ok, err := StoreCredentials(ctx, r.Client, r.APIReader, r.ManagerNamespace, ns, doc.Store)
 	if err != nil || !ok {
 		return err
 	}
@@ -305,19 +316,27 @@ func (r *Reconciler) mirror(ctx context.Context, ns string) error {
 	return nil
 }
 
-// StoreCredentials returns what a sidecar of this version authenticates to
-// store with: a managed store's sidecar user (counterstore.SidecarUser),
-// whose ACL rules allow the counter scripts on fg:* keys and the cluster
-// topology, and nothing else; an external store's passwordSecretRef and
-// the CA bundle of its tls.caSecretRef; or no password. c reads the
-// CounterStore (a cache will do); apiReader reads the Secrets from the API
-// server, as the manager caches no Secret's data; managerNS holds a
-// managed store's auth Secret. ok is false when the CounterStore is gone.
-// A managed store's admin password is never returned, whatever runs in
-// the namespace: before the store has a sidecar password, that is an
-// error. The central rate-limit service, which runs the sidecar binary
-// and the same scripts, authenticates with these too.
-func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS string, store config.Store) (creds Credentials, ok bool, err error) {
+// ErrCredentialsPending is StoreCredentials' error while a managed store's
+// controller has not yet given a namespace's store user a password that
+// every node accepts: try again shortly (the user Secret's change also
+// triggers the manager's watches).
+var ErrCredentialsPending = errors.New("the namespace's store user has no password yet")
+
+// StoreCredentials returns what the sidecars of namespace ns authenticate
+// to store with: a managed store's user of ns (counterstore.NamespaceUser),
+// whose ACL rules allow the counter functions on ns's keys and the cluster
+// topology, and nothing else; an external store's passwordSecretRef and the
+// CA bundle of its tls.caSecretRef; or no password. c reads the
+// CounterStore (a cache will do) and creates ns's user Secret of a
+// managed store when it is missing; apiReader reads the Secrets from the
+// API server, as the manager caches no Secret's data; managerNS holds a
+// managed store's Secrets. ok is false when the CounterStore is gone. A
+// managed store's admin password is never returned, whatever runs in the
+// namespace; until ns's user has a password the error wraps
+// ErrCredentialsPending. The central rate-limit service, which runs the
+// sidecar binary and the same functions, authenticates with these too, as
+// the user of its own namespace, managerNS.
+func StoreCredentials(ctx context.Context, c client.Client, apiReader client.Reader, managerNS, ns string, store config.Store) (creds Credentials, ok bool, err error) {
 	var cs v1alpha1.CounterStore
 	if err := c.Get(ctx, client.ObjectKey{Name: store.Name}, &cs); apierrors.IsNotFound(err) {
 		return Credentials{}, false, nil
@@ -333,18 +352,25 @@ func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS
 	}
 	switch {
 	case cs.Spec.Managed != nil:
-		s, err := read(managerNS, counterstore.AuthSecretName(store.Name))
+		// Only ns's own user: the store's admin password never leaves
+		// the manager's namespace, whatever runs in ns.
+		name := counterstore.UserSecretName(store.Name, ns)
+		s, err := read(managerNS, name)
+		if apierrors.IsNotFound(err) {
+			if err := c.Create(ctx, counterstore.NewUserSecret(&cs, managerNS, ns)); err != nil && !apierrors.IsAlreadyExists(err) {
+				return Credentials{}, false, fmt.Errorf("create the store user Secret %s/%s of namespace %s: %w", managerNS, name, ns, err)
+			}
+			log.FromContext(ctx).Info("asked for a namespace's store user", "namespace", ns, "store", store.Name, "secret", name)
+			return Credentials{}, false, fmt.Errorf("CounterStore %s, namespace %s: %w", store.Name, ns, ErrCredentialsPending)
+		}
 		if err != nil {
 			return Credentials{}, false, err
 		}
-		// Only the sidecar user: the store's admin password never
-		// leaves the manager's namespace, whatever runs in ns.
-		pw := s.Data[counterstore.SidecarPasswordKey]
+		pw := s.Data[counterstore.UserPasswordKey]
 		if len(pw) == 0 {
-			return Credentials{}, false, fmt.Errorf("the Secret %s/%s of CounterStore %s has no sidecar user's password (key %q) yet; the store's admin password is never given out",
-				managerNS, s.Name, store.Name, counterstore.SidecarPasswordKey)
+			return Credentials{}, false, fmt.Errorf("CounterStore %s, namespace %s (Secret %s/%s): %w", store.Name, ns, managerNS, name, ErrCredentialsPending)
 		}
-		return Credentials{Username: counterstore.SidecarUser, Password: pw}, true, nil
+		return Credentials{Username: counterstore.NamespaceUser(ns), Password: pw}, true, nil
 	case cs.Spec.External != nil:
 		creds := Credentials{Password: []byte{}}
 		if ref := cs.Spec.External.PasswordSecretRef; ref != nil {
@@ -373,9 +399,26 @@ func StoreCredentials(ctx context.Context, c, apiReader client.Reader, managerNS
 	return Credentials{Password: []byte{}}, true, nil
 }
 
-// remove deletes this controller's objects from ns.
+// remove deletes this controller's objects from ns, and ns's store users'
+// Secrets from the manager's namespace (the stores' controller then
+// deletes the users from the nodes).
 func (r *Reconciler) remove(ctx context.Context, ns string) error {
 	var errs []error
+	var users corev1.SecretList
+	if err := r.APIReader.List(ctx, &users, client.InNamespace(r.ManagerNamespace), client.MatchingLabels{counterstore.UserNamespaceLabel: ns}); err != nil {
+		errs = append(errs, fmt.Errorf("list the store users of %s: %w", ns, err))
+	}
+	for i := range users.Items {
+		u := &users.Items[i]
+		if u.Labels[counterstore.UserStoreLabel] == "" || u.DeletionTimestamp != nil {
+			continue
+		}
+		if err := r.Client.Delete(ctx, u, client.Preconditions{UID: &u.UID}); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("delete the store user Secret %s/%s of %s: %w", r.ManagerNamespace, u.Name, ns, err))
+			continue
+		}
+		log.FromContext(ctx).Info("removed a namespace's store user: no policy or opted-in pod is left", "namespace", ns, "store", u.Labels[counterstore.UserStoreLabel])
+	}
 	for _, obj := range []client.Object{
 		&rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.Secret{},
 	} {

@@ -76,7 +76,7 @@ func leasedRule(t *testing.T, m *metrics.Metrics, lim limiter.Limit) *engine.Rul
 	return r
 }
 
-// scripts counts the scripts a server has run: EVALSHA and EVAL calls.
+// scripts counts the scripts a server has run: FCALL calls.
 func scripts(t *testing.T, srv *redistest.Server) int64 {
 	t.Helper()
 	info, err := srv.Client().Info(context.Background(), "commandstats").Result()
@@ -87,7 +87,7 @@ func scripts(t *testing.T, srv *redistest.Server) int64 {
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		name, rest, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+		if !ok || name != "cmdstat_fcall" {
 			continue
 		}
 		for _, kv := range strings.Split(rest, ",") {
@@ -232,7 +232,7 @@ func TestLeaseWhenRedisGoesAway(t *testing.T) {
 }
 
 // scriptStats returns the script calls a node has run and the
-// microseconds it spent in them (INFO commandstats, EVALSHA and EVAL).
+// microseconds it spent in them (INFO commandstats, FCALL).
 func scriptStats(t *testing.T, n *redistest.Node) (calls, usec int64) {
 	t.Helper()
 	info, err := n.Client().Info(context.Background(), "commandstats").Result()
@@ -241,7 +241,7 @@ func scriptStats(t *testing.T, n *redistest.Node) (calls, usec int64) {
 	}
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+		if !ok || name != "cmdstat_fcall" {
 			continue
 		}
 		for _, kv := range strings.Split(rest, ",") {

@@ -64,17 +64,19 @@ type Config struct {
 	// ConfigMapName is the ConfigMap watched in Kubernetes mode:
 	// config.ConfigMapName for a sidecar, config.RateLimitServiceConfigMapName
 	// for the central rate-limit service.
-	ConfigMapName   string
-	Store           string
-	RedisAddrs      string
-	RedisPassword   string
-	RedisPassFile   string
-	RedisUserFile   string
-	RedisTLS        bool
-	RedisTLSCAFile  string
-	RedisTLSServer  string
-	RedisTLSSkipVer bool
-	RedisTimeout    time.Duration
+	ConfigMapName string
+	Store         string
+	RedisAddrs    string
+	RedisPassword string
+	RedisPassFile string
+	RedisUserFile string
+	// RedisKeyNamespace is the key space of the counters (KeySpace).
+	RedisKeyNamespace string
+	RedisTLS          bool
+	RedisTLSCAFile    string
+	RedisTLSServer    string
+	RedisTLSSkipVer   bool
+	RedisTimeout      time.Duration
 	// RedisBatchWindow is how long a Redis decision may wait to share a
 	// pipelined write with others bound for the same shard; 0 sends each
 	// decision on its own.
@@ -190,6 +192,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisAddrs, "redis-addrs", "", "comma-separated Redis Cluster seed addresses, host:port")
 	fs.StringVar(&c.RedisPassFile, "redis-password-file", "", "file holding the Redis password (or set "+EnvRedisPassword+")")
 	fs.StringVar(&c.RedisUserFile, "redis-username-file", "", "file holding the Redis ACL user to authenticate as with the password, read with it for every new connection; a missing file means the default user")
+	fs.StringVar(&c.RedisKeyNamespace, "redis-key-namespace", "",
+		"key space of the counters, inside every Redis key's hash tag, which the store user's ACL key pattern (fg:{<namespace>/*) covers (default: --namespace in Kubernetes mode, else none)")
 	fs.BoolVar(&c.RedisTLS, "redis-tls", false, "use TLS to Redis")
 	fs.StringVar(&c.RedisTLSCAFile, "redis-tls-ca-file", "", "CA bundle verifying Redis (default: system pool)")
 	fs.StringVar(&c.RedisTLSServer, "redis-tls-server-name", "", "name expected in the Redis certificates")
@@ -265,6 +269,19 @@ func (c *Config) Parse(fs *flag.FlagSet, args []string, getenv func(string) (str
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// KeySpace returns the key space of the Redis counters:
+// --redis-key-namespace, else the pod's namespace in Kubernetes mode, else
+// none.
+func (c *Config) KeySpace() string {
+	switch {
+	case c.RedisKeyNamespace != "":
+		return c.RedisKeyNamespace
+	case c.Kubernetes:
+		return c.Namespace
+	}
+	return ""
 }
 
 // EnvName returns the environment variable of a flag.
@@ -397,6 +414,9 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 	}
 	if c.RedisUserFile != "" && c.RedisPassFile == "" {
 		bad("redis-username-file", "needs --redis-password-file")
+	}
+	if err := redisstore.ValidKeySpace(c.KeySpace()); err != nil {
+		bad("redis-key-namespace", "%v", err)
 	}
 	if c.RedisTLSCAFile != "" {
 		if _, err := caPool(c.RedisTLSCAFile); err != nil {

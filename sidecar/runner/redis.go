@@ -21,6 +21,7 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 		Addrs: sel.Addresses, Credentials: creds, TLS: tc, TLSRoots: roots, Timeout: cfg.RedisTimeout,
 		BatchWindow: cfg.RedisBatchWindow, MaxBatch: cfg.RedisMaxBatch,
 		BreakerFailures: cfg.RedisBreakerFailures, BreakerCooldown: cfg.RedisBreakerCooldown,
+		KeySpace: cfg.KeySpace(),
 	})
 	if err != nil {
 		return nil, err
@@ -29,7 +30,7 @@ func openRedis(sel storeSelection, cfg Config, reg prometheus.Registerer, log *s
 		_ = s.Close()
 		return nil, err
 	}
-	log.Debug("redis store ready", "addrs", sel.Addresses, "tls", tc != nil)
+	log.Debug("redis store ready", "addrs", sel.Addresses, "tls", tc != nil, "keySpace", cfg.KeySpace())
 	return &storeHandle{store: s, remote: true, budget: s.Timeout(), close: s.Close, setAddrs: s.SetAddrs}, nil
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/envoyemu"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -149,7 +150,8 @@ func condition(p *v1alpha1.RateLimitPolicy, typ string) metav1.Condition {
 	return metav1.Condition{}
 }
 
-// sidecarPassword is the store's sidecar user's password.
+// sidecarPassword is the password of the store user of the central
+// service's namespace.
 const sidecarPassword = "gateway-sidecar-0123456789abcdef"
 
 var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() {
@@ -165,26 +167,30 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 
 		store = "gateway-store"
 		// A managed store as the CounterStore controller keeps it: its
-		// auth Secret in the manager's namespace holds the admin password
-		// and the sidecar user's, and every node has the sidecar user,
-		// which may run the counter scripts on fg:* keys and nothing else.
+		// auth Secret in the manager's namespace holds the admin password;
+		// the central service's namespace has its user, whose Secret holds
+		// its password, and which every node has, with the counter
+		// functions on that namespace's keys and nothing else; the masters
+		// have the functions.
 		sess := formation.NewSession(formation.Dialer{Password: redis.Password()})
 		DeferCleanup(sess.Close)
 		_, err := sess.EnsureUser(ctx, redis.Addrs(), formation.User{
-			Name: counterstore.SidecarUser, Passwords: []string{sidecarPassword}, Rules: counterstore.SidecarACLRules})
+			Name: counterstore.NamespaceUser(serviceNamespace), Passwords: []string{sidecarPassword}, Rules: counterstore.NamespaceACLRules(serviceNamespace)})
+		Expect(err).NotTo(HaveOccurred())
+		libName, libSrc := redisstore.Library()
+		_, err = sess.EnsureLibrary(ctx, redis.Addrs(), libName, libSrc)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(k8sClient.Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: counterstore.AuthSecretName(store), Namespace: serviceNamespace},
-			Data: map[string][]byte{
-				counterstore.PasswordKey:        []byte(redis.Password()),
-				counterstore.SidecarPasswordKey: []byte(sidecarPassword),
-			},
+			Data:       map[string][]byte{counterstore.PasswordKey: []byte(redis.Password())},
 		})).To(Succeed())
 		cs := &v1alpha1.CounterStore{
 			ObjectMeta: metav1.ObjectMeta{Name: store},
 			Spec:       v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}},
 		}
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
+		Expect(k8sClient.Create(ctx, counterstore.DesiredUserSecret(cs, serviceNamespace, serviceNamespace,
+			counterstore.UserCredentials{Password: sidecarPassword}))).To(Succeed())
 		cs.Status = v1alpha1.CounterStoreStatus{
 			ObservedGeneration: cs.Generation,
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready",
@@ -264,9 +270,9 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 		Eventually(func() error {
 			return k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceStoreAuthSecret}, &auth)
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
-		Expect(string(auth.Data[config.StoreAuthUserKey])).To(Equal(counterstore.SidecarUser))
+		Expect(string(auth.Data[config.StoreAuthUserKey])).To(Equal(counterstore.NamespaceUser(serviceNamespace)))
 		Expect(string(auth.Data[config.StoreAuthKey])).To(Equal(sidecarPassword),
-			"the central service gets the store's sidecar user, never its admin password")
+			"the central service gets its namespace's store user, never the store's admin password")
 
 		var sidecarDoc corev1.ConfigMap
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &sidecarDoc)).

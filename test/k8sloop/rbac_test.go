@@ -3,6 +3,7 @@ package k8sloop
 import (
 	"context"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -142,7 +143,7 @@ var _ = Describe("the sidecar's identity", func() {
 })
 
 var _ = Describe("the sidecar access controller", func() {
-	It("never gives a namespace a managed store's admin password: not for a look-alike sidecar pod, not before the sidecar user exists", func(ctx SpecContext) {
+	It("never gives a namespace a managed store's admin password, nor another namespace's user: not for a look-alike sidecar pod, not before its own user has a password", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		name := "managed-" + rand.String(6)
 		auth := &corev1.Secret{
@@ -154,15 +155,22 @@ var _ = Describe("the sidecar access controller", func() {
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed()) })
 
-		By("refusing while the store has no sidecar user's password")
-		_, ok, err := sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, config.Store{Name: name, Type: config.StoreRedis})
+		By("asking for the namespace's own user, and giving nothing while it has no password")
+		_, ok, err := sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, ns, config.Store{Name: name, Type: config.StoreRedis})
 		Expect(ok).To(BeFalse())
-		Expect(err).To(MatchError(ContainSubstring("the store's admin password is never given out")))
+		Expect(err).To(MatchError(sidecaraccess.ErrCredentialsPending))
+		userKey := client.ObjectKey{Namespace: managerNamespace, Name: counterstore.UserSecretName(name, ns)}
+		var user corev1.Secret
+		Expect(k8sClient.Get(ctx, userKey, &user)).To(Succeed(), "the namespace's user Secret is asked for")
+		Expect(user.Data).To(BeEmpty())
+		Expect(user.Labels).To(HaveKeyWithValue(counterstore.UserNamespaceLabel, ns))
+		Expect(metav1.IsControlledBy(&user, cs)).To(BeTrue(), "owned by the store, whose controller fills it in")
 
-		By("giving a namespace that runs a look-alike sidecar the sidecar user")
-		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(auth), auth)).To(Succeed())
-		auth.Data[counterstore.SidecarPasswordKey] = []byte("sidecar-pw")
-		Expect(k8sClient.Update(ctx, auth)).To(Succeed())
+		By("giving a namespace that runs a look-alike sidecar its own user, once the store's controller has set its password")
+		// What the CounterStore controller writes once every node
+		// accepts the password; another namespace's user exists too.
+		Expect(k8sClient.Update(ctx, counterstore.DesiredUserSecret(cs, managerNamespace, ns, counterstore.UserCredentials{Password: "namespace-user-pw-0001"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, counterstore.DesiredUserSecret(cs, managerNamespace, "other-tenant", counterstore.UserCredentials{Password: "other-tenant-pw-0001"}))).To(Succeed())
 		cs.Status = v1alpha1.CounterStoreStatus{
 			ObservedGeneration: cs.Generation,
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "test store",
@@ -183,8 +191,17 @@ var _ = Describe("the sidecar access controller", func() {
 		Eventually(func() error {
 			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)
 		}).Should(Succeed())
-		Expect(string(s.Data[sidecaraccess.UsernameKey])).To(Equal(counterstore.SidecarUser))
-		Expect(string(s.Data[sidecaraccess.PasswordKey])).To(Equal("sidecar-pw"), "the first copy holds the sidecar user's password, never the admin's")
+		Expect(string(s.Data[sidecaraccess.UsernameKey])).To(Equal(counterstore.NamespaceUser(ns)))
+		Expect(string(s.Data[sidecaraccess.PasswordKey])).To(Equal("namespace-user-pw-0001"), "the first copy holds the namespace's own user's password, never the admin's or another namespace's")
+
+		By("deleting the namespace's user Secret once the namespace needs no access")
+		Expect(k8sClient.DeleteAllOf(ctx, &v1alpha1.RateLimitPolicy{}, client.InNamespace(ns))).To(Succeed())
+		Expect(k8sClient.Delete(ctx, lookalike)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, userKey, &corev1.Secret{}))
+		}).WithTimeout(30*time.Second).Should(BeTrue(), "the store's controller then deletes the user from the nodes")
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: managerNamespace, Name: counterstore.UserSecretName(name, "other-tenant")}, &corev1.Secret{})).
+			To(Succeed(), "another namespace's user stays")
 	})
 
 	It("repairs a widened Role and removes its objects when the namespace no longer needs them", func(ctx SpecContext) {

@@ -507,7 +507,7 @@ func ceiling(ctx context.Context, n *redistest.Node, password, key string, pinne
 	if err != nil {
 		return 0, errors.New("redis-benchmark not found: run `hack/redis-cluster.sh install`")
 	}
-	src, sha, _ := redisstore.Script(limiter.TokenBucket)
+	src, sha, _, _ := redisstore.Script(limiter.TokenBucket)
 	if _, err := n.Client().ScriptLoad(ctx, src).Result(); err != nil {
 		return 0, fmt.Errorf("SCRIPT LOAD on %s: %w", n.Addr(), err)
 	}

@@ -206,6 +206,12 @@ type Report struct {
 	// BatchedOverCeiling is the batched store's median rate over
 	// redis-benchmark's median unpipelined EVALSHA ceiling.
 	BatchedOverCeiling float64 `json:"batchedOverUnpipelinedCeiling"`
+	// FcallOverEvalsha is the median over the rounds of the servers' CPU
+	// per decision calling the script as the library's function (FCALL,
+	// as the store does) over calling it by EVALSHA, both pipelined by
+	// redis-benchmark in the same round; 0 when the harness did not start
+	// the servers.
+	FcallOverEvalsha float64 `json:"fcallOverEvalshaServerCPU"`
 }
 
 // Medians are decisions per second, medians over the rounds.
@@ -266,6 +272,7 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		r.Median.CeilingUnpipelined, r.Median.CeilingPipelined, r.Median.Unbatched, r.Median.Batched)
 	ew.printf("batched store / unbatched baseline (median of the rounds' ratios): %.2fx\n", r.BatchedOverUnbatched)
 	ew.printf("batched store / redis-benchmark unpipelined EVALSHA ceiling: %.2fx\n", r.BatchedOverCeiling)
+	ew.printf("server CPU per decision, FCALL / EVALSHA of the same script (median of the rounds' ratios): %.3fx\n", r.FcallOverEvalsha)
 	ew.printf("foreign CPU: the machine's CPU time taken by other processes during a phase (redis-benchmark's own included);\n" +
 		"where it is high, rates and latencies measure the machine's contention, and CPU per decision is the figure to compare\n")
 	return ew.err
@@ -338,16 +345,24 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		rep.Pinned = pin(cfg, serverPids, log)
 	}
 
-	src, sha, _ := redisstore.Script(alg)
+	// The script for EVALSHA, as sidecars called it before the library,
+	// and the library for FCALL, as they call it now: the same Lua.
+	src, sha, fn, _ := redisstore.Script(alg)
+	libName, lib := redisstore.Library()
 	for _, m := range masters {
 		cl := redis.NewClient(&redis.Options{Addr: m, Protocol: 2, DisableIdentity: true})
 		got, err := cl.ScriptLoad(ctx, src).Result()
+		if err == nil && got != sha {
+			err = fmt.Errorf("sha %s, want %s", got, sha)
+		}
+		if err == nil {
+			if lerr := cl.FunctionLoad(ctx, lib).Err(); lerr != nil && !strings.Contains(lerr.Error(), "already exists") {
+				err = fmt.Errorf("function load %s: %w", libName, lerr)
+			}
+		}
 		_ = cl.Close()
 		if err != nil {
 			return nil, fmt.Errorf("script load on %s: %w", m, err)
-		}
-		if got != sha {
-			return nil, fmt.Errorf("script load on %s: sha %s, want %s", m, got, sha)
 		}
 	}
 
@@ -377,12 +392,19 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	// whose load drifts during the run biases none of them; the report
 	// gives each round and the medians.
 	args := redisstore.ScriptArgs(params, -1, 1)
-	var ceil1, ceilP, unb, bat []float64
+	var ceil1, ceilP, unb, bat, fcallCPU []float64
 	for r := 1; r <= cfg.Rounds && ctx.Err() == nil; r++ {
-		for _, depth := range []int{1, cfg.Pipeline} {
-			logf("round %d: redis-benchmark EVALSHA -P %d\n", r, depth)
+		// The server's CPU per decision of one pipelined run of FCALL
+		// and one of EVALSHA, back to back, in every round.
+		var evalshaSrv time.Duration
+		for _, run := range []struct {
+			depth int
+			head  []string
+		}{{1, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"FCALL", fn}}} {
+			depth := run.depth
+			logf("round %d: redis-benchmark %s -P %d\n", r, run.head[0], depth)
 			srv0, m0 := serverCPU(serverPids), machineCPU()
-			p, err := redisBenchmark(ctx, cfg, masters[0], sha, alg, args, depth)
+			p, err := redisBenchmark(ctx, cfg, masters[0], run.head, alg, args, depth)
 			if err != nil {
 				return nil, err
 			}
@@ -393,10 +415,16 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 			p.Foreign = foreignShare(m0, machineCPU(), srv)
 			p.Name = fmt.Sprintf("%d: %s", r, p.Name)
 			rep.Phases = append(rep.Phases, p)
-			if depth == 1 {
+			switch {
+			case run.head[0] == "FCALL":
+				if evalshaSrv > 0 && p.ServerCPU > 0 {
+					fcallCPU = append(fcallCPU, float64(p.ServerCPU)/float64(evalshaSrv))
+				}
+			case depth == 1:
 				ceil1 = append(ceil1, p.Rate)
-			} else {
+			default:
 				ceilP = append(ceilP, p.Rate)
+				evalshaSrv = p.ServerCPU
 			}
 		}
 		for i, mode := range modes {
@@ -450,6 +478,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 		ratios[i] = bat[i] / unb[i]
 	}
 	rep.BatchedOverUnbatched = median(ratios)
+	rep.FcallOverEvalsha = median(fcallCPU)
 	if rep.Median.CeilingUnpipelined > 0 {
 		rep.BatchedOverCeiling = rep.Median.Batched / rep.Median.CeilingUnpipelined
 	}
@@ -557,7 +586,9 @@ func pin(cfg Config, serverPids []int, log io.Writer) string {
 
 // redisBenchmark runs redis-benchmark's EVALSHA of the script against the
 // cluster and returns its rate.
-func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limiter.Algorithm, args []string, depth int) (Phase, error) {
+// head is the command and its script: EVALSHA and the SHA1, or FCALL and
+// the function.
+func redisBenchmark(ctx context.Context, cfg Config, seed string, head []string, alg limiter.Algorithm, args []string, depth int) (Phase, error) {
 	bin, err := exec.LookPath("redis-benchmark")
 	if err != nil {
 		if _, serr := os.Stat("/usr/bin/redis-benchmark"); serr != nil {
@@ -569,7 +600,7 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 	part := strings.TrimPrefix(redisstore.CounterKey("x", alg), "fg:{x}:")
 	cmd := []string{bin, "-h", host, "-p", port, "--cluster", "-c", strconv.Itoa(cfg.Callers),
 		"-n", strconv.Itoa(cfg.Requests), "-r", strconv.Itoa(cfg.Keys), "-P", strconv.Itoa(depth), "--csv",
-		"EVALSHA", sha, "1", "fg:{tag}:__rand_int__:" + part}
+		head[0], head[1], "1", "fg:{tag}:__rand_int__:" + part}
 	cmd = append(cmd, args...)
 	if cfg.Pin {
 		if ts, err := exec.LookPath("taskset"); err == nil && runtime.NumCPU() >= 2 {
@@ -592,7 +623,7 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 		return Phase{}, fmt.Errorf("redis-benchmark csv: %w", err)
 	}
 	for _, row := range rows {
-		if len(row) < 7 || !strings.HasPrefix(row[0], "EVALSHA") {
+		if len(row) < 7 || !strings.HasPrefix(row[0], head[0]) {
 			continue
 		}
 		rps, err := strconv.ParseFloat(row[1], 64)
@@ -604,7 +635,7 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 			return time.Duration(f * float64(time.Millisecond))
 		}
 		return Phase{
-			Name:      fmt.Sprintf("redis-benchmark EVALSHA -P %d", depth),
+			Name:      fmt.Sprintf("redis-benchmark %s -P %d", head[0], depth),
 			Rate:      rps,
 			Decisions: int64(cfg.Requests),
 			P50:       ms(row[4]),
@@ -613,7 +644,7 @@ func redisBenchmark(ctx context.Context, cfg Config, seed, sha string, alg limit
 			Note:      fmt.Sprintf("%d clients, pipeline %d, %d random keys: the server's ceiling for this script", cfg.Callers, depth, cfg.Keys),
 		}, nil
 	}
-	return Phase{}, fmt.Errorf("redis-benchmark printed no EVALSHA row: %s", out.String())
+	return Phase{}, fmt.Errorf("redis-benchmark printed no %s row: %s", head[0], out.String())
 }
 
 // machineSample is the machine's busy and total CPU time, from /proc/stat.

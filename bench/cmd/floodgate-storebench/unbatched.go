@@ -48,7 +48,7 @@ func newUnbatched(addrs []string, l limiter.Limit, pool int, timeout time.Durati
 	if err != nil {
 		return nil, err
 	}
-	src, _, ok := redisstore.Script(l.Algorithm)
+	src, _, _, ok := redisstore.Script(l.Algorithm)
 	if !ok {
 		return nil, fmt.Errorf("no script for %v", l.Algorithm)
 	}

@@ -137,3 +137,70 @@ func aclPasswords(res any) ([]string, error) {
 	}
 	return nil, errors.New("ACL GETUSER reply has no passwords field")
 }
+
+// EnsureUsers is EnsureUser for each of users: it returns, per user name,
+// the nodes it changed, and joins the errors.
+func (s *Session) EnsureUsers(ctx context.Context, addrs []string, users []User) (map[string][]string, error) {
+	changed := map[string][]string{}
+	var errs []error
+	for _, u := range users {
+		c, err := s.EnsureUser(ctx, addrs, u)
+		if len(c) > 0 {
+			changed[u.Name] = c
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return changed, errors.Join(errs...)
+}
+
+// PruneUsers deletes, on every node of addrs, the users whose name stale
+// reports true (ACL USERS, then ACL DELUSER). Redis closes their
+// connections. It returns the names it deleted per node address, and
+// joins an error per node it could not check or change.
+func (s *Session) PruneUsers(ctx context.Context, addrs []string, stale func(name string) bool) (map[string][]string, error) {
+	var (
+		mu      sync.Mutex
+		deleted = map[string][]string{}
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	sem := make(chan struct{}, observeParallelism)
+	for _, addr := range addrs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(ctx, s.d.timeout())
+			defer cancel()
+			c := s.client(addr)
+			names, err := c.Do(ctx, "acl", "users").StringSlice()
+			var gone []string
+			if err == nil {
+				for _, n := range names {
+					if stale(n) {
+						gone = append(gone, n)
+					}
+				}
+				if len(gone) > 0 {
+					args := []any{"acl", "deluser"}
+					for _, n := range gone {
+						args = append(args, n)
+					}
+					err = c.Do(ctx, args...).Err()
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("prune ACL users on %s: %w", addr, err))
+				return
+			}
+			if len(gone) > 0 {
+				deleted[addr] = gone
+			}
+		})
+	}
+	wg.Wait()
+	return deleted, errors.Join(errs...)
+}

@@ -58,7 +58,7 @@ func BenchmarkTake(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		src, _, _ := redisstore.Script(limiter.TokenBucket)
+		src, _, _, _ := redisstore.Script(limiter.TokenBucket)
 		script := redis.NewScript(src)
 		cc := cluster.NewClient()
 		defer func() { _ = cc.Close() }()

@@ -55,7 +55,7 @@ func TestClientName(t *testing.T) {
 	for _, conns := range named {
 		for _, c := range conns {
 			switch cmd := c["cmd"]; {
-			case strings.HasPrefix(cmd, "eval"):
+			case strings.HasPrefix(cmd, "fcall"):
 				scripts++
 			case strings.HasPrefix(cmd, "cluster"):
 				slotMap++

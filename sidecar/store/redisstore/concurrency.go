@@ -25,8 +25,8 @@ var (
 	//go:embed lua/concurrency_release.lua
 	concurrencyReleaseLua string
 
-	acquireScript = newScript("ConcurrencyAcquire", concurrencyAcquireLua)
-	releaseScript = newScript("ConcurrencyRelease", concurrencyReleaseLua)
+	acquireScript = newScript("concurrency_acquire", "ConcurrencyAcquire", concurrencyAcquireLua)
+	releaseScript = newScript("concurrency_release", "ConcurrencyRelease", concurrencyReleaseLua)
 	releaseArgs   = newScriptArgs(releaseScript, nil)
 )
 
@@ -34,13 +34,10 @@ var (
 // state format, as for the rate counters' keys.
 const slotKeyPart = "cc:1"
 
-// slotKey returns the Redis key of the leases of the counter with the given
-// Request.Key: fg:{<tag>}:cc:1.
-func slotKey(key string) string { return "fg:{" + keyTag(key) + "}:" + slotKeyPart }
-
 // SlotKey returns the Redis key that holds the leases of a concurrency
-// rule's key, for tools and tests that inspect Redis.
-func SlotKey(key string) string { return slotKey(key) }
+// rule's key in the unnamed key space (Keys{}.Slots), for tools and tests
+// that inspect Redis.
+func SlotKey(key string) string { return Keys{}.Slots(key) }
 
 // SlotScripts returns the Lua sources of the concurrency scripts, acquire
 // (which renews too) and release, for tools that load them outside the
@@ -55,9 +52,7 @@ func newScriptArgs(sc *script, tail []int64) *limitArgs {
 		la.tail[i] = strconv.FormatInt(v, 10)
 		la.tailRESP = resp.AppendBulk(la.tailRESP, la.tail[i])
 	}
-	argc := 6 + len(tail)
-	la.shaHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVALSHA"), sc.sha), "1")
-	la.evalHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVAL"), sc.src), "1")
+	la.head = fcallHead(sc, len(tail))
 	return la
 }
 
@@ -147,7 +142,7 @@ func (s *Store) slotCall(ctx context.Context, req limiter.SlotRequest, la *limit
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	key := slotKey(req.Key)
+	key := s.keys.Slots(req.Key)
 	sh, err := s.shardFor(ctx, deadline, key)
 	if err != nil {
 		return [4]int64{}, UnknownShard, err

@@ -67,7 +67,7 @@ func (p *replyDropper) pipe(c net.Conn) {
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {
-				if low := bytes.ToLower(buf[:n]); bytes.Contains(low, []byte("evalsha")) || bytes.Contains(low, []byte("\r\neval\r\n")) {
+				if low := bytes.ToLower(buf[:n]); bytes.Contains(low, []byte("\r\nfcall\r\n")) {
 					scriptSent.Store(true)
 				}
 				if _, werr := s.Write(buf[:n]); werr != nil {
@@ -114,8 +114,9 @@ func TestDroppedConnectionIsNeverRetried(t *testing.T) {
 	}
 	defer func() { _ = direct.Close() }()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
-	// Cache the script on the server first: a NOSCRIPT reply dropped by
-	// the proxy would prove nothing, the script not having run.
+	// Load the library on the server first: a "Function not found" reply
+	// dropped by the proxy would prove nothing, the function not having
+	// run.
 	if _, _, err := direct.Take(t.Context(), limiter.Request{Key: uniqueKey(t), Limit: l, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -37,12 +37,63 @@ func TestKeyTag(t *testing.T) {
 		}
 		seen[got] = k
 	}
-	if got, want := len(counterKey(strings.Repeat("k", 1<<20), limiter.GCRA)), len("fg:{")+33+len("}:gcra:2"); got != want {
+	if got, want := len(CounterKey(strings.Repeat("k", 1<<20), limiter.GCRA)), len("fg:{")+33+len("}:gcra:2"); got != want {
 		t.Errorf("key of a 1 MiB Request.Key is %d bytes, want %d", got, want)
 	}
-	if got := len(counterKey(plain[2], limiter.GCRA)); got != MaxRedisKeyLen {
+	longest := Keys{Space: strings.Repeat("n", MaxKeySpace)}
+	if got := len(longest.Counter(plain[2], limiter.GCRA)); got != MaxRedisKeyLen {
 		t.Errorf("longest verbatim key is %d bytes, MaxRedisKeyLen = %d", got, MaxRedisKeyLen)
 	}
+}
+
+// TestKeySpaces: a key space goes first in every key's hash tag, verbatim
+// whatever the Request.Key (a hashed tag too), so that the space's ACL
+// pattern covers all of its keys and none of another space's, however the
+// spaces' names overlap.
+func TestKeySpaces(t *testing.T) {
+	t.Parallel()
+	keys := []string{"pol:rule:abc", strings.Repeat("k", 1<<12), "{brace}", "#hash", "tenant-b/x", "*", ""}
+	spaces := []string{"team", "team-a", "team-b", "a"}
+	for _, sp := range spaces {
+		k := Keys{Space: sp}
+		pat := strings.TrimPrefix(k.Pattern(), "~")
+		for _, key := range keys {
+			names := []string{k.Counter(key, limiter.GCRA), k.Counter(key, limiter.SlidingLog), k.Slots(key)}
+			for _, name := range names {
+				if !globMatch(pat, name) {
+					t.Errorf("space %q: %s is not covered by its pattern %s", sp, name, pat)
+				}
+				for _, other := range spaces {
+					if other != sp && globMatch(strings.TrimPrefix(Keys{Space: other}.Pattern(), "~"), name) {
+						t.Errorf("space %q's key %s is covered by space %q's pattern", sp, name, other)
+					}
+				}
+				// The slot is the hash tag's, which holds the space.
+				tag := name[strings.IndexByte(name, '{')+1 : strings.IndexByte(name, '}')]
+				if !strings.HasPrefix(tag, sp+"/") || k.Slot(key) != int(crc16(tag)%16384) {
+					t.Errorf("space %q: %s has tag %q, slot %d", sp, name, tag, k.Slot(key))
+				}
+			}
+		}
+	}
+	for _, bad := range []string{"A", "-a", "a-", "a/b", "a*", "a{", strings.Repeat("a", MaxKeySpace+1)} {
+		if err := ValidKeySpace(bad); err == nil {
+			t.Errorf("ValidKeySpace(%q) = nil", bad)
+		}
+		if _, err := New(Options{Addrs: []string{"127.0.0.1:1"}, KeySpace: bad}); err == nil || !strings.Contains(err.Error(), "keySpace") {
+			t.Errorf("New with key space %q: %v, want a keySpace error", bad, err)
+		}
+	}
+}
+
+// globMatch is Redis's glob for ACL key patterns, for the patterns Keys
+// makes: a literal prefix and a final '*'.
+func globMatch(pat, s string) bool {
+	prefix, ok := strings.CutSuffix(pat, "*")
+	if !ok || strings.ContainsAny(prefix, "*?[\\") {
+		panic("unexpected pattern " + pat)
+	}
+	return strings.HasPrefix(s, prefix)
 }
 
 func TestCRC16(t *testing.T) {
@@ -275,18 +326,24 @@ func TestOptionsValidate(t *testing.T) {
 func TestScriptsEmbedded(t *testing.T) {
 	t.Parallel()
 	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog} {
-		src, sha, ok := Script(alg)
+		src, sha, fn, ok := Script(alg)
 		if !ok || len(sha) != 40 || !strings.Contains(src, "KEYS[1]") || !strings.Contains(src, "-- Reply:") {
 			t.Errorf("%v: script missing or without its header (ok=%v, sha=%q)", alg, ok, sha)
 		}
+		_, lib := Library()
+		if !strings.Contains(lib, "redis.register_function('"+fn+"', ") || !strings.Contains(lib, src) {
+			t.Errorf("%v: function %q or its source is not in the library", alg, fn)
+		}
 	}
-	if _, _, ok := Script(0); ok {
+	if _, _, _, ok := Script(0); ok {
 		t.Error("Script(0) ok")
 	}
 }
 
-// TestAppendCommand writes EVALSHA, and EVAL after NOSCRIPT, as commands
-// that a RESP reader reads back as the intended arguments.
+// TestAppendCommand writes FCALL; FUNCTION LOAD then FCALL after
+// "Function not found"; and FUNCTION LOAD, ASKING, FCALL after an ASK
+// too, as commands that a RESP reader reads back as the intended
+// arguments, with Prelude counting what goes before the FCALL.
 func TestAppendCommand(t *testing.T) {
 	t.Parallel()
 	p, err := limiter.NewParams(limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second})
@@ -296,12 +353,29 @@ func TestAppendCommand(t *testing.T) {
 	la := newLimitArgs(p)
 	o := &op{la: la, key: "fg:{k}:gcra:2", now: "", n: 3}
 	b := o.AppendCommand(nil)
-	o.useEval, o.now = true, "1700000000000000"
+	if o.Prelude() != 0 {
+		t.Errorf("Prelude() = %d, want 0", o.Prelude())
+	}
+	o.load, o.now = true, "1700000000000000"
 	b = o.AppendCommand(b)
+	if o.Prelude() != 1 {
+		t.Errorf("Prelude() after Function not found = %d, want 1", o.Prelude())
+	}
+	o.asking = true
+	b = o.AppendCommand(b)
+	if o.Prelude() != 2 {
+		t.Errorf("Prelude() after an ASK too = %d, want 2", o.Prelude())
+	}
+	fn := la.sc.function()
+	_, lib := Library()
 	r := bufio.NewReader(strings.NewReader(string(b)))
 	want := [][]any{
-		append([]any{"EVALSHA", la.sc.sha, "1", "fg:{k}:gcra:2", "", "3"}, toAny(la.tail)...),
-		append([]any{"EVAL", la.sc.src, "1", "fg:{k}:gcra:2", "1700000000000000", "3"}, toAny(la.tail)...),
+		append([]any{"FCALL", fn, "1", "fg:{k}:gcra:2", "", "3"}, toAny(la.tail)...),
+		{"FUNCTION", "LOAD", lib},
+		append([]any{"FCALL", fn, "1", "fg:{k}:gcra:2", "1700000000000000", "3"}, toAny(la.tail)...),
+		{"FUNCTION", "LOAD", lib},
+		{"ASKING"},
+		append([]any{"FCALL", fn, "1", "fg:{k}:gcra:2", "1700000000000000", "3"}, toAny(la.tail)...),
 	}
 	for i, w := range want {
 		v, err := resp.ReadValue(r)

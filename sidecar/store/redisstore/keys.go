@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 )
@@ -69,31 +70,86 @@ var tagByte = func() (t [256]bool) {
 	return t
 }()
 
-// counterKey returns the Redis key of the counter with the given
-// Request.Key under alg: fg:{<tag>}:<part>. alg must be valid.
-func counterKey(key string, alg limiter.Algorithm) string {
-	return "fg:{" + keyTag(key) + "}:" + keyParts[alg]
+// Keys name a key space's Redis keys: the keys of one tenant. A
+// non-empty Space (a Kubernetes namespace, as the sidecar's
+// --redis-key-namespace sets it) goes first inside every key's hash tag:
+// fg:{<space>/<tag>}:<part>. A store user's ACL key pattern
+// ~fg:{<space>/* then covers exactly that space's counters, whatever the
+// Request.Key (a hashed tag keeps the space verbatim), and each counter
+// stays on one slot. The zero Keys is the unnamed space, fg:{<tag>}:<part>,
+// for a store that is not shared between tenants.
+type Keys struct {
+	// Space is a DNS label (ValidKeySpace) or empty.
+	Space string
 }
 
-// CounterKey returns the Redis key that holds the state of the counter with
-// the given Request.Key under alg, for tools and tests that inspect Redis.
-// It returns "" for an unknown algorithm.
-func CounterKey(key string, alg limiter.Algorithm) string {
+// ValidKeySpace reports why space cannot name a key space: it must be
+// empty or a DNS label (RFC 1123), as Kubernetes namespace names are, so
+// that it holds no '/', brace or glob character.
+func ValidKeySpace(space string) error {
+	if space == "" {
+		return nil
+	}
+	if len(space) > MaxKeySpace {
+		return fmt.Errorf("key space %q: at most %d characters", space, MaxKeySpace)
+	}
+	for i := 0; i < len(space); i++ {
+		c := space[i]
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' && i > 0 && i < len(space)-1
+		if !ok {
+			return fmt.Errorf("key space %q: must be a DNS label (lower-case letters, digits and inner '-')", space)
+		}
+	}
+	return nil
+}
+
+// MaxKeySpace is the longest key space: a DNS label.
+const MaxKeySpace = 63
+
+// tag returns the hash tag of the counter with Request.Key key.
+func (k Keys) tag(key string) string {
+	if k.Space == "" {
+		return keyTag(key)
+	}
+	return k.Space + "/" + keyTag(key)
+}
+
+// Counter returns the Redis key that holds the state of the counter with
+// the given Request.Key under alg: fg:{<tag>}:<part>. It returns "" for
+// an unknown algorithm.
+func (k Keys) Counter(key string, alg limiter.Algorithm) string {
 	if alg == 0 || int(alg) >= len(keyParts) {
 		return ""
 	}
-	return counterKey(key, alg)
+	return "fg:{" + k.tag(key) + "}:" + keyParts[alg]
 }
+
+// Slots returns the Redis key of the concurrency slots (leases) of the
+// counter with the given Request.Key.
+func (k Keys) Slots(key string) string { return "fg:{" + k.tag(key) + "}:" + slotKeyPart }
+
+// Slot returns the Redis Cluster hash slot of the counter with the given
+// Request.Key, whatever its algorithm: what CLUSTER KEYSLOT answers for
+// its Redis keys.
+func (k Keys) Slot(key string) int { return int(crc16(k.tag(key)) % 16384) }
+
+// Pattern is the ACL key pattern that covers the space's keys and no
+// other space's: ~fg:{<space>/*, or ~fg:* for the unnamed space.
+func (k Keys) Pattern() string {
+	if k.Space == "" {
+		return "~fg:*"
+	}
+	return "~fg:{" + k.Space + "/*"
+}
+
+// CounterKey is Keys{}.Counter, for tools and tests that inspect Redis.
+func CounterKey(key string, alg limiter.Algorithm) string { return Keys{}.Counter(key, alg) }
+
+// KeySlot is Keys{}.Slot.
+func KeySlot(key string) int { return Keys{}.Slot(key) }
 
 // MaxRedisKeyLen is the longest Redis key the store ever writes.
-const MaxRedisKeyLen = len("fg:{") + MaxKeyTag + len("}:gcra:2")
-
-// KeySlot returns the Redis Cluster hash slot of the counter with the given
-// Request.Key, whatever its algorithm: what CLUSTER KEYSLOT answers for its
-// Redis keys.
-func KeySlot(key string) int {
-	return int(crc16(keyTag(key)) % 16384)
-}
+const MaxRedisKeyLen = len("fg:{") + MaxKeySpace + len("/") + MaxKeyTag + len("}:gcra:2")
 
 // crc16 is CRC16-CCITT (XMODEM), the Redis Cluster key hash.
 func crc16(s string) uint16 {

@@ -29,10 +29,10 @@ var (
 
 // leaseScripts are indexed by limiter.Algorithm; SlidingLog has none.
 var leaseScripts = [...]*script{
-	limiter.TokenBucket:   newScript("TokenBucket lease", leaseTokenBucketLua),
-	limiter.GCRA:          newScript("GCRA lease", leaseGCRALua),
-	limiter.FixedWindow:   newScript("FixedWindow lease", leaseFixedWindowLua),
-	limiter.SlidingWindow: newScript("SlidingWindow lease", leaseSlidingWindowLua),
+	limiter.TokenBucket:   newScript("lease_tokenbucket", "TokenBucket lease", leaseTokenBucketLua),
+	limiter.GCRA:          newScript("lease_gcra", "GCRA lease", leaseGCRALua),
+	limiter.FixedWindow:   newScript("lease_fixedwindow", "FixedWindow lease", leaseFixedWindowLua),
+	limiter.SlidingWindow: newScript("lease_slidingwindow", "SlidingWindow lease", leaseSlidingWindowLua),
 	limiter.SlidingLog:    nil,
 }
 

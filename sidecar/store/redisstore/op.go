@@ -33,11 +33,12 @@ type op struct {
 	lease  [3]int64
 	leased bool
 
-	// EVALSHA until a NOSCRIPT answer, then EVAL; asking sends ASKING
-	// first; hops counts redirects followed.
-	useEval bool
-	asking  bool
-	hops    int
+	// load sends FUNCTION LOAD first, after a "Function not found"
+	// answer; asking sends ASKING first, after an ASK redirect; hops
+	// counts redirects followed.
+	load   bool
+	asking bool
+	hops   int
 
 	// Set once, before done is signalled: the script's answer in vals, or
 	// another reply in res, or err.
@@ -72,17 +73,33 @@ func (o *op) Deadline() time.Time { return o.deadline }
 // Gone implements pipe.Call.
 func (o *op) Gone() bool { return o.ctx.Err() != nil }
 
-// Asking implements pipe.Call.
-func (o *op) Asking() bool { return o.asking }
-
-// AppendCommand implements pipe.Call: EVALSHA, or EVAL after a NOSCRIPT
-// answer or an ASK redirect.
-func (o *op) AppendCommand(b []byte) []byte {
-	if o.useEval {
-		b = append(b, o.la.evalHead...)
-	} else {
-		b = append(b, o.la.shaHead...)
+// Prelude implements pipe.Call: FUNCTION LOAD and ASKING, as needed.
+func (o *op) Prelude() int {
+	n := 0
+	if o.load {
+		n++
 	}
+	if o.asking {
+		n++
+	}
+	return n
+}
+
+// askingCmd is ASKING in RESP.
+var askingCmd = resp.Command("ASKING")
+
+// AppendCommand implements pipe.Call: FCALL of the op's function, after
+// FUNCTION LOAD of the library following a "Function not found" answer,
+// and after ASKING following an ASK redirect (ASKING holds for the next
+// command only).
+func (o *op) AppendCommand(b []byte) []byte {
+	if o.load {
+		b = append(b, library.load...)
+	}
+	if o.asking {
+		b = append(b, askingCmd...)
+	}
+	b = append(b, o.la.head...)
 	b = resp.AppendBulk(b, o.key)
 	b = resp.AppendBulk(b, o.now)
 	b = resp.AppendBulkInt(b, o.n)

@@ -103,6 +103,11 @@ type Options struct {
 	// spaces. A node that refuses to set the name (an ACL user without
 	// CLIENT SETNAME) is used all the same.
 	ClientName string
+	// KeySpace names the tenant whose counters the store holds (Keys): a
+	// Kubernetes namespace, so that a store user whose ACL key pattern is
+	// Keys{Space: ns}.Pattern() reaches its own counters and no other
+	// namespace's. Empty means the unnamed space, fg:{<tag>}:<part>.
+	KeySpace string
 }
 
 // DefaultClientName returns "floodgate-sidecar:" and the host name, which
@@ -191,6 +196,9 @@ func (o Options) Validate() error {
 	}
 	if len(o.ClientName) > maxClientName || strings.IndexFunc(o.ClientName, func(r rune) bool { return r > 0x7f || !nameByte(byte(r)) }) >= 0 {
 		errs = append(errs, fmt.Errorf("clientName: must be at most %d bytes of printable ASCII without spaces, got %q", maxClientName, o.ClientName))
+	}
+	if err := ValidKeySpace(o.KeySpace); err != nil {
+		errs = append(errs, fmt.Errorf("keySpace: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redisstore: invalid options: %w", err)

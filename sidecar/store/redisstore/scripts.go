@@ -28,46 +28,49 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script and its SHA1, the EVALSHA handle.
+// script is a Lua script: a function of the library (library.go), named
+// fn there, and, for tools that run it with EVALSHA, its source and SHA1.
 type script struct {
-	name, src, sha string
+	// id is the Lua identifier of its function in the library, name the
+	// one in messages.
+	id, name string
+	src, sha string
 }
 
-func newScript(name, src string) *script {
+func newScript(id, name, src string) *script {
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
-	return &script{name: name, src: src, sha: sha}
+	return &script{id: id, name: name, src: src, sha: sha}
 }
 
 // scripts are indexed by limiter.Algorithm.
 var scripts = [...]*script{
-	limiter.TokenBucket:   newScript("TokenBucket", tokenBucketLua),
-	limiter.GCRA:          newScript("GCRA", gcraLua),
-	limiter.FixedWindow:   newScript("FixedWindow", fixedWindowLua),
-	limiter.SlidingWindow: newScript("SlidingWindow", slidingWindowLua),
-	limiter.SlidingLog:    newScript("SlidingLog", slidingLogLua),
+	limiter.TokenBucket:   newScript("tokenbucket", "TokenBucket", tokenBucketLua),
+	limiter.GCRA:          newScript("gcra", "GCRA", gcraLua),
+	limiter.FixedWindow:   newScript("fixedwindow", "FixedWindow", fixedWindowLua),
+	limiter.SlidingWindow: newScript("slidingwindow", "SlidingWindow", slidingWindowLua),
+	limiter.SlidingLog:    newScript("slidinglog", "SlidingLog", slidingLogLua),
 }
 
-// Script returns the Lua source and SHA1 of an algorithm's script, for
-// tools that load or benchmark it outside the store. ok is false for an
-// unknown algorithm.
-func Script(alg limiter.Algorithm) (src, sha string, ok bool) {
+// Script returns the Lua source and SHA1 of an algorithm's script, and
+// the name of its function in Library, for tools that run it outside the
+// store (with EVALSHA, or FCALL). ok is false for an unknown algorithm.
+func Script(alg limiter.Algorithm) (src, sha, function string, ok bool) {
 	if int(alg) >= len(scripts) || scripts[alg] == nil {
-		return "", "", false
+		return "", "", "", false
 	}
-	return scripts[alg].src, scripts[alg].sha, true
+	return scripts[alg].src, scripts[alg].sha, scripts[alg].function(), true
 }
 
 // limitArgs is a limit's validated parameters, its script, and the
 // constant part of its ARGV, formatted once: as decimal strings, and as
 // RESP for the pipelined connections, which also get the command's head
-// (EVALSHA or EVAL, the script, the key count) ready.
+// (FCALL, the function, the key count) ready.
 type limitArgs struct {
 	p        *limiter.Params
 	sc       *script
 	tail     []string
-	shaHead  []byte // *<n>, EVALSHA, sha, 1
-	evalHead []byte // *<n>, EVAL, source, 1
+	head     []byte // *<n>, FCALL, function, 1
 	tailRESP []byte
 }
 
@@ -92,11 +95,14 @@ func buildLimitArgs(p *limiter.Params, sc *script, extra int) *limitArgs {
 		la.tail[i] = strconv.FormatInt(v, 10)
 		la.tailRESP = resp.AppendBulk(la.tailRESP, la.tail[i])
 	}
-	// EVALSHA sha numkeys key now n, then the tail and the extra.
-	argc := 6 + len(tail) + extra
-	la.shaHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVALSHA"), la.sc.sha), "1")
-	la.evalHead = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, argc), "EVAL"), la.sc.src), "1")
+	la.head = fcallHead(sc, len(tail)+extra)
 	return la
+}
+
+// fcallHead is the RESP head of a call of sc's function with args ARGV
+// after now and n: FCALL function 1; the key, now, n and the args follow.
+func fcallHead(sc *script, args int) []byte {
+	return resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, 6+args), "FCALL"), sc.function()), "1")
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at

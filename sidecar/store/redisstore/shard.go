@@ -278,7 +278,8 @@ func (sh *shard) Failed(c pipe.Call, f pipe.Failure, err error) {
 	o.fail(unavailable(sh.addr, err), sh.addr)
 }
 
-// Answered implements pipe.Handler: NOSCRIPT is sent again as EVAL, MOVED
+// Answered implements pipe.Handler: "Function not found" is sent again
+// after FUNCTION LOAD, MOVED
 // and ASK to the node named (a bounded number of hops), and anything else
 // is the op's outcome. It runs on the connection's reader and never
 // blocks.
@@ -288,14 +289,21 @@ func (sh *shard) Answered(c pipe.Call, vals [4]int64, res any, err error) {
 	case resp.Done:
 		sh.br.success(o.probe)
 		o.finish(vals, res, nil, sh.addr)
-	case resp.NoScript:
-		if o.useEval {
-			sh.failScript(o, err) // EVAL carries its script: NOSCRIPT makes no sense
+	case resp.NoFunction:
+		sh.br.success(o.probe) // the node answered
+		if o.load {
+			// FUNCTION LOAD went first and the function is still missing:
+			// this user may not load it. Until the manager does, the
+			// count is unknown.
+			o.fail(unavailable(sh.addr, fmt.Errorf("%s script: library %s is not loaded, and this store user may not load it (FUNCTION LOAD): %w",
+				o.la.sc.name, library.name, err)), sh.addr)
 			return
 		}
-		// The script did not run: send it once more with its source,
-		// which also caches it again. The breaker learns from that answer.
-		o.useEval = true
+		// The function did not run: send it once more after FUNCTION
+		// LOAD, whose own answer is dropped (another client may have
+		// loaded the library first).
+		o.probe = false
+		o.load = true
 		sh.resubmit(o)
 	case resp.Moved, resp.Ask:
 		sh.br.success(o.probe) // the node answered
@@ -339,10 +347,6 @@ func (sh *shard) redirect(o *op, ask bool, err error) {
 		return
 	}
 	o.probe = probe
-	if ask {
-		// ASKING then EVAL, so that a node without the script cached
-		// needs no second trip.
-		o.asking, o.useEval = true, true
-	}
+	o.asking = ask
 	t.resubmit(o)
 }

@@ -22,7 +22,11 @@ const numSlots = 16384
 // The answer depends on key, i and k alone, never on the slot map, so
 // every sidecar names the same sub-counters. It is about 2k CRC16s of the
 // key on average.
-func SplitKey(key string, i, k int) string {
+func SplitKey(key string, i, k int) string { return Keys{}.Split(key, i, k) }
+
+// Split is SplitKey in the key space k: the sub-counters' slots are those
+// of their keys in the space.
+func (ks Keys) Split(key string, i, k int) string {
 	if k <= 1 {
 		return key
 	}
@@ -33,11 +37,11 @@ func SplitKey(key string, i, k int) string {
 	buf := make([]byte, 0, len(prefix)+8)
 	for salt := 0; ; salt++ {
 		buf = strconv.AppendInt(append(buf[:0], prefix...), int64(salt), 10)
-		if slot := KeySlot(string(buf)); slot >= lo && slot < hi {
+		if slot := ks.Slot(string(buf)); slot >= lo && slot < hi {
 			return string(buf)
 		}
 	}
 }
 
-// SplitKey implements limiter.Splitter with the package's SplitKey.
-func (s *Store) SplitKey(key string, i, k int) string { return SplitKey(key, i, k) }
+// SplitKey implements limiter.Splitter with the store's key space's Split.
+func (s *Store) SplitKey(key string, i, k int) string { return s.keys.Split(key, i, k) }

@@ -34,6 +34,7 @@ const paramsCacheSize = 4096
 // safe for concurrent use.
 type Store struct {
 	opts Options
+	keys Keys
 	// cc keeps the slot map only; nil in single mode. SetAddrs replaces
 	// it with one seeded from new addresses.
 	cc atomic.Pointer[redis.ClusterClient]
@@ -82,6 +83,7 @@ func New(opts Options) (*Store, error) {
 	o.Addrs = append([]string(nil), o.Addrs...)
 	s := &Store{
 		opts:   o,
+		keys:   Keys{Space: o.KeySpace},
 		route:  newBreaker(o.BreakerFailures, o.BreakerCooldown, time.Now, nil),
 		params: map[limiter.Limit]*limitArgs{},
 	}
@@ -558,7 +560,7 @@ func (s *Store) send(ctx context.Context, key string, la *limitArgs, cost int64,
 	// trips the breaker (see breaker); one the caller gave much less, after
 	// waiting elsewhere, proves nothing about the node.
 	full := deadline.Sub(sent) >= s.opts.Timeout*3/4
-	rkey := counterKey(key, la.p.Limit.Algorithm)
+	rkey := s.keys.Counter(key, la.p.Limit.Algorithm)
 	sh, err := s.shardFor(ctx, deadline, rkey)
 	if err != nil {
 		return nil, UnknownShard, err

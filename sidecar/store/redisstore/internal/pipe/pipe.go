@@ -50,10 +50,11 @@ type Call interface {
 	// Gone reports whether the caller has stopped waiting before the
 	// deadline (its context ended).
 	Gone() bool
-	// Asking reports whether the command must follow ASKING, after an ASK
-	// redirect.
-	Asking() bool
-	// AppendCommand appends the command in RESP to b.
+	// Prelude reports how many commands AppendCommand writes before the
+	// call's own (ASKING after an ASK redirect, say): their answers are
+	// read and dropped, and the last command's answer is the call's.
+	Prelude() int
+	// AppendCommand appends the command in RESP to b, after its prelude.
 	AppendCommand(b []byte) []byte
 }
 
@@ -143,11 +144,11 @@ type Conn struct {
 	stop     chan struct{} // closed on failure
 }
 
-// entry is one command awaiting its answer: a call's, or the ASKING before
-// it.
+// entry is one command awaiting its answer: a call's, or one of its
+// prelude's.
 type entry struct {
 	c      Call
-	asking bool // the ASKING command before c's
+	prelude bool // a command of c's prelude, before c's own
 	last   bool // the last command of its write
 	dead   bool // c failed at its deadline; never look at it again
 }
@@ -162,9 +163,6 @@ var (
 	errNotSentInTime = fmt.Errorf("not sent by the call deadline: %w", context.DeadlineExceeded)
 	errCallerGone    = errors.New("not sent: the caller stopped waiting")
 )
-
-// askingCmd is ASKING in RESP.
-var askingCmd = resp.Command("ASKING")
 
 // Dial connects to the node, authenticates, and starts the connection's
 // reader and writer.
@@ -331,7 +329,7 @@ func (c *Conn) failLocked(err error) {
 	h := c.cfg.Handler
 	h.Closed(c)
 	for _, e := range pending {
-		if e.asking || e.dead {
+		if e.prelude || e.dead {
 			continue // its call follows, or is finished
 		}
 		h.Failed(e.c, Unanswered, fmt.Errorf("connection lost before the answer (the command may have run): %w", err))
@@ -387,9 +385,6 @@ func (c *Conn) writeLoop() {
 			for _, call := range batch {
 				if call == nil {
 					continue
-				}
-				if call.Asking() {
-					buf = append(buf, askingCmd...)
 				}
 				buf = call.AppendCommand(buf)
 			}
@@ -459,8 +454,8 @@ func (c *Conn) take(maxBatch int) (batch, gone []Call, rest int) {
 			batch[i] = nil
 			continue
 		}
-		if call.Asking() {
-			c.pending = append(c.pending, entry{c: call, asking: true})
+		for range call.Prelude() {
+			c.pending = append(c.pending, entry{c: call, prelude: true})
 		}
 		c.pending = append(c.pending, entry{c: call})
 		n++
@@ -527,10 +522,12 @@ func (c *Conn) readLoop() {
 			default:
 			}
 		}
-		if e.dead || e.asking {
+		if e.dead || e.prelude {
 			// A dead call failed at its deadline: its answer comes too
-			// late. After ASKING, the command's own answer follows and
-			// decides: when ASKING failed, it is a redirect again.
+			// late. After a prelude command, the call's own answer
+			// follows and decides (when ASKING failed, it is a redirect
+			// again; when FUNCTION LOAD failed, the function is still
+			// missing).
 			continue
 		}
 		c.cfg.Handler.Answered(e.c, vals, res, err)
@@ -555,7 +552,7 @@ func (c *Conn) expire() bool {
 			continue
 		}
 		e.dead = true
-		if !e.asking {
+		if !e.prelude {
 			gone = append(gone, e.c)
 		}
 	}

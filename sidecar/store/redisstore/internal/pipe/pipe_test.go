@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +17,7 @@ import (
 type call struct {
 	args     []string
 	deadline time.Time
-	asking   bool
+	prelude  [][]string // commands before args, whose answers are dropped
 
 	res     any
 	err     error
@@ -33,8 +32,13 @@ func newCall(deadline time.Time, args ...string) *call {
 
 func (c *call) Deadline() time.Time           { return c.deadline }
 func (c *call) Gone() bool                    { return false }
-func (c *call) Asking() bool                  { return c.asking }
-func (c *call) AppendCommand(b []byte) []byte { return append(b, resp.Command(c.args...)...) }
+func (c *call) Prelude() int { return len(c.prelude) }
+func (c *call) AppendCommand(b []byte) []byte {
+	for _, p := range c.prelude {
+		b = append(b, resp.Command(p...)...)
+	}
+	return append(b, resp.Command(c.args...)...)
+}
 
 func (c *call) wait(t *testing.T) {
 	t.Helper()
@@ -99,7 +103,12 @@ func TestAnswersInOrder(t *testing.T) {
 			calls := make([]*call, 100)
 			for i := range calls {
 				calls[i] = newCall(deadline, "ECHO", fmt.Sprintf("answer %d", i))
-				calls[i].asking = i%7 == 3
+				switch {
+				case i%7 == 3:
+					calls[i].prelude = [][]string{{"ASKING"}}
+				case i%11 == 5:
+					calls[i].prelude = [][]string{{"ECHO", "not the answer"}, {"PING"}}
+				}
 			}
 			var wg sync.WaitGroup
 			for _, cl := range calls {
@@ -137,13 +146,13 @@ func TestErrorReplyKeepsConnection(t *testing.T) {
 	h := &handler{}
 	c := dial(t, srv.Addr(), "", h, nil, 0)
 	deadline := time.Now().Add(10 * time.Second)
-	bad, good := newCall(deadline, "EVALSHA", strings.Repeat("0", 40), "0"), newCall(deadline, "PING")
+	bad, good := newCall(deadline, "FCALL", "fg_missing", "0"), newCall(deadline, "PING")
 	c.Enqueue(bad)
 	c.Enqueue(good)
 	bad.wait(t)
 	good.wait(t)
-	if got := resp.Classify(bad.err); bad.failed || got != resp.NoScript {
-		t.Errorf("EVALSHA of an unknown script: failed %v, err %v (%v), want a NOSCRIPT answer", bad.failed, bad.err, got)
+	if got := resp.Classify(bad.err); bad.failed || got != resp.NoFunction {
+		t.Errorf("FCALL of an unknown function: failed %v, err %v (%v), want a \"Function not found\" answer", bad.failed, bad.err, got)
 	}
 	if good.failed || good.err != nil || good.res != "PONG" {
 		t.Errorf("PING after an error reply: %v, %v, %v", good.failed, good.err, good.res)

@@ -15,9 +15,10 @@ type Outcome uint8
 const (
 	// Done: the command ran and answered.
 	Done Outcome = iota
-	// NoScript: the node does not have the script cached. The command did
-	// not run, so it is safe to send again as EVAL.
-	NoScript
+	// NoFunction: the node does not have the function (FCALL answered
+	// "Function not found"). The command did not run, so it is safe to
+	// send again once the library is loaded.
+	NoFunction
 	// Moved: the slot lives on another node for good. The command did not
 	// run.
 	Moved
@@ -39,8 +40,8 @@ func (o Outcome) String() string {
 	switch o {
 	case Done:
 		return "done"
-	case NoScript:
-		return "noscript"
+	case NoFunction:
+		return "nofunction"
 	case Moved:
 		return "moved"
 	case Ask:
@@ -63,6 +64,10 @@ var unavailableCodes = []string{
 	"OOM", "NOAUTH", "WRONGPASS", "NOPERM", "NOREPLICAS", "MISCONF",
 }
 
+// noFunction starts Redis 7's answer to an FCALL of a function it does
+// not have.
+const noFunction = "ERR Function not found"
+
 // Classify tells what err, the result of a command, means: nil is Done,
 // an Error reply is sorted by its code, and any other error (a transport or
 // protocol error) is Unavailable. It is the one place that reads error
@@ -78,8 +83,10 @@ func Classify(err error) Outcome {
 	msg := string(re)
 	code, _, _ := strings.Cut(msg, " ")
 	switch code {
-	case "NOSCRIPT":
-		return NoScript
+	case "ERR":
+		if strings.HasPrefix(msg, noFunction) {
+			return NoFunction
+		}
 	case "MOVED":
 		return Moved
 	case "ASK":

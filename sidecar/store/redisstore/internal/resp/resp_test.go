@@ -86,7 +86,8 @@ func TestClassify(t *testing.T) {
 		want Outcome
 	}{
 		{nil, Done},
-		{Error("NOSCRIPT No matching script. Please use EVAL."), NoScript},
+		{Error("ERR Function not found"), NoFunction},
+		{Error("NOSCRIPT No matching script. Please use EVAL."), Failed},
 		{Error("MOVED 3999 127.0.0.1:6381"), Moved},
 		{Error("ASK 3999 127.0.0.1:6381"), Ask},
 		{Error("TRYAGAIN Multiple keys request during rehashing of slot"), Unavailable},
@@ -96,7 +97,7 @@ func TestClassify(t *testing.T) {
 		{Error("ERR Error running script (call to f_x): @user_script:12: -OOM command not allowed when used memory > 'maxmemory'. "), Unavailable},
 		{Error("WRONGTYPE Operation against a key holding the wrong kind of value"), Failed},
 		{Error("ERR corrupt TokenBucket state"), Failed},
-		{fmt.Errorf("script on 127.0.0.1:7000: %w", Error("NOSCRIPT x")), NoScript},
+		{fmt.Errorf("script on 127.0.0.1:7000: %w", Error("ERR Function not found")), NoFunction},
 		{errors.New("read tcp 127.0.0.1:1: i/o timeout"), Unavailable},
 		{fmt.Errorf("%w: unexpected reply", ErrProtocol), Unavailable},
 	} {
