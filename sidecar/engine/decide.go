@@ -154,7 +154,9 @@ func (e *Engine) decideMany(ctx context.Context, hits []Hit, calls, shadowCalls 
 			v.Results[p.hit] = p.res
 			return
 		}
-		if short < 0 && p.res.Remaining < hits[p.hit].Cost {
+		// A peek is decided as a cost of 1: a denied one is short for
+		// any cost, a request of cost 0 included.
+		if short < 0 && (!p.res.Allowed || p.res.Remaining < hits[p.hit].Cost) {
 			short = i
 		}
 	}
@@ -272,20 +274,20 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		sm.ok.Inc()
 		e.markShard(sm, false, answered)
 		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
-		if c.cost > 0 {
-			// The store decided at some instant between the call and its
-			// answer. Holds count from the answer, the later bound, so a
-			// probe never goes out before the store could admit it.
-			e.remember(h, c, d, answered)
-		}
+		// The store decided at some instant between the call and its
+		// answer. Holds count from the answer, the later bound, so a
+		// probe never goes out before the store could admit it.
+		e.remember(h, c, d, answered)
 		return
 	}
 	e.storeFailed(ctx, h, c, sm, err, now, answered)
 }
 
-// remember updates the deny cache with a store decision.
+// remember updates the deny cache with a store decision. A peek's (cost
+// 0) is a cost of 1's: a denied peek holds the key for every cost, and an
+// allowed one left at least one unit.
 func (e *Engine) remember(h *Hit, c *call, d limiter.Decision, now time.Time) {
-	hold, cost := d.RetryAfter, c.cost
+	hold, cost := d.RetryAfter, max(c.cost, 1)
 	if d.Allowed {
 		hold, cost = h.Rule.params.EmptyFor(d), 1
 	}

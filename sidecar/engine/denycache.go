@@ -36,7 +36,7 @@ type denyShard struct {
 
 type denyEntry struct {
 	until int64 // unix nanoseconds; deny locally before it
-	cost  int64 // the entry applies to requests costing at least this
+	cost  int64 // the entry applies to requests costing at least this (>= 1)
 	limit int64 // the key's capacity, for the response headers
 	// streak counts the store's consecutive denials of this key to this
 	// sidecar, which lengthen the local deny (see backoff).
@@ -93,12 +93,17 @@ type lookup struct {
 	round *round
 }
 
+// lookup decides what a request of cost on key does with the cache. A
+// peek (cost 0) is decided as a cost of 1, as the store decides it: it is
+// denied while a key is held, and waits for a probe as a cost of 1 does,
+// but it takes no permit, since it spends nothing.
 func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[key]
-	if e == nil || cost < e.cost {
+	need := max(cost, 1)
+	if e == nil || need < e.cost {
 		return lookup{kind: lookupMiss}
 	}
 	n := now.UnixNano()
@@ -106,7 +111,7 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 		return lookup{kind: lookupDeny, retry: time.Duration(e.until - n), limit: e.limit}
 	}
 	switch {
-	case e.permits >= cost:
+	case e.permits >= need:
 		e.permits -= cost
 	case e.inflight > 0:
 		return lookup{kind: lookupWait, round: e.round}

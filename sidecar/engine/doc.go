@@ -13,6 +13,13 @@
 // rule with the longest wait, or else the enforced rule with least
 // remaining.
 //
+// A hit of cost 0 (the Envoy front's hits_addend 0: "is at least one
+// unit left?") is a peek, decided as a cost of 1 would be and never
+// spending: the store decides it so (limiter.Request.Cost), the deny
+// cache denies it while it holds the key, and a lease answers it while
+// the lease holds a token, but a peek never takes, renews or counts
+// towards a lease.
+//
 // # Multi-rule atomicity
 //
 // The Store interface is one key per call, and keys of different rules may

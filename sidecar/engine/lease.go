@@ -278,7 +278,11 @@ type leaseCall struct {
 
 // lookup is the lease side of a decision on h at now: it spends h's cost
 // from the key's lease (into res), or claims the lease's refresh for this
-// request, or leaves the request to the usual path.
+// request, or leaves the request to the usual path. A peek (cost 0) only
+// reads a live lease: it is allowed from it when the lease holds a token
+// (as a cost of 1 would be), and otherwise goes to the store; it neither
+// counts towards the key's rate nor takes or renews a lease, since a peek
+// must change nothing.
 func (t *leaseTable) lookup(h *Hit, now time.Time, res *Result) (leaseKind, leaseCall) {
 	n := now.UnixNano()
 	hash := xxhash.Sum64String(h.Key)
@@ -287,6 +291,14 @@ func (t *leaseTable) lookup(h *Hit, now time.Time, res *Result) (leaseKind, leas
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ent := s.m[h.Key]
+	if h.Cost == 0 {
+		if ent == nil || !sameSpread(ent.rule, h.Rule) || n >= ent.expires || ent.tokens < 1 {
+			return leaseNone, leaseCall{}
+		}
+		h.Rule.lm.Hits.Inc()
+		*res = ent.hit(h, n)
+		return leaseHit, leaseCall{}
+	}
 	if ent == nil {
 		hot, count := s.hot(hash, n, h.Cost, t.o.MinRate)
 		if !hot {
@@ -733,9 +745,7 @@ func (e *Engine) takeLease(ctx context.Context, h *Hit, c *call, now time.Time) 
 	d := l.Decision
 	d.Remaining = min(d.Limit, d.Remaining+extra)
 	c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
-	if c.cost > 0 {
-		e.remember(h, c, l.Decision, answered)
-	}
+	e.remember(h, c, l.Decision, answered)
 }
 
 // observeStore returns the metrics of shard and observes the latency of a

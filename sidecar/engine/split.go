@@ -134,7 +134,7 @@ func (e *Engine) takeSpread(ctx context.Context, h *Hit, c *call, now time.Time)
 				d.Remaining = min(capacity, d.Remaining+extra)
 			}
 			c.res = Result{Decision: d, Source: FromStore, Taken: c.cost > 0}
-			if c.entry != nil && c.cost > 0 {
+			if c.entry != nil {
 				// Another sub-counter may hold what this one lacks: the
 				// key is held only when all deny.
 				e.deny.settle(h.Key, c.entry, answered, answer{allowed: true, remaining: d.Remaining, interval: h.Rule.interval, cost: 1, limit: capacity})
@@ -169,9 +169,7 @@ func (e *Engine) takeSpread(ctx context.Context, h *Hit, c *call, now time.Time)
 	d := whole(deny)
 	d.Remaining = 0
 	c.res = Result{Decision: d, Source: FromStore}
-	if c.cost > 0 {
-		e.remember(h, c, d, answered)
-	}
+	e.remember(h, c, d, answered)
 }
 
 // lostReturn counts the tokens a lease call gave back on a sub-counter

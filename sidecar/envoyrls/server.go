@@ -22,8 +22,10 @@
 // engine decision, so tightest wins across descriptors: if any enforced
 // rule denies, the call is OVER_LIMIT and no counter is charged for it
 // (envoyproxy/ratelimit would still increment the others). A descriptor's
-// hits_addend, when set, is its cost (0 checks without charging); otherwise
-// the call's hits_addend, 0 meaning 1.
+// hits_addend, when set, is its cost; otherwise the call's hits_addend, 0
+// meaning 1. A descriptor's hits_addend of 0 is a check ("is one unit
+// left?"): decided as a cost of 1, OVER_LIMIT on a spent key, it charges
+// and changes nothing (limiter.Request.Cost).
 //
 // # Answer
 //

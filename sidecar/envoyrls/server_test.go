@@ -171,7 +171,7 @@ policies:
 }
 
 // hits_addend is the cost; a descriptor's own hits_addend overrides the
-// call's, and 0 there checks without charging.
+// call's, and 0 there checks, as a cost of 1, without charging.
 func TestHitsAddend(t *testing.T) {
 	t.Parallel()
 	r := newRLS(t, `apiVersion: floodgate.dev/sidecar-config/v1
@@ -208,6 +208,10 @@ policies:
 	one.Descriptors[0].HitsAddend = wrapperspb.UInt64(1)
 	if out := r.call(t, one); out.OverallCode != ok || out.Statuses[0].LimitRemaining != 0 {
 		t.Fatalf("descriptor cost 1 over call cost 5: %v, want OK with 0 remaining", out)
+	}
+	// Nothing is left: a check is OVER_LIMIT, as a cost of 1 is.
+	if out := r.call(t, check); out.OverallCode != over || out.Statuses[0].DurationUntilReset.AsDuration() <= 0 {
+		t.Fatalf("check with nothing left: %v, want OVER_LIMIT with a wait", out)
 	}
 	// A cost above the capacity can never be admitted.
 	big := req("llm", d("tenant=b"))

@@ -77,7 +77,9 @@ func Validate(req *rlsv3.RateLimitRequest) error {
 	return nil
 }
 
-// costOf returns descriptor d's cost in call req.
+// costOf returns descriptor d's cost in call req. A descriptor's
+// hits_addend of 0 gives cost 0, a check: the engine decides it as a cost
+// of 1 and charges nothing.
 func costOf(req *rlsv3.RateLimitRequest, d *rlcommonv3.RateLimitDescriptor) int64 {
 	if h := d.GetHitsAddend(); h != nil {
 		return int64(h.Value)

@@ -44,11 +44,14 @@ func Micros(t time.Time) int64 {
 // Take decides a request of cost n at nowUs (µs since the epoch) against
 // the fixed-size state s of p's algorithm, following ALGORITHMS.md. The
 // state was written under the Params sp; sp may be nil when s is absent or
-// when it was written under p. Take updates s and reports write = true only
-// when the request is admitted with a non-zero cost; a deny or a peek
-// leaves s untouched, except on a shared limit's new key, whose first
-// sight is written (it starts empty; see Share). For SlidingLog use
-// TakeLog; a shared limit of any algorithm uses Take.
+// when it was written under p. A cost of 0 is a peek: it is decided as a
+// cost of 1 would be (allowed exactly when at least one unit is left, and
+// a deny reports the wait a cost of 1 would get), and it spends nothing.
+// Take updates s and reports write = true only when the request is
+// admitted with a non-zero cost; a deny or a peek leaves s untouched,
+// except on a shared limit's new key, whose first sight is written (it
+// starts empty; see Share). For SlidingLog use TakeLog; a shared limit of
+// any algorithm uses Take.
 //
 // Take does no I/O and does not retain s or sp. Callers serialise access to
 // one State.
@@ -132,18 +135,20 @@ func (p *Params) decision(allowed bool, remaining, resetUs, retryUs int64) Decis
 func (p *Params) tokenBucket(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity
 	l, last := p.tokenBucketLevel(s, sp, now)
+	n1 := max(n, 1) // a peek decides as a cost of 1
 	var allowed, write bool
 	var retry int64
 	switch {
 	case n > c:
 		retry = p.PeriodMicros
-	case n == 0:
+	case n1*k <= l:
 		allowed = true
-	case n*k <= l:
-		l -= n * k
-		allowed, write = true, true
+		if n > 0 {
+			l -= n * k
+			write = true
+		}
 	default:
-		w := ceilDivBy(n*k-l, u)
+		w := ceilDivBy(n1*k-l, u)
 		retry = (last+w)*q - now
 	}
 	s.setTokenBucket(l, last)
@@ -185,19 +190,21 @@ func (p *Params) tokenBucketReset(l, last, now int64) int64 {
 func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	a, f, b, debt := p.gcraDebt(s, sp, now)
+	n1 := max(n, 1) // a peek decides as a cost of 1
 	var allowed, write bool
 	var retry int64
 	switch {
 	case n > c:
 		retry = p.PeriodMicros
-	case n == 0:
+	case debt+n1*k <= cu:
 		allowed = true
-	case debt+n*k <= cu:
-		debt += n * k
-		a, f = b+div(debt, u), mod(debt, u)
-		allowed, write = true, true
+		if n > 0 {
+			debt += n * k
+			a, f = b+div(debt, u), mod(debt, u)
+			write = true
+		}
 	default:
-		w := ceilDivBy(debt+n*k-cu, u)
+		w := ceilDivBy(debt+n1*k-cu, u)
 		retry = (b+w)*q - now
 	}
 	s.setGCRA(a, f)
@@ -247,16 +254,18 @@ func (p *Params) gcraReset(b, debt, now int64) int64 {
 func (p *Params) fixedWindow(s *State, now, n int64) (Decision, bool) {
 	per, c := p.PeriodMicros, p.Capacity
 	w, cnt := p.fixedWindowCount(s, now)
+	n1 := max(n, 1) // a peek decides as a cost of 1
 	var allowed, write bool
 	var retry int64
 	switch {
 	case n > c:
 		retry = per
-	case n == 0:
+	case cnt+n1 <= c:
 		allowed = true
-	case cnt+n <= c:
-		cnt += n
-		allowed, write = true, true
+		if n > 0 {
+			cnt += n
+			write = true
+		}
 	default:
 		retry = w + per - now
 	}
@@ -288,19 +297,21 @@ func (p *Params) slidingWindow(s *State, now, n int64) (Decision, bool) {
 		e = div(now-w, q)
 	}
 	x := prev*(pw-e) + cur*pw
+	n1 := max(n, 1) // a peek decides as a cost of 1
 	var allowed, write bool
 	var retry int64
 	switch {
 	case n > c:
 		retry = per
-	case n == 0:
+	case x+n1*pw <= c*pw:
 		allowed = true
-	case x+n*pw <= c*pw:
-		cur += n
-		x += n * pw
-		allowed, write = true, true
+		if n > 0 {
+			cur += n
+			x += n * pw
+			write = true
+		}
 	default:
-		retry = p.slidingWindowRetry(w, cur, prev, now, n)
+		retry = p.slidingWindowRetry(w, cur, prev, now, n1)
 	}
 	s.setWindow(w, cur, prev)
 	return p.decision(allowed, max(0, c*pw-x)/pw, slidingWindowReset(w, cur, prev, per, now), retry), write

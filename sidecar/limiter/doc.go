@@ -68,11 +68,15 @@
 //
 // # Edge cases, for every algorithm
 //
-// A cost of 0 is a peek: allowed, state unchanged. A cost above the
-// capacity is always denied, spends nothing, and gets RetryAfter = Period
-// (it can never be admitted under this limit; the Period is a meaningful
-// back-off of at least one second). Time going backwards never mints
-// tokens: the state keeps its newest instant. A deny always carries
-// RetryAfter >= 1µs, so a Retry-After header rounded up to whole seconds
-// is never 0. A limit edit keeps what a key has spent.
+// A cost of 0 is a peek: it asks whether at least one unit is left, and
+// is decided exactly as a cost of 1 (allowed when one unit is left, else
+// denied with the wait a cost of 1 would get), but it spends nothing and
+// changes no state, so a gateway can check a key before a request and
+// charge it the real cost afterwards. A cost above the capacity is always
+// denied, spends nothing, and gets RetryAfter = Period (it can never be
+// admitted under this limit; the Period is a meaningful back-off of at
+// least one second). Time going backwards never mints tokens: the state
+// keeps its newest instant. A deny always carries RetryAfter >= 1µs, so a
+// Retry-After header rounded up to whole seconds is never 0. A limit edit
+// keeps what a key has spent.
 package limiter

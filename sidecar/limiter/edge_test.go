@@ -14,7 +14,8 @@ import (
 
 const t0 = int64(1_700_000_000_123_457) // µs, not aligned to anything
 
-// TestPeekChangesNothing: a cost-0 request never changes what later
+// TestPeekChangesNothing: a cost-0 request (a peek) is decided as a cost
+// of 1 would be at the same instant, and never changes what later
 // requests get.
 func TestPeekChangesNothing(t *testing.T) {
 	t.Parallel()
@@ -23,21 +24,73 @@ func TestPeekChangesNothing(t *testing.T) {
 		for range 5 {
 			l := limitertest.RandomLimit(rng, alg)
 			peeked, plain := pureTake(t, l), pureTake(t, l)
-			now := t0
-			for i := range 500 {
-				now += rng.Int64N(l.Period.Microseconds() / 3)
-				if rng.IntN(2) == 0 {
-					d, err := peeked(now, 0)
-					if err != nil || !d.Allowed || d.RetryAfter != 0 {
-						t.Fatalf("%v step %d: peek = %v, %v; want allowed, no retry", l, i, d, err)
+			// history replays the requests so far into a fresh key, which
+			// a cost of 1 may then spend without touching the others.
+			type req struct{ now, n int64 }
+			var history []req
+			one := func(now int64) limiter.Decision {
+				t.Helper()
+				fresh := pureTake(t, l)
+				for _, r := range history {
+					if _, err := fresh(r.now, r.n); err != nil {
+						t.Fatal(err)
 					}
 				}
+				d, err := fresh(now, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			now := t0
+			denied, allowed := 0, 0
+			peek := func(i int) {
+				t.Helper()
+				d, err := peeked(now, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := one(now)
+				if want.Allowed {
+					// The same answer, less the unit a cost of 1 spent.
+					// ResetAfter describes the key unspent: the model
+					// traces check it.
+					want.Remaining++
+					want.ResetAfter = d.ResetAfter
+					allowed++
+				} else {
+					denied++
+				}
+				if d != want {
+					t.Fatalf("%v step %d: peek = %v, want %v (as a cost of 1)", l, i, d, want)
+				}
+				if d.Allowed != (d.Remaining >= 1) || !d.Allowed && d.RetryAfter <= 0 {
+					t.Fatalf("%v step %d: peek = %v: allowed must be remaining >= 1, a deny must wait", l, i, d)
+				}
+			}
+			var last limiter.Decision
+			for i := range 300 {
+				now += rng.Int64N(l.Period.Microseconds() / 3)
+				if rng.IntN(2) == 0 {
+					peek(i)
+				}
 				n := 1 + rng.Int64N(l.Capacity())
+				if rng.IntN(3) == 0 && last.Remaining > 0 {
+					n = last.Remaining // empties the key
+				}
 				d1, err1 := peeked(now, n)
 				d2, err2 := plain(now, n)
 				if err1 != nil || err2 != nil || d1 != d2 {
 					t.Fatalf("%v step %d: with peeks %v (%v), without %v (%v)", l, i, d1, err1, d2, err2)
 				}
+				history = append(history, req{now, n})
+				last = d2
+				if rng.IntN(2) == 0 {
+					peek(i)
+				}
+			}
+			if denied == 0 || allowed == 0 {
+				t.Errorf("%v: %d peeks allowed, %d denied: want some of each", l, allowed, denied)
 			}
 		}
 	}

@@ -41,8 +41,9 @@ var emptyForTables = []struct {
 		steps: []emptyForStep{
 			{0, 1, 0}, // 9 left: room
 			{0, 9, 100*time.Millisecond + time.Microsecond}, // empty, l = 0
-			{0, 1, 0}, // a deny
-			{50 * time.Millisecond, 0, 50*time.Millisecond + time.Microsecond},   // a peek on the empty key, l = 50000
+			{0, 1, 0},                     // a deny
+			{50 * time.Millisecond, 0, 0}, // a peek on the empty key is a deny, l = 50000
+			{50 * time.Millisecond, 1, 0}, // and a cost of 1 is denied too: the peek spent nothing
 			{100 * time.Millisecond, 1, 100*time.Millisecond + time.Microsecond}, // the token refilled and taken
 			{250 * time.Millisecond, 1, 50*time.Millisecond + time.Microsecond},  // 1.5 tokens, one taken, l = 50000
 			{2 * time.Second, 5, 0}, // full again, 5 left
@@ -70,7 +71,7 @@ var emptyForTables = []struct {
 		steps: []emptyForStep{
 			{0, 5, 20*time.Second + time.Microsecond},
 			{20 * time.Second, 1, 20*time.Second + time.Microsecond},
-			{30 * time.Second, 0, 10*time.Second + time.Microsecond},
+			{30 * time.Second, 0, 0}, // a peek on the empty key: a deny
 		},
 	},
 	{
@@ -116,8 +117,8 @@ var emptyForTables = []struct {
 		steps: []emptyForStep{
 			{0, 2, 0},
 			{10 * time.Second, 1, 5 * time.Second},
-			{10 * time.Second, 1, 0}, // a deny
-			{12 * time.Second, 0, 3 * time.Second},
+			{10 * time.Second, 1, 0},           // a deny
+			{12 * time.Second, 0, 0},           // a peek on the spent window: a deny
 			{15 * time.Second, 3, time.Minute}, // a new window, spent at once
 		},
 	},

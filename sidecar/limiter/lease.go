@@ -50,8 +50,9 @@ func (a Algorithm) Leasable() bool {
 // of cost).
 type LeaseArgs struct {
 	// Cost is what the request that asks spends; 0 when no request asks
-	// (a return, or a lease taken ahead of need). Allowed means Cost was
-	// taken.
+	// (a return, or a lease taken ahead of need) or when it is a peek.
+	// Allowed means Cost was taken; with Cost 0 it is decided as a cost
+	// of 1, as Take decides a peek: at least one unit was left.
 	Cost int64
 	// Want is the most to take, Cost included. A Want below Cost counts as
 	// Cost, and one above the capacity as the capacity.
@@ -150,8 +151,9 @@ func (p *Params) LeaseArgsFor(a LeaseArgs) LeaseArgs {
 // Lease applies a lease call at nowUs (µs since the epoch) to the
 // fixed-size state s, written under sp, following ALGORITHMS.md section 9:
 // the return goes back first, then between Cost and Want tokens are taken
-// when at least Cost are left, or the request is denied and nothing is
-// taken. Lease with Want = Cost and no Return decides exactly as Take.
+// when at least Cost (and at least one) are left, or the request is denied
+// and nothing is taken. Lease with Want = Cost and no Return decides
+// exactly as Take, a peek included.
 //
 // It updates s and reports write = true when the state changed: tokens
 // were granted or returned. Lease does no I/O and does not retain s or sp.
@@ -183,13 +185,13 @@ func (p *Params) Lease(s *State, sp *Params, nowUs int64, a LeaseArgs) (l Lease,
 }
 
 // grant decides how much of want to take when avail whole tokens are
-// left: allowed, with granted tokens (0 for a peek or a request of cost 0
-// that finds nothing), or denied.
+// left: allowed, with granted tokens (0 for a Cost and Want of 0), or
+// denied. A Cost of 0 is decided as a cost of 1, as Take decides a peek.
 func grant(a LeaseArgs, c, avail int64) (allowed bool, granted int64) {
 	switch {
 	case a.Cost > c:
 		return false, 0
-	case avail >= a.Cost:
+	case avail >= max(a.Cost, 1):
 		return true, min(a.Want, avail)
 	}
 	return false, 0
@@ -211,7 +213,7 @@ func (p *Params) leaseTokenBucket(s *State, sp *Params, now int64, a LeaseArgs) 
 	case a.Cost > c:
 		retry = p.PeriodMicros
 	case !allowed:
-		retry = (last+ceilDivBy(a.Cost*k-l, u))*q - now
+		retry = (last+ceilDivBy(max(a.Cost, 1)*k-l, u))*q - now
 	}
 	s.setTokenBucket(l, last)
 	d := p.decision(allowed, l/k, p.tokenBucketReset(l, last, now), retry)
@@ -237,7 +239,7 @@ func (p *Params) leaseGCRA(s *State, sp *Params, now int64, a LeaseArgs) (Lease,
 	case a.Cost > c:
 		retry = p.PeriodMicros
 	case !allowed:
-		retry = (b+ceilDivBy(debt+a.Cost*k-cu, u))*q - now
+		retry = (b+ceilDivBy(debt+max(a.Cost, 1)*k-cu, u))*q - now
 	}
 	s.setGCRA(ta, f)
 	d := p.decision(allowed, max(0, cu-debt)/k, p.gcraReset(b, debt, now), retry)
@@ -300,7 +302,7 @@ func (p *Params) leaseSlidingWindow(s *State, now int64, a LeaseArgs) (Lease, bo
 	case a.Cost > c:
 		retry = per
 	case !allowed:
-		retry = p.slidingWindowRetry(w, cur, prev, now, a.Cost)
+		retry = p.slidingWindowRetry(w, cur, prev, now, max(a.Cost, 1))
 	}
 	s.setWindow(w, cur, prev)
 	d := p.decision(allowed, max(0, c*pw-x)/pw, slidingWindowReset(w, cur, prev, per, now), retry)

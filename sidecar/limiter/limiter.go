@@ -199,7 +199,8 @@ type Request struct {
 	// Limit is the limit to apply. Changing it between calls keeps the
 	// key's state, so counters survive limit edits.
 	Limit Limit
-	// Cost is what the request spends. 0 is a peek.
+	// Cost is what the request spends. 0 is a peek: decided as a cost of
+	// 1 (is one unit left?), it spends nothing and writes nothing.
 	Cost int64
 	// Deadline, when set, is when the caller stops waiting for the answer:
 	// the deadline of the whole decision, set from the request's arrival.

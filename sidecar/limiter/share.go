@@ -73,9 +73,12 @@ func (p *Params) TakeShare(s *State, sp *Params, sh Share, nowUs, n int64) (d De
 	return d, write, nil
 }
 
-// share decides a request of cost n on replica sh.Index's share. It writes
-// the state when it admits a non-zero cost and when the key is new, so
-// that a new key starts empty and stays so until its tokens arrive.
+// share decides a request of cost n on replica sh.Index's share; a peek
+// (n = 0) is decided as a cost of 1 and spends nothing. It writes the
+// state when it admits a non-zero cost and when the key is new, a peek's
+// key too, so that a new key starts empty and its tokens arrive from its
+// first sight: a key seen only by peeks (a gateway that checks before it
+// charges) would otherwise be new, and empty, at every peek.
 func (p *Params) share(s *State, sh Share, now, n int64) (Decision, bool) {
 	of, idx := int64(sh.Of), int64(sh.Index)
 	c := p.Capacity
@@ -95,21 +98,18 @@ func (p *Params) share(s *State, sh Share, now, n int64) (Decision, bool) {
 	// next+C-1 has arrived.
 	resetUs := max(0, p.arrival(next+c-1)-now)
 	d := Decision{Limit: ceilDiv(c, of), Remaining: owned}
-	if n == 0 {
-		d.Allowed = true
-		d.ResetAfter = micros(resetUs)
-		s.A = next
-		return d, fresh
-	}
-	last := first + (n-1)*of // the n-th token the request needs
+	n1 := max(n, 1)           // a peek decides as a cost of 1
+	last := first + (n1-1)*of // the n-th token the request needs
 	switch {
+	case last <= m && n == 0:
+		d.Allowed = true
 	case last <= m:
 		next = last + 1
 		s.A = next
 		d.Allowed, d.Remaining = true, owned-n
 		d.ResetAfter = micros(max(0, p.arrival(next+c-1)-now))
 		return d, true
-	case (n-1)*of >= c:
+	case (n1-1)*of >= c:
 		// n of the replica's tokens are never usable at once: the share
 		// cannot admit this cost. Report a period's wait.
 		d.RetryAfter = micros(p.PeriodMicros)

@@ -28,12 +28,15 @@ func TestShareSteps(t *testing.T) {
 		{199 * time.Second, 1, false, time.Second}, // token 90e6+10 arrives at 200s
 		{200 * time.Second, 1, true, 0},
 		{201 * time.Second, 1, false, 199 * time.Second},
+		// A peek is decided as a cost of 1.
+		{201 * time.Second, 0, false, 199 * time.Second},
 		{400 * time.Second, 2, false, time.Minute}, // two tokens are 200s apart, never both among the newest 3
 		{400 * time.Second, 1, true, 0},
 		// Idle: the token of 600s is usable until the 3 newer tokens
 		// have arrived (at 660s), then gone.
 		{661 * time.Second, 1, false, 139 * time.Second},
 		{800 * time.Second, 0, true, 0},
+		{800 * time.Second, 1, true, 0}, // the peek spent nothing
 	} {
 		d, err := lim.AllowN(base.Add(s.at), s.cost)
 		if err != nil {
@@ -45,6 +48,31 @@ func TestShareSteps(t *testing.T) {
 		if d.Limit != 1 {
 			t.Errorf("step %d: Limit = %d, want the share's capacity 1", i, d.Limit)
 		}
+	}
+}
+
+// A key a replica first sees through a peek starts empty at that peek, as
+// it would at a request: a gateway that checks each key before it charges
+// it gets the key's tokens as they arrive, rather than a key that is new,
+// and empty, at every check.
+func TestSharePeekSeesTheKey(t *testing.T) {
+	t.Parallel()
+	base := time.Unix(1_800_000_000, 0) // token 90_000_000: owned by replica 0
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 3, Period: time.Minute, Share: limiter.Share{Of: 10, Index: 0}}
+	peeked, err := limiter.New(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := peeked.AllowN(base, 0); err != nil || d.Allowed || d.RetryAfter != 200*time.Second {
+		t.Fatalf("peek on a new key = %v, %v; want a deny with RetryAfter 200s", d, err)
+	}
+	for range 3 {
+		if d, err := peeked.AllowN(base.Add(200*time.Second), 0); err != nil || !d.Allowed {
+			t.Fatalf("peek once token 90e6+10 has arrived = %v, %v; want allowed", d, err)
+		}
+	}
+	if d, err := peeked.AllowN(base.Add(200*time.Second), 1); err != nil || !d.Allowed {
+		t.Fatalf("cost 1 after the peeks = %v, %v; want allowed", d, err)
 	}
 }
 

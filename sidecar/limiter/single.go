@@ -57,8 +57,10 @@ func (lim *Limiter) Allow(t time.Time) (Decision, error) {
 }
 
 // AllowN decides a request of cost n at time t. A cost of 0 is a peek: it
-// is always allowed and changes nothing. An error is returned only for a
-// negative cost or a time outside [the epoch, 2^53 µs after it).
+// is allowed exactly when a cost of 1 would be (on a deny it reports the
+// wait a cost of 1 would get), and it changes nothing. An error is
+// returned only for a negative cost or a time outside [the epoch, 2^53 µs
+// after it).
 func (lim *Limiter) AllowN(t time.Time, n int64) (Decision, error) {
 	lim.mu.Lock()
 	defer lim.mu.Unlock()

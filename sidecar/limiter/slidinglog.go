@@ -17,7 +17,7 @@ type Log struct {
 type logRun struct{ ts, n int64 }
 
 // Len returns the number of admitted units the log holds (expired entries
-// included until the next TakeLog prunes them).
+// included until a TakeLog of a non-zero cost prunes them).
 func (l *Log) Len() int64 { return l.count }
 
 // Newest returns the newest timestamp in the log, in µs, and whether there
@@ -54,6 +54,19 @@ func (l *Log) prune(cutoff int64) {
 	}
 }
 
+// upTo returns the number of units at or before cutoff, without removing
+// them.
+func (l *Log) upTo(cutoff int64) int64 {
+	var n int64
+	for _, r := range l.runs[l.start:] {
+		if r.ts > cutoff {
+			break
+		}
+		n += r.n
+	}
+	return n
+}
+
 // kth returns the timestamp of the k-th oldest unit, 1 <= k <= count.
 func (l *Log) kth(k int64) int64 {
 	for _, r := range l.runs[l.start:] {
@@ -67,9 +80,10 @@ func (l *Log) kth(k int64) int64 {
 
 // TakeLog decides a request of cost n at nowUs (µs since the epoch) against
 // the SlidingLog state lg, following ALGORITHMS.md. It admits or denies
-// exactly, with one log entry per admitted unit in the window. Expired
-// entries are pruned on every call; a deny or a peek adds nothing. It
-// reports write = true when the log gained entries.
+// exactly, with one log entry per admitted unit in the window. A cost of 0
+// is a peek: decided as a cost of 1 would be, it leaves lg as it was.
+// Other calls prune the expired entries; a deny adds nothing. It reports
+// write = true when the log gained entries.
 //
 // Callers serialise access to one Log.
 func (p *Params) TakeLog(lg *Log, nowUs, n int64) (d Decision, write bool, err error) {
@@ -84,14 +98,15 @@ func (p *Params) TakeLog(lg *Log, nowUs, n int64) (d Decision, write bool, err e
 	if newest, ok := lg.Newest(); ok && newest > t {
 		t = newest
 	}
+	if n == 0 {
+		return p.peekLog(lg, t, nowUs), false, nil
+	}
 	lg.prune(t - per)
 	var allowed bool
 	var retry int64
 	switch {
 	case n > c:
 		retry = per
-	case n == 0:
-		allowed = true
 	case lg.count+n <= c:
 		if last := len(lg.runs) - 1; last >= lg.start && lg.runs[last].ts == t {
 			lg.runs[last].n += n
@@ -108,4 +123,23 @@ func (p *Params) TakeLog(lg *Log, nowUs, n int64) (d Decision, write bool, err e
 		reset = newest + per - nowUs
 	}
 	return p.decision(allowed, max(0, c-lg.count), reset, retry), write, nil
+}
+
+// peekLog decides a peek at nowUs, t being the log's clock (nowUs, or its
+// newest entry when that is later), as TakeLog decides a cost of 1, and
+// changes nothing: the entries that a take would prune are counted out
+// rather than removed.
+func (p *Params) peekLog(lg *Log, t, nowUs int64) Decision {
+	per, c := p.PeriodMicros, p.Capacity
+	expired := lg.upTo(t - per)
+	cnt := lg.count - expired
+	var retry, reset int64
+	if cnt+1 > c {
+		// The (cnt+1-c)-th oldest live unit frees the first one.
+		retry = lg.kth(expired+cnt+1-c) + per - nowUs
+	}
+	if newest, ok := lg.Newest(); ok && cnt > 0 {
+		reset = newest + per - nowUs
+	}
+	return p.decision(cnt+1 <= c, max(0, c-cnt), reset, retry)
 }

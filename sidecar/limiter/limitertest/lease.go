@@ -92,9 +92,10 @@ func bucketLeaseSteps() []LeaseStep {
 		{50 * ms, la(11, 11), granted(deny(7, 300*ms, sec), 0)},
 		// A denied request still gives back what it returns.
 		{50 * ms, ret(11, 0, 2, time.Time{}), granted(deny(9, 100*ms, sec), 0)},
-		// Cost 0 with a Want takes ahead of need; none left takes nothing.
+		// Cost 0 with a Want takes ahead of need; none left takes
+		// nothing, and is denied as a peek is: as a cost of 1.
 		{50 * ms, la(0, 9), granted(allow(0, sec), 9)},
-		{50 * ms, la(0, 9), granted(allow(0, sec), 0)},
+		{50 * ms, la(0, 9), granted(deny(0, sec, 100*ms), 0)},
 	}
 }
 
@@ -225,16 +226,17 @@ func (m *Model) Lease(now int64, a limiter.LeaseArgs) limiter.Lease {
 		g.giveBack(t, a.Return, a.Window)
 	}
 	l := limiter.Lease{Decision: limiter.Decision{Limit: m.p.Capacity}}
+	n1 := max(a.Cost, 1) // a Cost of 0 is decided as a peek: as a cost of 1
 	switch left := m.sim.remaining(t); {
 	case a.Cost > m.p.Capacity:
 		l.RetryAfter = time.Duration(m.p.PeriodMicros) * time.Microsecond
-	case left >= a.Cost:
+	case left >= n1:
 		l.Allowed, l.Granted = true, min(a.Want, left)
 		if l.Granted > 0 {
 			m.sim.add(t, l.Granted)
 		}
 	default:
-		at := m.search(t, func(x int64) bool { return m.sim.admits(x, a.Cost) })
+		at := m.search(t, func(x int64) bool { return m.sim.admits(x, n1) })
 		l.RetryAfter = time.Duration(at-now) * time.Microsecond
 	}
 	l.Remaining = m.sim.remaining(t)

@@ -62,7 +62,9 @@ func NewModel(l limiter.Limit) (*Model, error) {
 	return m, nil
 }
 
-// AllowN decides a request of cost n (n >= 0) at now, in µs since the epoch.
+// AllowN decides a request of cost n (n >= 0) at now, in µs since the
+// epoch. A cost of 0 is a peek: it is decided as a cost of 1, by the same
+// definition, and adds nothing.
 func (m *Model) AllowN(now, n int64) limiter.Decision {
 	t := now
 	if m.seen && m.newest > t {
@@ -70,16 +72,17 @@ func (m *Model) AllowN(now, n int64) limiter.Decision {
 	}
 	m.seen, m.newest = true, t
 	d := limiter.Decision{Limit: m.p.Capacity}
+	n1 := max(n, 1)
 	switch {
 	case n > m.p.Capacity:
 		d.RetryAfter = time.Duration(m.p.PeriodMicros) * time.Microsecond
-	case n == 0:
-		d.Allowed = true
-	case m.sim.admits(t, n):
-		m.sim.add(t, n)
+	case m.sim.admits(t, n1):
+		if n > 0 {
+			m.sim.add(t, n)
+		}
 		d.Allowed = true
 	default:
-		at := m.search(t, func(x int64) bool { return m.sim.admits(x, n) })
+		at := m.search(t, func(x int64) bool { return m.sim.admits(x, n1) })
 		d.RetryAfter = time.Duration(at-now) * time.Microsecond
 	}
 	d.Remaining = m.sim.remaining(t)

@@ -138,6 +138,15 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) limiter
 			})
 		}
 	})
+	t.Run("Peek", func(t *testing.T) {
+		t.Parallel()
+		for _, alg := range algorithms {
+			t.Run(alg.String(), func(t *testing.T) {
+				t.Parallel()
+				testPeek(t, newStore, alg)
+			})
+		}
+	})
 	t.Run("KeysIndependent", func(t *testing.T) {
 		t.Parallel()
 		s, prefix := newStore(t, NewClock(base).Now), keyPrefix(t)
@@ -233,6 +242,79 @@ func testRace(t *testing.T, s limiter.Store, key string, alg limiter.Algorithm) 
 	}
 	if got, want := wins.Load(), int64(10); got != want {
 		t.Fatalf("%d of 1000 goroutines won, want %d", got, want)
+	}
+}
+
+// testPeek drives two keys of one store through the same requests, with
+// peeks (cost 0) on one of them only. A peek must be decided as a cost of
+// 1 at the same instant (allowed on a key with units left, denied with a
+// wait on an exhausted one), and it must change nothing: the two keys
+// answer every request alike.
+func testPeek(t *testing.T, newStore func(t *testing.T, now func() time.Time) limiter.Store, alg limiter.Algorithm) {
+	clk := NewClock(minuteAligned.Add(10 * sec))
+	base := clk.Now()
+	s, prefix := newStore(t, clk.Now), keyPrefix(t)
+	peeked, plain := prefix+"peeked", prefix+"plain"
+	l := limiter.Limit{Algorithm: alg, Requests: 3, Period: time.Minute}
+	for i, step := range []struct {
+		at   time.Duration
+		cost int64
+		// The peeks before the request: allowed, and with what left.
+		allowed   bool
+		remaining int64
+	}{
+		{0, 1, true, 3}, // a key never seen
+		{0, 2, true, 2},
+		{0, 1, false, 0}, // exhausted
+		{us, 1, false, 0},
+		{19 * sec, 1, false, 0}, // TokenBucket and GCRA: a unit every 20s
+		// Every algorithm has its 3 units back 150s on: the bucket has
+		// refilled, the window and the log have moved on.
+		{150 * sec, 3, true, 3},
+		{150 * sec, 1, false, 0},
+	} {
+		at := base.Add(step.at)
+		clk.Set(at)
+		var peek limiter.Decision
+		for j := range 3 {
+			d, err := take(t.Context(), s, limiter.Request{Key: peeked, Limit: l, Cost: 0})
+			if err != nil {
+				t.Fatalf("step %d: peek %d: %v", i, j, err)
+			}
+			if j > 0 && d != peek {
+				t.Fatalf("step %d: peek %d = %v, the first was %v: a peek changed the key", i, j, d, peek)
+			}
+			peek = d
+		}
+		if peek.Allowed != step.allowed || peek.Remaining != step.remaining || peek.Limit != 3 {
+			t.Fatalf("step %d: AllowN(%v, 0) = %v, want allowed %v with %d remaining", i, at.UTC().Format(time.RFC3339Nano), peek, step.allowed, step.remaining)
+		}
+		if peek.Allowed && peek.RetryAfter != 0 || !peek.Allowed && peek.RetryAfter <= 0 {
+			t.Fatalf("step %d: peek = %v: an allow must not wait, a deny must", i, peek)
+		}
+		got, err := take(t.Context(), s, limiter.Request{Key: peeked, Limit: l, Cost: step.cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := take(t.Context(), s, limiter.Request{Key: plain, Limit: l, Cost: step.cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("step %d: AllowN(%v, %d) = %v after peeks, %v without", i, at.UTC().Format(time.RFC3339Nano), step.cost, got, want)
+		}
+		if step.cost != 1 {
+			continue
+		}
+		// The peek was decided as this cost of 1: the same deny, or an
+		// allow with the unit it did not spend.
+		if want.Allowed {
+			want.Remaining++
+			want.ResetAfter = peek.ResetAfter
+		}
+		if peek != want {
+			t.Fatalf("step %d: peek = %v, want %v, as a cost of 1", i, peek, want)
+		}
 	}
 }
 

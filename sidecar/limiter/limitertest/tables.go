@@ -140,7 +140,9 @@ func Tables() []Table {
 				st(0, 1, deny(0, sec, 100*ms)),
 				st(50*ms, 1, deny(0, 950*ms, 50*ms)),
 				st(100*ms, 1, allow(0, sec)),
-				st(100*ms, 0, allow(0, sec)),
+				// A peek (cost 0) on the empty key is denied as a cost
+				// of 1 is, and spends nothing.
+				st(100*ms, 0, deny(0, sec, 100*ms)),
 				st(350*ms, 2, allow(0, 950*ms)),
 				st(350*ms, 11, deny(0, 950*ms, sec)),
 				st(2*sec, 0, allow(10, 0)),
@@ -157,6 +159,7 @@ func Tables() []Table {
 			Steps: []Step{
 				st(0, 5, allow(0, 100*sec)),
 				st(0, 1, deny(0, 100*sec, 20*sec)),
+				st(0, 0, deny(0, 100*sec, 20*sec)),
 				st(20*sec-us, 1, deny(0, 80*sec+us, us)),
 				st(20*sec, 1, allow(0, 100*sec)),
 				st(70*sec, 2, allow(0, 90*sec)),
@@ -209,6 +212,7 @@ func Tables() []Table {
 				st(0, 15, allow(0, 32*sec)),
 				st(0, 1, deny(0, 32*sec, 2*sec)),
 				st(sec, 1, deny(0, 31*sec, sec)),
+				st(sec, 0, deny(0, 31*sec, sec)),
 				st(2*sec, 1, allow(0, 32*sec)),
 				st(2*sec, 17, deny(0, 32*sec, time.Minute)),
 				st(40*sec, 0, allow(16, 0)),
@@ -228,6 +232,7 @@ func Tables() []Table {
 				st(0, 3, allow(0, sec)),
 				st(0, 1, deny(0, sec, 333334*us)),
 				st(333333*us, 1, deny(0, 666667*us, us)),
+				st(333333*us, 0, deny(0, 666667*us, us)),
 				st(333334*us, 1, allow(0, sec)),
 				st(sec, 0, allow(2, 333334*us)),
 				st(sec, 4, deny(2, 333334*us, sec)),
@@ -240,7 +245,9 @@ func Tables() []Table {
 			Steps: []Step{
 				st(0, 2, allow(1, 15*sec)),
 				st(10*sec, 2, deny(1, 5*sec, 5*sec)),
+				st(10*sec, 0, allow(1, 5*sec)),
 				st(10*sec, 1, allow(0, 5*sec)),
+				st(15*sec-us, 0, deny(0, us, us)),
 				st(15*sec-us, 1, deny(0, us, us)),
 				st(15*sec, 3, allow(0, time.Minute)),
 				st(15*sec, 4, deny(0, time.Minute, time.Minute)),
@@ -279,6 +286,8 @@ func Tables() []Table {
 				st(30*sec, 6, allow(0, 90*sec)),
 				// prev 10 must weigh 9 or less: 6s into the next window.
 				st(30*sec, 1, deny(0, 90*sec, 36*sec)),
+				st(30*sec, 0, deny(0, 90*sec, 36*sec)),
+				st(66*sec-100*us, 0, deny(0, 54*sec+100*us, 100*us)),
 				st(66*sec-100*us, 1, deny(0, 54*sec+100*us, 100*us)),
 				st(66*sec, 1, allow(0, 114*sec)),
 				st(66*sec, 1, deny(0, 114*sec, 6*sec)),
@@ -308,6 +317,7 @@ func Tables() []Table {
 				st(0, 4, allow(0, 2*sec)),
 				// Next window: prev 4 weighs 4*(1-e); room for 1 at e = 0.25s.
 				st(sec, 1, deny(0, sec, 250*ms)),
+				st(sec, 0, deny(0, sec, 250*ms)),
 				st(1250*ms, 1, allow(0, 1750*ms)),
 				// Cost 4 fits only when prev has gone and cur (1) has too:
 				// in the window after next, when 1*(1-e) + 4 <= 4, at its end.
@@ -322,6 +332,7 @@ func Tables() []Table {
 				st(0, 1, allow(2, 10*sec)),
 				st(2*sec, 2, allow(0, 10*sec)),
 				st(5*sec, 1, deny(0, 7*sec, 5*sec)),
+				st(5*sec, 0, deny(0, 7*sec, 5*sec)),
 				st(5*sec, 2, deny(0, 7*sec, 7*sec)),
 				st(10*sec, 1, allow(0, 10*sec)),
 				st(10*sec, 4, deny(0, 10*sec, 10*sec)),
@@ -329,7 +340,7 @@ func Tables() []Table {
 				st(9*sec, 1, deny(0, 11*sec, 3*sec)),
 				st(12*sec, 3, deny(2, 8*sec, 8*sec)),
 				st(12*sec, 2, allow(0, 10*sec)),
-				st(12*sec, 0, allow(0, 10*sec)),
+				st(12*sec, 0, deny(0, 10*sec, 8*sec)),
 			},
 		},
 		{
@@ -340,6 +351,7 @@ func Tables() []Table {
 				st(0, 1, allow(1, 366*day)),
 				st(day, 1, allow(0, 366*day)),
 				st(2*day, 1, deny(0, 365*day, 364*day)),
+				st(2*day, 0, deny(0, 365*day, 364*day)),
 				st(366*day, 1, allow(0, 366*day)),
 			},
 		},

@@ -24,9 +24,9 @@
 // holds a brace, a space, a control or non-ASCII byte, or starts with '#',
 // is replaced by '#' and 128 bits of its SHA-256. So no client string can
 // move a counter to another slot or grow a key past MaxRedisKeyLen. Every
-// write sets a TTL of limiter.StateTTL(ResetAfter); a peek or a deny
-// writes nothing (SlidingLog still drops its expired entries on every
-// call, as its pseudocode does).
+// write sets a TTL of limiter.StateTTL(ResetAfter); a deny writes nothing
+// (SlidingLog still drops its expired entries, as its pseudocode does),
+// and a peek (cost 0) is read-only: it runs no write command at all.
 //
 // Lua numbers are doubles, exact for integers below 2^53. Requests may
 // carry any instant below 2^53 µs, and an instant plus a fill time (up to

@@ -83,7 +83,7 @@ func TestLeaseDifferentialExtremes(t *testing.T) {
 					now = min(max(now, 0), 1<<53-1)
 					c := l.Capacity()
 					a := limiter.LeaseArgs{Cost: 1 + rng.Int64N(min(3, c)), Window: window}
-					switch rng.IntN(5) {
+					switch rng.IntN(6) {
 					case 0:
 						a.Want = c
 					case 1:
@@ -93,6 +93,8 @@ func TestLeaseDifferentialExtremes(t *testing.T) {
 					case 3:
 						a.Cost = c + 1
 						a.Return = rng.Int64N(c + 1)
+					case 4: // a peek, or a take ahead of need
+						a.Cost, a.Want = 0, rng.Int64N(2)*rng.Int64N(c+1)
 					default:
 						a.Want = a.Cost + rng.Int64N(1000)
 						a.Return = rng.Int64N(3)

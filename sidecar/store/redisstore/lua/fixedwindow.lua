@@ -38,14 +38,18 @@ else
   if ws > W then W, N = ws, 0 end
 end
 
+-- A peek (n = 0) is decided as a cost of 1, and spends and writes nothing.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, write = 0, 0, false
 if n > C then
   retry = P
-elseif n == 0 then
+elseif N + n1 <= C then
   allowed = 1
-elseif N + n <= C then
-  N = N + n
-  allowed, write = 1, true
+  if n > 0 then
+    N = N + n
+    write = true
+  end
 else
   retry = (W - now) + P
 end

@@ -70,17 +70,21 @@ local D = 0
 local ahead = (Ab - b) + Ao
 if ahead >= 0 then D = ahead * U + F end
 
+-- A peek (n = 0) is decided as a cost of 1, and spends and writes nothing.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, write = 0, 0, false
 if n > C then
   retry = P
-elseif n == 0 then
+elseif D + n1 * K <= CU then
   allowed = 1
-elseif D + n * K <= CU then
-  D = D + n * K
-  Ab, Ao, F = b, floor(D / U), D % U
-  allowed, write = 1, true
+  if n > 0 then
+    D = D + n * K
+    Ab, Ao, F = b, floor(D / U), D % U
+    write = true
+  end
 else
-  local w = ceil((D + n * K - CU) / U)
+  local w = ceil((D + n1 * K - CU) / U)
   retry = (b * q - now) + w * q
 end
 

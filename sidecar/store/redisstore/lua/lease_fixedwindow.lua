@@ -52,12 +52,15 @@ if r > 0 and W == win then
   if N2 ~= N then N, changed = N2, true end
 end
 
+-- A Cost of 0 (a peek, or no request) is decided as a cost of 1.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, g = 0, 0, 0
 local a = C - N
 if a < 0 then a = 0 end
 if n > C then
   retry = P
-elseif a >= n then
+elseif a >= n1 then
   allowed = 1
   g = m
   if g > a then g = a end

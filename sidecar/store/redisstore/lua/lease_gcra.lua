@@ -75,19 +75,22 @@ if r > 0 then
   if D2 ~= D then D, changed = D2, true end
 end
 
+-- A Cost of 0 (a peek, or no request) is decided as a cost of 1.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, g = 0, 0, 0
 local left = CU - D
 if left < 0 then left = 0 end
 local a = floor(left / K)
 if n > C then
   retry = P
-elseif a >= n then
+elseif a >= n1 then
   allowed = 1
   g = m
   if g > a then g = a end
   D = D + g * K
 else
-  retry = (b * q - now) + ceil((D + n * K - CU) / U) * q
+  retry = (b * q - now) + ceil((D + n1 * K - CU) / U) * q
 end
 
 local reset = 0

@@ -70,13 +70,16 @@ local e = 0
 if now > W then e = floor((now - W) / q) end
 local x = prev * (PW - e) + cur * PW
 
+-- A Cost of 0 (a peek, or no request) is decided as a cost of 1.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, g = 0, 0, 0
 local left = C * PW - x
 if left < 0 then left = 0 end
 local a = floor(left / PW)
 if n > C then
   retry = P
-elseif a >= n then
+elseif a >= n1 then
   allowed = 1
   g = m
   if g > a then g = a end
@@ -84,12 +87,12 @@ elseif a >= n then
   x = x + g * PW
 else
   local e2 = PW
-  local s = C - cur - n
+  local s = C - cur - n1
   if s >= 0 then e2 = PW - floor(s * PW / prev) end
   if e2 <= PW - 1 then
     retry = (W - now) + e2 * q
   else
-    local bb = C - n
+    local bb = C - n1
     if cur <= bb then
       retry = (W - now) + P
     else

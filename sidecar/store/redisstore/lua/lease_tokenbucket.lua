@@ -69,17 +69,20 @@ if r > 0 then
   if L2 ~= L then L, changed = L2, true end
 end
 
+-- A Cost of 0 (a peek, or no request) is decided as a cost of 1.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, g = 0, 0, 0
 local a = floor(L / K)
 if n > C then
   retry = P
-elseif a >= n then
+elseif a >= n1 then
   allowed = 1
   g = m
   if g > a then g = a end
   L = L - g * K
 else
-  retry = (T * q - now) + ceil((n * K - L) / U) * q
+  retry = (T * q - now) + ceil((n1 * K - L) / U) * q
 end
 
 local reset = 0

@@ -10,11 +10,13 @@
 -- ARGV[3]  C = Requests        ARGV[4]  P period in microseconds
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us}
 --
--- As in the pseudocode, every call first drops the entries at or before
--- t - P (an empty log then vanishes), so that a clock that later goes back
--- does not bring them back. Only an admitted request of non-zero cost adds
--- entries and sets the TTL. Timestamps are below 2^53, exact as scores;
--- instants relative to now are computed from ts - now first.
+-- As in the pseudocode, every call of a non-zero cost first drops the
+-- entries at or before t - P (an empty log then vanishes), so that a clock
+-- that later goes back does not bring them back. A peek (n = 0) is decided
+-- as a cost of 1 and is read-only: it counts those entries out instead.
+-- Only an admitted request of non-zero cost adds entries and sets the TTL.
+-- Timestamps are below 2^53, exact as scores; instants relative to now are
+-- computed from ts - now first.
 local ceil = math.ceil
 
 local function int(x)
@@ -34,34 +36,43 @@ local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if top[2] then newest = tonumber(top[2]) end
 local t = now
 if newest and newest > now then t = newest end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(t - P))
-local cnt = redis.call('ZCARD', KEYS[1])
+local expired, cnt = 0, 0
+if n == 0 then
+  expired = redis.call('ZCOUNT', KEYS[1], '-inf', int(t - P))
+  cnt = redis.call('ZCARD', KEYS[1]) - expired
+else
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(t - P))
+  cnt = redis.call('ZCARD', KEYS[1])
+end
+local n1 = n
+if n1 < 1 then n1 = 1 end
 
 local allowed, retry = 0, 0
 if n > C then
   retry = P
-elseif n == 0 then
+elseif cnt + n1 <= C then
   allowed = 1
-elseif cnt + n <= C then
-  allowed = 1
-  local base = redis.call('ZCOUNT', KEYS[1], int(t), int(t))
-  local ts = int(t)
-  local i = 0
-  while i < n do
-    local args = {}
-    local m = n - i
-    if m > 1000 then m = 1000 end
-    for j = 1, m do
-      args[2 * j - 1] = ts
-      args[2 * j] = ts .. ':' .. int(base + i + j)
+  if n > 0 then
+    local base = redis.call('ZCOUNT', KEYS[1], int(t), int(t))
+    local ts = int(t)
+    local i = 0
+    while i < n do
+      local args = {}
+      local m = n - i
+      if m > 1000 then m = 1000 end
+      for j = 1, m do
+        args[2 * j - 1] = ts
+        args[2 * j] = ts .. ':' .. int(base + i + j)
+      end
+      redis.call('ZADD', KEYS[1], unpack(args))
+      i = i + m
     end
-    redis.call('ZADD', KEYS[1], unpack(args))
-    i = i + m
+    cnt = cnt + n
+    newest = t
   end
-  cnt = cnt + n
-  newest = t
 else
-  local k = cnt + n - C
+  -- The k-th oldest entry in the window: the expired ones come first.
+  local k = expired + cnt + n1 - C
   local kth = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
   retry = (tonumber(kth[2]) - now) + P
 end

@@ -50,24 +50,28 @@ local e = 0
 if now > W then e = floor((now - W) / q) end
 local x = prev * (PW - e) + cur * PW
 
+-- A peek (n = 0) is decided as a cost of 1, and spends and writes nothing.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, write = 0, 0, false
 if n > C then
   retry = P
-elseif n == 0 then
+elseif x + n1 * PW <= C * PW then
   allowed = 1
-elseif x + n * PW <= C * PW then
-  cur = cur + n
-  x = x + n * PW
-  allowed, write = 1, true
+  if n > 0 then
+    cur = cur + n
+    x = x + n * PW
+    write = true
+  end
 else
   local e2 = PW
-  local a = C - cur - n
+  local a = C - cur - n1
   if a >= 0 then e2 = PW - floor(a * PW / prev) end
   if e2 <= PW - 1 then
     retry = (W - now) + e2 * q
   else
     -- Not in this window: the next one has prev' = cur, cur' = 0.
-    local b = C - n
+    local b = C - n1
     if cur <= b then
       retry = (W - now) + P
     else

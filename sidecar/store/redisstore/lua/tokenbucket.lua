@@ -58,16 +58,20 @@ if t > T then
   T = t
 end
 
+-- A peek (n = 0) is decided as a cost of 1, and spends and writes nothing.
+local n1 = n
+if n1 < 1 then n1 = 1 end
 local allowed, retry, write = 0, 0, false
 if n > C then
   retry = P
-elseif n == 0 then
+elseif n1 * K <= L then
   allowed = 1
-elseif n * K <= L then
-  L = L - n * K
-  allowed, write = 1, true
+  if n > 0 then
+    L = L - n * K
+    write = true
+  end
 else
-  local w = ceil((n * K - L) / U)
+  local w = ceil((n1 * K - L) / U)
   retry = (T * q - now) + w * q
 end
 
