@@ -147,10 +147,10 @@ type Conn struct {
 // entry is one command awaiting its answer: a call's, or one of its
 // prelude's.
 type entry struct {
-	c      Call
+	c       Call
 	prelude bool // a command of c's prelude, before c's own
-	last   bool // the last command of its write
-	dead   bool // c failed at its deadline; never look at it again
+	last    bool // the last command of its write
+	dead    bool // c failed at its deadline; never look at it again
 }
 
 // ErrNoAnswer is the cause of an Unanswered failure at the call's

@@ -30,9 +30,9 @@ func newCall(deadline time.Time, args ...string) *call {
 	return &call{args: args, deadline: deadline, done: make(chan struct{})}
 }
 
-func (c *call) Deadline() time.Time           { return c.deadline }
-func (c *call) Gone() bool                    { return false }
-func (c *call) Prelude() int { return len(c.prelude) }
+func (c *call) Deadline() time.Time { return c.deadline }
+func (c *call) Gone() bool          { return false }
+func (c *call) Prelude() int        { return len(c.prelude) }
 func (c *call) AppendCommand(b []byte) []byte {
 	for _, p := range c.prelude {
 		b = append(b, resp.Command(p...)...)
