@@ -23,6 +23,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
 func main() {
@@ -39,6 +40,11 @@ func run(args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
+		return err
+	}
+	if cfg.PrintRedisFunctions {
+		_, src := redisstore.Library()
+		_, err := fmt.Fprint(os.Stdout, src)
 		return err
 	}
 	if cfg.CheckConfig != "" {

@@ -135,6 +135,9 @@ type Config struct {
 	// CheckConfig, when set, validates and explains this policy file and
 	// exits without serving.
 	CheckConfig string
+	// PrintRedisFunctions, when set, prints the counter functions'
+	// library, for FUNCTION LOAD on an external store, and exits.
+	PrintRedisFunctions bool
 	// StateDir, when set, is where the sidecar saves the last document it
 	// applied from its source, and reads it back at start: a restarted
 	// sidecar enforces its last good revision until the source (the API
@@ -225,6 +228,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
 	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
+	fs.BoolVar(&c.PrintRedisFunctions, "print-redis-functions", false, "print the Redis Functions library of the counter scripts (for FUNCTION LOAD on an external store whose user may not load it), then exit")
 	fs.StringVar(&c.CheckConfig, "check-config", "", "validate and explain a policy file (floodgate sidecar config or envoyproxy/ratelimit config, detected), then exit")
 	debugFlags(fs, c)
 }

@@ -571,6 +571,10 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Equal("6/6"))
 	}, SpecTimeout(4*time.Minute))
 
+	It("keeps tenants apart: B's store credentials reach none of A's counters, run no code and cannot hold the store", func(ctx SpecContext) {
+		tenantIsolation(&url)(ctx)
+	}, SpecTimeout(5*time.Minute))
+
 	It("loses no request and fails no admission while helm upgrade restarts the manager", func(ctx SpecContext) {
 		pods := readyPods(ctx, appNS, map[string]string{"app": app})
 		before := pathHits(ctx, pods, "/api/upgrade")
@@ -658,7 +662,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 	}, SpecTimeout(8*time.Minute))
 
 	It("leaves nothing behind that the chart created after helm uninstall", func(ctx SpecContext) {
-		kubectl(ctx, "delete", "namespace", appNS, "--wait=true", "--timeout=2m")
+		kubectl(ctx, "delete", "namespace", appNS, tenantB, "--wait=true", "--timeout=2m")
 		helm(ctx, "uninstall", release, "-n", releaseNS, "--wait", "--timeout", "3m")
 		Eventually(func(g Gomega) {
 			out := kubectl(ctx, "get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,counterstores,"+

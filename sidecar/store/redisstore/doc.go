@@ -5,7 +5,8 @@
 // # Scripts and keys
 //
 // Each decision is one atomic Lua script on the master of the counter's
-// slot, one per algorithm (lua/*.lua, embedded), mirroring
+// slot, one per algorithm (lua/*.lua, embedded), called as a function of
+// one Redis Functions library with FCALL (library.go), mirroring
 // sidecar/limiter/ALGORITHMS.md line by line: the same integers, the same
 // rounding, so the Redis store and the in-memory store return the same
 // Decision for the same state, instant and cost. The limit's derived
@@ -13,7 +14,10 @@
 // gcd or pick a tick. The clock is Redis TIME; Options.Now, when set (tests
 // only), is read for each decision and passed as ARGV instead.
 //
-// A counter's state is one key, fg:{<tag>}:<alg>:2 with <alg> one of tb,
+// A counter's state is one key, fg:{<space>/<tag>}:<alg>:2 (Keys: the key
+// space, a Kubernetes namespace, first in the hash tag, so that a store
+// user's ACL key pattern covers its namespace's keys and no other's;
+// fg:{<tag>}:<alg>:2 without a space) with <alg> one of tb,
 // gcra, fw, sw (a string of 2 to 7 little-endian doubles, struct.pack'd)
 // or sl (a sorted set), so every script touches one key and an algorithm
 // edit starts afresh, as in memory. (":2" is the state format; the first
@@ -57,9 +61,11 @@
 // store never sends a script twice unless the first answer proves it did
 // not run:
 //
-//   - NOSCRIPT: the node lost its script cache (a restart, SCRIPT FLUSH, a
-//     new master); the op is sent once more as EVAL with the source, which
-//     also caches it again.
+//   - "Function not found": the node lacks the library (a new node before
+//     the manager loaded it, FUNCTION FLUSH); the op is sent once more
+//     after FUNCTION LOAD of the library, whose own answer is dropped. A
+//     store user that may not load it (a managed store's namespace user)
+//     gets the op failed as unavailable instead, naming the library.
 //   - MOVED and ASK: the op is sent to the named node (ASK with ASKING), at
 //     most twice, and the slot map is reloaded in the background.
 //   - A timeout, a refused or dropped connection, or a cancelled caller:
@@ -78,7 +84,7 @@
 // through its own pipelined connection (below, and package internal/pipe),
 // which speaks RESP itself (internal/resp) and never writes a command
 // twice. resp.Classify is the one place that reads an error reply's code
-// (NOSCRIPT, MOVED, ASK, TRYAGAIN and the other codes of a node that
+// ("Function not found", MOVED, ASK, TRYAGAIN and the other codes of a node that
 // cannot serve now), and resp.Redirect the one that reads a redirect's
 // target, IPv6 ones included.
 //
@@ -161,7 +167,8 @@
 // to about a millisecond late). With BatchWindow 0 the writer neither
 // yields nor waits: it writes whatever has queued as soon as it can, so
 // only the decisions that queued during its last write share the next. The
-// NOSCRIPT, MOVED and ASK answers are handled per decision as above.
+// "Function not found", MOVED and ASK answers are handled per decision as
+// above.
 //
 // The connection enforces the call deadlines itself, so the hot path
 // creates no context or timer per decision: a decision not answered by its
@@ -171,7 +178,8 @@
 // written ones as "may have run". None is ever written again.
 //
 // bench/cmd/floodgate-storebench measures the store against an unbatched
-// baseline: one EVALSHA per decision over a go-redis connection pool.
+// baseline: one EVALSHA of the same script per decision over a go-redis
+// connection pool, and redis-benchmark's FCALL against its EVALSHA.
 //
 // # What the client does not do
 //
@@ -179,9 +187,9 @@
 // not need:
 //
 //   - RESP2 only: no HELLO, no RESP3, no client-side caching, no pub/sub,
-//     no MULTI. The scripts run with EVALSHA and EVAL, so a server where
-//     scripting is disabled, renamed or denied by ACL cannot serve it;
-//     Redis Functions (FCALL) are not used.
+//     no MULTI. The scripts run as Redis 7 Functions (FCALL), so a server
+//     before Redis 7, or where FCALL is disabled, renamed or denied by
+//     ACL, cannot serve it; EVAL and EVALSHA are not used.
 //   - A Redis Cluster, or one standalone server at a fixed address
 //     (Options.Single). No Sentinel, no failover of a standalone server,
 //     no SELECT (database 0, the only one a cluster has).

@@ -28,8 +28,8 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script: a function of the library (library.go), named
-// fn there, and, for tools that run it with EVALSHA, its source and SHA1.
+// script is a Lua script: a function of the library (library.go), and,
+// for tools that run it with EVALSHA, its source and SHA1.
 type script struct {
 	// id is the Lua identifier of its function in the library, name the
 	// one in messages.

@@ -152,7 +152,7 @@ func (sh *shard) submit(o *op) {
 }
 
 // resubmit queues o again after an answer that proves its script did not
-// run (NOSCRIPT, MOVED, ASK). It never blocks: it runs on a connection's
+// run ("Function not found", MOVED, ASK). It never blocks: it runs on a connection's
 // reader.
 func (sh *shard) resubmit(o *op) {
 	if c := sh.conn.Load(); c != nil && c.Enqueue(o) {

@@ -341,8 +341,8 @@ func (s *Store) Shards() []ShardState {
 type PipelineStats struct {
 	// Writes is how many pipelined writes went out.
 	Writes int64
-	// Decisions is how many decisions they carried (resends after NOSCRIPT
-	// or a redirect included). Decisions / Writes is the mean batch.
+	// Decisions is how many decisions they carried (resends after
+	// "Function not found" or a redirect included). Decisions / Writes is the mean batch.
 	Decisions int64
 }
 
