@@ -155,22 +155,6 @@ var _ = Describe("the sidecar access controller", func() {
 		Expect(k8sClient.Create(ctx, cs)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, cs))).To(Succeed()) })
 
-		By("asking for the namespace's own user, and giving nothing while it has no password")
-		_, ok, err := sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, ns, config.Store{Name: name, Type: config.StoreRedis})
-		Expect(ok).To(BeFalse())
-		Expect(err).To(MatchError(sidecaraccess.ErrCredentialsPending))
-		userKey := client.ObjectKey{Namespace: managerNamespace, Name: counterstore.UserSecretName(name, ns)}
-		var user corev1.Secret
-		Expect(k8sClient.Get(ctx, userKey, &user)).To(Succeed(), "the namespace's user Secret is asked for")
-		Expect(user.Data).To(BeEmpty())
-		Expect(user.Labels).To(HaveKeyWithValue(counterstore.UserNamespaceLabel, ns))
-		Expect(metav1.IsControlledBy(&user, cs)).To(BeTrue(), "owned by the store, whose controller fills it in")
-
-		By("giving a namespace that runs a look-alike sidecar its own user, once the store's controller has set its password")
-		// What the CounterStore controller writes once every node
-		// accepts the password; another namespace's user exists too.
-		Expect(k8sClient.Update(ctx, counterstore.DesiredUserSecret(cs, managerNamespace, ns, counterstore.UserCredentials{Password: "namespace-user-pw-0001"}))).To(Succeed())
-		Expect(k8sClient.Create(ctx, counterstore.DesiredUserSecret(cs, managerNamespace, "other-tenant", counterstore.UserCredentials{Password: "other-tenant-pw-0001"}))).To(Succeed())
 		cs.Status = v1alpha1.CounterStoreStatus{
 			ObservedGeneration: cs.Generation,
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "test store",
@@ -187,12 +171,36 @@ var _ = Describe("the sidecar access controller", func() {
 		lookalike.Spec.Containers = append(lookalike.Spec.Containers, fake)
 		Expect(k8sClient.Create(ctx, lookalike)).To(Succeed())
 		Expect(k8sClient.Create(ctx, validPolicy(ns, "api", name))).To(Succeed())
+
+		By("asking for the namespace's own user, and giving nothing while it has no password")
+		userKey := client.ObjectKey{Namespace: managerNamespace, Name: counterstore.UserSecretName(name, ns)}
+		var user corev1.Secret
+		Eventually(func() error { return k8sClient.Get(ctx, userKey, &user) }).Should(Succeed(), "the namespace's user Secret is asked for")
+		Expect(user.Data).To(BeEmpty())
+		Expect(user.Labels).To(HaveKeyWithValue(counterstore.UserNamespaceLabel, ns))
+		Expect(metav1.IsControlledBy(&user, cs)).To(BeTrue(), "owned by the store, whose controller fills it in")
+		_, ok, err := sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, ns, config.Store{Name: name, Type: config.StoreRedis})
+		Expect(ok).To(BeFalse())
+		Expect(err).To(MatchError(sidecaraccess.ErrCredentialsPending))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &corev1.Secret{})).
+			To(MatchError(ContainSubstring("not found")), "nothing is mirrored before the namespace's user has a password")
+
+		By("giving the namespace its own user once the store's controller has set its password, never the admin's or another namespace's")
+		// What the CounterStore controller writes once every node
+		// accepts the password.
+		Expect(k8sClient.Get(ctx, userKey, &user)).To(Succeed())
+		user.Data = map[string][]byte{counterstore.UserPasswordKey: []byte("namespace-user-pw-0001")}
+		Expect(k8sClient.Update(ctx, &user)).To(Succeed())
 		var s corev1.Secret
 		Eventually(func() error {
 			return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: sidecaraccess.SecretName}, &s)
 		}).Should(Succeed())
 		Expect(string(s.Data[sidecaraccess.UsernameKey])).To(Equal(counterstore.NamespaceUser(ns)))
-		Expect(string(s.Data[sidecaraccess.PasswordKey])).To(Equal("namespace-user-pw-0001"), "the first copy holds the namespace's own user's password, never the admin's or another namespace's")
+		Expect(string(s.Data[sidecaraccess.PasswordKey])).To(Equal("namespace-user-pw-0001"), "the first copy holds the namespace's own user's password, never the admin's")
+		// Another namespace asking gets its own user, not this one's.
+		_, ok, err = sidecaraccess.StoreCredentials(ctx, k8sClient, k8sClient, managerNamespace, ns+"-other", config.Store{Name: name, Type: config.StoreRedis})
+		Expect(ok).To(BeFalse())
+		Expect(err).To(MatchError(sidecaraccess.ErrCredentialsPending))
 
 		By("deleting the namespace's user Secret once the namespace needs no access")
 		Expect(k8sClient.DeleteAllOf(ctx, &v1alpha1.RateLimitPolicy{}, client.InNamespace(ns))).To(Succeed())
@@ -200,8 +208,6 @@ var _ = Describe("the sidecar access controller", func() {
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, userKey, &corev1.Secret{}))
 		}).WithTimeout(30*time.Second).Should(BeTrue(), "the store's controller then deletes the user from the nodes")
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: managerNamespace, Name: counterstore.UserSecretName(name, "other-tenant")}, &corev1.Secret{})).
-			To(Succeed(), "another namespace's user stays")
 	})
 
 	It("repairs a widened Role and removes its objects when the namespace no longer needs them", func(ctx SpecContext) {
