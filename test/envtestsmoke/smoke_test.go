@@ -51,6 +51,12 @@ var _ = Describe("the local control plane", func() {
 			"-o", "jsonpath={.webhooks[0].clientConfig.service.namespace}/{.webhooks[0].clientConfig.service.name}")
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(Equal("floodgate-system/floodgate-webhook"))
+		// The pod labels policy reads the injector's configuration.
+		for _, b := range []string{"floodgate-pod-labels-injected", "floodgate-pod-labels-store-client"} {
+			out, err = kubectl.Run(ctx, "get", "validatingadmissionpolicybinding", b, "-o", "jsonpath={.spec.policyName} {.spec.paramRef.name}")
+			Expect(err).NotTo(HaveOccurred(), out)
+			Expect(out).To(Equal("floodgate-pod-labels floodgate-sidecar-injector"))
+		}
 		for _, crd := range []string{"ratelimitpolicies.ratelimit.floodgate.dev", "counterstores.ratelimit.floodgate.dev"} {
 			out, err := kubectl.Run(ctx, "wait", "--for=condition=Established", "--timeout=30s", "crd/"+crd)
 			Expect(err).NotTo(HaveOccurred(), out)
