@@ -44,7 +44,7 @@ const (
 	// StoreClientLabel, set to "true", marks the manager's Pods as clients
 	// of the managed stores: their NetworkPolicies admit those Pods of the
 	// manager's namespace. The Helm chart sets it, on the manager's and the
-	// central rate-limit service's Pods; the ValidatingAdmissionPolicy
+	// central rate-limit service's Pods, and so does config/manager; the ValidatingAdmissionPolicy
 	// floodgate-pod-labels refuses it on Pods of any other namespace, and
 	// on a running Pod.
 	StoreClientLabel = "ratelimit.floodgate.dev/store-client"

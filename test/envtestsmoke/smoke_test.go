@@ -68,6 +68,11 @@ var _ = Describe("the local control plane", func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring("9443"))
 		Expect(out).To(ContainSubstring("/tmp"))
+		// A managed store's NetworkPolicy admits the manager by a label.
+		out, err = kubectl.Run(ctx, "-n", "floodgate-system", "get", "deployment", "floodgate-manager",
+			"-o", `jsonpath={.spec.template.metadata.labels.ratelimit\.floodgate\.dev/store-client}`)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(Equal("true"))
 	})
 
 	It("reports the server version the binaries were stamped with", func(ctx SpecContext) {
