@@ -8,6 +8,11 @@
 #                           -> charts/floodgate/files/sidecar-pod-status-policy.yaml
 #                              (the ValidatingAdmissionPolicy that keeps each
 #                              sidecar to its own pod's condition)
+#   config/webhook/pod_labels_policy.yaml
+#                           -> charts/floodgate/files/pod-labels-policy.yaml
+#                              (the ValidatingAdmissionPolicy that keeps the
+#                              labels floodgate's NetworkPolicies trust to
+#                              the pods floodgate labels)
 # Run it after `make manifests`. With --check it changes nothing and exits 1
 # when the chart's copies differ from the generated files, naming them.
 # test/helmchart fails on the same drift.
@@ -34,6 +39,7 @@ for src in "${crds[@]}"; do
 done
 pairs+=("$ROOT/config/rbac/role.yaml" "$CHART/files/manager-role.yaml")
 pairs+=("$ROOT/config/rbac/sidecar_pod_status_policy.yaml" "$CHART/files/sidecar-pod-status-policy.yaml")
+pairs+=("$ROOT/config/webhook/pod_labels_policy.yaml" "$CHART/files/pod-labels-policy.yaml")
 
 drift=()
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do

@@ -111,12 +111,14 @@ type ManagedStore struct {
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 
 	// NetworkPolicy, Enabled by default, makes the manager keep a
-	// NetworkPolicy that lets only the injected sidecars (pods labelled
-	// floodgate.dev/injected=true, in any namespace), the manager's pods
-	// (labelled ratelimit.floodgate.dev/store-client=true in the
-	// manager's namespace) and the store's own Pods reach the Redis
-	// Pods. It takes effect only where the cluster's network plugin
-	// enforces NetworkPolicies. Disabled removes it.
+	// NetworkPolicy that lets only the injected sidecars of the namespaces
+	// that use the store (pods labelled floodgate.dev/injected=true, in a
+	// namespace whose compiled policies name this store; the list follows
+	// the policies), the manager's pods (labelled
+	// ratelimit.floodgate.dev/store-client=true in the manager's
+	// namespace) and the store's own Pods reach the Redis Pods. It takes
+	// effect only where the cluster's network plugin enforces
+	// NetworkPolicies. Disabled removes it.
 	// +optional
 	// +kubebuilder:default=Enabled
 	NetworkPolicy NetworkPolicyMode `json:"networkPolicy,omitempty"`

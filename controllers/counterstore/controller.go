@@ -22,8 +22,10 @@
 //     mode, no persistence);
 //   - the headless Service and the PodDisruptionBudget counterstore-<name>;
 //   - the NetworkPolicy counterstore-<name>, unless spec.managed.networkPolicy
-//     is Disabled: only the injected sidecars, the manager's Pods and the
-//     store's own Pods reach the Redis Pods;
+//     is Disabled: only the injected sidecars of the namespaces whose
+//     policies use the store (kept up to date from their policies
+//     ConfigMaps, ServedNamespaces), the manager's Pods and the store's own
+//     Pods reach the Redis Pods;
 //   - the StatefulSet counterstore-<name> of Shards*(1+ReplicasPerShard)
 //     redis-server Pods, each announcing its Pod IP.
 //
@@ -137,6 +139,10 @@ const (
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores,verbs=get;list;watch
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=counterstores/status,verbs=update
 // +kubebuilder:rbac:groups=ratelimit.floodgate.dev,resources=ratelimitpolicies,verbs=get;list;watch
+// The namespaces' policies ConfigMaps say which namespaces each store
+// serves (its NetworkPolicy admits their sidecars).
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+//
 // The managed stores' objects live in the manager's namespace only
 // (floodgate-system here; the Helm chart binds this Role in its release
 // namespace), and the cache watches them there only (app.CacheOptions).
@@ -347,11 +353,15 @@ func (r *Reconciler) reconcileManaged(ctx context.Context, cs *v1alpha1.CounterS
 	}, errors.Join(formErr, usersErr)
 }
 
-// syncNetworkPolicy applies the store's NetworkPolicy, or deletes it when
-// the spec disables it.
+// syncNetworkPolicy applies the store's NetworkPolicy, with the
+// namespaces it serves now, or deletes it when the spec disables it.
 func (r *Reconciler) syncNetworkPolicy(ctx context.Context, cs *v1alpha1.CounterStore, ns string) error {
 	if NetworkPolicyEnabled(cs.Spec.Managed) {
-		return r.apply(ctx, DesiredNetworkPolicy(cs, ns))
+		served, err := ServedNamespaces(ctx, r.Client, cs.Name)
+		if err != nil {
+			return err
+		}
+		return r.apply(ctx, DesiredNetworkPolicy(cs, ns, served))
 	}
 	var np networkingv1.NetworkPolicy
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: ObjectName(cs.Name)}, &np); {

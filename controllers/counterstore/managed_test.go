@@ -404,7 +404,41 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		Consistently(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: counterstore.AuthSecretName(storeName)}, &corev1.Secret{}))
 		}).WithTimeout(2 * time.Second).Should(BeTrue())
+
+		By("admitting the injected pods of the namespace, and of no other, through the store's NetworkPolicy")
+		sidecarNamespaces := func(g Gomega) []string {
+			var np networkingv1.NetworkPolicy
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: counterstore.DefaultNamespace, Name: counterstore.ObjectName(storeName)}, &np)).To(Succeed())
+			g.Expect(np.Spec.Ingress).NotTo(BeEmpty())
+			for _, peer := range np.Spec.Ingress[0].From {
+				if peer.NamespaceSelector == nil {
+					continue
+				}
+				g.Expect(peer.PodSelector.MatchLabels).To(Equal(map[string]string{"floodgate.dev/injected": "true"}))
+				g.Expect(peer.NamespaceSelector.MatchExpressions).To(HaveLen(1))
+				e := peer.NamespaceSelector.MatchExpressions[0]
+				g.Expect(e.Key).To(Equal("kubernetes.io/metadata.name"))
+				g.Expect(e.Operator).To(Equal(metav1.LabelSelectorOpIn))
+				return e.Values
+			}
+			return nil
+		}
+		Eventually(sidecarNamespaces).WithTimeout(30 * time.Second).Should(ContainElement(ns))
+		// A namespace that names the store in a ConfigMap of its own, not
+		// the policy controller's, is not admitted.
+		other := "fg-" + rand.String(8)
+		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}})).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(k8sClient.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}})).To(Succeed())
+		})
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: config.ConfigMapName}, &cm)).To(Succeed())
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: config.ConfigMapName}, Data: cm.Data})).To(Succeed())
+		Consistently(sidecarNamespaces).WithTimeout(2 * time.Second).ShouldNot(ContainElement(other))
+
+		By("closing the store to the namespace once no policy of it uses the store")
 		Expect(k8sClient.Delete(ctx, p)).To(Succeed())
+		Eventually(sidecarNamespaces).WithTimeout(30 * time.Second).ShouldNot(ContainElement(ns))
 	})
 
 	It("scales back to 3 shards, draining the leaving Pods first", func(ctx SpecContext) {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,11 +43,14 @@ const (
 
 	// StoreClientLabel, set to "true", marks the manager's Pods as clients
 	// of the managed stores: their NetworkPolicies admit those Pods of the
-	// manager's namespace. The Helm chart sets it.
+	// manager's namespace. The Helm chart sets it, on the manager's and the
+	// central rate-limit service's Pods, and so does config/manager; the ValidatingAdmissionPolicy
+	// floodgate-pod-labels refuses it on Pods of any other namespace, and
+	// on a running Pod.
 	StoreClientLabel = "ratelimit.floodgate.dev/store-client"
 	// injectedLabel marks the Pods the injector gave a sidecar
 	// (injection.LabelInjected): the stores' NetworkPolicies admit them
-	// from every namespace.
+	// from the namespaces each store serves (DesiredNetworkPolicy).
 	injectedLabel = "floodgate.dev/injected"
 
 	// NameValue is LabelName's value.
@@ -251,15 +255,45 @@ func DesiredService(cs *v1alpha1.CounterStore, ns string) *corev1.Service {
 }
 
 // DesiredNetworkPolicy returns the NetworkPolicy that lets only the
-// store's clients reach its Pods: the injected sidecars, from any
-// namespace, and the manager's Pods on the Redis port; the store's own
-// Pods on the Redis port (replication, slot migration) and the cluster
-// bus. Ingress only: what the Redis Pods reach is not restricted.
-func DesiredNetworkPolicy(cs *v1alpha1.CounterStore, ns string) *networkingv1.NetworkPolicy {
+// store's clients reach its Pods: on the Redis port, the injected sidecars
+// of sidecarNamespaces and the manager's Pods; on the Redis port and the
+// cluster bus, the store's own Pods (replication, slot migration).
+// Ingress only: what the Redis Pods reach is not restricted.
+//
+// A sidecar is a Pod labelled injectedLabel in one of sidecarNamespaces:
+// the namespaces whose policies document ("floodgate-policies", package
+// policy) names this store, which are those its sidecars connect to and
+// into which package sidecaraccess mirrors its credentials (ServedNamespaces
+// lists them). Neither half is enough alone. The label is set by the
+// injector and kept to the pods it injects by the ValidatingAdmissionPolicy
+// floodgate-pod-labels, but any namespace's pods may ask for injection; the
+// namespaces are named by kubernetes.io/metadata.name, which the API
+// server sets and nobody can change, and not by a label of floodgate's on
+// the Namespace, which would need the manager to write every Namespace and
+// a namespace's admins not to. A namespace whose pods use another store,
+// or no policy at all, does not reach this one even with injected pods.
+// With no such namespace, no sidecar peer is listed.
+//
+// Manager Pods are those labelled StoreClientLabel in ns, the store's own
+// namespace (the manager's): the manager and the central rate-limit
+// service, whose document may name any store.
+func DesiredNetworkPolicy(cs *v1alpha1.CounterStore, ns string, sidecarNamespaces []string) *networkingv1.NetworkPolicy {
 	tcp := corev1.ProtocolTCP
 	port := func(p int) networkingv1.NetworkPolicyPort {
 		return networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(int32(p)))}
 	}
+	var clients []networkingv1.NetworkPolicyPeer
+	if names := slices.Compact(slices.Sorted(slices.Values(sidecarNamespaces))); len(names) > 0 {
+		clients = append(clients, networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: names,
+			}}},
+			PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{injectedLabel: "true"}},
+		})
+	}
+	clients = append(clients, networkingv1.NetworkPolicyPeer{
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{StoreClientLabel: "true"}},
+	})
 	return &networkingv1.NetworkPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: objectMeta(cs, ns, ObjectName(cs.Name), "redis"),
@@ -267,12 +301,7 @@ func DesiredNetworkPolicy(cs *v1alpha1.CounterStore, ns string) *networkingv1.Ne
 			PodSelector: metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{{
-					NamespaceSelector: &metav1.LabelSelector{},
-					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{injectedLabel: "true"}},
-				}, {
-					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{StoreClientLabel: "true"}},
-				}},
+				From:  clients,
 				Ports: []networkingv1.NetworkPolicyPort{port(RedisPort)},
 			}, {
 				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(cs.Name)}}},

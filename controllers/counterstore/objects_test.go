@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -18,10 +19,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/controllers/injection"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
@@ -436,7 +440,7 @@ func probe(t *testing.T, script string, env []string) error {
 func TestDesiredNetworkPolicy(t *testing.T) {
 	t.Parallel()
 	cs := testStore()
-	np := DesiredNetworkPolicy(cs, "floodgate-system")
+	np := DesiredNetworkPolicy(cs, "floodgate-system", []string{"shop", "billing", "shop"})
 	if np.Name != "counterstore-orders" || np.Namespace != "floodgate-system" || len(np.OwnerReferences) != 1 {
 		t.Errorf("metadata = %+v", np.ObjectMeta)
 	}
@@ -454,9 +458,15 @@ func TestDesiredNetworkPolicy(t *testing.T) {
 		t.Fatalf("clients rule %+v, want two peers on the Redis port only", clients)
 	}
 	sidecars, manager := clients.From[0], clients.From[1]
-	if sidecars.NamespaceSelector == nil || len(sidecars.NamespaceSelector.MatchLabels)+len(sidecars.NamespaceSelector.MatchExpressions) != 0 ||
-		!maps.Equal(sidecars.PodSelector.MatchLabels, map[string]string{injection.LabelInjected: "true"}) {
-		t.Errorf("sidecar peer %+v, want the injected label in every namespace", sidecars)
+	// The injected label alone would admit a pod of any namespace that
+	// asks for injection; the namespaces are named by the label the API
+	// server sets, sorted and once each.
+	wantNamespaces := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: []string{"billing", "shop"},
+	}}}
+	if !reflect.DeepEqual(sidecars.NamespaceSelector, wantNamespaces) || sidecars.IPBlock != nil ||
+		!reflect.DeepEqual(sidecars.PodSelector, &metav1.LabelSelector{MatchLabels: map[string]string{injection.LabelInjected: "true"}}) {
+		t.Errorf("sidecar peer %+v, want the injected label in namespaces billing and shop only", sidecars)
 	}
 	if manager.NamespaceSelector != nil || !maps.Equal(manager.PodSelector.MatchLabels, map[string]string{StoreClientLabel: "true"}) {
 		t.Errorf("manager peer %+v, want the store-client label in the store's namespace", manager)
@@ -465,11 +475,74 @@ func TestDesiredNetworkPolicy(t *testing.T) {
 		len(peers.From) != 1 || !maps.Equal(peers.From[0].PodSelector.MatchLabels, SelectorLabels("orders")) {
 		t.Errorf("store peers rule %+v, want the store's Pods on the Redis and bus ports", peers)
 	}
+
+	// No namespace uses the store: no sidecar may reach it (an In with
+	// no values is invalid, and an empty selector would admit them all).
+	np = DesiredNetworkPolicy(cs, "floodgate-system", nil)
+	if from := np.Spec.Ingress[0].From; len(from) != 1 || from[0].NamespaceSelector != nil ||
+		!maps.Equal(from[0].PodSelector.MatchLabels, map[string]string{StoreClientLabel: "true"}) {
+		t.Errorf("with no namespace served, the clients are %+v, want the manager's Pods only", from)
+	}
+
 	if !NetworkPolicyEnabled(cs.Spec.Managed) {
 		t.Error("the NetworkPolicy is not on by default")
 	}
 	cs.Spec.Managed.NetworkPolicy = v1alpha1.NetworkPolicyDisabled
 	if NetworkPolicyEnabled(cs.Spec.Managed) {
 		t.Error("Disabled leaves the NetworkPolicy on")
+	}
+}
+
+// policiesConfigMap is a namespace's policies ConfigMap as the policy
+// controller writes it, naming store.
+func policiesConfigMap(ns, store string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: config.ConfigMapName, Labels: map[string]string{LabelManagedBy: ManagedByValue}},
+		Data: map[string]string{config.DataKey: fmt.Sprintf(`{"apiVersion":%q,"revision":"r1","store":{"name":%q,"type":"redis",`+
+			`"addresses":["10.0.0.1:6379"],"authSecretName":"floodgate-store-auth"},"policies":[]}`, config.APIVersion, store)},
+	}
+}
+
+func TestStoreOf(t *testing.T) {
+	t.Parallel()
+	memory := policiesConfigMap("shop", "orders")
+	memory.Data[config.DataKey] = `{"apiVersion":"v","store":{"type":"memory"},"policies":[]}`
+	unlabelled := policiesConfigMap("shop", "orders")
+	unlabelled.Labels = nil
+	other := policiesConfigMap("shop", "orders")
+	other.Name = config.RateLimitServiceConfigMapName
+	broken := policiesConfigMap("shop", "orders")
+	broken.Data[config.DataKey] = "{"
+	for _, tc := range []struct {
+		name string
+		obj  client.Object
+		want string
+	}{
+		{"the policy controller's ConfigMap", policiesConfigMap("shop", "orders"), "orders"},
+		{"a memory store", memory, ""},
+		// The policy controller repairs only what it labels: a look-alike
+		// it does not see must not open the store to a namespace.
+		{"not labelled by the policy controller", unlabelled, ""},
+		{"another ConfigMap", other, ""},
+		{"an unreadable document", broken, ""},
+		{"not a ConfigMap", &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: config.ConfigMapName}}, ""},
+	} {
+		if got := storeOf(tc.obj); got != tc.want {
+			t.Errorf("%s: storeOf = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+
+	p := servedChanged()
+	if !p.Update(event.UpdateEvent{ObjectOld: policiesConfigMap("shop", "orders"), ObjectNew: policiesConfigMap("shop", "default")}) {
+		t.Error("a namespace moving to another store is not passed on")
+	}
+	if p.Update(event.UpdateEvent{ObjectOld: policiesConfigMap("shop", "orders"), ObjectNew: policiesConfigMap("shop", "orders")}) {
+		t.Error("a document change that keeps the store is passed on: it would cost a formation pass")
+	}
+	if !p.Create(event.CreateEvent{Object: policiesConfigMap("shop", "orders")}) || !p.Delete(event.DeleteEvent{Object: policiesConfigMap("shop", "orders")}) {
+		t.Error("a namespace that starts or stops using a store is not passed on")
+	}
+	if p.Create(event.CreateEvent{Object: unlabelled}) {
+		t.Error("a ConfigMap that names no store is passed on")
 	}
 }

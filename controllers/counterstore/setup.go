@@ -109,12 +109,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, m *Metrics, o Options, opts co
 	return r.SetupWithManager(ctx, mgr, opts)
 }
 
-// SetupWithManager registers the controller with mgr. It watches
-// CounterStores; the StatefulSets, Services, ConfigMaps,
+// SetupWithManager registers ServedIndex and the controller with mgr. It
+// watches CounterStores; the StatefulSets, Services, ConfigMaps,
 // PodDisruptionBudgets, NetworkPolicies and Secrets they own (Secrets
 // as metadata only, so that a rotation request on the auth Secret is seen
-// at once); and the Pods of managed stores.
-func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts controller.Options) error {
+// at once); the Pods of managed stores; and the namespaces' policies
+// ConfigMaps, for the namespaces each store's NetworkPolicy admits.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
 	var errs []error
 	if r.Client == nil {
 		errs = append(errs, errors.New("counterstore reconciler: Client is nil"))
@@ -134,6 +135,9 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts 
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	if err := indexServed(ctx, mgr); err != nil {
+		return err
+	}
 	ns := r.Options.withDefaults().Namespace
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
@@ -150,6 +154,7 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager, opts 
 				return podStore(ns, o)
 			}),
 			builder.WithPredicates(podChanged())).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(servedStores), builder.WithPredicates(servedChanged())).
 		Complete(r)
 }
 

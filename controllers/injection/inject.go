@@ -40,7 +40,11 @@ const (
 	// sidecar takes over.
 	RenamedPortPrefix = "app-"
 	// LabelInjected marks an injected pod with "true", so that monitoring
-	// (the chart's PodMonitor) can select the pods that run a sidecar.
+	// (the chart's PodMonitor) can select the pods that run a sidecar, and
+	// a managed store's NetworkPolicy admit them. The
+	// ValidatingAdmissionPolicy floodgate-pod-labels (config/webhook, the
+	// Helm chart) refuses it on any pod this injector did not write it on,
+	// and on a running pod.
 	LabelInjected = "floodgate.dev/injected"
 )
 

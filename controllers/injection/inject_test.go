@@ -2,7 +2,9 @@ package injection
 
 import (
 	"errors"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -579,5 +582,45 @@ func TestLookAlikeSidecarIsRejected(t *testing.T) {
 	plain.Spec.InitContainers[0].Image = "evil/sidecar:1"
 	if out, _, err := Inject(plain, mounts, opts()); err != nil || out != plain {
 		t.Errorf("a pod that is not opted in: %v, want it left alone", err)
+	}
+}
+
+// TestPodLabelsPolicyKnowsTheInjector pins the names that the
+// ValidatingAdmissionPolicy floodgate-pod-labels (config/webhook, copied
+// into the Helm chart) reads to tell an injected pod: what Inject writes
+// and where the webhook never runs. A renamed constant must be renamed
+// there too, or every injected pod would be refused.
+func TestPodLabelsPolicyKnowsTheInjector(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "webhook", "pod_labels_policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := string(raw)
+	quoted := make([]string, len(SystemNamespaces))
+	for i, ns := range SystemNamespaces {
+		quoted[i] = "'" + ns + "'"
+	}
+	for what, want := range map[string]string{
+		"the label":                        "'" + LabelInjected + "' in object.metadata.labels",
+		"its value":                        "object.metadata.labels['" + LabelInjected + "'] != 'true'",
+		"the opt-in annotation":            "object.metadata.annotations['" + AnnotationInject + "'] == 'true'",
+		"the sidecar container":            "object.spec.initContainers.exists(c, c.name == '" + config.ContainerName + "')",
+		"the webhook's name":               "w.name == 'inject.floodgate.dev'",
+		"the namespaces never injected":    "request.namespace in [" + strings.Join(quoted, ", ") + "]",
+		"the injector's default config":    "name: floodgate-sidecar-injector",
+		"the label the binding selects":    "key: " + LabelInjected,
+		"the store's trusted client label": "'" + counterstore.StoreClientLabel + "' in object.metadata.labels",
+	} {
+		if !strings.Contains(policy, want) {
+			t.Errorf("config/webhook/pod_labels_policy.yaml does not check %s: no %q", what, want)
+		}
+	}
+	pod, _, err := Inject(appPod(), nil, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelInjected] != "true" || pod.Spec.InitContainers[0].Name != config.ContainerName {
+		t.Errorf("Inject wrote label %q and first init container %q, which the policy does not admit", pod.Labels[LabelInjected], pod.Spec.InitContainers[0].Name)
 	}
 }

@@ -260,3 +260,32 @@ func TestPartialMessage(t *testing.T) {
 		t.Errorf("a Loaded message parsed as partial")
 	}
 }
+
+func TestPeekStore(t *testing.T) {
+	t.Parallel()
+	redis := Store{Name: "orders", Type: StoreRedis, Addresses: []string{"10.0.0.1:6379"}, AuthSecretName: StoreAuthSecret}
+	for _, tc := range []struct {
+		name, doc string
+		want      Store
+		wantErr   bool
+	}{
+		{"the manager's order", `{"apiVersion":"v","revision":"r","store":{"name":"orders","type":"redis","addresses":["10.0.0.1:6379"],"authSecretName":"floodgate-store-auth"},"policies":[]}`, redis, false},
+		// What follows the store is not read: a truncated or broken tail
+		// costs nothing and fails nothing.
+		{"not read past the store", `{"apiVersion":"v","store":{"name":"orders","type":"redis","addresses":["10.0.0.1:6379"],"authSecretName":"floodgate-store-auth"},"policies":[{"na`, redis, false},
+		{"store last", `{"policies":[{"name":"a","rules":[{"name":"b"}]}],"pods":["x"],"store":{"name":"orders","type":"redis","addresses":["10.0.0.1:6379"],"authSecretName":"floodgate-store-auth"}}`, redis, false},
+		{"no store", `{"apiVersion":"v","policies":[]}`, Store{}, false},
+		{"not an object", `["store"]`, Store{}, true},
+		{"not JSON", "store: {name: orders}", Store{}, true},
+		{"a store that is not an object", `{"store":"orders"}`, Store{}, true},
+	} {
+		got, err := PeekStore([]byte(tc.doc))
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%s: PeekStore error = %v, want error %v", tc.name, err, tc.wantErr)
+			continue
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: PeekStore = %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1,8 +1,11 @@
 package config
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 
 	"sigs.k8s.io/yaml"
@@ -72,4 +75,38 @@ func Load(data []byte) (*Config, error) {
 func Digest(data []byte) string {
 	sum := sha256.Sum256(data)
 	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
+// PeekStore returns the store a JSON document names (its "store" field),
+// reading no further: the manager writes the store before the policies, so
+// a large document costs only its first bytes. It neither validates the
+// document nor reads YAML; a document without a store gives the zero
+// Store. The manager reads the stores of every namespace's ConfigMap with
+// it, on each change of one.
+func PeekStore(data []byte) (Store, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil {
+		return Store{}, fmt.Errorf("peek the store of a sidecar config: %w", err)
+	} else if t != json.Delim('{') {
+		return Store{}, errors.New("peek the store of a sidecar config: not a JSON object")
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return Store{}, fmt.Errorf("peek the store of a sidecar config: %w", err)
+		}
+		if key, _ := t.(string); key != "store" {
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return Store{}, fmt.Errorf("peek the store of a sidecar config: field %q: %w", key, err)
+			}
+			continue
+		}
+		var s Store
+		if err := dec.Decode(&s); err != nil {
+			return Store{}, fmt.Errorf("peek the store of a sidecar config: field \"store\": %w", err)
+		}
+		return s, nil
+	}
+	return Store{}, nil
 }

@@ -51,6 +51,12 @@ var _ = Describe("the local control plane", func() {
 			"-o", "jsonpath={.webhooks[0].clientConfig.service.namespace}/{.webhooks[0].clientConfig.service.name}")
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(Equal("floodgate-system/floodgate-webhook"))
+		// The pod labels policy reads the injector's configuration.
+		for _, b := range []string{"floodgate-pod-labels-injected", "floodgate-pod-labels-store-client"} {
+			out, err = kubectl.Run(ctx, "get", "validatingadmissionpolicybinding", b, "-o", "jsonpath={.spec.policyName} {.spec.paramRef.name}")
+			Expect(err).NotTo(HaveOccurred(), out)
+			Expect(out).To(Equal("floodgate-pod-labels floodgate-sidecar-injector"))
+		}
 		for _, crd := range []string{"ratelimitpolicies.ratelimit.floodgate.dev", "counterstores.ratelimit.floodgate.dev"} {
 			out, err := kubectl.Run(ctx, "wait", "--for=condition=Established", "--timeout=30s", "crd/"+crd)
 			Expect(err).NotTo(HaveOccurred(), out)
@@ -62,6 +68,11 @@ var _ = Describe("the local control plane", func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring("9443"))
 		Expect(out).To(ContainSubstring("/tmp"))
+		// A managed store's NetworkPolicy admits the manager by a label.
+		out, err = kubectl.Run(ctx, "-n", "floodgate-system", "get", "deployment", "floodgate-manager",
+			"-o", `jsonpath={.spec.template.metadata.labels.ratelimit\.floodgate\.dev/store-client}`)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(Equal("true"))
 	})
 
 	It("reports the server version the binaries were stamped with", func(ctx SpecContext) {

@@ -403,6 +403,16 @@ func TestWebhookConfigurationsFollowContract(t *testing.T) {
 			if !reflect.DeepEqual(m, wantM) {
 				t.Errorf("injector webhook differs from the contract:\n got: %s\nwant: %s", toYAML(t, m), toYAML(t, wantM))
 			}
+			// The pod labels policy reads which pods the injector labels
+			// from this configuration: both its bindings name it.
+			for _, b := range []string{"floodgate-pod-labels-injected", "floodgate-pod-labels-store-client"} {
+				var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+				fromUnstructured(t, objs.Get(t, "ValidatingAdmissionPolicyBinding", b), &binding)
+				if binding.Spec.PolicyName != "floodgate-pod-labels" || binding.Spec.ParamRef == nil || binding.Spec.ParamRef.Name != mwc.Name ||
+					binding.Spec.ParamRef.ParameterNotFoundAction == nil || *binding.Spec.ParamRef.ParameterNotFoundAction != admissionregistrationv1.DenyAction {
+					t.Errorf("ValidatingAdmissionPolicyBinding %s = %s, want policy floodgate-pod-labels with the param %s, required", b, toYAML(t, binding.Spec), mwc.Name)
+				}
+			}
 
 			var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 			fromUnstructured(t, objs.Get(t, "ValidatingWebhookConfiguration", f["validating-webhook-config"]), &vwc)

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -116,7 +117,8 @@ func TestInstallOnEnvtest(t *testing.T) {
 	t.Run("every rendered object exists", func(t *testing.T) {
 		assertLive(ctx, t, c, rendered)
 		for _, kind := range []string{"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-			"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "PodDisruptionBudget", "CounterStore"} {
+			"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+			"PodDisruptionBudget", "CounterStore"} {
 			if len(rendered.OfKind(kind)) == 0 {
 				t.Errorf("the default install renders no %s", kind)
 			}
@@ -195,6 +197,44 @@ func TestInstallOnEnvtest(t *testing.T) {
 		err = c.Create(ctx, policy)
 		if err == nil || !strings.Contains(err.Error(), `failed calling webhook "validate.ratelimitpolicy.floodgate.dev"`) {
 			t.Errorf("a RateLimitPolicy with no validator answering: err = %v, want a failed call to validate.ratelimitpolicy.floodgate.dev", err)
+		}
+	})
+
+	t.Run("labels a store's NetworkPolicy trusts are floodgate's only", func(t *testing.T) {
+		// The policy reads the injector's configuration, which names
+		// the release namespace as the manager's (its Service's) and
+		// leaves out the namespaces the chart excludes.
+		labelled := func(ns, name, label string) *corev1.Pod {
+			pod := testPod(ns, name, nil)
+			pod.Labels = map[string]string{label: "true"}
+			return pod
+		}
+		waitIntercepted(ctx, t, "label floodgate.dev/injected is set only by floodgate's sidecar injector", func() error {
+			return c.Create(ctx, labelled("shop", "forged", "floodgate.dev/injected"), client.DryRunAll)
+		})
+		err := c.Create(ctx, labelled("shop", "forged", "floodgate.dev/injected"))
+		if err == nil || !strings.Contains(err.Error(), `the pod does not ask for injection (annotation floodgate.dev/inject: "true")`) {
+			t.Errorf("a pod that labels itself floodgate.dev/injected: err = %v, want it refused, naming the label and why", err)
+		}
+		waitIntercepted(ctx, t, "label ratelimit.floodgate.dev/store-client is set only on floodgate's own pods", func() error {
+			return c.Create(ctx, labelled("shop", "client", "ratelimit.floodgate.dev/store-client"), client.DryRunAll)
+		})
+		err = c.Create(ctx, labelled("shop", "client", "ratelimit.floodgate.dev/store-client"))
+		if err == nil || !strings.Contains(err.Error(), "in the manager's namespace "+helmtest.Namespace+", and") {
+			t.Errorf("a pod labelled store-client in shop: err = %v, want it refused, naming the label and the release namespace", err)
+		}
+		if err := c.Create(ctx, labelled(helmtest.Namespace, "client", "ratelimit.floodgate.dev/store-client")); err != nil {
+			t.Errorf("a pod labelled store-client in the release namespace, as the manager's: %v", err)
+		}
+		// kubectl label on a running pod is an UPDATE.
+		plain := &corev1.Pod{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "plain"}, plain); err != nil {
+			t.Fatal(err)
+		}
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"floodgate.dev/injected":"true"}}}`))
+		err = c.Patch(ctx, plain, patch)
+		if err == nil || !strings.Contains(err.Error(), "label floodgate.dev/injected cannot be added to or changed on an existing pod") {
+			t.Errorf("labelling a running pod floodgate.dev/injected: err = %v, want it refused", err)
 		}
 	})
 

@@ -56,6 +56,12 @@ func TestBadValuesAreRejected(t *testing.T) {
 			[]string{"at '/defaultStore/external/addresses/0'", "does not match pattern"}},
 		{"partial secret reference", []string{"--set", "defaultStore.external.passwordSecretRef.name=redis-auth"},
 			[]string{"at '/defaultStore/external/passwordSecretRef'", "missing properties 'namespace', 'key'"}},
+		{"a gateway peer that names nothing", []string{"-f", writeValues(t, "rateLimitService:\n  allowedGateways:\n    - {}\n")},
+			[]string{"at '/rateLimitService/allowedGateways/0': minProperties: got 0, want 1"}},
+		{"a gateway peer by address", []string{"-f", writeValues(t, "rateLimitService:\n  allowedGateways:\n    - ipBlock: {cidr: 0.0.0.0/0}\n")},
+			[]string{"at '/rateLimitService/allowedGateways/0': additional properties 'ipBlock' not allowed"}},
+		{"a gateway selector with a bad operator", []string{"-f", writeValues(t, "rateLimitService:\n  allowedGateways:\n    - podSelector: {matchExpressions: [{key: app, operator: Equals}]}\n")},
+			[]string{"at '/rateLimitService/allowedGateways/0/podSelector/matchExpressions/0/operator'"}},
 		{"root user", []string{"--set", "podSecurityContext.runAsUser=0"},
 			[]string{"at '/podSecurityContext/runAsUser': minimum: got 0, want 1"}},
 		{"turning the restricted profile off", []string{"--set", "podSecurityContext.runAsNonRoot=false"},
@@ -112,6 +118,7 @@ func TestGoodValuesAreAccepted(t *testing.T) {
 		"issuer by name":                    {"--set", "certManager.enabled=true", "--set", "certManager.issuerRef.name=ca"},
 		"IPv6 external store":               {"--set", "defaultStore.mode=External", "--set", "defaultStore.external.addresses={[fd00::1]:6379}"},
 		"no RBAC":                           {"--set", "rbac.create=false"},
+		"a gateway by namespace only":       {"-f", writeValues(t, "rateLimitService:\n  enabled: true\n  allowedGateways:\n    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: istio-system}}\n")},
 		"external store with a dotted name": {"--set", "defaultStore.mode=External", "--set", "defaultStore.external.addresses={redis:6379}", "--set", "defaultStore.name=redis.shared"},
 	}
 	for name, args := range cases {

@@ -156,3 +156,27 @@ func TestChartRoleFileMatchesGenerated(t *testing.T) {
 		t.Errorf("charts/floodgate/files/manager-role.yaml differs from config/rbac/role.yaml: %s", syncHint)
 	}
 }
+
+// TestChartPolicyFilesMatchConfig checks the chart's copies of the
+// ValidatingAdmissionPolicies written by hand under config/, which the
+// chart's templates read.
+func TestChartPolicyFilesMatchConfig(t *testing.T) {
+	t.Parallel()
+	for src, dst := range map[string]string{
+		filepath.Join("config", "rbac", "sidecar_pod_status_policy.yaml"): "sidecar-pod-status-policy.yaml",
+		filepath.Join("config", "webhook", "pod_labels_policy.yaml"):      "pod-labels-policy.yaml",
+	} {
+		want, err := os.ReadFile(filepath.Join(helmtest.RepoRoot(t), src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(helmtest.ChartDir(t), "files", dst))
+		if err != nil {
+			t.Errorf("%v: %s", err, syncHint)
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("charts/floodgate/files/%s differs from %s: %s", dst, src, syncHint)
+		}
+	}
+}

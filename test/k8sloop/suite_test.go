@@ -2,9 +2,11 @@
 // kube-apiserver: the sidecar injector and the RateLimitPolicy validator
 // installed as real webhooks (envtest's WebhookInstallOptions, with the
 // configurations of config/webhook), served with a self-managed
-// certificate that the webhookcert manager rotates; the policy and
-// sidecar-access controllers; and an in-process floodgate-sidecar in
-// Kubernetes mode with an injected pod's identity.
+// certificate that the webhookcert manager rotates; the
+// ValidatingAdmissionPolicies of config/ (a sidecar's own pod status, and
+// the pod labels only floodgate sets); the policy and sidecar-access
+// controllers; and an in-process floodgate-sidecar in Kubernetes mode with
+// an injected pod's identity.
 package k8sloop
 
 import (
@@ -116,11 +118,15 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: managerNamespace}})).To(Succeed())
-	// The policy that keeps each sidecar to its own pod's condition, as
-	// config/rbac and the Helm chart install it.
-	out, err := kubectl.Run(ctx, "apply", "-f", filepath.Join("..", "..", "config", "rbac", "sidecar_pod_status_policy.yaml"))
-	Expect(err).NotTo(HaveOccurred())
-	GinkgoWriter.Println(out)
+	// The policy that keeps each sidecar to its own pod's condition, and
+	// the one that keeps the labels a store's NetworkPolicy trusts to the
+	// pods floodgate labels (its param is the injector's configuration,
+	// which envtest installs), as config/ and the Helm chart install them.
+	for _, f := range []string{filepath.Join("rbac", "sidecar_pod_status_policy.yaml"), filepath.Join("webhook", "pod_labels_policy.yaml")} {
+		out, err := kubectl.Run(ctx, "apply", "-f", filepath.Join("..", "..", "config", f))
+		Expect(err).NotTo(HaveOccurred())
+		GinkgoWriter.Println(out)
+	}
 
 	// The manager is composed as floodgate-manager composes it (same
 	// scheme, cache options and setup functions, same RBAC), with the
