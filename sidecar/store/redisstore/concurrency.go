@@ -25,8 +25,8 @@ var (
 	//go:embed lua/concurrency_release.lua
 	concurrencyReleaseLua string
 
-	acquireScript = newScript("concurrency_acquire", "ConcurrencyAcquire", concurrencyAcquireLua)
-	releaseScript = newScript("concurrency_release", "ConcurrencyRelease", concurrencyReleaseLua)
+	acquireScript = newScript("concurrency_acquire", "ConcurrencyAcquire", concurrencyAcquireLua, "concurrency_acquire", whole)
+	releaseScript = newScript("concurrency_release", "ConcurrencyRelease", concurrencyReleaseLua, "concurrency_release", whole)
 	releaseArgs   = newScriptArgs(releaseScript, nil)
 )
 

@@ -43,8 +43,9 @@
 //
 // # Leases and split counters
 //
-// Lease (limiter.Leaser) runs a lease script (lua/lease_*.lua, one per
-// algorithm that can lease) on the same key as the algorithm's script: it
+// Lease (limiter.Leaser) runs the lease entry point of the algorithm's
+// script (one per algorithm that can lease; its take is the lease of
+// m = n tokens giving back none) on the same key: it
 // gives back a lease's unused tokens and takes a batch in one step
 // (ALGORITHMS.md section 9). Its reply has seven integers; its call
 // discipline is Take's, so a lease call that times out is never sent

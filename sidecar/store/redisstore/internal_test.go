@@ -331,8 +331,18 @@ func TestScriptsEmbedded(t *testing.T) {
 			t.Errorf("%v: script missing or without its header (ok=%v, sha=%q)", alg, ok, sha)
 		}
 		_, lib := Library()
-		if !strings.Contains(lib, "redis.register_function('"+fn+"', ") || !strings.Contains(lib, src) {
-			t.Errorf("%v: function %q or its source is not in the library", alg, fn)
+		if !strings.Contains(lib, "redis.register_function('"+fn+"', ") || !strings.Contains(lib, scripts[alg].body) {
+			t.Errorf("%v: function %q or its body is not in the library", alg, fn)
+		}
+		// A leasable algorithm's take and lease share one body, defined
+		// once in the library.
+		if l := leaseScripts[alg]; l != nil {
+			if l.body != scripts[alg].body || strings.Count(lib, "local function "+l.bodyID+"(") != 1 {
+				t.Errorf("%v: the take and the lease do not share one body", alg)
+			}
+			if !strings.Contains(src, "v[5] = nil") {
+				t.Errorf("%v: the take's own script does not cut the lease's reply", alg)
+			}
 		}
 	}
 	if _, _, _, ok := Script(0); ok {

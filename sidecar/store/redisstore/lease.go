@@ -12,27 +12,15 @@ import (
 
 var _ limiter.Leaser = (*Store)(nil)
 
-// The lease scripts, one per algorithm that can lease (limiter.Algorithm.
-// Leasable). Each reads and writes the state its algorithm's script does,
-// and its header lists its KEYS, ARGV and reply: the limit's constants as
-// for the algorithm's script, then want, return and window.
-var (
-	//go:embed lua/lease_tokenbucket.lua
-	leaseTokenBucketLua string
-	//go:embed lua/lease_gcra.lua
-	leaseGCRALua string
-	//go:embed lua/lease_fixedwindow.lua
-	leaseFixedWindowLua string
-	//go:embed lua/lease_slidingwindow.lua
-	leaseSlidingWindowLua string
-)
-
-// leaseScripts are indexed by limiter.Algorithm; SlidingLog has none.
+// The lease entry points, one per algorithm that can lease
+// (limiter.Algorithm.Leasable): the algorithm's script itself, called with
+// the limit's constants and then want, return and window (its header
+// lists them).
 var leaseScripts = [...]*script{
-	limiter.TokenBucket:   newScript("lease_tokenbucket", "TokenBucket lease", leaseTokenBucketLua),
-	limiter.GCRA:          newScript("lease_gcra", "GCRA lease", leaseGCRALua),
-	limiter.FixedWindow:   newScript("lease_fixedwindow", "FixedWindow lease", leaseFixedWindowLua),
-	limiter.SlidingWindow: newScript("lease_slidingwindow", "SlidingWindow lease", leaseSlidingWindowLua),
+	limiter.TokenBucket:   newScript("lease_tokenbucket", "TokenBucket lease", tokenBucketLua, "tokenbucket", whole),
+	limiter.GCRA:          newScript("lease_gcra", "GCRA lease", gcraLua, "gcra", whole),
+	limiter.FixedWindow:   newScript("lease_fixedwindow", "FixedWindow lease", fixedWindowLua, "fixedwindow", whole),
+	limiter.SlidingWindow: newScript("lease_slidingwindow", "SlidingWindow lease", slidingWindowLua, "slidingwindow", whole),
 	limiter.SlidingLog:    nil,
 }
 

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"strings"
 
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
@@ -16,7 +17,11 @@ import (
 //
 // Each script (lua/*.lua, whose header lists its KEYS, ARGV and reply)
 // becomes one local Lua function of the library, its body unchanged, with
-// KEYS and ARGV as its parameters, registered under fg_<version>_<id>. The
+// KEYS and ARGV as its parameters. Its entry points are registered under
+// fg_<version>_<id>: for an algorithm that can lease, its take
+// (fg_<version>_gcra, say: the body's lease of m = n tokens giving back
+// none, answering the reply's first four values) and its lease
+// (fg_<version>_lease_gcra), one body; otherwise the body itself. The
 // library is floodgate_<version>, the version being the first 48 bits of
 // the SHA-1 of every script's id and source: an edit to any script makes a
 // new library whose functions have new names, so that sidecars of two
@@ -64,14 +69,24 @@ func buildLibrary(scs []*script) lib {
 	version := hex.EncodeToString(h.Sum(nil))[:12]
 	var b strings.Builder
 	b.WriteString("#!lua name=floodgate_" + version + "\n")
+	defined := map[string]bool{}
 	for _, sc := range scs {
-		fn := "fg_" + version + "_" + sc.id
-		b.WriteString("\n-- " + sc.name + "\nlocal function " + sc.id + "(KEYS, ARGV)\n")
-		b.WriteString(sc.src)
-		if !strings.HasSuffix(sc.src, "\n") {
-			b.WriteString("\n")
+		if !defined[sc.bodyID] {
+			defined[sc.bodyID] = true
+			b.WriteString("\nlocal function " + sc.bodyID + "(KEYS, ARGV)\n")
+			b.WriteString(sc.body)
+			if !strings.HasSuffix(sc.body, "\n") {
+				b.WriteString("\n")
+			}
+			b.WriteString("end\n")
 		}
-		b.WriteString("end\nredis.register_function('" + fn + "', " + sc.id + ")\n")
+		fn := "fg_" + version + "_" + sc.id
+		switch sc.entry {
+		case take:
+			b.WriteString("redis.register_function('" + fn + "', function(KEYS, ARGV)\n" + fmt.Sprintf(takeCall, sc.bodyID) + "end)\n")
+		default:
+			b.WriteString("redis.register_function('" + fn + "', " + sc.bodyID + ")\n")
+		}
 	}
 	l := lib{version: version, name: "floodgate_" + version, src: b.String()}
 	l.load = resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, 3), "FUNCTION"), "LOAD"), l.src)

@@ -14,7 +14,10 @@ import (
 
 // The Lua scripts, one per algorithm. Each one's header lists its KEYS,
 // ARGV and reply; all share one calling convention (see limitArgs) and one
-// reply shape (see ParseReply).
+// reply shape (see ParseReply). The four algorithms that can lease hold
+// their take and their lease in one body (the take is the lease of m = n
+// tokens giving back none), so that each algorithm's arithmetic is written
+// once.
 var (
 	//go:embed lua/tokenbucket.lua
 	tokenBucketLua string
@@ -28,28 +31,52 @@ var (
 	slidingLogLua string
 )
 
-// script is a Lua script: a function of the library (library.go), and,
-// for tools that run it with EVALSHA, its source and SHA1.
+// script is one entry point of a Lua body: a function of the library
+// (library.go), and, for tools that run it with EVALSHA, its source and
+// SHA1.
 type script struct {
-	// id is the Lua identifier of its function in the library, name the
-	// one in messages.
+	// id names its function in the library, name it in messages.
 	id, name string
+	// body is the Lua file, run as a local function of the library named
+	// bodyID; entry says how this entry point calls it.
+	body, bodyID string
+	entry        entry
+	// src and sha are the entry point as a script of its own.
 	src, sha string
 }
 
-func newScript(id, name, src string) *script {
+// entry is how an entry point calls its body.
+type entry uint8
+
+const (
+	// whole: the body is the entry point.
+	whole entry = iota
+	// take: the body's lease with no ARGV after the limit's constants
+	// (m = n, r = 0), answering the reply's first four values.
+	take
+)
+
+// takeCall runs a leasable body as a take: the reply's elements from the
+// fifth on are cut (Redis ends a reply array at the first nil), and an
+// error reply passes through.
+const takeCall = "local v = %s(KEYS, ARGV)\nv[5] = nil\nreturn v\n"
+
+func newScript(id, name, body, bodyID string, e entry) *script {
+	src := body
+	if e == take {
+		src = "local function " + bodyID + "(KEYS, ARGV)\n" + body + "end\n" + fmt.Sprintf(takeCall, bodyID)
+	}
 	sum := sha1.Sum([]byte(src))
-	sha := hex.EncodeToString(sum[:])
-	return &script{id: id, name: name, src: src, sha: sha}
+	return &script{id: id, name: name, body: body, bodyID: bodyID, entry: e, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 // scripts are indexed by limiter.Algorithm.
 var scripts = [...]*script{
-	limiter.TokenBucket:   newScript("tokenbucket", "TokenBucket", tokenBucketLua),
-	limiter.GCRA:          newScript("gcra", "GCRA", gcraLua),
-	limiter.FixedWindow:   newScript("fixedwindow", "FixedWindow", fixedWindowLua),
-	limiter.SlidingWindow: newScript("slidingwindow", "SlidingWindow", slidingWindowLua),
-	limiter.SlidingLog:    newScript("slidinglog", "SlidingLog", slidingLogLua),
+	limiter.TokenBucket:   newScript("tokenbucket", "TokenBucket", tokenBucketLua, "tokenbucket", take),
+	limiter.GCRA:          newScript("gcra", "GCRA", gcraLua, "gcra", take),
+	limiter.FixedWindow:   newScript("fixedwindow", "FixedWindow", fixedWindowLua, "fixedwindow", take),
+	limiter.SlidingWindow: newScript("slidingwindow", "SlidingWindow", slidingWindowLua, "slidingwindow", take),
+	limiter.SlidingLog:    newScript("slidinglog", "SlidingLog", slidingLogLua, "slidinglog", whole),
 }
 
 // Script returns the Lua source and SHA1 of an algorithm's script, and
