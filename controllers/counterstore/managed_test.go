@@ -594,7 +594,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 	})
 
-	It("rotates a namespace's password on the running nodes, the old one accepted until every sidecar has the new one", func(ctx SpecContext) {
+	It("rotates a namespace's password on the running nodes, the old one accepted until every sidecar has the new one, and fails no call of another namespace", func(ctx SpecContext) {
 		tenant := "fg-" + rand.String(8)
 		sidecarPassword := namespaceUser(ctx, tenant)
 		user := counterstore.NamespaceUser(tenant)
@@ -648,11 +648,26 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			_, _, err := steady.Take(ctx, limiter.Request{Key: "rotation-warm", Limit: l, Cost: 1})
 			return err
 		}).WithTimeout(30 * time.Second).Should(Succeed())
-		// Every call, by the steady store or by a fresh one (born when).
+		// Another namespace's sidecars, which also connect afresh every
+		// 300ms: the rotation is not theirs, and fails none of their calls.
+		otherTenant := "fg-" + rand.String(8)
+		otherPassword := namespaceUser(ctx, otherTenant)
+		newOther := func() *redisstore.Store {
+			GinkgoHelper()
+			st, err := redisstore.New(redisstore.Options{
+				Addrs: masters(), Timeout: 30 * time.Second, DialTimeout: 30 * time.Second, KeySpace: otherTenant,
+				Username: counterstore.NamespaceUser(otherTenant), Password: otherPassword,
+			})
+			Expect(err).NotTo(HaveOccurred())
+			return st
+		}
+		// Every call, by the steady store or by a fresh one (born when),
+		// or by the other namespace's.
 		type call struct {
 			at    time.Time
 			took  time.Duration
 			fresh bool
+			other bool
 			born  time.Time
 			err   error
 		}
@@ -663,7 +678,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			defer callsMu.Unlock()
 			for _, c := range calls {
 				if c.err == nil && c.at.After(since) {
-					steadyOK = steadyOK || !c.fresh
+					steadyOK = steadyOK || (!c.fresh && !c.other)
 					freshOK = freshOK || (c.fresh && c.born.After(since))
 				}
 			}
@@ -677,7 +692,8 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			defer GinkgoRecover()
 			defer close(done)
 			fresh, born := newStore(), time.Now()
-			defer func() { _ = fresh.Close() }()
+			other := newOther()
+			defer func() { _ = fresh.Close(); _ = other.Close() }()
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -686,12 +702,13 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 				}
 				if time.Since(born) > 300*time.Millisecond {
 					_ = fresh.Close()
-					fresh, born = newStore(), time.Now()
+					_ = other.Close()
+					fresh, other, born = newStore(), newOther(), time.Now()
 				}
-				for j, st := range []*redisstore.Store{steady, fresh} {
+				for j, st := range []*redisstore.Store{steady, fresh, other} {
 					at := time.Now()
 					_, _, err := st.Take(ctx, limiter.Request{Key: fmt.Sprintf("rotation-%d", i%50), Limit: l, Cost: 1})
-					c := call{at: at, took: time.Since(at), fresh: j == 1, born: born, err: err}
+					c := call{at: at, took: time.Since(at), fresh: j == 1, other: j == 2, born: born, err: err}
 					callsMu.Lock()
 					calls = append(calls, c)
 					callsMu.Unlock()
@@ -807,8 +824,11 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			end := c.at.Add(c.took)
 			slowest = max(slowest, c.took)
 			which := "the steady store"
-			if c.fresh {
+			switch {
+			case c.fresh:
 				which = "a fresh store"
+			case c.other:
+				which = "another namespace's fresh store"
 			}
 			what := fmt.Sprintf("%s, %v after the rotation, took %v", which, c.at.Sub(rotated).Round(time.Millisecond), c.took)
 			if c.err == nil && c.took <= budget {
@@ -818,7 +838,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			if c.err != nil {
 				refused := strings.Contains(c.err.Error(), "WRONGPASS") || strings.Contains(c.err.Error(), "NOAUTH")
 				switch {
-				case refused && !switched.Before(expires) && c.at.Before(switched) && !end.Before(expires):
+				case refused && !c.other && !switched.Before(expires) && c.at.Before(switched) && !end.Before(expires):
 					excused = append(excused, fmt.Sprintf("%s: %v", what, c.err))
 				case !refused && late >= budget:
 					excused = append(excused, fmt.Sprintf("%s, held %v by the machine: %v", what, late, c.err))
@@ -831,9 +851,15 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 				failures = append(failures, fmt.Sprintf("%s: more than its budget %v and the machine's delays over it, %v", what, budget, late))
 			}
 		}
+		othersMade := 0
+		for _, c := range calls {
+			if c.other {
+				othersMade++
+			}
+		}
 		AddReportEntry("namespace password rotation",
-			fmt.Sprintf("%d calls (the slowest %v), %d failed, one client reconnecting every 300ms; the kubelet switched %v after the request, the old password expired %v and was dropped %v after it (overlap %v)",
-				len(calls), slowest.Round(time.Millisecond), len(failures), switched.Sub(rotated).Round(time.Millisecond), expires.Sub(rotated).Round(time.Millisecond), ended.Round(time.Millisecond), passwordOverlap))
+			fmt.Sprintf("%d calls (%d of them another namespace's; the slowest %v), %d failed, a client of each namespace reconnecting every 300ms; the kubelet switched %v after the request, the old password expired %v and was dropped %v after it (overlap %v)",
+				len(calls), othersMade, slowest.Round(time.Millisecond), len(failures), switched.Sub(rotated).Round(time.Millisecond), expires.Sub(rotated).Round(time.Millisecond), ended.Round(time.Millisecond), passwordOverlap))
 		if len(lateChecks)+len(excused) > 0 {
 			AddReportEntry("namespace password rotation: what the machine's delays explain",
 				fmt.Sprintf("nodes refusing the old password when checked after its expiry: %v; the kubelet's switch %v after the expiry; calls not counted: %v",
@@ -841,5 +867,6 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		}
 		Expect(failures).To(BeEmpty(), "%d of %d calls failed during the rotation", len(failures), len(calls))
 		Expect(len(calls)).To(BeNumerically(">", 100))
+		Expect(othersMade).To(BeNumerically(">", 30), "the other namespace's calls through the rotation")
 	})
 })
