@@ -571,7 +571,7 @@ var _ = Describe("floodgate on a real node", Ordered, func() {
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Equal("6/6"))
 	}, SpecTimeout(4*time.Minute))
 
-	It("keeps tenants apart: B's store credentials reach none of A's counters, run no code and cannot hold the store", func(ctx SpecContext) {
+	It("keeps tenants apart: B's store credentials reach none of A's counters, run no code and cannot hold the store; a self-labelled pod is refused", func(ctx SpecContext) {
 		tenantIsolation(&url)(ctx)
 	}, SpecTimeout(5*time.Minute))
 

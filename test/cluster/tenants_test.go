@@ -169,6 +169,21 @@ spec:
 			Expect(time.Since(start)).To(BeNumerically("<", 2*time.Second))
 		}
 
+		By("refusing a pod that labels itself as injected, at creation and by kubectl label")
+		// The label a managed store's NetworkPolicy trusts: only the
+		// injector may write it.
+		_, err = tryRun(ctx, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: self-labelled, namespace: %[1]s, labels: {floodgate.dev/injected: "true"}}
+spec:
+  containers: [{name: redis-cli, image: %[2]s, command: ["sleep", "3600"]}]
+`, tenantB, image("floodgate-redis")), nil, kubectlBin, "--kubeconfig", kubeconfig, "apply", "-f", "-")
+		Expect(err).To(MatchError(ContainSubstring("label floodgate.dev/injected is set only by floodgate's sidecar injector")))
+		_, err = tryRun(ctx, "", nil, kubectlBin, "--kubeconfig", kubeconfig, "-n", tenantB, "label", "pod", "intruder", "floodgate.dev/injected=true")
+		Expect(err).To(MatchError(ContainSubstring("cannot be added to or changed on an existing pod")))
+		_, err = tryRun(ctx, "", nil, kubectlBin, "--kubeconfig", kubeconfig, "-n", tenantB, "label", "pod", "intruder", "ratelimit.floodgate.dev/store-client=true")
+		Expect(err).To(MatchError(ContainSubstring("ratelimit.floodgate.dev/store-client")))
+
 		By("listing what the workload's and the sidecar's service account may do")
 		// A sidecar runs as its pod's service account: in appNS that is
 		// the workload's, default. In B no pod runs a sidecar, so its
