@@ -379,6 +379,13 @@ func (r *Reconciler) syncNetworkPolicy(ctx context.Context, cs *v1alpha1.Counter
 	return nil
 }
 
+// ownUserSecret reports whether sec is a namespace user's Secret of cs, as
+// NewUserSecret makes it.
+func (r *Reconciler) ownUserSecret(cs *v1alpha1.CounterStore, sec *corev1.Secret) bool {
+	tenant := sec.Labels[UserNamespaceLabel]
+	return sec.DeletionTimestamp == nil && dnsLabel.MatchString(tenant) && metav1.IsControlledBy(sec, cs) && sec.Name == UserSecretName(cs.Name, tenant)
+}
+
 // syncUsers gives the store's masters the counter functions' library, and
 // every reachable node the users of the namespaces that have a user Secret
 // (UserSecretLabels), with the passwords each one's Secret holds or, when
@@ -389,6 +396,11 @@ func (r *Reconciler) syncNetworkPolicy(ctx context.Context, cs *v1alpha1.Counter
 // any more, and the one shared sidecar user of earlier releases, are
 // deleted. It returns when the earliest previous password expires (zero
 // outside a rotation), when the next reconcile must come.
+//
+// It runs after every formation pass, on the nodes that pass observed: a
+// new node is met in one pass and given slots in a later one (the others
+// must learn of it by gossip first), so it has the users and the library
+// before it serves a slot.
 func (r *Reconciler) syncUsers(ctx context.Context, cs *v1alpha1.CounterStore, ns string, sess *formation.Session, snap *formation.Snapshot, o Options) (time.Time, error) {
 	var addrs, masters []string
 	for _, n := range snap.Nodes {
@@ -418,7 +430,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, cs *v1alpha1.CounterStore, n
 	for i := range secrets.Items {
 		sec := &secrets.Items[i]
 		tenant := sec.Labels[UserNamespaceLabel]
-		if sec.DeletionTimestamp != nil || !dnsLabel.MatchString(tenant) || !metav1.IsControlledBy(sec, cs) || sec.Name != UserSecretName(cs.Name, tenant) {
+		if !r.ownUserSecret(cs, sec) {
 			continue
 		}
 		user := NamespaceUser(tenant)

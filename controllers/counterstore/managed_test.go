@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -339,8 +340,41 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		checkKeys(ctx)
 	})
 
-	It("scales from 3 to 4 shards without losing a key", func(ctx SpecContext) {
+	It("scales from 3 to 4 shards without losing a key or failing a namespace's sidecar", func(ctx SpecContext) {
 		writeKeys(ctx, "before-scale", 2000)
+		// A namespace's sidecar decides all along on keys of every slot:
+		// the new master serves some of them from its first slot on, so
+		// it must have the namespace's user and the counter functions
+		// (which the user may not load) before it has any slot.
+		tenant := "fg-" + rand.String(8)
+		pw := namespaceUser(ctx, tenant)
+		sidecar, err := redisstore.New(redisstore.Options{Addrs: getStore(ctx, storeName).Status.Endpoints, KeySpace: tenant,
+			Username: counterstore.NamespaceUser(tenant), Password: pw, Timeout: 30 * time.Second, DialTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(sidecar.Close)
+		lim := limiter.Limit{Algorithm: limiter.GCRA, Requests: 1_000_000, Period: time.Hour}
+		var decided, failed atomic.Int64
+		var firstErr atomic.Value
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			defer close(done)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _, err := sidecar.Take(ctx, limiter.Request{Key: fmt.Sprintf("scale-%d", i%4096), Limit: lim, Cost: 1})
+				decided.Add(1)
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+		Eventually(decided.Load).WithTimeout(30 * time.Second).Should(BeNumerically(">", 100))
 		cs := getStore(ctx, storeName)
 		cs.Spec.Managed.Shards = 4
 		Expect(k8sClient.Update(ctx, cs)).To(Succeed())
@@ -365,6 +399,14 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 			Expect(m.SlotCount()).To(Equal(formation.NumSlots / 4))
 		}
 		checkKeys(ctx)
+		// The sidecar's store follows the new slot map: decisions on the
+		// new master's slots have run there.
+		before := decided.Load()
+		Eventually(decided.Load).WithTimeout(30 * time.Second).Should(BeNumerically(">", before+4096))
+		close(stop)
+		<-done
+		AddReportEntry("a namespace's sidecar through the scale", fmt.Sprintf("%d decisions, %d failed", decided.Load(), failed.Load()))
+		Expect(failed.Load()).To(BeZero(), "a namespace's sidecar failed during the scale; first: %v", firstErr.Load())
 	})
 
 	It("gives a policy without a storeRef the default store", func(ctx SpecContext) {

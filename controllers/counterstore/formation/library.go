@@ -13,9 +13,9 @@ import (
 
 // EnsureLibrary loads the Redis Functions library src, named name, on every
 // node of masters that lacks it (FUNCTION LIST LIBRARYNAME, then FUNCTION
-// LOAD). Replicas follow their master's functions by replication, and a
-// replica refuses FUNCTION LOAD, so only masters are given. Other
-// libraries are left alone. It returns the addresses it loaded the library
+// LOAD). Replicas follow their master's functions by replication and
+// refuse FUNCTION LOAD (READONLY), which is no error: any node may be
+// given. Other libraries are left alone. It returns the addresses it loaded the library
 // on, and joins an error per node it could not check or load.
 func (s *Session) EnsureLibrary(ctx context.Context, masters []string, name, src string) ([]string, error) {
 	var (
@@ -59,8 +59,11 @@ func (s *Session) ensureLibrary(ctx context.Context, addr, name, src string) (bo
 		}
 	}
 	if err := c.FunctionLoad(ctx, src).Err(); err != nil {
-		if strings.Contains(err.Error(), "already exists") {
+		switch {
+		case strings.Contains(err.Error(), "already exists"):
 			return false, nil // loaded meanwhile
+		case strings.HasPrefix(err.Error(), "READONLY"):
+			return false, nil // a replica: it follows its master
 		}
 		return false, err
 	}
