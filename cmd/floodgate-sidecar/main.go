@@ -23,7 +23,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/configsource"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
-	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 func main() {
@@ -43,7 +43,7 @@ func run(args []string) error {
 		return err
 	}
 	if cfg.PrintRedisFunctions {
-		_, src := redisstore.Library()
+		_, src := redislayout.Library()
 		_, err := fmt.Fprint(os.Stdout, src)
 		return err
 	}

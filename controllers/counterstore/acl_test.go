@@ -13,6 +13,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -23,7 +24,7 @@ import (
 // another namespace may be.
 func TestLibraryCommandsAllowed(t *testing.T) {
 	t.Parallel()
-	_, src := redisstore.Library()
+	_, src := redislayout.Library()
 	rules := NamespaceACLRules("team-a")
 	called := map[string]bool{}
 	for _, part := range strings.Split(src, "redis.call('")[1:] {
@@ -113,7 +114,7 @@ func TestNamespaceUsers(t *testing.T) {
 
 	// Without the library: the user may not load it, so the call fails as
 	// unavailable, naming the library.
-	libName, libSrc := redisstore.Library()
+	libName, libSrc := redislayout.Library()
 	storeA := open("team-a", userA.Name, currentA)
 	var err error
 	deadline := time.Now().Add(30 * time.Second)
@@ -172,13 +173,13 @@ func TestNamespaceUsers(t *testing.T) {
 	if err := srv.Client().Set(ctx, "app:session", "secret", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	keyA := redisstore.Keys{Space: "team-a"}.Counter("acl-"+currentA, limiter.GCRA)
-	keyB := redisstore.Keys{Space: "team-b"}.Counter("acl-"+passwordB, limiter.GCRA)
+	keyA := redislayout.Keys{Space: "team-a"}.Counter("acl-"+currentA, limiter.GCRA)
+	keyB := redislayout.Keys{Space: "team-b"}.Counter("acl-"+passwordB, limiter.GCRA)
 	stateA, err := srv.Client().Get(ctx, keyA).Result()
 	if err != nil {
 		t.Fatalf("team-a's counter %s: %v", keyA, err)
 	}
-	_, _, fn, _ := redisstore.Script(limiter.GCRA)
+	_, _, fn, _ := redislayout.TakeScript(limiter.GCRA)
 	b := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: userB.Name, Password: passwordB, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
 	t.Cleanup(func() { _ = b.Close() })
 	refused := [][]any{

@@ -89,7 +89,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/internal/statusupdate"
 	"github.com/floodgate-dev/floodgate/internal/message"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
-	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 const (
@@ -413,7 +413,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, cs *v1alpha1.CounterStore, n
 		}
 	}
 	var errs []error
-	name, src := redisstore.Library()
+	name, src := redislayout.Library()
 	if loaded, err := sess.EnsureLibrary(ctx, masters, name, src); err != nil {
 		errs = append(errs, fmt.Errorf("counter functions: %w", err))
 	} else if len(loaded) > 0 {

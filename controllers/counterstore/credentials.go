@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 // Redis users and the Secrets that hold their passwords.
@@ -62,9 +62,9 @@ func NamespaceUser(ns string) string { return UserPrefix + ns }
 // need, and nothing else.
 //
 //   - Keys: only ns's counters, whose hash tags start with "<ns>/"
-//     (redisstore.Keys). A sidecar of another namespace cannot name them.
+//     (redislayout.Keys). A sidecar of another namespace cannot name them.
 //   - Scripts: FCALL and FCALL_RO, which run only the functions the
-//     manager loaded (redisstore's library); no EVAL, EVALSHA, SCRIPT or
+//     manager loaded (redislayout.Library); no EVAL, EVALSHA, SCRIPT or
 //     FUNCTION, so no code of the sidecar's own can run on the store, and
 //     nothing can hold it busy.
 //   - Data commands: Redis checks the commands a function calls against
@@ -78,7 +78,7 @@ func NamespaceUser(ns string) string { return UserPrefix + ns }
 //     map, ASKING for a slot in migration, TIME and PING.
 func NamespaceACLRules(ns string) []string {
 	return []string{
-		"resetchannels", "resetkeys", redisstore.Keys{Space: ns}.Pattern(), "-@all",
+		"resetchannels", "resetkeys", redislayout.Keys{Space: ns}.Pattern(), "-@all",
 		"+fcall", "+fcall_ro",
 		"+get", "+set", "+pexpire",
 		"+zadd", "+zcard", "+zcount", "+zrange", "+zrevrange", "+zrem", "+zremrangebyscore", "+zscore",

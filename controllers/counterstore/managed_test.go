@@ -31,6 +31,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/lateness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -603,7 +604,7 @@ var _ = Describe("A managed CounterStore", Ordered, func() {
 		tenant := "fg-" + rand.String(8)
 		pw := namespaceUser(ctx, tenant)
 		user := counterstore.NamespaceUser(tenant)
-		libName, _ := redisstore.Library()
+		libName, _ := redislayout.Library()
 		for _, c := range k.clients() {
 			Expect(c.Do(ctx, "acl", "getuser", user).Val()).NotTo(BeNil(), "node %s has %s", c.Options().Addr, user)
 			// Every node has the library: the masters loaded by the

@@ -23,6 +23,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -103,7 +104,7 @@ func scripts(t *testing.T, srv *redistest.Server) int64 {
 // fixedWindowCount reads the count of a FixedWindow counter from Redis.
 func fixedWindowCount(t *testing.T, srv *redistest.Server, key string) int64 {
 	t.Helper()
-	st, err := srv.Client().Get(context.Background(), redisstore.CounterKey(key, limiter.FixedWindow)).Result()
+	st, err := srv.Client().Get(context.Background(), redislayout.CounterKey(key, limiter.FixedWindow)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +346,7 @@ func splitOnThreeMasters(t *testing.T, cluster *redistest.Cluster, masters []*re
 	counted := int64(0)
 	cc := cluster.NewClient()
 	for i := range 3 {
-		s, err := cc.Get(context.Background(), redisstore.CounterKey(redisstore.SplitKey(key, i, 3), limiter.FixedWindow)).Result()
+		s, err := cc.Get(context.Background(), redislayout.CounterKey(redislayout.SplitKey(key, i, 3), limiter.FixedWindow)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

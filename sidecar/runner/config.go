@@ -17,6 +17,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -419,7 +420,7 @@ func (c *Config) validateRedis(bad func(flagName, format string, args ...any)) {
 	if c.RedisUserFile != "" && c.RedisPassFile == "" {
 		bad("redis-username-file", "needs --redis-password-file")
 	}
-	if err := redisstore.ValidKeySpace(c.KeySpace()); err != nil {
+	if err := redislayout.ValidKeySpace(c.KeySpace()); err != nil {
 		bad("redis-key-namespace", "%v", err)
 	}
 	if c.RedisTLSCAFile != "" {

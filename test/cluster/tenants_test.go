@@ -15,6 +15,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -108,9 +109,9 @@ func tenantIsolation(url *string) func(SpecContext) {
 
 		p, err := limiter.NewParams(limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Minute})
 		Expect(err).NotTo(HaveOccurred())
-		_, _, fn, _ := redisstore.Script(limiter.GCRA)
+		_, _, fn, _ := redislayout.TakeScript(limiter.GCRA)
 		args := redisstore.ScriptArgs(p, -1, 1)[2:]
-		keyB := redisstore.Keys{Space: tenantB}.Counter("intruder", limiter.GCRA)
+		keyB := redislayout.Keys{Space: tenantB}.Counter("intruder", limiter.GCRA)
 		apply(ctx, fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: intruder, namespace: %[1]s}

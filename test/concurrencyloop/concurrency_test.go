@@ -342,7 +342,7 @@ func TestFourSidecarsShareTheCapAndACrashedOnesSlotsComeBack(t *testing.T) {
 }
 
 // leaseKey returns the key of the concurrency leases in the cluster: the
-// one key redisstore.SlotKey names, fg:{<tag>}:cc:1, that the test's
+// one key redislayout.SlotKey names, fg:{<tag>}:cc:1, that the test's
 // requests, all of one tenant, take their slots on.
 func leaseKey(t *testing.T, rdb *redis.ClusterClient) string {
 	t.Helper()

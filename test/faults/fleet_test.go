@@ -15,6 +15,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/lateness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -376,7 +377,7 @@ func keyOn(t testing.TB, c *redistest.Cluster, m *redistest.Node, tag string) st
 	t.Helper()
 	for i := range 100000 {
 		key := fmt.Sprintf("%s:%s:%d", t.Name(), tag, i)
-		owner, err := c.MasterForSlot(t.Context(), redisstore.KeySlot(key))
+		owner, err := c.MasterForSlot(t.Context(), redislayout.KeySlot(key))
 		if err != nil {
 			t.Fatal(err)
 		}

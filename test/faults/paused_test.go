@@ -9,6 +9,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -279,7 +280,7 @@ func failedOver(t *testing.T, c *redistest.Cluster, master *redistest.Node, repl
 			return fmt.Sprintf("replica %v won a failover election %v after SIGSTOP", r, at.Sub(paused).Round(time.Millisecond)), true
 		}
 	}
-	owner, err := c.MasterForSlot(t.Context(), redisstore.KeySlot(key))
+	owner, err := c.MasterForSlot(t.Context(), redislayout.KeySlot(key))
 	if err != nil {
 		t.Fatal(err)
 	}

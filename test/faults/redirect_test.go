@@ -13,6 +13,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -189,7 +190,7 @@ func TestSlotMigrationUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := keyOn(t, c, masters[0], "moving")
-	slot := redisstore.KeySlot(key)
+	slot := redislayout.KeySlot(key)
 	lim := exactCounter
 	const callers = 8
 	var stores []*redisstore.Store

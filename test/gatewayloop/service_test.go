@@ -35,7 +35,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
-	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/test/envoyemu"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -177,7 +177,7 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 		_, err := sess.EnsureUser(ctx, redis.Addrs(), formation.User{
 			Name: counterstore.NamespaceUser(serviceNamespace), Passwords: []string{sidecarPassword}, Rules: counterstore.NamespaceACLRules(serviceNamespace)})
 		Expect(err).NotTo(HaveOccurred())
-		libName, libSrc := redisstore.Library()
+		libName, libSrc := redislayout.Library()
 		_, err = sess.EnsureLibrary(ctx, redis.Addrs(), libName, libSrc)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(k8sClient.Create(ctx, &corev1.Secret{

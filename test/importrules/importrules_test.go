@@ -60,18 +60,19 @@ func TestRulesCatchForbiddenEdges(t *testing.T) {
 	m := func(rel string) string { return Module + "/" + rel }
 	clean := func() Graph {
 		return Graph{
-			m("sidecar/limiter"):       {"context", "errors", "fmt", "time"},
-			m("sidecar/config"):        {m("sidecar/limiter"), "net/netip"},
-			m("sidecar/proxy"):         {m("sidecar/config"), "net/http"},
-			m("sidecar/store/redis"):   {"github.com/redis/go-redis/v9"},
-			m("api/v1alpha1"):          {m("sidecar/limiter"), "k8s.io/api/core/v1"},
-			m("controllers/policy"):    {m("api/v1alpha1"), m("sidecar/config")},
-			m("cmd/floodgate-manager"): {m("controllers/policy")},
-			m("cmd/floodgate-sidecar"): {m("sidecar/proxy")},
-			m("cmd/kubectl-floodgate"): {m("sidecar/proxy"), m("controllers/policy")},
-			m("sidecar/runner"):        {m("sidecar/proxy")},
-			m("test/redistest"):        {"os/exec"},
-			m("bench/harness"):         {"net/http"},
+			m("sidecar/limiter"):           {"context", "errors", "fmt", "time"},
+			m("sidecar/config"):            {m("sidecar/limiter"), "net/netip"},
+			m("sidecar/proxy"):             {m("sidecar/config"), "net/http"},
+			m("sidecar/store/redis"):       {"github.com/redis/go-redis/v9", m("sidecar/store/redislayout")},
+			m("sidecar/store/redislayout"): {m("sidecar/limiter"), "crypto/sha1", "embed", "strings"},
+			m("api/v1alpha1"):              {m("sidecar/limiter"), "k8s.io/api/core/v1"},
+			m("controllers/policy"):        {m("api/v1alpha1"), m("sidecar/config"), m("sidecar/store/redislayout")},
+			m("cmd/floodgate-manager"):     {m("controllers/policy")},
+			m("cmd/floodgate-sidecar"):     {m("sidecar/proxy")},
+			m("cmd/kubectl-floodgate"):     {m("sidecar/proxy"), m("controllers/policy")},
+			m("sidecar/runner"):            {m("sidecar/proxy")},
+			m("test/redistest"):            {"os/exec"},
+			m("bench/harness"):             {"net/http"},
 		}
 	}
 	if v := Check(clean(), Rules); len(v) != 0 {
@@ -83,6 +84,12 @@ func TestRulesCatchForbiddenEdges(t *testing.T) {
 		chain    string
 	}{
 		{m("sidecar/limiter"), "os", "the limiter math does no I/O", "sidecar/limiter -> os"},
+		{m("sidecar/store/redislayout"), "github.com/redis/go-redis/v9", "the Redis layout is names and Lua only: no I/O, no Redis client",
+			"sidecar/store/redislayout -> github.com/redis/go-redis/v9"},
+		{m("sidecar/store/redislayout"), m("sidecar/config"), "the Redis layout is names and Lua only: no I/O, no Redis client",
+			"sidecar/store/redislayout -> sidecar/config"},
+		{m("controllers/policy"), m("sidecar/store/redis"), "the control plane uses the data plane only through its contract and the limiter",
+			"controllers/policy -> sidecar/store/redis"},
 		{m("sidecar/limiter"), m("sidecar/proxy"), "the limiter math imports no HTTP, Kubernetes or Redis package",
 			"sidecar/limiter -> sidecar/proxy -> net/http"},
 		{m("sidecar/config"), m("api/v1alpha1"), "the data plane does not depend on the control plane",

@@ -98,8 +98,11 @@ func All(preds ...func(string) bool) func(string) bool {
 // Not negates a predicate.
 func Not(f func(string) bool) func(string) bool { return func(pkg string) bool { return !f(pkg) } }
 
-// dataPlaneContract is what the control plane may use of the data plane.
-var dataPlaneContract = Any(Local("sidecar/config", false), Local("sidecar/limiter", false))
+// dataPlaneContract is what the control plane may use of the data plane:
+// the compiled document, the limiter, and the store's Redis layout (key
+// names, ACL key patterns and the counter functions' library, which the
+// manager loads and grants).
+var dataPlaneContract = Any(Local("sidecar/config", false), Local("sidecar/limiter", false), Local("sidecar/store/redislayout", false))
 
 // Rules are floodgate's import rules.
 var Rules = []Rule{
@@ -114,6 +117,13 @@ var Rules = []Rule{
 		Name:      "the limiter math imports no HTTP, Kubernetes or Redis package",
 		Applies:   Local("sidecar/limiter", false),
 		Forbidden: Prefix("net/http", "k8s.io", "sigs.k8s.io", "github.com/redis", "google.golang.org/grpc"),
+	},
+	{
+		Name:    "the Redis layout is names and Lua only: no I/O, no Redis client",
+		Applies: Local("sidecar/store/redislayout", false),
+		Direct:  true,
+		Forbidden: Any(Prefix("os", "net", "io", "syscall", "log", "bufio", "crypto/tls", "github.com/redis"),
+			All(Local("sidecar", true), Not(Local("sidecar/limiter", false)))),
 	},
 	{
 		Name:      "the data plane does not depend on the control plane",

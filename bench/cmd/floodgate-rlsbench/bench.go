@@ -664,12 +664,12 @@ func redisCommands(ctx context.Context, cluster *redistest.Cluster) (int64, erro
 }
 
 // scriptCommands are the commands floodgate's Lua scripts call
-// (sidecar/store/redisstore/lua), which INFO commandstats counts beside
-// the EVALSHA that ran them. floodgate never sends them itself;
+// (sidecar/store/redislayout/lua), which INFO commandstats counts beside
+// the FCALL that ran them. floodgate never sends them itself;
 // envoyproxy/ratelimit sends INCRBY and EXPIRE, none of these.
 var scriptCommands = map[string]bool{
 	"time": true, "get": true, "set": true, "pexpire": true, "zadd": true, "zcard": true,
-	"zcount": true, "zrange": true, "zremrangebyscore": true, "zrevrange": true,
+	"zcount": true, "zrange": true, "zremrangebyscore": true, "zrevrange": true, "zrem": true, "zscore": true,
 }
 
 // parseCommandStats sums the calls= fields of INFO commandstats, except

@@ -48,6 +48,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -241,7 +242,7 @@ func measure(ctx context.Context, c config, log io.Writer) (*Report, error) {
 // measureFloor measures what one shard answers for one key: floodgate's
 // store with c.callers callers, then redis-benchmark's pipelined ceiling.
 func measureFloor(ctx context.Context, c config, cluster *redistest.Cluster, floorKey string, rep *Report, log io.Writer) error {
-	master, err := cluster.MasterForKey(ctx, redisstore.CounterKey(floorKey, limiter.TokenBucket))
+	master, err := cluster.MasterForKey(ctx, redislayout.CounterKey(floorKey, limiter.TokenBucket))
 	if err != nil {
 		return err
 	}
@@ -507,7 +508,7 @@ func ceiling(ctx context.Context, n *redistest.Node, password, key string, pinne
 	if err != nil {
 		return 0, errors.New("redis-benchmark not found: run `hack/redis-cluster.sh install`")
 	}
-	src, sha, _, _ := redisstore.Script(limiter.TokenBucket)
+	src, sha, _, _ := redislayout.TakeScript(limiter.TokenBucket)
 	if _, err := n.Client().ScriptLoad(ctx, src).Result(); err != nil {
 		return 0, fmt.Errorf("SCRIPT LOAD on %s: %w", n.Addr(), err)
 	}
@@ -517,7 +518,7 @@ func ceiling(ctx context.Context, n *redistest.Node, password, key string, pinne
 	}
 	host, port, _ := net.SplitHostPort(n.Addr())
 	args := []string{bin, "-h", host, "-p", port, "-c", strconv.Itoa(ceilingClients), "-n", strconv.Itoa(ceilingRequests),
-		"-P", strconv.Itoa(ceilingPipeline), "--csv", "EVALSHA", sha, "1", redisstore.CounterKey(key, limiter.TokenBucket)}
+		"-P", strconv.Itoa(ceilingPipeline), "--csv", "EVALSHA", sha, "1", redislayout.CounterKey(key, limiter.TokenBucket)}
 	args = append(args, redisstore.ScriptArgs(p, -1, 1)...)
 	if pw := password; pw != "" {
 		args = append(args[:1], append([]string{"-a", pw, "--no-auth-warning"}, args[1:]...)...)

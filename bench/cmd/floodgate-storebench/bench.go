@@ -28,6 +28,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/bench/harness"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -347,8 +348,8 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 
 	// The script for EVALSHA, as sidecars called it before the library,
 	// and the library for FCALL, as they call it now: the same Lua.
-	src, sha, fn, _ := redisstore.Script(alg)
-	libName, lib := redisstore.Library()
+	src, sha, fn, _ := redislayout.TakeScript(alg)
+	libName, lib := redislayout.Library()
 	for _, m := range masters {
 		cl := redis.NewClient(&redis.Options{Addr: m, Protocol: 2, DisableIdentity: true})
 		got, err := cl.ScriptLoad(ctx, src).Result()
@@ -597,7 +598,7 @@ func redisBenchmark(ctx context.Context, cfg Config, seed string, head []string,
 		bin = "/usr/bin/redis-benchmark"
 	}
 	host, port, _ := net.SplitHostPort(seed)
-	part := strings.TrimPrefix(redisstore.CounterKey("x", alg), "fg:{x}:")
+	part := strings.TrimPrefix(redislayout.CounterKey("x", alg), "fg:{x}:")
 	cmd := []string{bin, "-h", host, "-p", port, "--cluster", "-c", strconv.Itoa(cfg.Callers),
 		"-n", strconv.Itoa(cfg.Requests), "-r", strconv.Itoa(cfg.Keys), "-P", strconv.Itoa(depth), "--csv",
 		head[0], head[1], "1", "fg:{tag}:__rand_int__:" + part}

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -48,7 +49,7 @@ func newUnbatched(addrs []string, l limiter.Limit, pool int, timeout time.Durati
 	if err != nil {
 		return nil, err
 	}
-	src, _, _, ok := redisstore.Script(l.Algorithm)
+	src, _, _, ok := redislayout.TakeScript(l.Algorithm)
 	if !ok {
 		return nil, fmt.Errorf("no script for %v", l.Algorithm)
 	}
@@ -90,7 +91,7 @@ func (u *unbatched) take(ctx context.Context, req limiter.Request) (limiter.Deci
 	args := make([]any, 0, 2+len(u.tail))
 	args = append(args, "", req.Cost) // "": the script reads Redis TIME
 	args = append(args, u.tail...)
-	res, err := u.script.Run(ctx, u.cc, []string{redisstore.CounterKey(req.Key, u.p.Limit.Algorithm)}, args...).Result()
+	res, err := u.script.Run(ctx, u.cc, []string{redislayout.CounterKey(req.Key, u.p.Limit.Algorithm)}, args...).Result()
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("%v script: %w", u.p.Limit.Algorithm, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -58,7 +59,7 @@ func BenchmarkTake(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		src, _, _, _ := redisstore.Script(limiter.TokenBucket)
+		src, _, _, _ := redislayout.TakeScript(limiter.TokenBucket)
 		script := redis.NewScript(src)
 		cc := cluster.NewClient()
 		defer func() { _ = cc.Close() }()
@@ -71,7 +72,7 @@ func BenchmarkTake(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
 			for pb.Next() {
-				key := redisstore.CounterKey(keys[rng.IntN(len(keys))], limiter.TokenBucket)
+				key := redislayout.CounterKey(keys[rng.IntN(len(keys))], limiter.TokenBucket)
 				if err := script.Run(b.Context(), cc, []string{key}, args...).Err(); err != nil {
 					b.Error(err)
 					return

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -46,7 +47,7 @@ func TestClientName(t *testing.T) {
 	if _, _, err := s.Take(t.Context(), limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Minute}, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
-	owner, err := cluster.MasterForKey(t.Context(), redisstore.CounterKey(key, limiter.TokenBucket))
+	owner, err := cluster.MasterForKey(t.Context(), redislayout.CounterKey(key, limiter.TokenBucket))
 	if err != nil {
 		t.Fatal(err)
 	}

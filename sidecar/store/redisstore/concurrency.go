@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,39 +9,14 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
 var _ limiter.SlotStore = (*Store)(nil)
 
-// The scripts of concurrency slots. Each one's header lists its KEYS, ARGV
-// and reply; they follow the calling convention of the rate scripts (the
-// key, now, an integer, then constants), with the lease id as the integer,
-// so that they travel through the same pipelined connections.
-var (
-	//go:embed lua/concurrency_acquire.lua
-	concurrencyAcquireLua string
-	//go:embed lua/concurrency_release.lua
-	concurrencyReleaseLua string
-
-	acquireScript = newScript("concurrency_acquire", "ConcurrencyAcquire", concurrencyAcquireLua, "concurrency_acquire", whole)
-	releaseScript = newScript("concurrency_release", "ConcurrencyRelease", concurrencyReleaseLua, "concurrency_release", whole)
-	releaseArgs   = newScriptArgs(releaseScript, nil)
-)
-
-// slotKeyPart names the sorted set of a key's leases. Its ":1" is the
-// state format, as for the rate counters' keys.
-const slotKeyPart = "cc:1"
-
-// SlotKey returns the Redis key that holds the leases of a concurrency
-// rule's key in the unnamed key space (Keys{}.Slots), for tools and tests
-// that inspect Redis.
-func SlotKey(key string) string { return Keys{}.Slots(key) }
-
-// SlotScripts returns the Lua sources of the concurrency scripts, acquire
-// (which renews too) and release, for tools that load them outside the
-// store.
-func SlotScripts() (acquire, release string) { return concurrencyAcquireLua, concurrencyReleaseLua }
+// releaseArgs are the release script's: no constants.
+var releaseArgs = newScriptArgs(redislayout.Release, nil)
 
 // newScriptArgs formats a script's command head and constant ARGV tail, as
 // newLimitArgs does for the rate scripts. The result has no Params.
@@ -74,7 +48,7 @@ func slotAcquireArgs(maxN int64, ttl time.Duration) *limitArgs {
 	if acquireArgs.m == nil || len(acquireArgs.m) >= paramsCacheSize {
 		acquireArgs.m = map[[2]int64]*limitArgs{}
 	}
-	la := newScriptArgs(acquireScript, k[:])
+	la := newScriptArgs(redislayout.Acquire, k[:])
 	acquireArgs.m[k] = la
 	return la
 }
@@ -95,7 +69,7 @@ func (s *Store) Acquire(ctx context.Context, req limiter.SlotRequest) (limiter.S
 	}
 	if (vals[0] != 0 && vals[0] != 1) || vals[1] < 0 {
 		return limiter.SlotDecision{}, addr, fmt.Errorf("redisstore: %s script on %s: reply {%d, %d}, want {0 or 1, in flight >= 0}",
-			acquireScript.name, addr, vals[0], vals[1])
+			redislayout.Acquire.Name, addr, vals[0], vals[1])
 	}
 	return limiter.SlotDecision{Acquired: vals[0] == 1, InFlight: vals[1], Max: req.Max}, addr, nil
 }
@@ -119,7 +93,7 @@ func (s *Store) Release(ctx context.Context, req limiter.SlotRequest) (string, e
 		return addr, err
 	}
 	if vals[0] != 0 && vals[0] != 1 {
-		return addr, fmt.Errorf("redisstore: %s script on %s: reply removed = %d, want 0 or 1", releaseScript.name, addr, vals[0])
+		return addr, fmt.Errorf("redisstore: %s script on %s: reply removed = %d, want 0 or 1", redislayout.Release.Name, addr, vals[0])
 	}
 	return addr, nil
 }
@@ -156,7 +130,7 @@ func (s *Store) slotCall(ctx context.Context, req limiter.SlotRequest, la *limit
 	vals, res := o.vals, o.res
 	putOp(o)
 	if res != nil {
-		return [4]int64{}, addr, fmt.Errorf("redisstore: %s script on %s: reply is %T (%v), want an array of 4 integers", la.sc.name, addr, res, res)
+		return [4]int64{}, addr, fmt.Errorf("redisstore: %s script on %s: reply is %T (%v), want an array of 4 integers", la.sc.Name, addr, res, res)
 	}
 	return vals, addr, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -75,7 +76,7 @@ func TestSlotsSharedByFourStores(t *testing.T) {
 	if acquired.Load() < maxN {
 		t.Errorf("only %d slots were ever acquired", acquired.Load())
 	}
-	n, err := cluster.NewClient().Exists(context.Background(), redisstore.SlotKey(key)).Result()
+	n, err := cluster.NewClient().Exists(context.Background(), redislayout.SlotKey(key)).Result()
 	if err != nil || n != 0 {
 		t.Errorf("the leases' key exists (%d, %v) after every release, want it gone", n, err)
 	}
@@ -108,7 +109,7 @@ func TestSlotsOfACrashedStoreComeBack(t *testing.T) {
 	}
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
-	leases, err := cl.ZRangeWithScores(ctx, redisstore.SlotKey(key), 0, -1).Result()
+	leases, err := cl.ZRangeWithScores(ctx, redislayout.SlotKey(key), 0, -1).Result()
 	if err != nil || len(leases) != maxN {
 		t.Fatalf("the leases' key holds %v, %v; want %d leases", leases, err, maxN)
 	}
@@ -119,7 +120,7 @@ func TestSlotsOfACrashedStoreComeBack(t *testing.T) {
 	// The key's TTL, set by the last Acquire: a second past its lease,
 	// which ends ttl after the script ran, within the call's instants
 	// (to the millisecond Redis keeps expiries in).
-	ms, err := cl.PExpireTime(ctx, redisstore.SlotKey(key)).Result()
+	ms, err := cl.PExpireTime(ctx, redislayout.SlotKey(key)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 )
 
@@ -97,7 +98,7 @@ func TestGCRAPast2To53(t *testing.T) {
 		}
 		if i == 0 {
 			cl := cluster.NewClient()
-			st, err := cl.Get(t.Context(), redisstore.CounterKey(key, limiter.GCRA)).Result()
+			st, err := cl.Get(t.Context(), redislayout.CounterKey(key, limiter.GCRA)).Result()
 			_ = cl.Close()
 			if err != nil {
 				t.Fatal(err)

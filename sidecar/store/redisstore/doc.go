@@ -5,8 +5,8 @@
 // # Scripts and keys
 //
 // Each decision is one atomic Lua script on the master of the counter's
-// slot, one per algorithm (lua/*.lua, embedded), called as a function of
-// one Redis Functions library with FCALL (library.go), mirroring
+// slot, one per algorithm (package redislayout: lua/*.lua), called as a function of
+// one Redis Functions library with FCALL (redislayout.Library), mirroring
 // sidecar/limiter/ALGORITHMS.md line by line: the same integers, the same
 // rounding, so the Redis store and the in-memory store return the same
 // Decision for the same state, instant and cost. The limit's derived

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/lateness"
 	"github.com/floodgate-dev/floodgate/test/redistest"
@@ -21,7 +22,7 @@ func keyOn(t *testing.T, c *redistest.Cluster, m *redistest.Node, tag string) st
 	t.Helper()
 	for i := range 100000 {
 		key := fmt.Sprintf("%s:%s:%d", uniqueKey(t), tag, i)
-		owner, err := c.MasterForSlot(t.Context(), redisstore.KeySlot(key))
+		owner, err := c.MasterForSlot(t.Context(), redislayout.KeySlot(key))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,37 +2,15 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 var _ limiter.Leaser = (*Store)(nil)
-
-// The lease entry points, one per algorithm that can lease
-// (limiter.Algorithm.Leasable): the algorithm's script itself, called with
-// the limit's constants and then want, return and window (its header
-// lists them).
-var leaseScripts = [...]*script{
-	limiter.TokenBucket:   newScript("lease_tokenbucket", "TokenBucket lease", tokenBucketLua, "tokenbucket", whole),
-	limiter.GCRA:          newScript("lease_gcra", "GCRA lease", gcraLua, "gcra", whole),
-	limiter.FixedWindow:   newScript("lease_fixedwindow", "FixedWindow lease", fixedWindowLua, "fixedwindow", whole),
-	limiter.SlidingWindow: newScript("lease_slidingwindow", "SlidingWindow lease", slidingWindowLua, "slidingwindow", whole),
-	limiter.SlidingLog:    nil,
-}
-
-// LeaseScript returns the Lua source and SHA1 of an algorithm's lease
-// script, for tools that load or benchmark it outside the store. ok is
-// false for an algorithm that cannot lease.
-func LeaseScript(alg limiter.Algorithm) (src, sha string, ok bool) {
-	if int(alg) >= len(leaseScripts) || leaseScripts[alg] == nil {
-		return "", "", false
-	}
-	return leaseScripts[alg].src, leaseScripts[alg].sha, true
-}
 
 // leaseCache holds the lease script arguments of the limits seen. They
 // depend on the limit alone, so every Store shares them.
@@ -57,7 +35,7 @@ func leaseArgs(l limiter.Limit) (*limitArgs, error) {
 	if !l.Algorithm.Leasable() {
 		return nil, fmt.Errorf("lease with %v: %w", l.Algorithm, limiter.ErrNotLeasable)
 	}
-	la = buildLimitArgs(p, leaseScripts[l.Algorithm], 3)
+	la = buildLimitArgs(p, redislayout.Leases[l.Algorithm], 3)
 	leaseCache.Lock()
 	if len(leaseCache.m) >= paramsCacheSize {
 		clear(leaseCache.m)
@@ -87,7 +65,7 @@ func (s *Store) Lease(ctx context.Context, req limiter.LeaseRequest) (limiter.Le
 	}
 	l, err := leaseReply(o.res, la.p)
 	if err != nil {
-		err = fmt.Errorf("redisstore: %s script on %s: %w", la.sc.name, o.addr, err)
+		err = fmt.Errorf("redisstore: %s script on %s: %w", la.sc.Name, o.addr, err)
 	}
 	putOp(o)
 	return l, addr, err

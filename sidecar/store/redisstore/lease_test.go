@@ -11,6 +11,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -157,7 +158,7 @@ func TestLeaseErrorsAreTyped(t *testing.T) {
 	// A key holding another type makes the script fail.
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
-	if err := cl.Set(t.Context(), redisstore.CounterKey(key, limiter.TokenBucket), "short", time.Minute).Err(); err != nil {
+	if err := cl.Set(t.Context(), redislayout.CounterKey(key, limiter.TokenBucket), "short", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err := s.Lease(t.Context(), limiter.LeaseRequest{Key: key, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 5, Period: time.Second}, LeaseArgs: limiter.LeaseArgs{Cost: 1, Want: 2}})
@@ -186,22 +187,22 @@ func TestSplitKeysOnDistinctMasters(t *testing.T) {
 			perMaster := map[string]int{}
 			seen := map[string]bool{}
 			for i := range k {
-				sub := redisstore.SplitKey(key, i, k)
+				sub := redislayout.SplitKey(key, i, k)
 				if seen[sub] || sub == key {
 					t.Fatalf("split %d of %q: sub-key %d %q repeats", k, key, i, sub)
 				}
 				seen[sub] = true
-				if again := redisstore.SplitKey(key, i, k); again != sub {
+				if again := redislayout.SplitKey(key, i, k); again != sub {
 					t.Fatalf("SplitKey(%q, %d, %d) = %q, then %q", key, i, k, sub, again)
 				}
-				slot, err := cl.ClusterKeySlot(ctx, redisstore.CounterKey(sub, limiter.TokenBucket)).Result()
+				slot, err := cl.ClusterKeySlot(ctx, redislayout.CounterKey(sub, limiter.TokenBucket)).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
-				if int(slot) != redisstore.KeySlot(sub) {
-					t.Fatalf("CLUSTER KEYSLOT %d, KeySlot %d", slot, redisstore.KeySlot(sub))
+				if int(slot) != redislayout.KeySlot(sub) {
+					t.Fatalf("CLUSTER KEYSLOT %d, KeySlot %d", slot, redislayout.KeySlot(sub))
 				}
-				node, err := cl.MasterForKey(ctx, redisstore.CounterKey(sub, limiter.TokenBucket))
+				node, err := cl.MasterForKey(ctx, redislayout.CounterKey(sub, limiter.TokenBucket))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -217,7 +218,7 @@ func TestSplitKeysOnDistinctMasters(t *testing.T) {
 			}
 		}
 	}
-	if got := redisstore.SplitKey("k", 0, 1); got != "k" {
+	if got := redislayout.SplitKey("k", 0, 1); got != "k" {
 		t.Errorf("SplitKey of one part = %q, want the key", got)
 	}
 }

@@ -94,7 +94,7 @@ var askingCmd = resp.Command("ASKING")
 // command only).
 func (o *op) AppendCommand(b []byte) []byte {
 	if o.load {
-		b = append(b, library.load...)
+		b = append(b, libraryLoad...)
 	}
 	if o.asking {
 		b = append(b, askingCmd...)
@@ -122,7 +122,7 @@ func (o *op) decision(p *limiter.Params) (limiter.Decision, error) {
 		d, err = checkReply(o.vals, p)
 	}
 	if err != nil {
-		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, o.addr, err)
+		return limiter.Decision{}, fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.Name, o.addr, err)
 	}
 	return d, nil
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 // Defaults for Options.
@@ -197,7 +199,7 @@ func (o Options) Validate() error {
 	if len(o.ClientName) > maxClientName || strings.IndexFunc(o.ClientName, func(r rune) bool { return r > 0x7f || !nameByte(byte(r)) }) >= 0 {
 		errs = append(errs, fmt.Errorf("clientName: must be at most %d bytes of printable ASCII without spaces, got %q", maxClientName, o.ClientName))
 	}
-	if err := ValidKeySpace(o.KeySpace); err != nil {
+	if err := redislayout.ValidKeySpace(o.KeySpace); err != nil {
 		errs = append(errs, fmt.Errorf("keySpace: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {

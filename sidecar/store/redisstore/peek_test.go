@@ -12,6 +12,7 @@ import (
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter/limitertest"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -90,7 +91,7 @@ func TestPeekWritesNothing(t *testing.T) {
 	// algorithm leases, and requires that neither wrote anything.
 	peek := func(key string, l limiter.Limit) limiter.Decision {
 		t.Helper()
-		redisKey := redisstore.CounterKey(key, l.Algorithm)
+		redisKey := redislayout.CounterKey(key, l.Algorithm)
 		before := readKeyState(t, cl, redisKey)
 		d := take(key, l, 0)
 		if l.Algorithm.Leasable() {
@@ -124,7 +125,7 @@ func TestPeekWritesNothing(t *testing.T) {
 		if d := peek(key, l); !d.Allowed || d.Remaining != 3 {
 			t.Errorf("%v: peek on a new key = %v, want allowed with 3 remaining", alg, d)
 		}
-		if n, err := cl.Exists(ctx, redisstore.CounterKey(key, alg)).Result(); err != nil || n != 0 {
+		if n, err := cl.Exists(ctx, redislayout.CounterKey(key, alg)).Result(); err != nil || n != 0 {
 			t.Fatalf("%v: a peek created the key (%d, %v)", alg, n, err)
 		}
 		take(key, l, 1)
@@ -154,7 +155,7 @@ func TestPeekWritesNothing(t *testing.T) {
 	if d := peek(key, l); !d.Allowed || d.Remaining != 1 {
 		t.Errorf("SlidingLog: peek past the first entry's expiry = %v, want allowed with 1 remaining", d)
 	}
-	if n, err := cl.ZCard(ctx, redisstore.CounterKey(key, l.Algorithm)).Result(); err != nil || n != 2 {
+	if n, err := cl.ZCard(ctx, redislayout.CounterKey(key, l.Algorithm)).Result(); err != nil || n != 2 {
 		t.Errorf("SlidingLog: %d entries (%v) after the peek, want both still there", n, err)
 	}
 }

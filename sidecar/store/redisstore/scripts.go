@@ -1,93 +1,24 @@
 package redisstore
 
 import (
-	"crypto/sha1"
-	_ "embed"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore/internal/resp"
 )
 
-// The Lua scripts, one per algorithm. Each one's header lists its KEYS,
-// ARGV and reply; all share one calling convention (see limitArgs) and one
-// reply shape (see ParseReply). The four algorithms that can lease hold
-// their take and their lease in one body (the take is the lease of m = n
-// tokens giving back none), so that each algorithm's arithmetic is written
-// once.
-var (
-	//go:embed lua/tokenbucket.lua
-	tokenBucketLua string
-	//go:embed lua/gcra.lua
-	gcraLua string
-	//go:embed lua/fixedwindow.lua
-	fixedWindowLua string
-	//go:embed lua/slidingwindow.lua
-	slidingWindowLua string
-	//go:embed lua/slidinglog.lua
-	slidingLogLua string
-)
+// script is one entry point of the counter functions' library.
+type script = redislayout.Script
 
-// script is one entry point of a Lua body: a function of the library
-// (library.go), and, for tools that run it with EVALSHA, its source and
-// SHA1.
-type script struct {
-	// id names its function in the library, name it in messages.
-	id, name string
-	// body is the Lua file, run as a local function of the library named
-	// bodyID; entry says how this entry point calls it.
-	body, bodyID string
-	entry        entry
-	// src and sha are the entry point as a script of its own.
-	src, sha string
-}
-
-// entry is how an entry point calls its body.
-type entry uint8
-
-const (
-	// whole: the body is the entry point.
-	whole entry = iota
-	// take: the body's lease with no ARGV after the limit's constants
-	// (m = n, r = 0), answering the reply's first four values.
-	take
-)
-
-// takeCall runs a leasable body as a take: the reply's elements from the
-// fifth on are cut (Redis ends a reply array at the first nil), and an
-// error reply passes through.
-const takeCall = "local v = %s(KEYS, ARGV)\nv[5] = nil\nreturn v\n"
-
-func newScript(id, name, body, bodyID string, e entry) *script {
-	src := body
-	if e == take {
-		src = "local function " + bodyID + "(KEYS, ARGV)\n" + body + "end\n" + fmt.Sprintf(takeCall, bodyID)
-	}
-	sum := sha1.Sum([]byte(src))
-	return &script{id: id, name: name, body: body, bodyID: bodyID, entry: e, src: src, sha: hex.EncodeToString(sum[:])}
-}
-
-// scripts are indexed by limiter.Algorithm.
-var scripts = [...]*script{
-	limiter.TokenBucket:   newScript("tokenbucket", "TokenBucket", tokenBucketLua, "tokenbucket", take),
-	limiter.GCRA:          newScript("gcra", "GCRA", gcraLua, "gcra", take),
-	limiter.FixedWindow:   newScript("fixedwindow", "FixedWindow", fixedWindowLua, "fixedwindow", take),
-	limiter.SlidingWindow: newScript("slidingwindow", "SlidingWindow", slidingWindowLua, "slidingwindow", take),
-	limiter.SlidingLog:    newScript("slidinglog", "SlidingLog", slidingLogLua, "slidinglog", whole),
-}
-
-// Script returns the Lua source and SHA1 of an algorithm's script, and
-// the name of its function in Library, for tools that run it outside the
-// store (with EVALSHA, or FCALL). ok is false for an unknown algorithm.
-func Script(alg limiter.Algorithm) (src, sha, function string, ok bool) {
-	if int(alg) >= len(scripts) || scripts[alg] == nil {
-		return "", "", "", false
-	}
-	return scripts[alg].src, scripts[alg].sha, scripts[alg].function(), true
-}
+// libraryLoad is FUNCTION LOAD of the library, in RESP: what a call
+// answered "Function not found" sends first.
+var libraryLoad = func() []byte {
+	_, src := redislayout.Library()
+	return resp.Command("FUNCTION", "LOAD", src)
+}()
 
 // limitArgs is a limit's validated parameters, its script, and the
 // constant part of its ARGV, formatted once: as decimal strings, and as
@@ -102,7 +33,7 @@ type limitArgs struct {
 }
 
 func newLimitArgs(p *limiter.Params) *limitArgs {
-	return buildLimitArgs(p, scripts[p.Limit.Algorithm], 0)
+	return buildLimitArgs(p, redislayout.Takes[p.Limit.Algorithm], 0)
 }
 
 // buildLimitArgs is newLimitArgs for script sc, whose ARGV has extra
@@ -129,7 +60,7 @@ func buildLimitArgs(p *limiter.Params, sc *script, extra int) *limitArgs {
 // fcallHead is the RESP head of a call of sc's function with args ARGV
 // after now and n: FCALL function 1; the key, now, n and the args follow.
 func fcallHead(sc *script, args int) []byte {
-	return resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, 6+args), "FCALL"), sc.function()), "1")
+	return resp.AppendBulk(resp.AppendBulk(resp.AppendBulk(resp.AppendArray(nil, 6+args), "FCALL"), sc.Function()), "1")
 }
 
 // ScriptArgs returns the ARGV a script takes for a request of cost n at
@@ -195,4 +126,10 @@ func checkReply(v [4]int64, p *limiter.Params) (limiter.Decision, error) {
 		ResetAfter: time.Duration(reset) * time.Microsecond,
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 	}, nil
+}
+
+// libraryName is the counter functions' library's name.
+func libraryName() string {
+	name, _ := redislayout.Library()
+	return name
 }

@@ -273,7 +273,7 @@ func (sh *shard) Failed(c pipe.Call, f pipe.Failure, err error) {
 		sh.br.failure(o.probe, 1)
 	}
 	if f == pipe.Unanswered {
-		err = fmt.Errorf("%s script: %w", o.la.sc.name, err)
+		err = fmt.Errorf("%s script: %w", o.la.sc.Name, err)
 	}
 	o.fail(unavailable(sh.addr, err), sh.addr)
 }
@@ -296,7 +296,7 @@ func (sh *shard) Answered(c pipe.Call, vals [4]int64, res any, err error) {
 			// this user may not load it. Until the manager does, the
 			// count is unknown.
 			o.fail(unavailable(sh.addr, fmt.Errorf("%s script: library %s is not loaded, and this store user may not load it (FUNCTION LOAD): %w",
-				o.la.sc.name, library.name, err)), sh.addr)
+				o.la.sc.Name, libraryName(), err)), sh.addr)
 			return
 		}
 		// The function did not run: send it once more after FUNCTION
@@ -311,7 +311,7 @@ func (sh *shard) Answered(c pipe.Call, vals [4]int64, res any, err error) {
 		sh.redirect(o, out == resp.Ask, err)
 	case resp.Unavailable:
 		sh.br.failure(o.probe, 1)
-		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %w", o.la.sc.name, err)), sh.addr)
+		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %w", o.la.sc.Name, err)), sh.addr)
 	default:
 		sh.failScript(o, err)
 	}
@@ -321,7 +321,7 @@ func (sh *shard) Answered(c pipe.Call, vals [4]int64, res any, err error) {
 // script or the data is wrong.
 func (sh *shard) failScript(o *op, err error) {
 	sh.br.success(o.probe)
-	o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.name, sh.addr, err), sh.addr)
+	o.fail(fmt.Errorf("redisstore: %s script on %s: %w", o.la.sc.Name, sh.addr, err), sh.addr)
 }
 
 // redirect sends o, which the shard answered with MOVED or ASK (the
@@ -335,7 +335,7 @@ func (sh *shard) redirect(o *op, ask bool, err error) {
 		if !o.asking {
 			msg = fmt.Sprintf("redirect not followed after %d hops", o.hops)
 		}
-		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %s: %w", o.la.sc.name, msg, err)), sh.addr)
+		o.fail(unavailable(sh.addr, fmt.Errorf("%s script: %s: %w", o.la.sc.Name, msg, err)), sh.addr)
 		return
 	}
 	sh.s.reloadTopology()

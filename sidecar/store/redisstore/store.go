@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 )
 
 var _ limiter.Store = (*Store)(nil)
@@ -34,7 +35,7 @@ const paramsCacheSize = 4096
 // safe for concurrent use.
 type Store struct {
 	opts Options
-	keys Keys
+	keys redislayout.Keys
 	// cc keeps the slot map only; nil in single mode. SetAddrs replaces
 	// it with one seeded from new addresses.
 	cc atomic.Pointer[redis.ClusterClient]
@@ -83,7 +84,7 @@ func New(opts Options) (*Store, error) {
 	o.Addrs = append([]string(nil), o.Addrs...)
 	s := &Store{
 		opts:   o,
-		keys:   Keys{Space: o.KeySpace},
+		keys:   redislayout.Keys{Space: o.KeySpace},
 		route:  newBreaker(o.BreakerFailures, o.BreakerCooldown, time.Now, nil),
 		params: map[limiter.Limit]*limitArgs{},
 	}

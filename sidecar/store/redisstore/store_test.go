@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
+	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redisstore"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
@@ -125,20 +126,20 @@ func TestKeyInjection(t *testing.T) {
 				t.Fatalf("input %d request %d: Allowed = %v, want %v", i, j, got, want)
 			}
 		}
-		slot := redisstore.KeySlot(in)
+		slot := redislayout.KeySlot(in)
 		owner, err := cluster.MasterForSlot(ctx, slot)
 		if err != nil {
 			t.Fatal(err)
 		}
-		found := redisstore.CounterKey(in, limiter.GCRA)
+		found := redislayout.CounterKey(in, limiter.GCRA)
 		if n, err := owner.Client().Exists(ctx, found).Result(); err != nil || n != 1 {
 			t.Fatalf("input %d: %q is not on %v, the master of slot %d (%d, %v)", i, found, owner, slot, n, err)
 		}
 		if strings.Contains(found, victim) || strings.Contains(found, "AAAA") || !utf8.ValidString(found) {
 			t.Errorf("input %d: Redis key %q embeds the client string", i, found)
 		}
-		if len(found) > redisstore.MaxRedisKeyLen {
-			t.Errorf("input %d: Redis key is %d bytes, more than %d", i, len(found), redisstore.MaxRedisKeyLen)
+		if len(found) > redislayout.MaxRedisKeyLen {
+			t.Errorf("input %d: Redis key is %d bytes, more than %d", i, len(found), redislayout.MaxRedisKeyLen)
 		}
 		if got, err := owner.Client().ClusterKeySlot(ctx, found).Result(); err != nil || int(got) != slot {
 			t.Errorf("input %d: CLUSTER KEYSLOT %q = %d, %v; want %d", i, found, got, err, slot)
@@ -161,15 +162,15 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 			key = fmt.Sprintf("x{%d}y\xff", i) // hashed form
 		}
 		alg := allAlgorithms[i%len(allAlgorithms)]
-		want, err := cl.ClusterKeySlot(ctx, redisstore.CounterKey(key, alg)).Result()
+		want, err := cl.ClusterKeySlot(ctx, redislayout.CounterKey(key, alg)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := redisstore.KeySlot(key); got != int(want) {
-			t.Fatalf("KeySlot(%q) = %d, CLUSTER KEYSLOT %q = %d", key, got, redisstore.CounterKey(key, alg), want)
+		if got := redislayout.KeySlot(key); got != int(want) {
+			t.Fatalf("KeySlot(%q) = %d, CLUSTER KEYSLOT %q = %d", key, got, redislayout.CounterKey(key, alg), want)
 		}
 	}
-	if got := redisstore.CounterKey("k", 0); got != "" {
+	if got := redislayout.CounterKey("k", 0); got != "" {
 		t.Errorf("CounterKey with no algorithm = %q, want empty", got)
 	}
 }
@@ -249,7 +250,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 	key := uniqueKey(t)
 	cl := cluster.NewClient()
 	defer func() { _ = cl.Close() }()
-	redisKey := redisstore.CounterKey(key, limiter.TokenBucket)
+	redisKey := redislayout.CounterKey(key, limiter.TokenBucket)
 	if err := cl.HSet(ctx, redisKey, "L", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestWrongTypeIsScriptError(t *testing.T) {
 		t.Fatalf("take on a hash key: %v, want a WRONGTYPE script error", err)
 	}
 	for _, alg := range []limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.FixedWindow, limiter.SlidingWindow} {
-		if err := cl.Set(ctx, redisstore.CounterKey(key, alg), "garbage", time.Minute).Err(); err != nil {
+		if err := cl.Set(ctx, redislayout.CounterKey(key, alg), "garbage", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 		_, _, err = s.Take(ctx, limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: alg, Requests: 5, Period: time.Minute}, Cost: 1})
@@ -314,7 +315,7 @@ func TestTakeReportsShard(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		owner, err := cluster.MasterForKey(ctx, redisstore.CounterKey(key, l.Algorithm))
+		owner, err := cluster.MasterForKey(ctx, redislayout.CounterKey(key, l.Algorithm))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -341,7 +342,7 @@ func TestTTL(t *testing.T) {
 	defer func() { _ = cl.Close() }()
 	for _, alg := range allAlgorithms {
 		key := uniqueKey(t) + alg.String()
-		redisKey := redisstore.CounterKey(key, alg)
+		redisKey := redislayout.CounterKey(key, alg)
 		l := limiter.Limit{Algorithm: alg, Requests: 2, Period: 10 * time.Minute}
 		if _, _, err := s.Take(ctx, limiter.Request{Key: key, Limit: l, Cost: 0}); err != nil {
 			t.Fatal(err)
@@ -397,7 +398,7 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	mover := newStore(t, c, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: now})
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Period: time.Hour}
 	key := uniqueKey(t)
-	slot := redisstore.KeySlot(key)
+	slot := redislayout.KeySlot(key)
 	src, err := c.MasterForSlot(ctx, slot)
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +462,7 @@ func testMovedAndAsk(t *testing.T, c *redistest.Cluster) {
 	// another spelling.
 	cc := c.NewClient()
 	defer func() { _ = cc.Close() }()
-	owner, err := cc.MasterForKey(ctx, redisstore.CounterKey(key, limiter.TokenBucket))
+	owner, err := cc.MasterForKey(ctx, redislayout.CounterKey(key, limiter.TokenBucket))
 	if err != nil {
 		t.Fatal(err)
 	}

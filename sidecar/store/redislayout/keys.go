@@ -1,4 +1,4 @@
-package redisstore
+package redislayout
 
 import (
 	"crypto/sha256"
@@ -124,6 +124,10 @@ func (k Keys) Counter(key string, alg limiter.Algorithm) string {
 	return "fg:{" + k.tag(key) + "}:" + keyParts[alg]
 }
 
+// slotKeyPart names the sorted set of a key's concurrency leases. Its
+// ":1" is the state format, as for the rate counters' keys.
+const slotKeyPart = "cc:1"
+
 // Slots returns the Redis key of the concurrency slots (leases) of the
 // counter with the given Request.Key.
 func (k Keys) Slots(key string) string { return "fg:{" + k.tag(key) + "}:" + slotKeyPart }
@@ -141,6 +145,9 @@ func (k Keys) Pattern() string {
 	}
 	return "~fg:{" + k.Space + "/*"
 }
+
+// SlotKey is Keys{}.Slots, for tools and tests that inspect Redis.
+func SlotKey(key string) string { return Keys{}.Slots(key) }
 
 // CounterKey is Keys{}.Counter, for tools and tests that inspect Redis.
 func CounterKey(key string, alg limiter.Algorithm) string { return Keys{}.Counter(key, alg) }
