@@ -264,6 +264,8 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(doc.Policies).To(HaveLen(1))
 			g.Expect(doc.Policies[0].Namespace).To(Equal(ns))
 			g.Expect(doc.Policies[0].Name).To(Equal("edge"))
+			g.Expect(doc.Policies[0].Gateways).To(Equal([]string{ns + "/public"}),
+				"only the Gateway that accepted the targeted route may ask about the policy")
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 
 		var auth corev1.Secret
