@@ -1,6 +1,9 @@
 package rlsidentity
 
 import (
+	"fmt"
+	"time"
+
 	"github.com/floodgate-dev/floodgate/internal/pki"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
@@ -27,3 +30,6 @@ func ClientLeaf(namespace, name string) pki.Leaf {
 		Usage:      pki.Client,
 	}
 }
+
+// caName is the common name of a CA created at now.
+func caName(now time.Time) string { return fmt.Sprintf("floodgate-ratelimit-ca@%d", now.Unix()) }
