@@ -154,6 +154,7 @@ func TestEnvoyGatewayPatchesApply(t *testing.T) {
 			if err := c.ValidateAll(); err != nil {
 				t.Errorf("patch %d: the cluster fails Envoy's validation: %v", i, err)
 			}
+			checkUpstreamTLS(t, &c, fixtureService())
 			resources[key] = &c
 			continue
 		}

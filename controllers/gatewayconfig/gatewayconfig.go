@@ -81,6 +81,11 @@ type Service struct {
 	// FailureModeDeny makes the gateway refuse a request when the service
 	// cannot be reached; by default it admits it.
 	FailureModeDeny bool
+	// TLS says the service authenticates its callers: the cluster that
+	// reaches it speaks TLS and presents the gateway's client
+	// certificate, from the files mounted under ClientCertDir
+	// (UpstreamTLS).
+	TLS bool
 }
 
 // Host returns the Service's DNS name.
@@ -206,7 +211,8 @@ func HTTPFilter(svc Service, cluster string) (*hcmv3.HttpFilter, error) {
 }
 
 // Cluster returns a cluster that reaches the central service over HTTP/2
-// (gRPC), resolving its Service name.
+// (gRPC), resolving its Service name; over TLS with the gateway's client
+// certificate when the service authenticates its callers (svc.TLS).
 func Cluster(svc Service) (*clusterv3.Cluster, error) {
 	opts, err := anypb.New(&httpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
@@ -216,8 +222,15 @@ func Cluster(svc Service) (*clusterv3.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pack the HTTP/2 protocol options: %w", err)
 	}
+	var ts *corev3.TransportSocket
+	if svc.TLS {
+		if ts, err = UpstreamTLS(svc); err != nil {
+			return nil, err
+		}
+	}
 	return &clusterv3.Cluster{
 		Name:                 ClusterName,
+		TransportSocket:      ts,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
 		ConnectTimeout:       durationpb.New(time.Second),
 		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,

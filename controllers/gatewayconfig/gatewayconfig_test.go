@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -21,9 +24,17 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from the current output")
 
-// fixtureService is the chart's central service.
+// fixtureService is the chart's central service, which authenticates
+// its callers (the chart's default).
 func fixtureService() Service {
-	return Service{Name: "floodgate-ratelimit", Namespace: "floodgate-system", Port: 8082}
+	return Service{Name: "floodgate-ratelimit", Namespace: "floodgate-system", Port: 8082, TLS: true}
+}
+
+// plaintextService is the central service without TLS.
+func plaintextService() Service {
+	s := fixtureService()
+	s.TLS = false
+	return s
 }
 
 // fixtureGateway has an HTTP and an HTTPS listener, and three policies:
@@ -78,6 +89,11 @@ func TestGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "istio", render(t, ef))
+	ef, err = Istio(gw, plaintextService())
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "istio-plaintext", render(t, ef))
 	for _, s := range []NameScheme{NameSchemeV2, NameSchemeV1} {
 		epp, err := EnvoyGateway(gw, svc, s)
 		if err != nil {
@@ -104,7 +120,16 @@ func TestGolden(t *testing.T) {
 // builds, and the result validated whole.
 func TestIstioEnvoyFilterIsValid(t *testing.T) {
 	t.Parallel()
-	ef, err := Istio(fixtureGateway(), fixtureService())
+	for _, svc := range []Service{fixtureService(), plaintextService()} {
+		t.Run(fmt.Sprintf("tls=%v", svc.TLS), func(t *testing.T) {
+			t.Parallel()
+			checkIstio(t, svc)
+		})
+	}
+}
+
+func checkIstio(t *testing.T, svc Service) {
+	ef, err := Istio(fixtureGateway(), svc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +147,7 @@ func TestIstioEnvoyFilterIsValid(t *testing.T) {
 	if got := len(typed.GetTargetRefs()); got != 1 || typed.GetTargetRefs()[0].GetKind() != "Gateway" || typed.GetTargetRefs()[0].GetName() != "public" {
 		t.Errorf("targetRefs = %v, want the Gateway public", typed.GetTargetRefs())
 	}
-	var routes, filters int
+	var routes, filters, clusters int
 	routeNames := map[string]bool{}
 	for i, p := range typed.GetConfigPatches() {
 		value, err := p.GetPatch().GetValue().MarshalJSON()
@@ -143,6 +168,30 @@ func TestIstioEnvoyFilterIsValid(t *testing.T) {
 			if err := f.ValidateAll(); err != nil {
 				t.Errorf("patch %d: the filter fails Envoy's validation: %v", i, err)
 			}
+			var rl ratelimitv3.RateLimit
+			if err := f.GetTypedConfig().UnmarshalTo(&rl); err != nil {
+				t.Fatal(err)
+			}
+			want := IstioCluster(svc)
+			if svc.TLS {
+				want = ClusterName
+			}
+			if got := rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName(); got != want {
+				t.Errorf("patch %d: the filter asks cluster %q, want %q", i, got, want)
+			}
+		case istionet.EnvoyFilter_CLUSTER:
+			clusters++
+			if p.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_ADD || p.GetMatch().GetContext() != istionet.EnvoyFilter_GATEWAY {
+				t.Errorf("patch %d: the cluster is added to the gateway: %v", i, p)
+			}
+			var c clusterv3.Cluster
+			if err := protojson.Unmarshal(value, &c); err != nil {
+				t.Fatalf("patch %d: %v", i, err)
+			}
+			if err := c.ValidateAll(); err != nil {
+				t.Errorf("patch %d: the cluster fails Envoy's validation: %v", i, err)
+			}
+			checkUpstreamTLS(t, &c, svc)
 		case istionet.EnvoyFilter_HTTP_ROUTE:
 			routes++
 			if p.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_MERGE ||
@@ -173,6 +222,9 @@ func TestIstioEnvoyFilterIsValid(t *testing.T) {
 	if filters != 1 {
 		t.Errorf("%d filter patches, want 1", filters)
 	}
+	if want := map[bool]int{true: 1}[svc.TLS]; clusters != want {
+		t.Errorf("%d cluster patches, want %d", clusters, want)
+	}
 	// api-limits: rule 0 by its generated name, rule 1 (login) by name on
 	// the route's host; edge on every route; tls-only on port 443.
 	if routes != 4 {
@@ -202,6 +254,11 @@ func TestEnvoyBootstrapIsValid(t *testing.T) {
 	for _, want := range []string{"rate_limits", "floodgate.ratelimit", "use_remote_address: true", "floodgate-ratelimit.floodgate-system.svc.cluster.local"} {
 		if !strings.Contains(string(y), want) {
 			t.Errorf("bootstrap YAML lacks %q", want)
+		}
+	}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() == ClusterName {
+			checkUpstreamTLS(t, c, fixtureService())
 		}
 	}
 }

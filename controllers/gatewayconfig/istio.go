@@ -19,7 +19,12 @@ const (
 //
 //   - HTTP_FILTER: floodgate's rate-limit filter before the router, asking
 //     Istio's cluster of the central service's Service port, which Istio
-//     speaks HTTP/2 to because the port's appProtocol is grpc;
+//     speaks HTTP/2 to because the port's appProtocol is grpc; or, when
+//     the service authenticates its callers (svc.TLS), the cluster
+//     floodgate-ratelimit that the CLUSTER patch adds, which speaks TLS
+//     with the gateway's client certificate (Istio's own cluster of an
+//     unmeshed Service carries its auto-mTLS transport socket matches,
+//     which would win over a merged transport socket);
 //   - HTTP_ROUTE, MERGE: each policy's rate_limits entry on the routes
 //     Istio builds from the targeted HTTPRoute rules, which it names
 //     "<namespace>.<name>.<rule index>", or the rule's name when it has
@@ -35,7 +40,11 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 	if err := svc.Validate(); err != nil {
 		return nil, err
 	}
-	filter, err := HTTPFilter(svc, IstioCluster(svc))
+	cluster := IstioCluster(svc)
+	if svc.TLS {
+		cluster = ClusterName
+	}
+	filter, err := HTTPFilter(svc, cluster)
 	if err != nil {
 		return nil, err
 	}
@@ -56,6 +65,24 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 		},
 		"patch": map[string]any{keyOperation: "INSERT_BEFORE", keyValue: fv},
 	}}
+	if svc.TLS {
+		c, err := Cluster(svc)
+		if err != nil {
+			return nil, err
+		}
+		if err := validate("cluster", c); err != nil {
+			return nil, err
+		}
+		cv, err := toMap(c)
+		if err != nil {
+			return nil, err
+		}
+		patches = append([]any{map[string]any{
+			"applyTo": "CLUSTER",
+			"match":   map[string]any{"context": "GATEWAY"},
+			"patch":   map[string]any{keyOperation: "ADD", keyValue: cv},
+		}}, patches...)
+	}
 	atts := slices.Clone(gw.Attachments)
 	slices.SortStableFunc(atts, func(a, b Attachment) int { return comparePolicies(a.Policy, b.Policy) })
 	for _, a := range atts {

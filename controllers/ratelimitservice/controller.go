@@ -107,7 +107,7 @@ func (r *Reconciler) Request() reconcile.Request {
 // Reconcile compiles every policy with a targetRef; req is always
 // r.Request().
 func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.Result, error) {
-	in, existing, err := r.observe(ctx)
+	in, existing, targets, err := r.observe(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -123,7 +123,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 		log.FromContext(ctx).Info("waiting for the central rate-limit service's store user", "reason", specErr.Error())
 		specErr = nil
 	}
-	statusErr := r.reconcileStatus(ctx, in, out, specErr)
+	statusErr := r.reconcileStatus(ctx, in, out, targets, specErr)
 	if err := errors.Join(specErr, statusErr); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -143,13 +143,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	return ctrl.Result{}, nil
 }
 
+// targetObject is what the manager found of one policy's target: the
+// HTTPRoute or the Gateway it names, or neither when it is missing (or
+// the cluster serves no Gateway API).
+type targetObject struct {
+	route *gatewayv1.HTTPRoute
+	gw    *gatewayv1.Gateway
+}
+
 // observe reads the compiler's input from the cache and the current
-// ConfigMap from the API server.
-func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev1.ConfigMap, error) {
-	in := compiler.ServiceInput{Stores: map[string]*v1alpha1.CounterStore{}}
+// ConfigMap from the API server, and returns the policies' targets by
+// policy.
+func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev1.ConfigMap, map[types.NamespacedName]targetObject, error) {
+	in := compiler.ServiceInput{Stores: map[string]*v1alpha1.CounterStore{}, Targets: map[string]v1alpha1.TargetStatus{}}
+	targets := map[types.NamespacedName]targetObject{}
 	var all v1alpha1.RateLimitPolicyList
 	if err := r.Client.List(ctx, &all); err != nil {
-		return in, nil, fmt.Errorf("list RateLimitPolicies: %w", err)
+		return in, nil, nil, fmt.Errorf("list RateLimitPolicies: %w", err)
 	}
 	for i := range all.Items {
 		if all.Items[i].GatewayEnforced() {
@@ -163,7 +173,7 @@ func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev
 	if err := r.APIReader.Get(ctx, key, &cm); apierrors.IsNotFound(err) {
 		existing = nil
 	} else if err != nil {
-		return in, nil, fmt.Errorf("get ConfigMap %s: %w", key, err)
+		return in, nil, nil, fmt.Errorf("get ConfigMap %s: %w", key, err)
 	}
 	if existing != nil {
 		if data, ok := existing.Data[config.DataKey]; ok {
@@ -175,13 +185,13 @@ func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev
 		}
 	}
 	if len(in.Policies) == 0 {
-		return in, existing, nil
+		return in, existing, targets, nil
 	}
 
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace),
 		client.MatchingLabels{config.RateLimitServicePodLabel: "true"}); err != nil {
-		return in, nil, fmt.Errorf("list the central rate-limit service's pods in %s: %w", r.Namespace, err)
+		return in, nil, nil, fmt.Errorf("list the central rate-limit service's pods in %s: %w", r.Namespace, err)
 	}
 	in.Pods = pods.Items
 
@@ -195,12 +205,58 @@ func (r *Reconciler) observe(ctx context.Context) (compiler.ServiceInput, *corev
 		case apierrors.IsNotFound(err):
 			in.Stores[name] = nil
 		case err != nil:
-			return in, nil, fmt.Errorf("get CounterStore %s: %w", name, err)
+			return in, nil, nil, fmt.Errorf("get CounterStore %s: %w", name, err)
 		default:
 			in.Stores[name] = &cs
 		}
 	}
-	return in, existing, nil
+	for i := range in.Policies {
+		p := &in.Policies[i]
+		obj, err := r.observeTarget(ctx, p)
+		if err != nil {
+			return in, nil, nil, err
+		}
+		key := client.ObjectKeyFromObject(p)
+		targets[key] = obj
+		in.Targets[config.PolicyEntryValue(p.Namespace, p.Name)] = obj.status(*p.Spec.TargetRef)
+	}
+	return in, existing, targets, nil
+}
+
+// observeTarget reads the object p's targetRef names.
+func (r *Reconciler) observeTarget(ctx context.Context, p *v1alpha1.RateLimitPolicy) (targetObject, error) {
+	ref := *p.Spec.TargetRef
+	key := client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}
+	switch {
+	case !r.GatewayAPI:
+		return targetObject{}, nil
+	case ref.Kind == v1alpha1.KindHTTPRoute:
+		var route gatewayv1.HTTPRoute
+		switch err := r.Client.Get(ctx, key, &route); {
+		case apierrors.IsNotFound(err):
+			return targetObject{}, nil
+		case err != nil:
+			return targetObject{}, fmt.Errorf("get HTTPRoute %s: %w", key, err)
+		}
+		return targetObject{route: &route}, nil
+	default:
+		var gw gatewayv1.Gateway
+		switch err := r.Client.Get(ctx, key, &gw); {
+		case apierrors.IsNotFound(err):
+			return targetObject{}, nil
+		case err != nil:
+			return targetObject{}, fmt.Errorf("get Gateway %s: %w", key, err)
+		}
+		return targetObject{gw: &gw}, nil
+	}
+}
+
+// status is the status of a targetRef ref that names o.
+func (o targetObject) status(ref v1alpha1.TargetReference) v1alpha1.TargetStatus {
+	if ref.Kind == v1alpha1.KindHTTPRoute {
+		return RouteTarget(ref, o.route)
+	}
+	return GatewayTarget(ref, o.gw)
 }
 
 // reconcileSpec brings the ConfigMap to what the compiler decided.
@@ -274,7 +330,9 @@ func (r *Reconciler) mirrorCredentials(ctx context.Context, store config.Store) 
 
 // reconcileStatus writes the status of every live policy with a
 // targetRef.
-func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInput, out compiler.Output, specErr error) error {
+func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInput, out compiler.Output,
+	targets map[types.NamespacedName]targetObject, specErr error,
+) error {
 	results := make(map[types.NamespacedName]*compiler.PolicyResult, len(out.Policies))
 	for i := range out.Policies {
 		res := &out.Policies[i]
@@ -289,11 +347,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInp
 			continue
 		}
 		compiled, isCompiled := compiledPolicy(out.Config, p.Namespace, p.Name)
-		target, pAtts, err := r.target(ctx, p, compiled)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+		target, pAtts := r.target(p, targets[client.ObjectKeyFromObject(p)], compiled)
 		if isCompiled && r.Service.Name != "" {
 			atts = append(atts, pAtts...)
 			target.GatewayConfig = gatewayConfigKeys(target.Gateways)
@@ -317,38 +371,22 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInp
 	return errors.Join(errs...)
 }
 
-// target reads the object p's targetRef names, and returns its status and
-// the policy's attachments to Gateways, with pol as the gateway's view of
-// its compiled entry.
-func (r *Reconciler) target(ctx context.Context, p *v1alpha1.RateLimitPolicy, pol gatewayconfig.Policy) (v1alpha1.TargetStatus, []attachment, error) {
+// target returns the status of p's target, obj, and the policy's
+// attachments to Gateways, with pol as the gateway's view of its compiled
+// entry.
+func (r *Reconciler) target(p *v1alpha1.RateLimitPolicy, obj targetObject, pol gatewayconfig.Policy) (v1alpha1.TargetStatus, []attachment) {
 	ref := *p.Spec.TargetRef
-	key := client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}
+	st := obj.status(ref)
 	switch {
 	case !r.GatewayAPI:
-		return v1alpha1.TargetStatus{Ref: ref.String()}, nil, nil
-	case ref.Kind == v1alpha1.KindHTTPRoute:
-		var route gatewayv1.HTTPRoute
-		switch err := r.Client.Get(ctx, key, &route); {
-		case apierrors.IsNotFound(err):
-			return RouteTarget(ref, nil), nil, nil
-		case err != nil:
-			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get HTTPRoute %s: %w", key, err)
-		}
-		return RouteTarget(ref, &route), routeAttachments(ref, pol, &route), nil
-	default:
-		var gw gatewayv1.Gateway
-		switch err := r.Client.Get(ctx, key, &gw); {
-		case apierrors.IsNotFound(err):
-			return GatewayTarget(ref, nil), nil, nil
-		case err != nil:
-			return v1alpha1.TargetStatus{}, nil, fmt.Errorf("get Gateway %s: %w", key, err)
-		}
-		st := GatewayTarget(ref, &gw)
-		if !st.Found {
-			return st, nil, nil
-		}
-		return st, []attachment{{gateway: key, Attachment: gatewayconfig.Attachment{Policy: pol, Listener: ref.SectionName}}}, nil
+		return st, nil
+	case obj.route != nil:
+		return st, routeAttachments(ref, pol, obj.route)
+	case obj.gw != nil && st.Found:
+		key := client.ObjectKeyFromObject(obj.gw)
+		return st, []attachment{{gateway: key, Attachment: gatewayconfig.Attachment{Policy: pol, Listener: ref.SectionName}}}
 	}
+	return st, nil
 }
 
 // DesiredStatus is the status of policy p, which has a targetRef, given

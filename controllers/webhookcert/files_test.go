@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+
+	"github.com/floodgate-dev/floodgate/internal/pki"
 )
 
 func TestWriteAtomic(t *testing.T) {
@@ -59,11 +61,11 @@ func TestCertwatcherReloadsWrittenCertificates(t *testing.T) {
 	dir := t.TempDir()
 	write := func(b Bundle) {
 		t.Helper()
-		key, err := keyPEM(b.ServingKey)
+		key, err := pki.KeyPEM(b.ServingKey)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := writeAtomic(dir, map[string][]byte{KeyTLSCert: certPEM(b.Serving), KeyTLSKey: key}); err != nil {
+		if _, err := writeAtomic(dir, map[string][]byte{KeyTLSCert: pki.CertPEM(b.Serving), KeyTLSKey: key}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -58,6 +58,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/floodgate-dev/floodgate/internal/pki"
 )
 
 // Annotations on the Secret.
@@ -222,7 +224,7 @@ func (m *Manager) Sync(ctx context.Context) (time.Time, error) {
 	if err := m.writeFiles(b); err != nil {
 		return time.Time{}, err
 	}
-	if err := m.patchCABundles(ctx, certPEM(b.Trusted...)); err != nil {
+	if err := m.patchCABundles(ctx, pki.CertPEM(b.Trusted...)); err != nil {
 		return time.Time{}, err
 	}
 	return Next(b, m.policy), nil
@@ -320,11 +322,11 @@ func annotationTime(a map[string]string, k string) time.Time {
 
 // writeFiles puts the certificate into CertDir when it differs.
 func (m *Manager) writeFiles(b Bundle) error {
-	key, err := keyPEM(b.ServingKey)
+	key, err := pki.KeyPEM(b.ServingKey)
 	if err != nil {
 		return err
 	}
-	files := map[string][]byte{KeyTLSCert: certPEM(b.Serving), KeyTLSKey: key, KeyCACert: certPEM(b.Trusted...)}
+	files := map[string][]byte{KeyTLSCert: pki.CertPEM(b.Serving), KeyTLSKey: key, KeyCACert: pki.CertPEM(b.Trusted...)}
 	changed, err := writeAtomic(m.o.CertDir, files)
 	if err != nil {
 		return fmt.Errorf("write the webhook certificate to %s: %w", m.o.CertDir, err)

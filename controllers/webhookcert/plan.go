@@ -6,6 +6,8 @@ import (
 	"net"
 	"slices"
 	"time"
+
+	"github.com/floodgate-dev/floodgate/internal/pki"
 )
 
 // Bundle is the certificate state kept in the Secret.
@@ -64,12 +66,6 @@ type Decision struct {
 // Changes reports whether d asks for anything.
 func (d Decision) Changes() bool { return d.NewCA || d.NewServing || d.DropOld }
 
-// renewAt is when a certificate is due for renewal: at two thirds of its
-// validity.
-func renewAt(c *x509.Certificate) time.Time {
-	return c.NotAfter.Add(-c.NotAfter.Sub(c.NotBefore) / 3)
-}
-
 // Plan decides the next step for b at now. It is pure; the caller applies
 // the decision and plans again until nothing changes. rotate is a
 // requested rotation of the whole chain, staged like a scheduled one.
@@ -78,12 +74,12 @@ func Plan(b Bundle, now time.Time, p Policy, rotate bool) Decision {
 		return Decision{NewCA: true, NewServing: true, Reason: "no usable CA"}
 	}
 	servingOK := b.Serving != nil && now.Before(b.Serving.NotAfter) &&
-		signedByAny(b.Serving, b.Trusted) && sameHosts(b.Serving, p.Hosts)
+		pki.SignedByAny(b.Serving, b.Trusted) && sameHosts(b.Serving, p.Hosts)
 	if !servingOK {
 		return Decision{NewServing: true, Reason: "no usable serving certificate for " + joinHosts(p.Hosts)}
 	}
 	signedByCurrent := b.Serving.CheckSignatureFrom(b.CA) == nil
-	if signedByCurrent && (rotate || !now.Before(renewAt(b.CA))) {
+	if signedByCurrent && (rotate || !now.Before(pki.RenewAt(b.CA))) {
 		reason := "the CA is due for renewal"
 		if rotate {
 			reason = "a rotation was requested"
@@ -96,7 +92,7 @@ func Plan(b Bundle, now time.Time, p Policy, rotate bool) Decision {
 		}
 		return Decision{}
 	}
-	if !now.Before(renewAt(b.Serving)) {
+	if !now.Before(pki.RenewAt(b.Serving)) {
 		return Decision{NewServing: true, Reason: "the serving certificate is due for renewal"}
 	}
 	if len(b.Trusted) > 1 && !now.Before(b.ServingIssuedAt.Add(p.Propagation)) {
@@ -118,16 +114,12 @@ func Next(b Bundle, p Policy) time.Time {
 		// first.
 		t = append(t, b.CARolledAt.Add(p.Propagation))
 	} else {
-		t = append(t, renewAt(b.CA), renewAt(b.Serving))
+		t = append(t, pki.RenewAt(b.CA), pki.RenewAt(b.Serving))
 		if len(b.Trusted) > 1 {
 			t = append(t, b.ServingIssuedAt.Add(p.Propagation))
 		}
 	}
 	return slices.MinFunc(t, func(a, b time.Time) int { return a.Compare(b) })
-}
-
-func signedByAny(c *x509.Certificate, cas []*x509.Certificate) bool {
-	return slices.ContainsFunc(cas, func(ca *x509.Certificate) bool { return c.CheckSignatureFrom(ca) == nil })
 }
 
 // sameHosts reports whether c names exactly hosts.

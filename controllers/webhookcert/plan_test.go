@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/floodgate-dev/floodgate/internal/pki"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -51,7 +53,7 @@ func TestPlanStagesARotation(t *testing.T) {
 	if err := verify(b.Serving, b.Trusted, t0, "127.0.0.1"); err != nil {
 		t.Fatalf("the first serving certificate does not verify: %v", err)
 	}
-	if got, want := Next(b, p), renewAt(b.Serving); !got.Equal(want) {
+	if got, want := Next(b, p), pki.RenewAt(b.Serving); !got.Equal(want) {
 		t.Errorf("Next = %v, want the serving renewal %v", got, want)
 	}
 	firstCA := b.CA
@@ -70,13 +72,13 @@ func TestPlanStagesARotation(t *testing.T) {
 		return nb
 	}
 
-	b = step("before renewal", renewAt(b.Serving).Add(-time.Second), false, Decision{})
-	b = step("serving renewal", renewAt(b.Serving), false, Decision{NewServing: true})
+	b = step("before renewal", pki.RenewAt(b.Serving).Add(-time.Second), false, Decision{})
+	b = step("serving renewal", pki.RenewAt(b.Serving), false, Decision{NewServing: true})
 	if b.CA != firstCA || len(b.Trusted) != 1 {
 		t.Fatal("renewing the serving certificate touched the CA")
 	}
 
-	rolled := renewAt(b.CA)
+	rolled := pki.RenewAt(b.CA)
 	b = step("CA renewal", rolled, false, Decision{NewCA: true, Staged: true})
 	if len(b.Trusted) != 2 || b.Trusted[1] != firstCA || b.Serving.CheckSignatureFrom(firstCA) != nil {
 		t.Fatal("a staged CA must join the bundle ahead of the old one and sign nothing yet")

@@ -121,6 +121,17 @@ type Policy struct {
 	// LoadShedding, when set, turns on the load shedder of the pods the
 	// policy selects.
 	LoadShedding *LoadShedding `json:"loadShedding,omitempty"`
+	// Gateways are the Gateways, "<namespace>/<name>" (GatewayRef),
+	// sorted and unique, that may ask the central rate-limit service
+	// about the policy in a request descriptor when the service
+	// authenticates its callers (floodgate-sidecar --grpc-client-ca-file):
+	// a call whose client certificate names another gateway, or none, is
+	// refused for it. floodgate-manager fills it for a policy with a
+	// targetRef: the Gateways that accepted the targeted HTTPRoute (its
+	// parentRefs with Accepted in status.parents), or the targeted
+	// Gateway. Empty means no gateway may; a service that does not
+	// authenticate its callers ignores it.
+	Gateways []string `json:"gateways,omitempty"`
 }
 
 // TrustedProxies configures client-IP extraction. CIDRs is required:

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // The central rate-limit service and the request descriptor.
@@ -165,3 +168,87 @@ func cmpOr(v, def string) string {
 // the Programmed condition of policies with a targetRef, and counts the
 // ready ones for a fail-open rule's local share.
 const RateLimitServicePodLabel = "floodgate.dev/ratelimit-service"
+
+// Gateway identities.
+//
+// When the central rate-limit service authenticates its callers
+// (floodgate-sidecar --grpc-client-ca-file), each gateway presents a
+// client certificate whose URI SAN is GatewayIdentity of the Gateway
+// (floodgate-manager issues them, see docs/gateways.md), and a request
+// descriptor is honoured only from a gateway its policy lists in
+// Policy.Gateways.
+const (
+	// GatewayIdentityPrefix starts every gateway identity:
+	// spiffe://floodgate.dev/ns/<namespace>/gateway/<name>.
+	GatewayIdentityPrefix = "spiffe://" + GatewayTrustDomain + "/ns/"
+	// GatewayTrustDomain is the SPIFFE trust domain of the identities.
+	GatewayTrustDomain = "floodgate.dev"
+)
+
+// GatewayRef names a Gateway in Policy.Gateways: "<namespace>/<name>".
+func GatewayRef(namespace, name string) string { return namespace + "/" + name }
+
+// ParseGatewayRef splits a GatewayRef and checks its parts: a namespace
+// is a DNS label, a name a DNS subdomain, as Kubernetes has them.
+func ParseGatewayRef(ref string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return "", "", fmt.Errorf("must be <namespace>/<name>, got %q", ref)
+	}
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return "", "", fmt.Errorf("namespace %q: %s", namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", "", fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return namespace, name, nil
+}
+
+// GatewayIdentity is the URI that a gateway's client certificate names it
+// by: spiffe://floodgate.dev/ns/<namespace>/gateway/<name>.
+func GatewayIdentity(namespace, name string) string {
+	return GatewayIdentityPrefix + namespace + "/gateway/" + name
+}
+
+// GatewayOf returns the GatewayRef that a certificate's URI SANs name, or
+// false when none is a gateway identity, or several name different ones.
+func GatewayOf(uris []*url.URL) (string, bool) {
+	ref := ""
+	for _, u := range uris {
+		if u == nil || u.Scheme != "spiffe" || u.Host != GatewayTrustDomain || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			continue
+		}
+		rest, ok := strings.CutPrefix(u.Path, "/ns/")
+		if !ok {
+			continue
+		}
+		ns, name, ok := strings.Cut(rest, "/gateway/")
+		if !ok {
+			continue
+		}
+		r := GatewayRef(ns, name)
+		if _, _, err := ParseGatewayRef(r); err != nil {
+			continue
+		}
+		if ref != "" && ref != r {
+			return "", false
+		}
+		ref = r
+	}
+	return ref, ref != ""
+}
+
+// validateGateways checks a policy's Gateways at path.
+func validateGateways(path string, gws []string, errs *errList) {
+	if len(gws) > MaxGateways {
+		errs.add(path, "at most %d gateways, got %d", MaxGateways, len(gws))
+	}
+	for i, g := range gws {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		if _, _, err := ParseGatewayRef(g); err != nil {
+			errs.add(p, "%v", err)
+		} else if i > 0 && g <= gws[i-1] {
+			errs.add(p, "gateways must be sorted and unique: %q follows %q", g, gws[i-1])
+		}
+	}
+}

@@ -1,8 +1,14 @@
 package config
 
 import (
+	"fmt"
+	"net/url"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The headers an expression reads by name are what a gateway must send
@@ -70,5 +76,82 @@ func TestRequestHeaders(t *testing.T) {
 	p.Rules[1].Match.When = []string{"request.headers.exists(k, k == 'x')"}
 	if _, err := RequestHeaders(p); err == nil || err.Error() != "rules[1].match.when[0]: reads request.headers other than by a literal name, so no list of headers covers it" {
 		t.Errorf("RequestHeaders with an unlisted read = %v", err)
+	}
+}
+
+// A gateway's identity round-trips through its certificate URI, and only
+// a well-formed identity of floodgate's trust domain names a gateway.
+func TestGatewayIdentity(t *testing.T) {
+	t.Parallel()
+	parse := func(s string) *url.URL {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	if got, want := GatewayIdentity("shop", "public.v1"), "spiffe://floodgate.dev/ns/shop/gateway/public.v1"; got != want {
+		t.Fatalf("GatewayIdentity = %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		uris []string
+		want string
+	}{
+		{[]string{"spiffe://floodgate.dev/ns/shop/gateway/public.v1"}, "shop/public.v1"},
+		{[]string{"https://example.com/x", "spiffe://floodgate.dev/ns/shop/gateway/public"}, "shop/public"},
+		{[]string{"spiffe://floodgate.dev/ns/shop/gateway/public", "spiffe://floodgate.dev/ns/shop/gateway/public"}, "shop/public"},
+		{[]string{"spiffe://floodgate.dev/ns/shop/gateway/a", "spiffe://floodgate.dev/ns/shop/gateway/b"}, ""},
+		{[]string{"spiffe://other.dev/ns/shop/gateway/public"}, ""},
+		{[]string{"spiffe://floodgate.dev/ns/shop/sa/public"}, ""},
+		{[]string{"spiffe://floodgate.dev/ns/Shop/gateway/public"}, ""},
+		{[]string{"spiffe://floodgate.dev/ns/shop/gateway/a/b"}, ""},
+		{[]string{"spiffe://floodgate.dev/ns/shop/gateway/public?x=1"}, ""},
+		{nil, ""},
+	} {
+		var us []*url.URL
+		for _, s := range tc.uris {
+			us = append(us, parse(s))
+		}
+		got, ok := GatewayOf(us)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("GatewayOf(%q) = %q, %v; want %q", tc.uris, got, ok, tc.want)
+		}
+	}
+}
+
+// Policy.Gateways is validated: well-formed references, sorted, unique,
+// bounded.
+func TestValidateGateways(t *testing.T) {
+	t.Parallel()
+	doc := func(gws ...string) *Config {
+		return &Config{APIVersion: APIVersion, Policies: []Policy{{
+			Name: "edge", Namespace: "shop", UID: "u1", Gateways: gws,
+			Rules: []Rule{{Name: "r", Limit: Limit{Requests: 1, Per: metav1.Duration{Duration: time.Second}}}},
+		}}}
+	}
+	if err := doc("infra/public", "shop/internal").Validate(); err != nil {
+		t.Fatalf("valid gateways: %v", err)
+	}
+	for _, tc := range []struct {
+		gws  []string
+		want string
+	}{
+		{[]string{"public"}, "policies[0].gateways[0]: must be <namespace>/<name>"},
+		{[]string{"Infra/public"}, `policies[0].gateways[0]: namespace "Infra"`},
+		{[]string{"infra/pub lic"}, `policies[0].gateways[0]: name "pub lic"`},
+		{[]string{"shop/b", "shop/a"}, `policies[0].gateways[1]: gateways must be sorted and unique: "shop/a" follows "shop/b"`},
+		{[]string{"shop/a", "shop/a"}, "policies[0].gateways[1]: gateways must be sorted and unique"},
+	} {
+		err := doc(tc.gws...).Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(gateways %q) = %v, want %q", tc.gws, err, tc.want)
+		}
+	}
+	many := make([]string, MaxGateways+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("ns/gw-%03d", i)
+	}
+	if err := doc(many...).Validate(); err == nil || !strings.Contains(err.Error(), "policies[0].gateways: at most 32 gateways") {
+		t.Errorf("Validate(%d gateways) = %v, want the bound", len(many), err)
 	}
 }

@@ -63,6 +63,9 @@ const (
 	MaxMatchValueLength = 4096
 	// MaxCIDRs bounds a list of source networks.
 	MaxCIDRs = 64
+	// MaxGateways bounds a policy's Gateways: an HTTPRoute has at most
+	// 32 parentRefs.
+	MaxGateways = 32
 )
 
 // hostPattern is what a match.hosts entry may be: a lower-case DNS name,
@@ -228,6 +231,7 @@ func (p *Policy) validate(path string, pods int, errs *errList) {
 	if p.LoadShedding != nil {
 		p.LoadShedding.validate(path+".loadShedding", errs)
 	}
+	validateGateways(path+".gateways", p.Gateways, errs)
 	seen := map[string]int{}
 	for i := range p.Rules {
 		r := &p.Rules[i]

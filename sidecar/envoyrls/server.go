@@ -62,6 +62,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/events"
 	"github.com/floodgate-dev/floodgate/sidecar/ruleset"
@@ -83,6 +84,18 @@ type Options struct {
 	ResponseHeaders bool
 	// Log receives errors; nil uses slog.Default().
 	Log *slog.Logger
+	// Authenticate serves only authenticated gateways: a call must come
+	// over TLS with a verified client certificate (the listener's TLS
+	// configuration requires and verifies one; this is the check behind
+	// it), and a request descriptor is honoured only from a Gateway that
+	// its policy lists (config.Policy.Gateways), as the certificate's
+	// gateway identity names it (config.GatewayOf). A call without a
+	// verified certificate gets UNAUTHENTICATED; a call with a request
+	// descriptor for a policy that does not list the caller's gateway
+	// (or from a certificate that names none) gets PERMISSION_DENIED,
+	// and charges nothing. Descriptors of descriptor rules, which belong
+	// to no gateway, are answered to any authenticated caller.
+	Authenticate bool
 }
 
 // Server implements RateLimitServiceServer.
@@ -95,6 +108,7 @@ type Server struct {
 	pool   sync.Pool
 
 	ok, overLimit, invalid, notReady prometheus.Counter
+	unauthenticated, denied          prometheus.Counter
 	duration                         prometheus.Observer
 }
 
@@ -118,7 +132,7 @@ func New(o Options) (*Server, error) {
 	s.pool.New = func() any { return new(scratch) }
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "floodgate_sidecar", Subsystem: "rls", Name: "calls_total",
-		Help: "ShouldRateLimit calls by answer: ok, over_limit, invalid_argument, unavailable (no config loaded yet).",
+		Help: "ShouldRateLimit calls by answer: ok, over_limit, invalid_argument, unavailable (no config loaded yet), unauthenticated (no verified client certificate), permission_denied (a request descriptor of a policy whose gateways do not include the caller's).",
 	}, []string{"code"})
 	dur := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "floodgate_sidecar", Subsystem: "rls", Name: "call_duration_seconds",
@@ -135,6 +149,8 @@ func New(o Options) (*Server, error) {
 	s.overLimit = calls.WithLabelValues("over_limit")
 	s.invalid = calls.WithLabelValues("invalid_argument")
 	s.notReady = calls.WithLabelValues("unavailable")
+	s.unauthenticated = calls.WithLabelValues("unauthenticated")
+	s.denied = calls.WithLabelValues("permission_denied")
 	s.duration = dur
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -167,6 +183,15 @@ func (s *Server) Register(g *grpc.Server) {
 // ShouldRateLimit implements RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
+	var caller string
+	if s.o.Authenticate {
+		cert := verifiedClient(ctx)
+		if cert == nil {
+			s.unauthenticated.Inc()
+			return nil, status.Error(codes.Unauthenticated, "the rate-limit service serves only callers with a verified client certificate")
+		}
+		caller, _ = config.GatewayOf(cert.URIs)
+	}
 	if err := Validate(req); err != nil {
 		s.invalid.Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -175,6 +200,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if st == nil {
 		s.notReady.Inc()
 		return nil, status.Error(codes.Unavailable, "the rate limiter has no configuration yet")
+	}
+	if s.o.Authenticate {
+		if err := authorize(st, req, caller); err != nil {
+			s.denied.Inc()
+			return nil, err
+		}
 	}
 	sc := s.pool.Get().(*scratch)
 	defer s.release(sc)

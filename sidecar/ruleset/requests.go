@@ -1,6 +1,8 @@
 package ruleset
 
 import (
+	"slices"
+
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 )
@@ -22,6 +24,15 @@ type Requests struct {
 type RequestPolicy struct {
 	matcher *match.Matcher
 	first   int
+	// gateways is the policy's config.Policy.Gateways, sorted.
+	gateways []string
+}
+
+// Allows reports whether the Gateway gateway, a config.GatewayRef, may
+// ask about the policy (config.Policy.Gateways).
+func (p *RequestPolicy) Allows(gateway string) bool {
+	_, ok := slices.BinarySearch(p.gateways, gateway)
+	return ok
 }
 
 // Policy returns the rules of the policy a request descriptor names,
@@ -49,15 +60,17 @@ func (r *Requests) Len() int {
 // newRequests starts an empty index; CompileFor adds each policy in force.
 func newRequests() *Requests { return &Requests{policies: map[string]*RequestPolicy{}} }
 
-// add indexes the policy namespace/name, whose HTTP rules are the n set
+// add indexes policy p, whose HTTP rules are the n set
 // rules from first on, matched by m. A second policy of the same name
 // (which a valid document does not hold) is left out.
-func (r *Requests) add(namespace, name string, m *match.Matcher, first, n int) {
-	id := config.PolicyEntryValue(namespace, name)
+func (r *Requests) add(p *config.Policy, m *match.Matcher, first, n int) {
+	id := config.PolicyEntryValue(p.Namespace, p.Name)
 	if _, dup := r.policies[id]; dup || n == 0 {
 		return
 	}
-	r.policies[id] = &RequestPolicy{matcher: m, first: first}
+	gws := slices.Clone(p.Gateways)
+	slices.Sort(gws)
+	r.policies[id] = &RequestPolicy{matcher: m, first: first, gateways: gws}
 }
 
 // finish describes the set's rules for the Envoy front.

@@ -253,7 +253,7 @@ func CompileFor(c *config.Config, pod Pod, m *metrics.Metrics) (*Set, error) {
 			s.Shares = append(s.Shares, ReplicaShare{Namespace: p.Namespace, Name: p.Name, Share: share, Placement: placed})
 		}
 		s.Policies++
-		reqs.add(p.Namespace, p.Name, pm, len(s.Rules), len(rules))
+		reqs.add(p, pm, len(s.Rules), len(rules))
 		s.Rules = append(s.Rules, rules...)
 		s.Replaced = append(s.Replaced, replaced...)
 		matches = append(matches, ms...)

@@ -123,6 +123,14 @@ type Config struct {
 	// GRPCResponseHeaders adds the rate-limit response fields to
 	// ShouldRateLimit answers (response_headers_to_add).
 	GRPCResponseHeaders bool
+	// GRPCTLSCertFile and GRPCTLSKeyFile are the gRPC listener's TLS
+	// certificate and key, and GRPCClientCAFile the CA bundle that every
+	// caller's client certificate must verify against: with them the
+	// listener serves TLS only, requires a client certificate, and
+	// honours a request descriptor only from a gateway its policy lists
+	// (envoyrls.Options.Authenticate). The three files are read again for
+	// every handshake. All three or none.
+	GRPCTLSCertFile, GRPCTLSKeyFile, GRPCClientCAFile string
 	// GCPercent is the garbage collector's GOGC unless the GOGC
 	// environment variable is set.
 	GCPercent int
@@ -229,6 +237,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", "", "address serving Envoy's rate-limit service (envoy.service.ratelimit.v3 ShouldRateLimit), gRPC health and reflection; empty: off")
 	fs.BoolVar(&c.GRPCResponseHeaders, "grpc-response-headers", false, "add X-RateLimit-*, RateLimit, RateLimit-Policy and Retry-After to ShouldRateLimit answers (response_headers_to_add)")
+	fs.StringVar(&c.GRPCTLSCertFile, "grpc-tls-cert-file", "", "PEM certificate (chain) of --grpc-listen; with --grpc-tls-key-file and --grpc-client-ca-file the listener serves only TLS callers with a verified client certificate; read again for every handshake")
+	fs.StringVar(&c.GRPCTLSKeyFile, "grpc-tls-key-file", "", "PEM private key of --grpc-tls-cert-file; read again for every handshake")
+	fs.StringVar(&c.GRPCClientCAFile, "grpc-client-ca-file", "", "PEM CA bundle that callers' client certificates must verify against; a request descriptor is then honoured only from a gateway its policy lists; read again for every handshake")
 	fs.BoolVar(&c.PrintRedisFunctions, "print-redis-functions", false, "print the Redis Functions library of the counter scripts (for FUNCTION LOAD on an external store whose user may not load it), then exit")
 	fs.StringVar(&c.CheckConfig, "check-config", "", "validate and explain a policy file (floodgate sidecar config or envoyproxy/ratelimit config, detected), then exit")
 	debugFlags(fs, c)
@@ -298,6 +309,35 @@ func EnvName(flagName string) string {
 // environment variable.
 func (c *Config) IsSet(flagName string) bool { return c.set[flagName] }
 
+// validateGRPCTLS checks the gRPC listener's TLS flags: all three or
+// none, and only with --grpc-listen.
+func (c *Config) validateGRPCTLS(bad func(flagName, format string, args ...any)) {
+	set := map[string]bool{
+		"grpc-tls-cert-file":  c.GRPCTLSCertFile != "",
+		"grpc-tls-key-file":   c.GRPCTLSKeyFile != "",
+		"grpc-client-ca-file": c.GRPCClientCAFile != "",
+	}
+	n := 0
+	for _, ok := range set {
+		if ok {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	if c.GRPCListen == "" {
+		bad("grpc-tls-cert-file", "needs --grpc-listen")
+	}
+	if n < len(set) {
+		for _, name := range []string{"grpc-tls-cert-file", "grpc-tls-key-file", "grpc-client-ca-file"} {
+			if !set[name] {
+				bad(name, "required with the other gRPC TLS flags: the listener serves TLS only to callers with a verified client certificate")
+			}
+		}
+	}
+}
+
 // Validate reports every problem with c at once.
 func (c *Config) Validate() error {
 	var errs []error
@@ -319,6 +359,7 @@ func (c *Config) Validate() error {
 			bad("grpc-listen", "must differ from --listen and --admin-listen")
 		}
 	}
+	c.validateGRPCTLS(bad)
 	if u, err := url.Parse(c.Upstream); err != nil {
 		bad("upstream", "%v", err)
 	} else if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {

@@ -6,6 +6,7 @@ package runner
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/floodgate-dev/floodgate/sidecar/config"
@@ -60,6 +62,7 @@ type Runner struct {
 	adminLn, proxyLn net.Listener
 	grpcLn           net.Listener     // nil unless --grpc-listen
 	rls              *envoyrls.Server // nil unless --grpc-listen
+	grpcTLS          *tls.Config      // nil unless --grpc-client-ca-file
 
 	// applyMu serialises applies: the source's updates, key-file
 	// reloads and the state read at start.
@@ -199,7 +202,14 @@ func New(cfg Config, log *slog.Logger, source configsource.Source) (*Runner, err
 		return nil, fmt.Errorf("proxy listener: %w", err)
 	}
 	if cfg.GRPCListen != "" {
-		r.rls, err = envoyrls.New(envoyrls.Options{Registerer: r.reg, Events: r.ev, ResponseHeaders: cfg.GRPCResponseHeaders, Log: log})
+		authenticate := cfg.GRPCClientCAFile != ""
+		r.rls, err = envoyrls.New(envoyrls.Options{Registerer: r.reg, Events: r.ev, ResponseHeaders: cfg.GRPCResponseHeaders, Log: log,
+			Authenticate: authenticate})
+		if err == nil && authenticate {
+			r.grpcTLS, err = envoyrls.ServerTLS(envoyrls.TLSFiles{
+				CertFile: cfg.GRPCTLSCertFile, KeyFile: cfg.GRPCTLSKeyFile, ClientCAFile: cfg.GRPCClientCAFile,
+			}, log.With("component", "grpc-tls"))
+		}
 		if err == nil {
 			r.grpcLn, err = net.Listen("tcp", cfg.GRPCListen)
 		}
@@ -298,7 +308,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	var gs *grpc.Server
 	grpcErr := make(chan error, 1)
 	if r.grpcLn != nil {
-		gs = grpc.NewServer(grpc.NumStreamWorkers(grpcStreamWorkers))
+		opts := []grpc.ServerOption{grpc.NumStreamWorkers(grpcStreamWorkers)}
+		if r.grpcTLS != nil {
+			opts = append(opts, grpc.Creds(credentials.NewTLS(r.grpcTLS)))
+		}
+		gs = grpc.NewServer(opts...)
 		r.rls.Register(gs)
 		go func() { grpcErr <- gs.Serve(r.grpcLn) }()
 	}

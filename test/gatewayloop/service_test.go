@@ -2,6 +2,8 @@ package gatewayloop
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"log/slog"
@@ -16,7 +18,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -32,6 +37,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
+	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/kubesource"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
@@ -72,6 +78,17 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 		Expect(os.WriteFile(file, auth.Data[key], 0o600)).To(Succeed())
 		env[variable] = file
 	}
+	// And the serving certificate the manager keeps, with the bundle of
+	// CAs whose gateways it serves.
+	var serving corev1.Secret
+	Eventually(func() error {
+		return k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: rlsidentity.ServingSecretName}, &serving)
+	}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+	tlsDir := filepath.Join(dir, "grpc-tls")
+	Expect(os.Mkdir(tlsDir, 0o700)).To(Succeed())
+	for _, key := range []string{rlsidentity.KeyTLSCert, rlsidentity.KeyTLSKey, rlsidentity.KeyCACert} {
+		Expect(os.WriteFile(filepath.Join(tlsDir, key), serving.Data[key], 0o600)).To(Succeed())
+	}
 
 	var rc runner.Config
 	fs := flag.NewFlagSet("floodgate-sidecar", flag.ContinueOnError)
@@ -80,6 +97,8 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 		"--configmap-name", config.RateLimitServiceConfigMapName,
 		"--pod-labels", config.RateLimitServicePodLabel + "=true",
 		"--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0", "--grpc-listen=127.0.0.1:0", "--drain-timeout=1s",
+		"--grpc-tls-cert-file=" + filepath.Join(tlsDir, rlsidentity.KeyTLSCert), "--grpc-tls-key-file=" + filepath.Join(tlsDir, rlsidentity.KeyTLSKey),
+		"--grpc-client-ca-file=" + filepath.Join(tlsDir, rlsidentity.KeyCACert),
 		// A Redis call budget the busiest test machine meets: a replica's
 		// first call to a shard (dial, AUTH, script load) can outrun the
 		// default 50ms there, and the fail-closed rule then answers
@@ -106,6 +125,24 @@ func startReplica(ctx context.Context, name string) *runner.Runner {
 		Eventually(done, 20*time.Second).Should(Receive(BeNil()))
 	})
 	return r
+}
+
+// gatewayCreds are the TLS credentials of Gateway namespace/name, as its
+// pods mount them from the Secret the manager writes in namespace.
+func gatewayCreds(ctx context.Context, namespace, name string) credentials.TransportCredentials {
+	var s corev1.Secret
+	Eventually(func() error {
+		return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: rlsidentity.ClientSecretName}, &s)
+	}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+	certKey, keyKey, _ := rlsidentity.ClientKeys(rlsidentity.Gateway{Namespace: namespace, Name: name})
+	pair, err := tls.X509KeyPair(s.Data[certKey], s.Data[keyKey])
+	Expect(err).NotTo(HaveOccurred())
+	roots := x509.NewCertPool()
+	Expect(roots.AppendCertsFromPEM(s.Data[rlsidentity.KeyCACert])).To(BeTrue())
+	return credentials.NewTLS(&tls.Config{
+		ServerName: "floodgate-ratelimit." + serviceNamespace + ".svc.cluster.local",
+		RootCAs:    roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12,
+	})
 }
 
 // routeRateLimits returns the rate_limits of the HTTP_ROUTE patches of a
@@ -264,6 +301,8 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			g.Expect(doc.Policies).To(HaveLen(1))
 			g.Expect(doc.Policies[0].Namespace).To(Equal(ns))
 			g.Expect(doc.Policies[0].Name).To(Equal("edge"))
+			g.Expect(doc.Policies[0].Gateways).To(Equal([]string{ns + "/public"}),
+				"only the Gateway that accepted the targeted route may ask about the policy")
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 
 		var auth corev1.Secret
@@ -325,12 +364,18 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 		rls := routeRateLimits(published.Data["shop.public.istio.yaml"])
 		Expect(rls).To(HaveLen(1), "one policy on the route: one rate_limits entry")
 
-		clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
-		for i, r := range replicas {
-			conn, err := grpc.NewClient(r.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// The route's Gateway, shop/public, calls with the client
+		// certificate the manager wrote into its namespace.
+		dial := func(r *runner.Runner, creds credentials.TransportCredentials) rlsv3.RateLimitServiceClient {
+			conn, err := grpc.NewClient(r.GRPCAddr(), grpc.WithTransportCredentials(creds))
 			Expect(err).NotTo(HaveOccurred())
 			DeferCleanup(conn.Close)
-			clients[i] = rlsv3.NewRateLimitServiceClient(conn)
+			return rlsv3.NewRateLimitServiceClient(conn)
+		}
+		creds := gatewayCreds(ctx, ns, "public")
+		clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
+		for i, r := range replicas {
+			clients[i] = dial(r, creds)
 		}
 		n := 0
 		askAs := func(host, client, path, key string) rlsv3.RateLimitResponse_Code {
@@ -354,12 +399,29 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 			return askAs("api.example.com", "203.0.113.7", path, key)
 		}
 
+		// Another tenant's gateway, with a certificate of the same CA,
+		// may not spend the route's counters; a caller without a
+		// certificate is not served at all.
+		intruder := dial(replicas[0], gatewayCreds(ctx, "other", "gw"))
+		plaintext := dial(replicas[1], insecure.NewCredentials())
+		for range 10 {
+			call, err := envoyemu.Call(config.GatewayDomain, rls, gatewayconfig.Stage, &envoyemu.Request{
+				Method: http.MethodGet, Target: "/api/items", Authority: "api.example.com",
+				Headers: http.Header{"X-Api-Key": []string{"key-1"}}, Client: netip.MustParseAddr("203.0.113.7"),
+			})
+			Expect(err).NotTo(HaveOccurred())
+			_, err = intruder.ShouldRateLimit(ctx, call)
+			Expect(status.Code(err)).To(Equal(codes.PermissionDenied), "another gateway asking about shop/edge")
+			_, err = plaintext.ShouldRateLimit(ctx, call)
+			Expect(status.Code(err)).To(Equal(codes.Unavailable), "a caller without a client certificate")
+		}
+
 		var got []string
 		for range 7 {
 			got = append(got, ask("/api/items?page=2", "key-1").String())
 		}
 		Expect(got).To(Equal([]string{"OK", "OK", "OK", "OK", "OK", "OVER_LIMIT", "OVER_LIMIT"}),
-			"5 per hour for key-1, counted over both replicas")
+			"5 per hour for key-1, counted over both replicas; the refused calls counted nothing")
 		Expect(ask("/api/items", "key-2")).To(Equal(rlsv3.RateLimitResponse_OK), "another key has its own count")
 		for range 3 {
 			Expect(ask("/health", "key-1")).To(Equal(rlsv3.RateLimitResponse_OK), "a path the rule does not match is not limited")

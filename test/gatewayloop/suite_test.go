@@ -1,11 +1,13 @@
 // Package gatewayloop runs the gateway half of floodgate against envtest's
 // real kube-apiserver, with the Gateway API CRDs of the
 // sigs.k8s.io/gateway-api module installed: the manager's policy and
-// central rate-limit service controllers, a real Redis Cluster, and
-// replicas of the central rate-limit service (floodgate-sidecar in
-// Kubernetes mode watching floodgate-ratelimit-policies, answering Envoy's
-// rate-limit API) that a real gRPC client asks with the descriptors
-// floodgate's generated route actions produce.
+// central rate-limit service controllers and the keeper of the service's
+// certificates, a real Redis Cluster, and replicas of the central
+// rate-limit service (floodgate-sidecar in Kubernetes mode watching
+// floodgate-ratelimit-policies, answering Envoy's rate-limit API over TLS
+// to gateways with a client certificate) that a real gRPC client asks,
+// with a gateway's certificate, with the descriptors floodgate's generated
+// route actions produce.
 package gatewayloop
 
 import (
@@ -34,6 +36,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
+	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
 )
 
 // serviceNamespace is the central service's (and the manager's) namespace.
@@ -87,6 +90,8 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: serviceNamespace}})).To(Succeed())
+	// The namespace of another tenant's gateway.
+	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}})).To(Succeed())
 
 	// Composed as floodgate-manager --ratelimit-service composes it.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -101,10 +106,18 @@ var _ = BeforeSuite(func() {
 	rr := &ratelimitservice.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(app.Name),
 		Namespace: serviceNamespace,
-		Service:   gatewayconfig.Service{Name: "floodgate-ratelimit", Namespace: serviceNamespace, Port: 8082},
+		Service:   gatewayconfig.Service{Name: "floodgate-ratelimit", Namespace: serviceNamespace, Port: 8082, TLS: true},
 	}
 	Expect(rr.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	Expect(rr.GatewayAPI).To(BeTrue(), "envtest serves the Gateway API CRDs")
+	// --ratelimit-service-tls --ratelimit-gateways=shop/public,other/gw
+	ids, err := rlsidentity.New(rlsidentity.Options{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: serviceNamespace, ServiceName: "floodgate-ratelimit",
+		Gateways: []rlsidentity.Gateway{{Namespace: "shop", Name: "public"}, {Namespace: "other", Name: "gw"}},
+		Log:      ctrl.Log.WithName("rlsidentity"),
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(mgr.Add(ids)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)

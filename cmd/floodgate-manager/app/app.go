@@ -46,6 +46,7 @@ import (
 	"github.com/floodgate-dev/floodgate/controllers/podlimits"
 	"github.com/floodgate-dev/floodgate/controllers/policy"
 	"github.com/floodgate-dev/floodgate/controllers/ratelimitservice"
+	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
 	"github.com/floodgate-dev/floodgate/controllers/sidecaraccess"
 	"github.com/floodgate-dev/floodgate/controllers/usage"
 )
@@ -75,6 +76,7 @@ var components = []component{
 	{name: "webhooks", setup: setupWebhooks},
 	{name: sidecaraccess.ControllerName, setup: setupSidecarAccess},
 	{name: ratelimitservice.ControllerName, setup: setupRateLimitService},
+	{name: "rate-limit service identity", setup: setupRateLimitIdentity},
 }
 
 // storeMetrics are the CounterStore metrics, registered on
@@ -106,9 +108,31 @@ func setupRateLimitService(_ context.Context, mgr ctrl.Manager, o *Options) erro
 		Namespace: o.Webhook.Namespace,
 		Service: gatewayconfig.Service{
 			Name: o.RateLimitServiceName, Namespace: o.Webhook.Namespace, Port: int32(o.RateLimitServicePort),
+			TLS: o.RateLimitServiceTLS,
 		},
 	}
 	return r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1})
+}
+
+// setupRateLimitIdentity keeps the central rate-limit service's
+// certificates when --ratelimit-service-tls is set (package rlsidentity).
+func setupRateLimitIdentity(_ context.Context, mgr ctrl.Manager, o *Options) error {
+	if !o.RateLimitService || !o.RateLimitServiceTLS {
+		return nil
+	}
+	m, err := rlsidentity.New(rlsidentity.Options{
+		Client:             mgr.GetClient(),
+		Reader:             mgr.GetAPIReader(),
+		Namespace:          o.Webhook.Namespace,
+		ServiceName:        o.RateLimitServiceName,
+		Gateways:           o.RateLimitGateways,
+		OwnerWebhookConfig: o.Webhook.MutatingConfig,
+		Log:                ctrl.Log.WithName("rlsidentity"),
+	})
+	if err != nil {
+		return err
+	}
+	return mgr.Add(m)
 }
 
 // Main runs the manager with the command line args, and returns the exit

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
 )
 
 // Options is the manager's whole configuration, filled from flags.
@@ -52,6 +55,14 @@ type Options struct {
 	// the manager generates points at.
 	RateLimitServiceName string
 	RateLimitServicePort int
+	// RateLimitServiceTLS makes the central service authenticate its
+	// callers: the manager keeps its CA, its serving certificate and a
+	// client certificate per gateway of RateLimitGateways
+	// (rlsidentity), and the generated gateway configuration presents
+	// the client certificate.
+	RateLimitServiceTLS bool
+	// RateLimitGateways are the Gateways that get a client certificate.
+	RateLimitGateways gatewayList
 	// GracefulShutdown bounds how long the manager waits for running
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
@@ -146,6 +157,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The central rate-limit service's Service, in --namespace, that the generated gateway configuration (ConfigMap floodgate-gateway-config) points at.")
 	fs.IntVar(&o.RateLimitServicePort, "ratelimit-service-port", o.RateLimitServicePort,
 		"The gRPC port of the central rate-limit service's Service.")
+	fs.BoolVar(&o.RateLimitServiceTLS, "ratelimit-service-tls", o.RateLimitServiceTLS,
+		"The central rate-limit service authenticates its callers: keep its CA (Secret floodgate-ratelimit-ca), its serving certificate (floodgate-ratelimit-tls) and a client certificate for each gateway of --ratelimit-gateways (floodgate-ratelimit-client in the gateway's namespace), and generate gateway configuration that presents it.")
+	fs.Var(&o.RateLimitGateways, "ratelimit-gateways",
+		"Comma-separated Gateways that get a client certificate of the central rate-limit service, as <namespace>/<name>, or <namespace>/<name>=<namespace of its pods> when its pods run elsewhere (Envoy Gateway's proxies run in its controller's namespace).")
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
 	fs.DurationVar(&o.UsageInterval, "usage-interval", o.UsageInterval,
@@ -196,6 +211,12 @@ func (o *Options) Validate() error {
 	if o.RateLimitService && o.RateLimitServiceName == "" {
 		errs = append(errs, errors.New("--ratelimit-service-name: must not be empty with --ratelimit-service"))
 	}
+	if o.RateLimitServiceTLS && !o.RateLimitService {
+		errs = append(errs, errors.New("--ratelimit-service-tls: only used with --ratelimit-service"))
+	}
+	if len(o.RateLimitGateways) > 0 && !o.RateLimitServiceTLS {
+		errs = append(errs, errors.New("--ratelimit-gateways: only used with --ratelimit-service-tls"))
+	}
 	if o.RateLimitServicePort < 1 || o.RateLimitServicePort > 65535 {
 		errs = append(errs, fmt.Errorf("--ratelimit-service-port: must be between 1 and 65535, got %d", o.RateLimitServicePort))
 	}
@@ -229,5 +250,40 @@ func validateBindAddress(addr string) error {
 	if err != nil || n < 0 || n > 65535 {
 		return fmt.Errorf("port must be 0-65535, got %q", port)
 	}
+	return nil
+}
+
+// gatewayList is the value of --ratelimit-gateways.
+type gatewayList []rlsidentity.Gateway
+
+// String implements flag.Value.
+func (l *gatewayList) String() string {
+	parts := make([]string, len(*l))
+	for i, g := range *l {
+		parts[i] = g.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set implements flag.Value: it parses the whole comma-separated list,
+// which replaces any earlier one, and refuses a gateway listed twice.
+func (l *gatewayList) Set(v string) error {
+	var out gatewayList
+	seen := map[string]bool{}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		g, err := rlsidentity.ParseGateway(s)
+		if err != nil {
+			return err
+		}
+		if seen[g.Ref()] {
+			return fmt.Errorf("gateway %s is listed twice", g.Ref())
+		}
+		seen[g.Ref()] = true
+		out = append(out, g)
+	}
+	*l = out
 	return nil
 }

@@ -88,7 +88,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "health-probe-bind-address", "enable-http2",
 		"leader-elect", "leader-election-id", "leader-election-namespace", "leader-election-lease-duration",
 		"leader-election-renew-deadline", "leader-election-retry-period", "policy-concurrency",
-		"graceful-shutdown-timeout", "kubeconfig", "zap-log-level",
+		"graceful-shutdown-timeout", "kubeconfig", "zap-log-level", "ratelimit-service-tls", "ratelimit-gateways",
 	} {
 		if !strings.Contains(stderr.String(), "-"+flag) {
 			t.Errorf("-h does not document --%s", flag)
@@ -123,5 +123,41 @@ func TestValidateWebhookOptions(t *testing.T) {
 	o.Webhook.CertMode = CertModeExternal
 	if err := o.Validate(); err != nil {
 		t.Errorf("Validate() = %v; external mode needs no Secret", err)
+	}
+}
+
+// The central service's TLS flags: the gateway list is parsed whole and
+// strictly, and each flag needs the one it refines.
+func TestRateLimitServiceTLSFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"--ratelimit-service-tls"}, 2, "--ratelimit-service-tls: only used with --ratelimit-service"},
+		{[]string{"--ratelimit-service", "--ratelimit-gateways=shop/public"}, 2, "--ratelimit-gateways: only used with --ratelimit-service-tls"},
+		{[]string{"--ratelimit-gateways=public"}, 2, `gateway "public": must be <namespace>/<name>`},
+		{[]string{"--ratelimit-gateways=shop/public=Envoy"}, 2, `secret namespace "Envoy"`},
+		{[]string{"--ratelimit-gateways=shop/public,shop/public=egw"}, 2, "gateway shop/public is listed twice"},
+	} {
+		var stderr bytes.Buffer
+		if got := Main(context.Background(), tc.args, &stderr); got != tc.code {
+			t.Errorf("Main(%q) = %d, want %d (stderr: %s)", tc.args, got, tc.code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), tc.out) {
+			t.Errorf("Main(%q) wrote %q, want it to contain %q", tc.args, stderr.String(), tc.out)
+		}
+	}
+	o := DefaultOptions()
+	if err := o.RateLimitGateways.Set(" shop/public, bank/edge=envoy-gateway-system ,"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := o.RateLimitGateways.String(), "shop/public,bank/edge=envoy-gateway-system"; got != want {
+		t.Errorf("--ratelimit-gateways = %q, want %q", got, want)
+	}
+	o.RateLimitService, o.RateLimitServiceTLS = true, true
+	if err := o.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
 	}
 }

@@ -77,6 +77,12 @@ type Input struct {
 	// NamespaceLabels are the namespace's labels, on which
 	// ClusterRateLimitPolicies select namespaces.
 	NamespaceLabels map[string]string
+	// Targets holds, for the central rate-limit service's document, what
+	// was found of each policy's targetRef, by the policy's
+	// "<namespace>/<name>" (config.PolicyEntryValue): the Gateways of a found target are those its entry lets ask
+	// about it (config.Policy.Gateways). A policy without an entry, or
+	// whose target was not found, lets no gateway ask.
+	Targets map[string]v1alpha1.TargetStatus
 	// ClusterPolicies are the cluster's ClusterRateLimitPolicies; Compile
 	// keeps those that select the namespace. Those being deleted are
 	// ignored.
@@ -339,6 +345,7 @@ func Compile(in Input) (Output, error) {
 
 		if r.Accepted() && r.RefsResolved() {
 			entry := compilePolicy(p, replicas(r.ReadyPods))
+			entry.Gateways = in.gateways(p)
 			if err := checkEntry(entry, *store); err != nil {
 				r.Invalid = append(r.Invalid, field.InternalError(field.NewPath("spec"), err))
 			} else {
@@ -350,6 +357,9 @@ func Compile(in Input) (Output, error) {
 		}
 		if entry, ok := carry(string(p.UID)); ok {
 			r.CompiledGeneration = entry.Generation
+			// The earlier generation's rules, asked about by the gateways
+			// its target has now.
+			entry.Gateways = in.gateways(p)
 			entries = append(entries, entry)
 		}
 	}
@@ -403,6 +413,22 @@ func Compile(in Input) (Output, error) {
 		return Output{}, err
 	}
 	return out, nil
+}
+
+// gateways returns the Gateways that may ask the central rate-limit
+// service about policy p: those of its target when found, sorted. It is
+// nil for a namespace's document.
+func (in *Input) gateways(p *v1alpha1.RateLimitPolicy) []string {
+	if !in.RateLimitService {
+		return nil
+	}
+	t, ok := in.Targets[config.PolicyEntryValue(p.Namespace, p.Name)]
+	if !ok || !t.Found || len(t.Gateways) == 0 {
+		return nil
+	}
+	out := slices.Clone(t.Gateways)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // applyReplacements decides, for each default rule of cluster policy c,

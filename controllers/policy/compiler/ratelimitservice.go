@@ -21,6 +21,9 @@ type ServiceInput struct {
 	// Previous is the document the central service's ConfigMap holds now,
 	// or nil.
 	Previous *config.Config
+	// Targets is what was found of each policy's targetRef, by the
+	// policy's "<namespace>/<name>" (Input.Targets).
+	Targets map[string]v1alpha1.TargetStatus
 }
 
 // CompileRateLimitService compiles the document of the central rate-limit
@@ -31,15 +34,18 @@ type ServiceInput struct {
 // naming another store gets StoreConflict. A policy's entry has no
 // podSelector (every replica of the service enforces it); policies are
 // told apart by namespace and name, which the gateways send in each
-// request descriptor (config.PolicyEntryKey). Each result carries its
-// policy's Namespace; its TargetedPods and ReadyPods count the service's
-// pods.
+// request descriptor (config.PolicyEntryKey), and an entry lists the
+// Gateways that may send them (config.Policy.Gateways): those of its
+// found target (Targets), the Gateways that accepted the targeted
+// HTTPRoute, or the targeted Gateway. Each result carries its policy's
+// Namespace; its TargetedPods and ReadyPods count the service's pods.
 func CompileRateLimitService(in ServiceInput) (Output, error) {
 	return Compile(Input{
 		Policies:         in.Policies,
 		Pods:             in.Pods,
 		Stores:           in.Stores,
 		Previous:         in.Previous,
+		Targets:          in.Targets,
 		RateLimitService: true,
 	})
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
@@ -26,7 +28,8 @@ func TestGoldenRateLimitService(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			in := readInput(t, file)
-			out, err := CompileRateLimitService(ServiceInput{Policies: in.Policies, Pods: in.Pods, Stores: in.Stores, Previous: in.Previous})
+			out, err := CompileRateLimitService(ServiceInput{Policies: in.Policies, Pods: in.Pods, Stores: in.Stores, Previous: in.Previous,
+				Targets: goldenTargets[name]})
 			if err != nil {
 				t.Fatalf("CompileRateLimitService: %v", err)
 			}
@@ -56,9 +59,36 @@ func TestGoldenRateLimitService(t *testing.T) {
 				if p.PodSelector != nil {
 					t.Errorf("policy %s/%s has a podSelector %v; every replica of the service enforces every policy", p.Namespace, p.Name, p.PodSelector)
 				}
+				target := goldenTargets[name][config.PolicyEntryValue(p.Namespace, p.Name)]
+				want := slices.Sorted(slices.Values(target.Gateways))
+				if !target.Found {
+					want = nil
+				}
+				if !slices.Equal(p.Gateways, want) {
+					t.Errorf("policy %s/%s may be asked about by gateways %q, want those of its found target, %q", p.Namespace, p.Name, p.Gateways, want)
+				}
 			}
 		})
 	}
+}
+
+// goldenTargets are what the manager found of the golden inputs'
+// targets, by input file and policy.
+var goldenTargets = map[string]map[string]v1alpha1.TargetStatus{
+	"two-namespaces": {
+		// An HTTPRoute that two Gateways accepted.
+		"team-a/edge": {Ref: "HTTPRoute/api", Found: true, Gateways: []string{"team-a/internal", "infra/public"}},
+		// A Gateway's listener.
+		"team-b/edge": {Ref: "Gateway/public/https", Found: true, Gateways: []string{"team-b/public"}},
+	},
+	"conflict-and-carry": {
+		"team-a/first": {Ref: "HTTPRoute/api", Found: true, Gateways: []string{"infra/public"}},
+		// The carried entry is asked about by the gateways its target
+		// has now.
+		"team-c/broken": {Ref: "HTTPRoute/api", Found: true, Gateways: []string{"team-c/moved"}},
+		// A target not found lets no gateway ask.
+		"team-b/other-store": {Ref: "HTTPRoute/api", Gateways: []string{"infra/public"}},
+	},
 }
 
 // TestNamespaceCompileIgnoresGatewayPolicies shows that a namespace's

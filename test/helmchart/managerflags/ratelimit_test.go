@@ -2,7 +2,9 @@ package managerflags
 
 import (
 	"flag"
+	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/floodgate-dev/floodgate/cmd/floodgate-manager/app"
+	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/runner"
 	"github.com/floodgate-dev/floodgate/test/helmchart/helmtest"
@@ -124,5 +128,57 @@ func TestRateLimitServiceFollowsContract(t *testing.T) {
 	convert(t, s, "Deployment", "floodgate-manager", &mgr)
 	if !slices.Contains(mgr.Spec.Template.Spec.Containers[0].Args, "--ratelimit-service") {
 		t.Errorf("the manager runs without --ratelimit-service: %q", mgr.Spec.Template.Spec.Containers[0].Args)
+	}
+
+	// mTLS, on by default: the replicas serve the manager's serving
+	// certificate from its Secret, and accept its CA's client
+	// certificates; the manager keeps them, and a client certificate for
+	// each listed gateway.
+	files := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if v.Name != m.Name || v.Secret == nil || v.Secret.SecretName != rlsidentity.ServingSecretName {
+				continue
+			}
+			if v.Secret.Optional != nil && *v.Secret.Optional {
+				t.Errorf("the serving certificate's volume is optional: a replica would start without authenticating its callers")
+			}
+			for _, it := range v.Secret.Items {
+				files[path.Join(m.MountPath, it.Path)] = it.Key
+			}
+		}
+	}
+	for file, want := range map[string]string{rc.GRPCTLSCertFile: rlsidentity.KeyTLSCert, rc.GRPCTLSKeyFile: rlsidentity.KeyTLSKey, rc.GRPCClientCAFile: rlsidentity.KeyCACert} {
+		if file == "" || files[file] != want {
+			t.Errorf("gRPC TLS file %q is not key %s of Secret %s (mounted: %v)", file, want, rlsidentity.ServingSecretName, files)
+		}
+	}
+	o := app.DefaultOptions()
+	fs = flag.NewFlagSet(app.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.BindFlags(fs)
+	if err := fs.Parse(mgr.Spec.Template.Spec.Containers[0].Args); err != nil {
+		t.Fatal(err)
+	}
+	if !o.RateLimitServiceTLS || o.RateLimitGateways.String() != "shop/public,shop/eg=envoy-gateway-system" {
+		t.Errorf("manager: --ratelimit-service-tls %v, --ratelimit-gateways %q; want on, with the values' two gateways",
+			o.RateLimitServiceTLS, o.RateLimitGateways.String())
+	}
+
+	// Off, the replicas are plaintext, and the manager keeps nothing.
+	plain := helmtest.Manifest(t, "-f", filepath.Join(helmtest.RepoRoot(t), "test", "helmchart", "testdata", "values", "ratelimit-service.yaml"),
+		"--set", "rateLimitService.mtls.enabled=false", "--set", "rateLimitService.gateways=null")
+	convert(t, plain, "Deployment", name, &d)
+	convert(t, plain, "Deployment", "floodgate-manager", &mgr)
+	for _, a := range slices.Concat(d.Spec.Template.Spec.Containers[0].Args, mgr.Spec.Template.Spec.Containers[0].Args) {
+		if strings.Contains(a, "tls") || strings.Contains(a, "ratelimit-gateways") {
+			t.Errorf("with mtls.enabled=false: argument %q", a)
+		}
+	}
+	// Gateways without mTLS would get nothing: refused.
+	r := helmtest.Run(t, helmtest.TemplateArgs(t, "--set", "rateLimitService.enabled=true", "--set", "rateLimitService.mtls.enabled=false",
+		"--set", "rateLimitService.gateways[0].namespace=shop", "--set", "rateLimitService.gateways[0].name=public")...)
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "rateLimitService.gateways needs rateLimitService.mtls.enabled") {
+		t.Errorf("gateways without mTLS: %v, want the chart to refuse", r.Err)
 	}
 }
