@@ -79,8 +79,14 @@ func tenantIsolation(url *string) func(SpecContext) {
 			}
 		}
 
-		// One of appNS's counters, which earlier specs wrote; the
-		// attacker could compute its name, so the spec hands it over.
+		// One of appNS's counters, written now (an earlier spec replaced
+		// every Redis pod, counters and all); the attacker could compute
+		// its name, so the spec hands it over.
+		for range 3 {
+			a := send(ctx, http.MethodGet, *url+"/api/tenant-a", map[string]string{"X-API-Key": "tenant-a-key"})
+			Expect(a.Err).NotTo(HaveOccurred())
+			Expect(a.Status).To(Equal(http.StatusOK))
+		}
 		pods := readyPods(ctx, releaseNS, counterstore.SelectorLabels("default"))
 		var keyA, host string
 		for i := range pods {
