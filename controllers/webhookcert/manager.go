@@ -182,28 +182,9 @@ func (m *Manager) NeedLeaderElection() bool { return false }
 // Start runs Sync until ctx ends: at the sync interval, or sooner when a
 // rotation stage is due, and after a failure with backoff.
 func (m *Manager) Start(ctx context.Context) error {
-	backoff := time.Second
-	for {
-		wait := m.o.SyncInterval
-		next, err := m.Sync(ctx)
-		switch {
-		case err != nil:
-			m.o.Log.Error(err, "keeping the webhook certificate failed; retrying", "in", backoff)
-			wait, backoff = backoff, min(2*backoff, m.o.SyncInterval)
-		default:
-			backoff = time.Second
-			if !next.IsZero() {
-				wait = min(wait, max(next.Sub(m.o.Now()), 10*time.Millisecond))
-			}
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
+	return pki.Keep(ctx, m.o.SyncInterval, m.o.Now, m.Sync, func(err error, retryIn time.Duration) {
+		m.o.Log.Error(err, "keeping the webhook certificate failed; retrying", "in", retryIn)
+	})
 }
 
 // Sync brings the Secret, the files and the caBundles up to date once, and

@@ -395,38 +395,14 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	args := redisstore.ScriptArgs(params, -1, 1)
 	var ceil1, ceilP, unb, bat, fcallCPU []float64
 	for r := 1; r <= cfg.Rounds && ctx.Err() == nil; r++ {
-		// The server's CPU per decision of one pipelined run of FCALL
-		// and one of EVALSHA, back to back, in every round.
-		var evalshaSrv time.Duration
-		for _, run := range []struct {
-			depth int
-			head  []string
-		}{{1, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"FCALL", fn}}} {
-			depth := run.depth
-			logf("round %d: redis-benchmark %s -P %d\n", r, run.head[0], depth)
-			srv0, m0 := serverCPU(serverPids), machineCPU()
-			p, err := redisBenchmark(ctx, cfg, masters[0], run.head, alg, args, depth)
-			if err != nil {
-				return nil, err
-			}
-			srv := serverCPU(serverPids) - srv0
-			p.ServerCPU = perDecision(srv, p.Decisions, serverPids)
-			// redis-benchmark's own CPU is not measured: it counts as
-			// foreign here.
-			p.Foreign = foreignShare(m0, machineCPU(), srv)
-			p.Name = fmt.Sprintf("%d: %s", r, p.Name)
-			rep.Phases = append(rep.Phases, p)
-			switch {
-			case run.head[0] == "FCALL":
-				if evalshaSrv > 0 && p.ServerCPU > 0 {
-					fcallCPU = append(fcallCPU, float64(p.ServerCPU)/float64(evalshaSrv))
-				}
-			case depth == 1:
-				ceil1 = append(ceil1, p.Rate)
-			default:
-				ceilP = append(ceilP, p.Rate)
-				evalshaSrv = p.ServerCPU
-			}
+		ps, err := ceilingRound(ctx, cfg, r, masters[0], sha, fn, alg, args, serverPids, log)
+		if err != nil {
+			return nil, err
+		}
+		rep.Phases = append(rep.Phases, ps[:]...)
+		ceil1, ceilP = append(ceil1, ps[0].Rate), append(ceilP, ps[1].Rate)
+		if ps[1].ServerCPU > 0 && ps[2].ServerCPU > 0 {
+			fcallCPU = append(fcallCPU, float64(ps[2].ServerCPU)/float64(ps[1].ServerCPU))
 		}
 		for i, mode := range modes {
 			s, err := newStore(mode.window)
@@ -587,6 +563,33 @@ func pin(cfg Config, serverPids []int, log io.Writer) string {
 
 // redisBenchmark runs redis-benchmark's EVALSHA of the script against the
 // cluster and returns its rate.
+// ceilingRound runs round r's redis-benchmark ceilings on master:
+// EVALSHA of the script (sha) unpipelined and pipelined, and FCALL of its
+// function (fn) pipelined, back to back, so that the servers' CPU per
+// decision of the two calls compares within the round.
+func ceilingRound(ctx context.Context, cfg Config, r int, master, sha, fn string, alg limiter.Algorithm, args []string, serverPids []int, log io.Writer) ([3]Phase, error) {
+	var ps [3]Phase
+	for i, run := range []struct {
+		depth int
+		head  []string
+	}{{1, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"EVALSHA", sha}}, {cfg.Pipeline, []string{"FCALL", fn}}} {
+		_, _ = fmt.Fprintf(log, "round %d: redis-benchmark %s -P %d\n", r, run.head[0], run.depth)
+		srv0, m0 := serverCPU(serverPids), machineCPU()
+		p, err := redisBenchmark(ctx, cfg, master, run.head, alg, args, run.depth)
+		if err != nil {
+			return ps, err
+		}
+		srv := serverCPU(serverPids) - srv0
+		p.ServerCPU = perDecision(srv, p.Decisions, serverPids)
+		// redis-benchmark's own CPU is not measured: it counts as
+		// foreign here.
+		p.Foreign = foreignShare(m0, machineCPU(), srv)
+		p.Name = fmt.Sprintf("%d: %s", r, p.Name)
+		ps[i] = p
+	}
+	return ps, nil
+}
+
 // head is the command and its script: EVALSHA and the SHA1, or FCALL and
 // the function.
 func redisBenchmark(ctx context.Context, cfg Config, seed string, head []string, alg limiter.Algorithm, args []string, depth int) (Phase, error) {

@@ -183,7 +183,8 @@ func (s *Session) PruneUsers(ctx context.Context, addrs []string, stale func(nam
 					}
 				}
 				if len(gone) > 0 {
-					args := []any{"acl", "deluser"}
+					args := make([]any, 0, 2+len(gone))
+					args = append(args, "acl", "deluser")
 					for _, n := range gone {
 						args = append(args, n)
 					}
