@@ -262,8 +262,8 @@ type CounterStoreStatus struct {
 
 	// AuthSecretName names the Secret, in each namespace whose policies
 	// use the store, that holds the sidecars' credentials: the password
-	// under the key "password" and, for a managed store, its restricted
-	// sidecar user under "username". The manager keeps that one copy per
+	// under the key "password" and, for a managed store, the namespace's
+	// own restricted user under "username". The manager keeps that one copy per
 	// namespace (floodgate-store-auth). Empty when the store takes no
 	// password.
 	// +optional

@@ -9,15 +9,18 @@
 // the CounterStore, and are written with server-side apply under the field
 // owner "floodgate-manager":
 //
-//   - the Secret counterstore-<name>-auth with two generated passwords:
-//     the default user's (the manager's admin user, also used for
+//   - the Secret counterstore-<name>-auth with the generated password of
+//     the default user (the manager's admin user, also used for
 //     replication and the probes; deleting the Secret rotates it, which
-//     rolls every Pod and so re-forms the cluster, counters reset) and the
-//     sidecar user's (SidecarUser, restricted to the counter scripts on
-//     fg:* keys; annotating the Secret with floodgate.dev/rotate rotates
-//     it on the running nodes, the old one accepted for
-//     Options.PasswordOverlap more, so that no call fails while the new
-//     one reaches the sidecars);
+//     rolls every Pod and so re-forms the cluster, counters reset);
+//   - the passwords of the namespaces' users (NamespaceUser, restricted to
+//     the counter functions on their namespace's keys), in the user
+//     Secrets that the sidecaraccess controller asks for
+//     (UserSecretName): generated, set on the running nodes (ACL SETUSER)
+//     before they are written, and rotated on floodgate.dev/rotate with
+//     the old one accepted for Options.PasswordOverlap more, so that no
+//     call fails while the new one reaches the sidecars; and the counter
+//     functions' library, loaded on every master (syncUsers);
 //   - the ConfigMap counterstore-<name>-config with redis.conf (cluster
 //     mode, no persistence);
 //   - the headless Service and the PodDisruptionBudget counterstore-<name>;
@@ -189,8 +192,9 @@ type observation struct {
 	// endpoints and authSecret are what the status publishes.
 	endpoints  []string
 	authSecret string
-	// expires is when the previous sidecar password stops being
-	// accepted, during a rotation: the next reconcile must come by then.
+	// expires is when the earliest previous namespace password stops
+	// being accepted, during a rotation: the next reconcile must come by
+	// then.
 	expires time.Time
 	// waitForUser: nothing will change until the user acts; resync slowly.
 	waitForUser bool

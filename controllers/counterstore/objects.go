@@ -63,8 +63,8 @@ const (
 	// so that a config change rolls the Pods.
 	ConfigHashAnnotation = "ratelimit.floodgate.dev/config-hash"
 	// AuthHashAnnotation on the Pod template holds a hash of the admin
-	// password, so that a new one rolls the Pods. The sidecar user's
-	// password changes on the running nodes (ACL SETUSER), without a roll.
+	// password, so that a new one rolls the Pods. The namespaces' users'
+	// passwords change on the running nodes (ACL SETUSER), without a roll.
 	AuthHashAnnotation = "ratelimit.floodgate.dev/auth-hash"
 
 	// DefaultImage is the API's default spec.managed.image: floodgate's
@@ -83,9 +83,9 @@ func ObjectName(store string) string { return NamePrefix + store }
 func ConfigMapName(store string) string { return NamePrefix + store + "-config" }
 
 // AuthSecretName returns the name of store's credentials Secret, in the
-// manager's namespace. The sidecars get the sidecar user's password from
-// their own namespace's copy, floodgate-store-auth (package
-// sidecaraccess).
+// manager's namespace: the admin password. The sidecars get their
+// namespace's user's password (UserSecretName) from their own namespace's
+// copy, floodgate-store-auth (package sidecaraccess).
 func AuthSecretName(store string) string { return NamePrefix + store + "-auth" }
 
 // SelectorLabels returns the labels that select store's Pods.

@@ -48,9 +48,9 @@ type Options struct {
 	MigrateBudget time.Duration
 	// DialTimeout bounds dialing a node and each command. Default 2s.
 	DialTimeout time.Duration
-	// PasswordOverlap is how long the previous sidecar password stays
-	// accepted after a rotation: longer than the kubelet takes to update
-	// the sidecars' Secret volumes. Default 10m.
+	// PasswordOverlap is how long a namespace's previous store password
+	// stays accepted after a rotation: longer than the kubelet takes to
+	// update the sidecars' Secret volumes. Default 10m.
 	PasswordOverlap time.Duration
 }
 
