@@ -232,6 +232,17 @@ func TestNamespaceUsers(t *testing.T) {
 		}
 		t.Logf("refused: %.60v -> %v", cmd, err)
 	}
+	// B's own functions cannot be turned against the store: a SlidingLog
+	// call with a capacity and cost no valid limit has would add a
+	// billion entries in one call, holding the server.
+	_, _, logFn, _ := redislayout.TakeScript(limiter.SlidingLog)
+	logKey := redislayout.Keys{Space: "team-b"}.Counter("huge", limiter.SlidingLog)
+	if err := b.Do(ctx, "fcall", logFn, 1, logKey, "", 1_000_000_000, 1_000_000_000, 60_000_000).Err(); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("a SlidingLog call with a capacity of 10^9: %v, want it refused as out of range", err)
+	}
+	if n, err := srv.Client().Exists(ctx, logKey).Result(); err != nil || n != 0 {
+		t.Errorf("the refused SlidingLog call left %s: %d, %v", logKey, n, err)
+	}
 	// B's own counter is its own to read: the functions need GET.
 	if err := b.Get(ctx, keyB).Err(); err != nil {
 		t.Errorf("team-b reading its own counter: %v", err)

@@ -1,6 +1,7 @@
 package redislayout
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,5 +32,16 @@ func TestScriptsEmbedded(t *testing.T) {
 	}
 	if _, _, _, ok := TakeScript(0); ok {
 		t.Error("TakeScript(0) ok")
+	}
+}
+
+// TestSlidingLogBound: the one function that loops over its cost refuses a
+// capacity above limiter.MaxLogRequests itself, whatever ARGV a store user
+// sends, so no call can add more entries than a valid limit could.
+func TestSlidingLogBound(t *testing.T) {
+	t.Parallel()
+	body := Takes[limiter.SlidingLog].Body
+	if want := "C > " + strconv.Itoa(limiter.MaxLogRequests); !strings.Contains(body, want) {
+		t.Errorf("slidinglog.lua does not refuse a capacity above limiter.MaxLogRequests (%q)", want)
 	}
 }

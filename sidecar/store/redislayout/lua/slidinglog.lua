@@ -16,7 +16,8 @@
 -- as a cost of 1 and is read-only: it counts those entries out instead.
 -- Only an admitted request of non-zero cost adds entries and sets the TTL.
 -- Timestamps are below 2^53, exact as scores; instants relative to now are
--- computed from ts - now first.
+-- computed from ts - now first. A call adds at most C entries, C at most
+-- 100000 (limiter.MaxLogRequests), checked here too.
 local ceil = math.ceil
 
 local function int(x)
@@ -30,6 +31,12 @@ if not now then
 end
 local n = tonumber(ARGV[2])
 local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- A store user may call this function with ARGV of its own: a capacity
+-- beyond limiter.MaxLogRequests would let one call add that many entries
+-- and hold the server, so it is refused before anything is read.
+if not n or not C or not P or n < 0 or C < 1 or C > 100000 or P < 1 then
+  return redis.error_reply('ERR floodgate: SlidingLog arguments out of range (capacity 1 to 100000, cost >= 0, period >= 1)')
+end
 
 local newest = nil
 local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
