@@ -305,6 +305,11 @@ func send(t *testing.T, base, path string, hdr ...string) (net.Conn, *bufio.Read
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = nc.Close() })
+	// A request the sidecar never answers fails its test here rather than
+	// holding the package until the test binary's timeout.
+	if err := nc.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	req := "GET " + path + " HTTP/1.1\r\nHost: test\r\n"
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req += hdr[i] + ": " + hdr[i+1] + "\r\n"
@@ -519,8 +524,11 @@ func TestConcurrencyUnavailableAndRateDenial(t *testing.T) {
 			}
 			// The first request is allowed by the rate rule and waits; the
 			// second is denied by it, after taking its slot, which it
-			// gives back.
+			// gives back. The first has its slot before its rate decision:
+			// the second goes only once the application has the first.
+			seen := b.seen.Load()
 			_, br := send(t, f.url, "/slow/rated", "X-Tenant", "r")
+			b.waitSeen(t, seen+1)
 			f.waitInFlight(t, "slow", 1)
 			if r := do(t, f.url, "/slow/rated", "X-Tenant", "r"); r.status != http.StatusTooManyRequests || r.header.Get("Ratelimit-Policy") == "" {
 				t.Errorf("rate-denied request: %d %v, want 429 with the rate fields", r.status, r.header)
