@@ -60,6 +60,20 @@ const (
 	// rate-limit service's document is. The policies created first are
 	// kept; the message gives the share and what the policy needs.
 	ReasonDocumentFull = "DocumentFull"
+	// ReasonGatewayConfigPending: the manager applies the gateways'
+	// objects (the chart's gatewayConfig.apply) and one of the policy's
+	// is not in place yet: not yet applied, its kind's CRD is not
+	// installed, or Envoy Gateway has not yet accepted and programmed it.
+	// status.target.appliedObjects says which.
+	ReasonGatewayConfigPending = "GatewayConfigPending"
+	// ReasonGatewayConfigRejected: the gateway refused an object the
+	// manager applied for the policy (Envoy Gateway's Accepted or
+	// Programmed condition is False), or the API server refused it.
+	ReasonGatewayConfigRejected = "GatewayConfigRejected"
+	// ReasonGatewayConfigConflict: an object with the name the manager
+	// would apply exists and was not created by the manager, which
+	// leaves it alone.
+	ReasonGatewayConfigConflict = "GatewayConfigConflict"
 )
 
 // Condition types of a CounterStore.

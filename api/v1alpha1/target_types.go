@@ -93,4 +93,65 @@ type TargetStatus struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	GatewayConfig []string `json:"gatewayConfig,omitempty"`
+
+	// AppliedObjects are the objects the manager applies to the policy's
+	// Gateways when it configures them itself (the chart's
+	// gatewayConfig.apply): an Istio EnvoyFilter or an Envoy Gateway
+	// EnvoyPatchPolicy per Gateway, and where each stands.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	AppliedObjects []AppliedObject `json:"appliedObjects,omitempty"`
+}
+
+// The states of an AppliedObject.
+const (
+	// AppliedStateApplied: the object is applied. For an EnvoyFilter,
+	// which Istio gives no status, this is the last state; an
+	// EnvoyPatchPolicy waits for Envoy Gateway's status.
+	AppliedStateApplied = "Applied"
+	// AppliedStateProgrammed: Envoy Gateway accepted the EnvoyPatchPolicy
+	// and programmed its patches into the gateway's Envoy.
+	AppliedStateProgrammed = "Programmed"
+	// AppliedStateRejected: Envoy Gateway or the API server refused the
+	// object; the message says why.
+	AppliedStateRejected = "Rejected"
+	// AppliedStateConflict: an object of that name exists that the
+	// manager did not create; it is left alone.
+	AppliedStateConflict = "Conflict"
+	// AppliedStateNotInstalled: the API server does not serve the kind
+	// (Istio or Envoy Gateway is not installed).
+	AppliedStateNotInstalled = "NotInstalled"
+)
+
+// AppliedObject is one gateway object the manager applies for a policy.
+type AppliedObject struct {
+	// Kind is EnvoyFilter or EnvoyPatchPolicy.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Kind string `json:"kind"`
+
+	// Namespace and Name name the object: in the Gateway's namespace,
+	// named after the Gateway.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Namespace string `json:"namespace"`
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// Gateway is the Gateway the object configures, as namespace/name.
+	// +required
+	// +kubebuilder:validation:MaxLength=507
+	Gateway string `json:"gateway"`
+
+	// State is Applied, Programmed, Rejected, Conflict or NotInstalled.
+	// +required
+	// +kubebuilder:validation:Enum=Applied;Programmed;Rejected;Conflict;NotInstalled
+	State string `json:"state"`
+
+	// Message explains a state other than Applied and Programmed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 }
