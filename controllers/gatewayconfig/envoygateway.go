@@ -112,7 +112,7 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 		return nil, err
 	}
 	patches = append(patches, routePatches...)
-	meta := map[string]any{keyName: objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
+	meta := map[string]any{keyName: ObjectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": EnvoyGatewayAPIVersion,
 		"kind":       EnvoyGatewayKind,

@@ -99,7 +99,7 @@ func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 			patches = append(patches, map[string]any{"applyTo": "HTTP_ROUTE", "match": m, "patch": merge})
 		}
 	}
-	meta := map[string]any{keyName: objectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
+	meta := map[string]any{keyName: ObjectName(gw.Name), "namespace": gw.Namespace, "labels": Labels()}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": IstioAPIVersion,
 		"kind":       IstioKind,

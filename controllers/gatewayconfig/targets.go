@@ -107,10 +107,10 @@ func (g *Gateway) listenersOf(names []string) []Listener {
 	return out
 }
 
-// objectName is the name of the object generated for gateway name: the
+// ObjectName is the name of the object generated for gateway name: the
 // gateway's name behind a fixed prefix, cut to the 253 characters of a
 // name.
-func objectName(gateway string) string {
+func ObjectName(gateway string) string {
 	n := "floodgate-ratelimit-" + gateway
 	if len(n) > 253 {
 		n = n[:253]

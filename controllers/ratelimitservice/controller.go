@@ -27,13 +27,18 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/tools/events"
@@ -97,6 +102,17 @@ type Reconciler struct {
 	// and Gateways; without them every target is reported missing.
 	// SetupWithManager sets it from the API server's discovery.
 	GatewayAPI bool
+	// Apply says which Gateways the manager configures itself, applying
+	// their generated objects (see GatewayApply).
+	Apply GatewayApply
+
+	// mapper tells which kinds the API server serves; watchKind starts a
+	// watch of the manager's applied objects of a kind; log is the
+	// controller's logger. SetupWithManager sets them.
+	mapper    meta.RESTMapper
+	watchKind func(schema.GroupVersionKind) error
+	log       logr.Logger
+	watchState
 }
 
 // Request is the controller's one reconcile key.
@@ -123,7 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 		log.FromContext(ctx).Info("waiting for the central rate-limit service's store user", "reason", specErr.Error())
 		specErr = nil
 	}
-	statusErr := r.reconcileStatus(ctx, in, out, targets, specErr)
+	notInstalled, statusErr := r.reconcileStatus(ctx, in, out, targets, specErr)
 	if err := errors.Join(specErr, statusErr); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -140,8 +156,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	if pending {
 		return ctrl.Result{RequeueAfter: sidecaraccess.PendingRetry}, nil
 	}
+	if notInstalled {
+		// A CRD installed later is found by the next look.
+		return ctrl.Result{RequeueAfter: notInstalledRetry}, nil
+	}
 	return ctrl.Result{}, nil
 }
+
+// notInstalledRetry is how often the manager looks again for the CRD of a
+// kind it would apply to a Gateway and the API server does not serve.
+const notInstalledRetry = time.Minute
 
 // targetObject is what the manager found of one policy's target: the
 // HTTPRoute or the Gateway it names, or neither when it is missing (or
@@ -328,47 +352,80 @@ func (r *Reconciler) mirrorCredentials(ctx context.Context, store config.Store) 
 	return nil
 }
 
-// reconcileStatus writes the status of every live policy with a
-// targetRef.
+// reconcileStatus publishes and applies the gateways' objects, and
+// writes the status of every live policy with a targetRef. It reports
+// whether a kind the manager would apply is not served.
 func (r *Reconciler) reconcileStatus(ctx context.Context, in compiler.ServiceInput, out compiler.Output,
 	targets map[types.NamespacedName]targetObject, specErr error,
-) error {
+) (bool, error) {
 	results := make(map[types.NamespacedName]*compiler.PolicyResult, len(out.Policies))
 	for i := range out.Policies {
 		res := &out.Policies[i]
 		results[types.NamespacedName{Namespace: res.Namespace, Name: res.Name}] = res
 	}
-	var errs []error
+	type live struct {
+		p        *v1alpha1.RateLimitPolicy
+		res      *compiler.PolicyResult
+		target   v1alpha1.TargetStatus
+		gateways []types.NamespacedName
+	}
+	var policies []live
 	var atts []attachment
+	owners := map[types.NamespacedName]*v1alpha1.RateLimitPolicy{}
 	for i := range in.Policies {
 		p := &in.Policies[i]
 		res, ok := results[client.ObjectKeyFromObject(p)]
 		if !ok || p.DeletionTimestamp != nil {
 			continue
 		}
+		owners[client.ObjectKeyFromObject(p)] = p
 		compiled, isCompiled := compiledPolicy(out.Config, p.Namespace, p.Name)
 		target, pAtts := r.target(p, targets[client.ObjectKeyFromObject(p)], compiled)
+		l := live{p: p, res: res, target: target}
 		if isCompiled && r.Service.Name != "" {
 			atts = append(atts, pAtts...)
-			target.GatewayConfig = gatewayConfigKeys(target.Gateways)
+			l.target.GatewayConfig = gatewayConfigKeys(target.Gateways)
+			for _, a := range pAtts {
+				if !slices.Contains(l.gateways, a.gateway) {
+					l.gateways = append(l.gateways, a.gateway)
+				}
+			}
 		}
-		status := DesiredStatus(p, res, target, in.Pods, out.Config, specErr)
-		if equality.Semantic.DeepEqual(p.Status, status) {
-			continue
-		}
-		r.recordRejection(p, status)
-		updated := p.DeepCopy()
-		updated.Status = status
-		if err := statusupdate.Write(ctx, r.Client, p, updated, policy.FieldOwner); err != nil {
-			errs = append(errs, fmt.Errorf("update the status of RateLimitPolicy %s/%s: %w", p.Namespace, p.Name, err))
-		}
+		policies = append(policies, l)
 	}
+	var errs []error
+	var state appliedState
 	if r.Service.Name != "" && r.GatewayAPI {
-		if err := r.publishGatewayConfig(ctx, atts); err != nil {
+		gens, err := r.publishGatewayConfig(ctx, atts)
+		if err != nil {
 			errs = append(errs, err)
 		}
+		// Without the whole view (gens is nil), nothing is applied or
+		// pruned until the retry.
+		if gens != nil || err == nil {
+			if state, err = r.applyGatewayObjects(ctx, gens, owners); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
-	return errors.Join(errs...)
+	for _, l := range policies {
+		for _, gw := range l.gateways {
+			if a, ok := state.byGateway[gw]; ok && len(l.target.AppliedObjects) < maxTargetGateways {
+				l.target.AppliedObjects = append(l.target.AppliedObjects, a)
+			}
+		}
+		status := DesiredStatus(l.p, l.res, l.target, in.Pods, out.Config, specErr)
+		if equality.Semantic.DeepEqual(l.p.Status, status) {
+			continue
+		}
+		r.recordRejection(l.p, status)
+		updated := l.p.DeepCopy()
+		updated.Status = status
+		if err := statusupdate.Write(ctx, r.Client, l.p, updated, policy.FieldOwner); err != nil {
+			errs = append(errs, fmt.Errorf("update the status of RateLimitPolicy %s/%s: %w", l.p.Namespace, l.p.Name, err))
+		}
+	}
+	return state.notInstalled, errors.Join(errs...)
 }
 
 // target returns the status of p's target, obj, and the policy's
@@ -440,8 +497,12 @@ func DesiredStatus(p *v1alpha1.RateLimitPolicy, res *compiler.PolicyResult, targ
 	case res.LeftOut != "":
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonDocumentFull, res.LeftOut)
 	case res.CompiledGeneration == p.Generation && loaded.programmed():
-		set(v1alpha1.ConditionProgrammed, true, programmed.ReasonProgrammed,
-			fmt.Sprintf("Generation %d is loaded by %d of %d replicas of the central rate-limit service.", p.Generation, loaded.enforcing, loaded.running))
+		loadedMsg := fmt.Sprintf("Generation %d is loaded by %d of %d replicas of the central rate-limit service", p.Generation, loaded.enforcing, loaded.running)
+		if reason, msg := gatewayObjectsPending(target.AppliedObjects); reason != "" {
+			set(v1alpha1.ConditionProgrammed, false, reason, loadedMsg+"; "+msg)
+			break
+		}
+		set(v1alpha1.ConditionProgrammed, true, programmed.ReasonProgrammed, loadedMsg+appliedSuffix(target.AppliedObjects)+".")
 	case res.CompiledGeneration == p.Generation:
 		set(v1alpha1.ConditionProgrammed, false, v1alpha1.ReasonWaitingForRateLimitService,
 			fmt.Sprintf("Generation %d is compiled into ConfigMap %s; %s", p.Generation, cm, loaded.waiting()))

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -118,9 +119,25 @@ func listeners(gw *gatewayv1.Gateway) []gatewayconfig.Listener {
 // generators refuse is reported in the error and left out; the others
 // are still rendered.
 func GenerateGatewayConfig(gateways []*gatewayconfig.Gateway, svc gatewayconfig.Service) (map[string]string, error) {
-	data := map[string]string{}
+	gens := make([]generated, len(gateways))
+	for i, gw := range gateways {
+		gens[i].gw = gw
+	}
+	genErr := generateObjects(gens, svc)
+	data, err := renderObjects(gens)
+	if err != nil {
+		return nil, err
+	}
+	return data, genErr
+}
+
+// generateObjects fills in each Gateway's objects of every flavor. A
+// Gateway the generators refuse is reported in the error and keeps no
+// objects; the others are still generated.
+func generateObjects(gens []generated, svc gatewayconfig.Service) error {
 	var errs []string
-	for _, gw := range gateways {
+	for i := range gens {
+		gw := gens[i].gw
 		ef, err := gatewayconfig.Istio(gw, svc)
 		if err != nil {
 			errs = append(errs, err.Error())
@@ -131,72 +148,91 @@ func GenerateGatewayConfig(gateways []*gatewayconfig.Gateway, svc gatewayconfig.
 			errs = append(errs, err.Error())
 			continue
 		}
-		for flavor, obj := range map[string]any{FlavorIstio: ef.Object, FlavorEnvoyGateway: epp.Object} {
-			b, err := yaml.Marshal(obj)
-			if err != nil {
-				return nil, fmt.Errorf("render the %s configuration of Gateway %s/%s: %w", flavor, gw.Namespace, gw.Name, err)
-			}
-			data[GatewayConfigKey(gw.Namespace, gw.Name, flavor)] = string(b)
-		}
+		gens[i].objects = map[string]*unstructured.Unstructured{FlavorIstio: ef, FlavorEnvoyGateway: epp}
 	}
 	if len(errs) > 0 {
-		return data, fmt.Errorf("generate gateway configuration: %s", strings.Join(errs, "; "))
+		return fmt.Errorf("generate gateway configuration: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// renderObjects renders the generated objects as YAML, keyed by
+// GatewayConfigKey.
+func renderObjects(gens []generated) (map[string]string, error) {
+	data := map[string]string{}
+	for _, g := range gens {
+		for flavor, obj := range g.objects {
+			b, err := yaml.Marshal(obj.Object)
+			if err != nil {
+				return nil, fmt.Errorf("render the %s configuration of Gateway %s/%s: %w", flavor, g.gw.Namespace, g.gw.Name, err)
+			}
+			data[GatewayConfigKey(g.gw.Namespace, g.gw.Name, flavor)] = string(b)
+		}
 	}
 	return data, nil
 }
 
-// publishGatewayConfig writes the generated configuration of every
-// Gateway that enforces a compiled policy into GatewayConfigMapName, and
-// returns the keys written per policy.
-func (r *Reconciler) publishGatewayConfig(ctx context.Context, atts []attachment) error {
-	byGateway := map[types.NamespacedName]*gatewayconfig.Gateway{}
-	var gws []*gatewayconfig.Gateway
+// publishGatewayConfig generates the objects of every Gateway that
+// enforces a compiled policy, writes them into GatewayConfigMapName, and
+// returns them. A Gateway the generators refuse is returned without
+// objects (and reported in the error); on any other error the result is
+// nil, so that nothing is pruned on a partial view.
+func (r *Reconciler) publishGatewayConfig(ctx context.Context, atts []attachment) ([]generated, error) {
+	byGateway := map[types.NamespacedName]int{}
+	var gens []generated
 	for _, a := range atts {
-		g, ok := byGateway[a.gateway]
+		i, ok := byGateway[a.gateway]
 		if !ok {
 			var obj gatewayv1.Gateway
 			switch err := r.Client.Get(ctx, a.gateway, &obj); {
 			case apierrors.IsNotFound(err):
 				continue
 			case err != nil:
-				return fmt.Errorf("get Gateway %s: %w", a.gateway, err)
+				return nil, fmt.Errorf("get Gateway %s: %w", a.gateway, err)
 			}
-			g = &gatewayconfig.Gateway{Namespace: obj.Namespace, Name: obj.Name, Listeners: listeners(&obj)}
-			byGateway[a.gateway] = g
-			gws = append(gws, g)
+			i = len(gens)
+			byGateway[a.gateway] = i
+			gens = append(gens, generated{
+				gw:    &gatewayconfig.Gateway{Namespace: obj.Namespace, Name: obj.Name, Listeners: listeners(&obj)},
+				class: string(obj.Spec.GatewayClassName),
+			})
 		}
-		g.Attachments = append(g.Attachments, a.Attachment)
+		gens[i].gw.Attachments = append(gens[i].gw.Attachments, a.Attachment)
 	}
-	slices.SortFunc(gws, func(a, b *gatewayconfig.Gateway) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	slices.SortFunc(gens, func(a, b generated) int {
+		return cmp.Or(cmp.Compare(a.gw.Namespace, b.gw.Namespace), cmp.Compare(a.gw.Name, b.gw.Name))
 	})
-	data, genErr := GenerateGatewayConfig(gws, r.Service)
+	genErr := generateObjects(gens, r.Service)
+	data, err := renderObjects(gens)
+	if err != nil {
+		return nil, err
+	}
 
 	key := client.ObjectKey{Namespace: r.Namespace, Name: GatewayConfigMapName}
 	var cm corev1.ConfigMap
-	err := r.APIReader.Get(ctx, key, &cm)
+	err = r.APIReader.Get(ctx, key, &cm)
 	switch {
 	case apierrors.IsNotFound(err) && len(data) == 0:
-		return genErr
+		return gens, genErr
 	case err != nil && !apierrors.IsNotFound(err):
-		return fmt.Errorf("get ConfigMap %s: %w", key, err)
+		return nil, fmt.Errorf("get ConfigMap %s: %w", key, err)
 	case err == nil && len(data) == 0:
 		if err := r.Client.Delete(ctx, &cm, client.Preconditions{UID: &cm.UID}); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("delete ConfigMap %s: %w", key, err)
+			return nil, fmt.Errorf("delete ConfigMap %s: %w", key, err)
 		}
-		return genErr
+		return gens, genErr
 	case err == nil && cm.DeletionTimestamp == nil && cm.Labels[policy.ManagedByLabel] == policy.ManagedByValue &&
 		len(cm.BinaryData) == 0 && equalData(cm.Data, data):
-		return genErr
+		return gens, genErr
 	}
 	desired := corev1ac.ConfigMap(key.Name, key.Namespace).
 		WithLabels(map[string]string{policy.ManagedByLabel: policy.ManagedByValue}).
 		WithData(data)
 	if err := r.Client.Apply(ctx, desired, client.FieldOwner(policy.FieldOwner), client.ForceOwnership); err != nil {
-		return fmt.Errorf("apply ConfigMap %s: %w", key, err)
+		return nil, fmt.Errorf("apply ConfigMap %s: %w", key, err)
 	}
-	log.FromContext(ctx).Info("published the gateways' configuration", "gateways", len(gws))
-	return genErr
+	log.FromContext(ctx).Info("published the gateways' configuration", "gateways", len(gens))
+	return gens, genErr
 }
 
 func equalData(a, b map[string]string) bool {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
@@ -46,6 +48,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		return err
 	}
 	r.GatewayAPI = served
+	r.mapper = mgr.GetRESTMapper()
+	r.log = mgr.GetLogger().WithName(ControllerName)
 
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{r.Request()}
@@ -74,10 +78,36 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	if served {
 		b = b.Watches(&gatewayv1.HTTPRoute{}, one, builder.WithPredicates(targetChanged())).
 			Watches(&gatewayv1.Gateway{}, one, builder.WithPredicates(targetChanged()))
+		if r.Apply.Enabled {
+			// A Gateway's class says which object it reads.
+			b = b.Watches(&gatewayv1.GatewayClass{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		}
 	} else {
 		mgr.GetLogger().Info("the API server serves no Gateway API HTTPRoutes and Gateways: policies with a targetRef report their target missing")
 	}
-	return b.Complete(r)
+	c, err := b.Build(r)
+	if err != nil {
+		return err
+	}
+	if r.Apply.Enabled {
+		// The applied objects' kinds are watched once found served (see
+		// served): their CRDs may come after the manager.
+		r.watchKind = func(gvk schema.GroupVersionKind) error {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(gvk)
+			return c.Watch(source.Kind(mgr.GetCache(), client.Object(u), one, appliedObject()))
+		}
+	}
+	return nil
+}
+
+// appliedObject passes the events of the objects the manager applied to
+// gateways: changes by others are undone, and Envoy Gateway's status is
+// read, on the next reconcile.
+func appliedObject() predicate.Funcs {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[AppliedLabel] == AppliedLabelValue
+	})
 }
 
 // servesGatewayAPI reports whether HTTPRoute and Gateway of

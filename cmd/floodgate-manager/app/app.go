@@ -110,6 +110,7 @@ func setupRateLimitService(_ context.Context, mgr ctrl.Manager, o *Options) erro
 			Name: o.RateLimitServiceName, Namespace: o.Webhook.Namespace, Port: int32(o.RateLimitServicePort),
 			TLS: o.RateLimitServiceTLS,
 		},
+		Apply: ratelimitservice.GatewayApply{Enabled: o.ApplyGatewayConfig, Classes: o.ApplyGatewayClasses},
 	}
 	return r.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1})
 }

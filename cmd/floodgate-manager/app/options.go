@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/floodgate-dev/floodgate/controllers/rlsidentity"
@@ -63,6 +64,12 @@ type Options struct {
 	RateLimitServiceTLS bool
 	// RateLimitGateways are the Gateways that get a client certificate.
 	RateLimitGateways gatewayList
+	// ApplyGatewayConfig makes the manager apply the generated Istio
+	// EnvoyFilter or Envoy Gateway EnvoyPatchPolicy of each Gateway that
+	// enforces a policy (ratelimitservice.GatewayApply), instead of only
+	// publishing them; ApplyGatewayClasses limits it to those classes.
+	ApplyGatewayConfig  bool
+	ApplyGatewayClasses []string
 	// GracefulShutdown bounds how long the manager waits for running
 	// reconciles when it stops.
 	GracefulShutdown time.Duration
@@ -161,6 +168,19 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"The central rate-limit service authenticates its callers: keep its CA (Secret floodgate-ratelimit-ca), its serving certificate (floodgate-ratelimit-tls) and a client certificate for each gateway of --ratelimit-gateways (floodgate-ratelimit-client in the gateway's namespace), and generate gateway configuration that presents it.")
 	fs.Var(&o.RateLimitGateways, "ratelimit-gateways",
 		"Comma-separated Gateways that get a client certificate of the central rate-limit service, as <namespace>/<name>, or <namespace>/<name>=<namespace of its pods> when its pods run elsewhere (Envoy Gateway's proxies run in its controller's namespace).")
+	fs.BoolVar(&o.ApplyGatewayConfig, "apply-gateway-config", o.ApplyGatewayConfig,
+		"Create, update and delete the generated Istio EnvoyFilter or Envoy Gateway EnvoyPatchPolicy of each Gateway that enforces a policy with a targetRef (server-side apply, field manager floodgate-gateway-config), by its GatewayClass's controller; only with --ratelimit-service.")
+	fs.Func("apply-gateway-classes",
+		"Comma-separated GatewayClasses whose Gateways --apply-gateway-config configures; empty means every Gateway whose class's controller is Istio's or Envoy Gateway's.",
+		func(v string) error {
+			o.ApplyGatewayClasses = nil
+			for c := range strings.SplitSeq(v, ",") {
+				if c = strings.TrimSpace(c); c != "" {
+					o.ApplyGatewayClasses = append(o.ApplyGatewayClasses, c)
+				}
+			}
+			return nil
+		})
 	fs.DurationVar(&o.GracefulShutdown, "graceful-shutdown-timeout", o.GracefulShutdown,
 		"How long to wait for running reconciles on shutdown.")
 	fs.DurationVar(&o.UsageInterval, "usage-interval", o.UsageInterval,
@@ -213,6 +233,17 @@ func (o *Options) Validate() error {
 	}
 	if o.RateLimitServiceTLS && !o.RateLimitService {
 		errs = append(errs, errors.New("--ratelimit-service-tls: only used with --ratelimit-service"))
+	}
+	if o.ApplyGatewayConfig && !o.RateLimitService {
+		errs = append(errs, errors.New("--apply-gateway-config: only used with --ratelimit-service"))
+	}
+	if len(o.ApplyGatewayClasses) > 0 && !o.ApplyGatewayConfig {
+		errs = append(errs, errors.New("--apply-gateway-classes: only used with --apply-gateway-config"))
+	}
+	for _, c := range o.ApplyGatewayClasses {
+		if msgs := validation.IsDNS1123Subdomain(c); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--apply-gateway-classes: %q is no GatewayClass name: %s", c, strings.Join(msgs, "; ")))
+		}
 	}
 	if len(o.RateLimitGateways) > 0 && !o.RateLimitServiceTLS {
 		errs = append(errs, errors.New("--ratelimit-gateways: only used with --ratelimit-service-tls"))
