@@ -107,11 +107,14 @@ func (g *Gateway) listenersOf(names []string) []Listener {
 	return out
 }
 
+// ObjectNamePrefix begins the name of every generated object.
+const ObjectNamePrefix = "floodgate-ratelimit-"
+
 // ObjectName is the name of the object generated for gateway name: the
 // gateway's name behind a fixed prefix, cut to the 253 characters of a
 // name.
 func ObjectName(gateway string) string {
-	n := "floodgate-ratelimit-" + gateway
+	n := ObjectNamePrefix + gateway
 	if len(n) > 253 {
 		n = n[:253]
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -24,6 +25,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
+	"github.com/floodgate-dev/floodgate/controllers/gatewayconfig"
 	"github.com/floodgate-dev/floodgate/controllers/internal/podstatus"
 	"github.com/floodgate-dev/floodgate/controllers/programmed"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
@@ -103,10 +105,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 
 // appliedObject passes the events of the objects the manager applied to
 // gateways: changes by others are undone, and Envoy Gateway's status is
-// read, on the next reconcile.
+// read, on the next reconcile. It also passes those of any object with a
+// generated object's name, so that the manager applies its own as soon as
+// an object it left alone (a Conflict) is deleted.
 func appliedObject() predicate.Funcs {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetLabels()[AppliedLabel] == AppliedLabelValue
+		return o.GetLabels()[AppliedLabel] == AppliedLabelValue || strings.HasPrefix(o.GetName(), gatewayconfig.ObjectNamePrefix)
 	})
 }
 

@@ -11,7 +11,9 @@
 package gatewayloop
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +70,40 @@ func gatewayAPICRDs() []string {
 	return files
 }
 
+// The releases of Istio and Envoy Gateway whose CRDs the suite installs,
+// from their Go modules on the module proxy: the objects the manager
+// applies to gateways are validated by the API server against these
+// schemas.
+const (
+	istioAPIModule          = "istio.io/api@v1.32.0"
+	envoyGatewayModule      = "github.com/envoyproxy/gateway@v1.9.1"
+	istioCRDFile            = "kubernetes/customresourcedefinitions.gen.yaml"
+	envoyPatchPolicyCRDFile = "charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_envoypatchpolicies.yaml"
+)
+
+// gatewayImplCRDs returns Istio's CRDs (EnvoyFilter among them) and Envoy
+// Gateway's EnvoyPatchPolicy CRD, downloading their modules into the Go
+// module cache, outside the checkout, when they are not there yet.
+func gatewayImplCRDs() []string {
+	cmd := exec.Command("go", "mod", "download", "-json", istioAPIModule, envoyGatewayModule)
+	out, err := cmd.Output()
+	Expect(err).NotTo(HaveOccurred(), "downloading %s and %s from the module proxy: %s", istioAPIModule, envoyGatewayModule, out)
+	dirs := map[string]string{}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var m struct{ Path, Version, Dir, Error string }
+		Expect(dec.Decode(&m)).To(Succeed())
+		Expect(m.Error).To(BeEmpty(), "downloading %s", m.Path)
+		dirs[m.Path+"@"+m.Version] = m.Dir
+	}
+	Expect(dirs).To(HaveKey(istioAPIModule))
+	Expect(dirs).To(HaveKey(envoyGatewayModule))
+	return []string{
+		filepath.Join(dirs[istioAPIModule], istioCRDFile),
+		filepath.Join(dirs[envoyGatewayModule], envoyPatchPolicyCRDFile),
+	}
+}
+
 var _ = BeforeSuite(func() {
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
@@ -75,7 +111,7 @@ var _ = BeforeSuite(func() {
 
 	testEnv = &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
-		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: gatewayAPICRDs()},
+		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: append(gatewayAPICRDs(), gatewayImplCRDs()...)},
 		ErrorIfCRDPathMissing: true,
 	}
 	var err error
@@ -90,8 +126,12 @@ var _ = BeforeSuite(func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopManager = cancel
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: serviceNamespace}})).To(Succeed())
-	// The namespace of another tenant's gateway.
-	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}})).To(Succeed())
+	// The specs' namespaces, and that of another tenant's gateway, exist
+	// before the manager starts: it keeps the gateways' client
+	// certificates there from its first pass.
+	for _, ns := range []string{"shop", "mesh", "other"} {
+		Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	}
 
 	// Composed as floodgate-manager --ratelimit-service composes it.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -107,6 +147,8 @@ var _ = BeforeSuite(func() {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(app.Name),
 		Namespace: serviceNamespace,
 		Service:   gatewayconfig.Service{Name: "floodgate-ratelimit", Namespace: serviceNamespace, Port: 8082, TLS: true},
+		// --apply-gateway-config --apply-gateway-classes=fg-istio,fg-eg
+		Apply: ratelimitservice.GatewayApply{Enabled: true, Classes: appliedClasses},
 	}
 	Expect(rr.SetupWithManager(mgr, controller.Options{})).To(Succeed())
 	Expect(rr.GatewayAPI).To(BeTrue(), "envtest serves the Gateway API CRDs")
@@ -122,6 +164,7 @@ var _ = BeforeSuite(func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)
 	}()
+	startStore(ctx, GinkgoT())
 })
 
 var _ = AfterSuite(func() {
