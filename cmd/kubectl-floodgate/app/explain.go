@@ -77,7 +77,11 @@ gets, and what happens when the counter store is unreachable.
 
 The input is RateLimitPolicies of one namespace and ClusterRateLimitPolicies, each taken to
 select that namespace (validated as admission would, then compiled by floodgate's policy
-compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.`,
+compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.
+
+A RateLimitPolicy with a targetRef is explained as the central rate-limit service
+enforces it; when the input carries its status (kubectl get ratelimitpolicy NAME -o yaml),
+explain also shows its target and the gateway objects the manager applied.`,
 		Example: `  kubectl floodgate explain config/samples/ratelimit_v1alpha1_ratelimitpolicy_per_user.yaml
   kubectl floodgate explain policy.yaml --replicas 5
   kubectl floodgate explain envoy-ratelimit.yaml -o json`,

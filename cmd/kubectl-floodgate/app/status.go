@@ -27,12 +27,16 @@ func newStatus(o *options) *cobra.Command {
 revision of the namespace's compiled config (ConfigMap ` + config.ConfigMapName + `), the CounterStore's state,
 each targeted pod with the revision its sidecar enforces (stale when it is not the current
 one), and what the sidecars decided per rule, in total and over the last --window.
+For a policy with a targetRef, which the central rate-limit service enforces: its
+target, the service's replicas that have loaded it, and the gateway objects the
+manager applied (status.target.appliedObjects), with their state.
 
 It reads the API and the sidecars' metrics, through the API server's pod proxy: it needs
 get/list on ratelimitpolicies, counterstores, pods and configmaps, and get on pods/proxy.
 
 Exit code 1 when something is not right: a condition that is not True, a generation not yet
-compiled, a targeted pod that is stale.`,
+compiled, a targeted pod that is stale, a target not found, a gateway object Rejected,
+in Conflict or NotInstalled.`,
 		Example: `  kubectl floodgate status -n shop
   kubectl floodgate status checkout -n shop --window 30s
   kubectl floodgate status checkout -n shop -o json --window 0`,

@@ -89,10 +89,10 @@ type PolicyStatus struct {
 	// ServiceReplicas is status.enforcing of a policy with a targetRef:
 	// the central service's replicas that have loaded it, of those
 	// running.
-	ServiceReplicas string `json:"serviceReplicas,omitempty"`
-	Targeted        int32  `json:"targeted"`
-	Enforcing          int32       `json:"enforcing"`
-	Pods               []PodStatus `json:"pods"`
+	ServiceReplicas string      `json:"serviceReplicas,omitempty"`
+	Targeted        int32       `json:"targeted"`
+	Enforcing       int32       `json:"enforcing"`
+	Pods            []PodStatus `json:"pods"`
 	// Rules sums the sidecars' decisions per rule.
 	Rules []RuleCounts `json:"rules,omitempty"`
 }
