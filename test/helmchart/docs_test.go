@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	yamlv3 "go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/floodgate-dev/floodgate/test/helmchart/helmtest"
 )
@@ -174,4 +176,136 @@ func (s *jsonSchema) paths(prefix string) []string {
 		out = append(out, p.paths(path+".")...)
 	}
 	return out
+}
+
+// renderedAlerts renders the chart with the PrometheusRule on (every alert
+// is on by default) and returns the alerts it holds, with whether each is
+// computed from the sidecars' metrics alone.
+func renderedAlerts(t *testing.T) (names []string, sidecarOnly int) {
+	t.Helper()
+	rules := helmtest.Manifest(t, "--set", "monitoring.prometheusRule.enabled=true").OfKind("PrometheusRule")
+	if len(rules) != 1 {
+		t.Fatalf("%d PrometheusRules rendered, want 1", len(rules))
+	}
+	groups, _, err := unstructured.NestedSlice(rules[0].Object, "spec", "groups")
+	if err != nil || len(groups) == 0 {
+		t.Fatalf("PrometheusRule has no groups (%v)", err)
+	}
+	for _, g := range groups {
+		rs, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rs {
+			rule := r.(map[string]any)
+			name, _ := rule["alert"].(string)
+			if name == "" {
+				continue
+			}
+			names = append(names, name)
+			expr, _ := rule["expr"].(string)
+			if strings.Contains(expr, "floodgate_sidecar_") && !strings.Contains(expr, "floodgate_counterstore_") {
+				sidecarOnly++
+			}
+		}
+	}
+	return names, sidecarOnly
+}
+
+// countWords are the numbers the docs spell out when they count alerts.
+var countWords = []string{"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"}
+
+// spelledCount reads a count as the docs write it: a word or digits.
+func spelledCount(s string) int {
+	if i := slices.Index(countWords, strings.ToLower(s)); i >= 0 {
+		return i
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// TestAlertsDocumented checks the docs against the alerts the chart
+// renders: the chart README's alert table has a row for each and no
+// other, README.md and docs/operations.md name each (the runbook a
+// heading each), and every "N alerts" in README.md, the chart README and
+// docs/ says how many there are, so that adding an alert without its
+// documentation fails here.
+func TestAlertsDocumented(t *testing.T) {
+	t.Parallel()
+	alerts, sidecarOnly := renderedAlerts(t)
+	if len(alerts) < 5 {
+		t.Fatalf("only %d alerts rendered (%v); the walk is broken", len(alerts), alerts)
+	}
+	slices.Sort(alerts)
+	root := helmtest.RepoRoot(t)
+	read := func(rel string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	chartREADME := read("charts/floodgate/README.md")
+	_, monitoring, ok := strings.Cut(chartREADME, "\n## Monitoring\n")
+	if !ok {
+		t.Fatal("charts/floodgate/README.md has no \"## Monitoring\" section")
+	}
+	monitoring, _, _ = strings.Cut(monitoring, "\n## ")
+	var rows []string
+	for _, m := range regexp.MustCompile("(?m)^\\s*\\| `(Floodgate[A-Za-z]+)`").FindAllStringSubmatch(monitoring, -1) {
+		rows = append(rows, m[1])
+	}
+	slices.Sort(rows)
+	if !slices.Equal(rows, alerts) {
+		t.Errorf("the alert table of charts/floodgate/README.md lists %v; the chart renders %v", rows, alerts)
+	}
+
+	readme := read("README.md")
+	operations := read("docs/operations.md")
+	var headings []string
+	for _, m := range regexp.MustCompile(`(?m)^### (Floodgate[A-Za-z]+) \((warning|critical)\)$`).FindAllStringSubmatch(operations, -1) {
+		headings = append(headings, m[1])
+	}
+	slices.Sort(headings)
+	if !slices.Equal(headings, alerts) {
+		t.Errorf("docs/operations.md has runbook headings for %v; the chart renders %v", headings, alerts)
+	}
+	for _, a := range alerts {
+		if !strings.Contains(readme, "`"+a+"`") {
+			t.Errorf("README.md does not name the alert %s", a)
+		}
+	}
+
+	docs := []string{"README.md", "charts/floodgate/README.md"}
+	for _, pattern := range []string{"docs/*.md", "docs/*/*.md"} {
+		matches, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range matches {
+			rel, _ := filepath.Rel(root, m)
+			docs = append(docs, rel)
+		}
+	}
+	counted := regexp.MustCompile(`(?i)\b(` + strings.Join(countWords, "|") + `|\d+)\s+(?:floodgate\s+)?alerts\b`)
+	found := 0
+	for _, rel := range docs {
+		for _, m := range counted.FindAllStringSubmatch(read(rel), -1) {
+			found++
+			if n := spelledCount(m[1]); n != len(alerts) {
+				t.Errorf("%s says %q; the chart has %d alerts", rel, m[0], len(alerts))
+			}
+		}
+	}
+	if found < 3 {
+		t.Errorf("found the alert count in %d places, want README.md, the chart README and docs/operations.md at least; the pattern is broken", found)
+	}
+	m := regexp.MustCompile(`(?i)\b(` + strings.Join(countWords, "|") + `) are computed from the sidecar metrics`).FindStringSubmatch(operations)
+	if m == nil {
+		t.Error("docs/operations.md no longer says how many alerts are computed from the sidecar metrics")
+	} else if spelledCount(m[1]) != sidecarOnly {
+		t.Errorf("docs/operations.md says %q; %d alerts read the sidecar metrics only", m[0], sidecarOnly)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/describe"
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/load"
 	"github.com/floodgate-dev/floodgate/cmd/kubectl-floodgate/internal/policies"
@@ -76,7 +77,11 @@ gets, and what happens when the counter store is unreachable.
 
 The input is RateLimitPolicies of one namespace and ClusterRateLimitPolicies, each taken to
 select that namespace (validated as admission would, then compiled by floodgate's policy
-compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.`,
+compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.
+
+A RateLimitPolicy with a targetRef is explained as the central rate-limit service
+enforces it; when the input carries its status (kubectl get ratelimitpolicy NAME -o yaml),
+explain also shows its target and the gateway objects the manager applied.`,
 		Example: `  kubectl floodgate explain config/samples/ratelimit_v1alpha1_ratelimitpolicy_per_user.yaml
   kubectl floodgate explain policy.yaml --replicas 5
   kubectl floodgate explain envoy-ratelimit.yaml -o json`,
@@ -85,9 +90,22 @@ compiler), a floodgate sidecar config, or an envoyproxy/ratelimit config.`,
 			if err != nil {
 				return err
 			}
-			ps, err := describe.Config(set.Config)
-			if err != nil {
-				return err
+			var ps []describe.Policy
+			if set.Config != nil {
+				if ps, err = describe.Config(set.Config); err != nil {
+					return err
+				}
+			}
+			if set.Gateway != nil {
+				targets := make(map[string]describe.Target, len(set.Targets))
+				for name, t := range set.Targets {
+					targets[name] = describe.Target{Ref: t.Ref.String(), Status: t.Status}
+				}
+				gps, err := describe.Gateway(set.Gateway, targets)
+				if err != nil {
+					return err
+				}
+				ps = append(ps, gps...)
 			}
 			rep := ExplainReport{From: set.From, Sources: set.Sources, Policies: ps, Notes: set.Notes}
 			if set.Mapping != nil {
@@ -115,6 +133,9 @@ func printExplain(o *options, rep ExplainReport, defaultReplicas bool) {
 			ns = ", namespace " + p.Namespace
 		}
 		o.printf("\npolicy %s%s: enforced by %s\n", p.Name, ns, p.Selects)
+		if p.Target != nil {
+			printExplainTarget(o, p.Name, p.Target)
+		}
 		for _, r := range p.Rules {
 			o.printf("  rule %s\n", r.Name)
 			o.printf("    limits   %s\n", r.Summary)
@@ -139,4 +160,65 @@ func printExplain(o *options, rep ExplainReport, defaultReplicas bool) {
 	for _, w := range rep.Warnings {
 		o.printf("\nwarning: %s\n", w)
 	}
+}
+
+// printExplainTarget prints what the manager reported of a policy's
+// target, when the input carries the policy's status.
+func printExplainTarget(o *options, name string, t *describe.Target) {
+	st := t.Status
+	if st == nil {
+		o.printf("  target   %s: no status in the input; to see what the manager found and applied, explain the policy as the cluster has it: kubectl get ratelimitpolicy %s -o yaml | kubectl floodgate explain -\n", t.Ref, name)
+		return
+	}
+	o.printf("  target   %s\n", targetSummary(t.Ref, st))
+	if len(st.GatewayConfig) > 0 {
+		o.printf("  config   %s\n", gatewayConfigKeys(st.GatewayConfig))
+	}
+	if len(st.AppliedObjects) == 0 {
+		o.printf("  applied  none reported\n")
+	}
+	for _, a := range st.AppliedObjects {
+		o.printf("  applied  %s\n", appliedObject(a))
+	}
+}
+
+// targetSummary is "HTTPRoute/api: found; Gateways shop/public; hostnames
+// api.example.com".
+func targetSummary(ref string, st *v1alpha1.TargetStatus) string {
+	if st.Ref != "" {
+		ref = st.Ref
+	}
+	if !st.Found {
+		return ref + ": not found"
+	}
+	s := ref + ": found; Gateways "
+	if len(st.Gateways) == 0 {
+		s += "none"
+	} else {
+		s += strings.Join(st.Gateways, ", ")
+	}
+	if len(st.Hostnames) == 0 {
+		return s + "; any host"
+	}
+	return s + "; hostnames " + strings.Join(st.Hostnames, ", ")
+}
+
+// gatewayConfigKeys names the keys of the ConfigMap that hold each
+// Gateway's generated config.
+func gatewayConfigKeys(keys []string) string {
+	return "keys " + strings.Join(keys, ", ") + " of ConfigMap " + gatewayConfigMap
+}
+
+// gatewayConfigMap is the ConfigMap, in the central rate-limit service's
+// namespace, where the manager publishes each Gateway's config.
+const gatewayConfigMap = "floodgate-gateway-config"
+
+// appliedObject is "EnvoyFilter shop/floodgate-public for Gateway
+// shop/public: Applied", with the message after the state.
+func appliedObject(a v1alpha1.AppliedObject) string {
+	s := fmt.Sprintf("%s %s/%s for Gateway %s: %s", a.Kind, a.Namespace, a.Name, a.Gateway, a.State)
+	if a.Message != "" {
+		s += ": " + a.Message
+	}
+	return s
 }

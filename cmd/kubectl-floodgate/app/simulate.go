@@ -134,6 +134,9 @@ func runSimulate(o *options, f *simulateFlags, args []string) error {
 	if err != nil {
 		return err
 	}
+	if set.Config == nil {
+		return errors.New("every RateLimitPolicy of the input has a targetRef: a gateway enforces it through the central rate-limit service, and simulate runs the sidecar; see kubectl floodgate explain")
+	}
 	if f.writeConf != "" {
 		data, err := compiler.Marshal(set.Config)
 		if err != nil {

@@ -27,12 +27,16 @@ func newStatus(o *options) *cobra.Command {
 revision of the namespace's compiled config (ConfigMap ` + config.ConfigMapName + `), the CounterStore's state,
 each targeted pod with the revision its sidecar enforces (stale when it is not the current
 one), and what the sidecars decided per rule, in total and over the last --window.
+For a policy with a targetRef, which the central rate-limit service enforces: its
+target, the service's replicas that have loaded it, and the gateway objects the
+manager applied (status.target.appliedObjects), with their state.
 
 It reads the API and the sidecars' metrics, through the API server's pod proxy: it needs
 get/list on ratelimitpolicies, counterstores, pods and configmaps, and get on pods/proxy.
 
 Exit code 1 when something is not right: a condition that is not True, a generation not yet
-compiled, a targeted pod that is stale.`,
+compiled, a targeted pod that is stale, a target not found, a gateway object Rejected,
+in Conflict or NotInstalled.`,
 		Example: `  kubectl floodgate status -n shop
   kubectl floodgate status checkout -n shop --window 30s
   kubectl floodgate status checkout -n shop -o json --window 0`,
@@ -113,9 +117,13 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			}
 			fprintf(tw, "  %s\t%s\t%s\n", c.Type, c.Status, msg)
 		}
-		if p.Revision != "" {
+		switch {
+		case p.Target != nil:
+			// Compiled into the central service's document, in the
+			// manager's namespace: Programmed says how that went.
+		case p.Revision != "":
 			fprintf(tw, "  compiled\t\trevision %s in ConfigMap %s, generation %d\n", p.Revision, config.ConfigMapName, p.CompiledGeneration)
-		} else {
+		default:
 			fprintf(tw, "  compiled\t\tno ConfigMap %s in the namespace\n", config.ConfigMapName)
 		}
 		store := p.Store.Name + ": "
@@ -132,6 +140,10 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			}
 		}
 		fprintf(tw, "  store\t\t%s\n", store)
+		if p.Target != nil {
+			printStatusTarget(o, tw, p)
+			continue
+		}
 		fprintf(tw, "  pods\t\t%d of %d targeted pods enforce the current revision\n", p.Enforcing, p.Targeted)
 		_ = tw.Flush()
 
@@ -168,6 +180,32 @@ func printStatus(o *options, rep clusterstatus.Report) {
 			o.printf("  - %s\n", p)
 		}
 	}
+}
+
+// printStatusTarget prints, for a policy with a targetRef, its target,
+// the central service's replicas, and the gateway objects the manager
+// applied, then flushes tw.
+func printStatusTarget(o *options, tw *tabwriter.Writer, p clusterstatus.PolicyStatus) {
+	t := p.Target
+	fprintf(tw, "  target\t\t%s\n", targetSummary(t.Ref, t))
+	fprintf(tw, "  enforced by\t\t%s replicas of the central rate-limit service have loaded it\n", or(p.ServiceReplicas, "0/0"))
+	if len(t.GatewayConfig) > 0 {
+		fprintf(tw, "  gateway config\t\t%s\n", gatewayConfigKeys(t.GatewayConfig))
+	}
+	if len(t.AppliedObjects) == 0 {
+		fprintf(tw, "  applied\t\tnone reported\n")
+	}
+	_ = tw.Flush()
+	if len(t.AppliedObjects) == 0 {
+		return
+	}
+	o.printf("\n")
+	tw = tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
+	fprintf(tw, "  APPLIED\tGATEWAY\tSTATE\tMESSAGE\n")
+	for _, a := range t.AppliedObjects {
+		fprintf(tw, "  %s %s/%s\t%s\t%s\t%s\n", a.Kind, a.Namespace, a.Name, a.Gateway, a.State, a.Message)
+	}
+	_ = tw.Flush()
 }
 
 func enforces(p clusterstatus.PodStatus) string {

@@ -80,9 +80,19 @@ type PolicyStatus struct {
 	Revision           string      `json:"revision,omitempty"`
 	CompiledGeneration int64       `json:"compiledGeneration,omitempty"`
 	Store              StoreStatus `json:"store"`
-	Targeted           int32       `json:"targeted"`
-	Enforcing          int32       `json:"enforcing"`
-	Pods               []PodStatus `json:"pods"`
+	// Target is, for a policy with a targetRef, its status.target: the
+	// target, its Gateways, the keys of the generated gateway config, and
+	// the gateway objects the manager applied. Such a policy is enforced
+	// by the central rate-limit service, whose replicas Enforcing reports
+	// (status.enforcing, loaded/running), not by the namespace's pods.
+	Target *v1alpha1.TargetStatus `json:"target,omitempty"`
+	// ServiceReplicas is status.enforcing of a policy with a targetRef:
+	// the central service's replicas that have loaded it, of those
+	// running.
+	ServiceReplicas string      `json:"serviceReplicas,omitempty"`
+	Targeted        int32       `json:"targeted"`
+	Enforcing       int32       `json:"enforcing"`
+	Pods            []PodStatus `json:"pods"`
 	// Rules sums the sidecars' decisions per rule.
 	Rules []RuleCounts `json:"rules,omitempty"`
 }
@@ -189,6 +199,9 @@ func policyStatus(in *Input, p *v1alpha1.RateLimitPolicy) (PolicyStatus, []strin
 	}
 
 	ps.Store = storeStatus(p.StoreName(), in.Stores[p.StoreName()])
+	if p.GatewayEnforced() {
+		return gatewayPolicyStatus(ps, p, problems)
+	}
 	if in.Config != nil {
 		ps.Revision = in.Config.Revision
 		for _, cp := range in.Config.Policies {
@@ -250,6 +263,40 @@ func policyStatus(in *Input, p *v1alpha1.RateLimitPolicy) (PolicyStatus, []strin
 	}
 	for _, name := range sortedKeys(rules) {
 		ps.Rules = append(ps.Rules, *rules[name])
+	}
+	return ps, problems
+}
+
+// gatewayPolicyStatus completes the status of p, a policy with a
+// targetRef: the central rate-limit service enforces it, from a document
+// in its own namespace, so the namespace's compiled config and pods say
+// nothing of it; its target and the gateway objects the manager applied
+// do.
+func gatewayPolicyStatus(ps PolicyStatus, p *v1alpha1.RateLimitPolicy, problems []string) (PolicyStatus, []string) {
+	ps.Targeted, ps.Enforcing = 0, 0
+	ps.ServiceReplicas = p.Status.Enforcing
+	t := p.Status.Target.DeepCopy()
+	if t == nil {
+		problems = append(problems, fmt.Sprintf("%s: the manager has not reported its target %s yet", p.Name, p.Spec.TargetRef))
+		t = &v1alpha1.TargetStatus{}
+	}
+	if t.Ref == "" {
+		t.Ref = p.Spec.TargetRef.String()
+	}
+	ps.Target = t
+	if p.Status.Target != nil && !t.Found {
+		problems = append(problems, fmt.Sprintf("%s: target %s not found", p.Name, t.Ref))
+	}
+	for _, a := range t.AppliedObjects {
+		switch a.State {
+		case v1alpha1.AppliedStateApplied, v1alpha1.AppliedStateProgrammed:
+			continue
+		}
+		msg := fmt.Sprintf("%s: %s %s/%s for Gateway %s is %s", p.Name, a.Kind, a.Namespace, a.Name, a.Gateway, a.State)
+		if a.Message != "" {
+			msg += ": " + a.Message
+		}
+		problems = append(problems, msg)
 	}
 	return ps, problems
 }

@@ -185,3 +185,79 @@ go_goroutines 12
 		t.Error("garbage parsed")
 	}
 }
+
+// gatewayPolicy is a policy with a targetRef, as the manager reports it:
+// loaded by 2 of 2 central service replicas, its HTTPRoute attached to two
+// Gateways, one of whose objects the gateway refused.
+func gatewayPolicy() v1alpha1.RateLimitPolicy {
+	p := policy()
+	p.Name = "edge"
+	p.Spec.PodSelector = metav1.LabelSelector{}
+	p.Spec.TargetRef = &v1alpha1.TargetReference{Group: v1alpha1.GatewayAPIGroup, Kind: v1alpha1.KindHTTPRoute, Name: "api"}
+	p.Status.Enforcing = "2/2"
+	p.Status.Target = &v1alpha1.TargetStatus{
+		Ref: "HTTPRoute/api", Found: true, Gateways: []string{"shop/eg", "shop/public"}, Hostnames: []string{"api.example.com"},
+		GatewayConfig: []string{"shop.eg.envoy-gateway.yaml", "shop.public.istio.yaml"},
+		AppliedObjects: []v1alpha1.AppliedObject{
+			{Kind: "EnvoyPatchPolicy", Namespace: "shop", Name: "floodgate-eg", Gateway: "shop/eg", State: v1alpha1.AppliedStateRejected, Message: "patch path does not exist"},
+			{Kind: "EnvoyFilter", Namespace: "shop", Name: "floodgate-public", Gateway: "shop/public", State: v1alpha1.AppliedStateApplied},
+		},
+	}
+	return p
+}
+
+// A policy with a targetRef is the central service's: the namespace's
+// compiled config and pods say nothing of it, and the report shows its
+// target and the gateway objects the manager applied instead, with a
+// problem for each object that is not in force.
+func TestBuildGatewayPolicy(t *testing.T) {
+	t.Parallel()
+	store := &v1alpha1.CounterStore{Status: v1alpha1.CounterStoreStatus{Conditions: []metav1.Condition{
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue},
+	}}}
+	rep := Build(Input{
+		Namespace: "shop",
+		Policies:  []v1alpha1.RateLimitPolicy{gatewayPolicy()},
+		Stores:    map[string]*v1alpha1.CounterStore{"default": store},
+		Pods:      []corev1.Pod{pod("a", true, false, nil)},
+	})
+	ps := rep.Policies[0]
+	if ps.Target == nil || ps.Target.Ref != "HTTPRoute/api" || len(ps.Target.AppliedObjects) != 2 || ps.ServiceReplicas != "2/2" {
+		t.Fatalf("target %+v, service replicas %q", ps.Target, ps.ServiceReplicas)
+	}
+	if ps.Targeted != 0 || ps.Enforcing != 0 || len(ps.Pods) != 0 {
+		t.Errorf("targeted %d, enforcing %d, pods %v; want none: no pod enforces a policy with a targetRef", ps.Targeted, ps.Enforcing, ps.Pods)
+	}
+	want := "edge: EnvoyPatchPolicy shop/floodgate-eg for Gateway shop/eg is Rejected: patch path does not exist"
+	if strings.Join(rep.Problems, "\n") != want {
+		t.Errorf("problems\n%s\nwant\n%s", strings.Join(rep.Problems, "\n"), want)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		target *v1alpha1.TargetStatus
+		want   []string
+	}{
+		{"not reported", nil, []string{"edge: the manager has not reported its target HTTPRoute/api yet"}},
+		{"not found", &v1alpha1.TargetStatus{Ref: "HTTPRoute/api"}, []string{"edge: target HTTPRoute/api not found"}},
+		{"every state", &v1alpha1.TargetStatus{Ref: "HTTPRoute/api", Found: true, Gateways: []string{"shop/a"}, AppliedObjects: []v1alpha1.AppliedObject{
+			{Kind: "EnvoyPatchPolicy", Namespace: "shop", Name: "p", Gateway: "shop/a", State: v1alpha1.AppliedStateProgrammed},
+			{Kind: "EnvoyFilter", Namespace: "shop", Name: "f", Gateway: "shop/a", State: v1alpha1.AppliedStateApplied},
+			{Kind: "EnvoyFilter", Namespace: "shop", Name: "c", Gateway: "shop/a", State: v1alpha1.AppliedStateConflict, Message: "not created by floodgate"},
+			{Kind: "EnvoyFilter", Namespace: "shop", Name: "n", Gateway: "shop/a", State: v1alpha1.AppliedStateNotInstalled},
+		}}, []string{
+			"edge: EnvoyFilter shop/c for Gateway shop/a is Conflict: not created by floodgate",
+			"edge: EnvoyFilter shop/n for Gateway shop/a is NotInstalled",
+		}},
+	} {
+		p := gatewayPolicy()
+		p.Status.Target = tc.target
+		rep := Build(Input{Namespace: "shop", Policies: []v1alpha1.RateLimitPolicy{p}, Stores: map[string]*v1alpha1.CounterStore{"default": store}})
+		if strings.Join(rep.Problems, "\n") != strings.Join(tc.want, "\n") {
+			t.Errorf("%s: problems\n%s\nwant\n%s", tc.name, strings.Join(rep.Problems, "\n"), strings.Join(tc.want, "\n"))
+		}
+		if got := rep.Policies[0].Target; got == nil || got.Ref != "HTTPRoute/api" {
+			t.Errorf("%s: target %+v, want the ref HTTPRoute/api", tc.name, got)
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
@@ -33,10 +34,59 @@ type Policy struct {
 	Namespace string `json:"namespace,omitempty"`
 	// Replicas is the replica count the fail-open share is computed for.
 	Replicas int32 `json:"replicas"`
-	// Selects says which pods enforce the policy.
+	// Selects says which pods enforce the policy, or, for a policy with a
+	// targetRef, which gateways.
 	Selects string `json:"selects"`
-	Rules   []Rule `json:"rules"`
+	// Target is the targetRef of a policy that a gateway enforces.
+	Target *Target `json:"target,omitempty"`
+	Rules  []Rule  `json:"rules"`
 }
+
+// Target is a policy's targetRef and what the manager reported of it.
+type Target struct {
+	// Ref is the target, as Kind/name or Kind/name/sectionName.
+	Ref string `json:"ref"`
+	// Status is the policy's status.target when the input carries it (a
+	// policy read from the cluster): whether the target was found, its
+	// Gateways and hostnames, the keys of the generated gateway config,
+	// and the gateway objects the manager applied.
+	Status *v1alpha1.TargetStatus `json:"status,omitempty"`
+}
+
+// Gateway describes every rule of c, the central rate-limit service's
+// document, whose policies gateways enforce: targets holds each one's
+// target, by policy name.
+func Gateway(c *config.Config, targets map[string]Target) ([]Policy, error) {
+	ps, err := Config(c)
+	if err != nil {
+		return nil, err
+	}
+	// The central service answers OVER_LIMIT where a sidecar answers 400
+	// or 503, and the gateway turns that into its 429.
+	gatewayWords := strings.NewReplacer(failClosed, failClosedAtGateway, answered400, deniedAtGateway)
+	for i := range ps {
+		for j := range ps[i].Rules {
+			r := &ps[i].Rules[j]
+			r.Summary, r.Failure = gatewayWords.Replace(r.Summary), gatewayWords.Replace(r.Failure)
+			r.Cost, r.MissingKey = gatewayWords.Replace(r.Cost), gatewayWords.Replace(r.MissingKey)
+		}
+		t, ok := targets[ps[i].Name]
+		if !ok {
+			continue
+		}
+		ps[i].Target = &t
+		ps[i].Selects = "the gateways of " + t.Ref + " (targetRef), asking the central rate-limit service"
+	}
+	return ps, nil
+}
+
+// What a sidecar answers, and what a gateway answers instead.
+const (
+	failClosed          = "fails closed: 503 while the store is unreachable"
+	failClosedAtGateway = "fails closed: denied (OVER_LIMIT, the gateway answers 429) while the store is unreachable"
+	answered400         = "answered 400"
+	deniedAtGateway     = "denied (OVER_LIMIT, the gateway answers 429)"
+)
 
 // Rule is one rule in words, with its numbers.
 type Rule struct {
@@ -277,7 +327,7 @@ func limitOf(l limiter.Limit) *Limit {
 
 func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	if er.FailClosed {
-		return "fails closed: 503 while the store is unreachable", nil
+		return failClosed, nil
 	}
 	n := int64(max(replicas, 1))
 	l := er.Limit
@@ -364,7 +414,7 @@ func cost(c config.Cost, capacity int64) string {
 	if maximum == 0 {
 		maximum = capacity
 	}
-	return fmt.Sprintf("the %s header's value (1 to %d; other values are answered 400), %d without it", c.FromHeader, maximum, def)
+	return fmt.Sprintf("the %s header's value (1 to %d; other values are %s), %d without it", c.FromHeader, maximum, answered400, def)
 }
 
 func missingKey(r *config.Rule) string {
@@ -386,7 +436,7 @@ func missingKey(r *config.Rule) string {
 	without := "requests without " + strings.Join(names, " or ")
 	switch r.OnMissingKey {
 	case config.OnMissingKeyReject:
-		return without + " are answered 400"
+		return without + " are " + answered400
 	case config.OnMissingKeySkip:
 		return without + " are not limited by this rule"
 	}

@@ -6,6 +6,7 @@
 package policies
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -47,7 +48,17 @@ type Options struct {
 
 // Set is the compiled config and where it came from.
 type Set struct {
+	// Config is what the sidecars enforce: the policies with a
+	// podSelector, the ClusterRateLimitPolicies, or the config given. It
+	// is nil when every RateLimitPolicy of the input has a targetRef.
 	Config *config.Config
+	// Gateway is the central rate-limit service's document of the
+	// input's RateLimitPolicies with a targetRef, compiled as the manager
+	// compiles it; nil when there are none.
+	Gateway *config.Config
+	// Targets are the targets of the RateLimitPolicies with a targetRef,
+	// by policy name.
+	Targets map[string]Target
 	// From describes the input: "RateLimitPolicy" or a config format.
 	From string
 	// Sources are the files it was read from.
@@ -59,6 +70,15 @@ type Set struct {
 	// defaults of their names: replaced because they tighten them, or
 	// not, and why.
 	Notes []string
+}
+
+// Target is a policy's targetRef and, when the input carries the policy's
+// status (as read from the cluster, kubectl get -o yaml), what the manager
+// reported of it.
+type Target struct {
+	Ref v1alpha1.TargetReference
+	// Status is the policy's status.target; nil when the input has none.
+	Status *v1alpha1.TargetStatus
 }
 
 // FromRateLimitPolicies is Set.From for compiled RateLimitPolicies.
@@ -94,17 +114,36 @@ func Compile(docs []load.Doc, v *admit.Validator, o Options) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := range set.Config.Policies {
-		p := &set.Config.Policies[i]
-		if o.Replicas > 0 {
-			p.Replicas = o.Replicas
+	for _, c := range []*config.Config{set.Config, set.Gateway} {
+		if c == nil {
+			continue
 		}
-		if o.MountDir != "" && p.JWT != nil {
-			p.JWT.HMACSecretFile = remount(p.JWT.HMACSecretFile, o.MountDir)
-			p.JWT.JWKSFile = remount(p.JWT.JWKSFile, o.MountDir)
+		for i := range c.Policies {
+			p := &c.Policies[i]
+			if o.Replicas > 0 {
+				p.Replicas = o.Replicas
+			}
+			if o.MountDir != "" && p.JWT != nil {
+				p.JWT.HMACSecretFile = remount(p.JWT.HMACSecretFile, o.MountDir)
+				p.JWT.JWKSFile = remount(p.JWT.JWKSFile, o.MountDir)
+			}
 		}
 	}
 	return set, nil
+}
+
+// reportedTarget reads status.target from a policy document as given,
+// before admission drops the status; nil when it has none.
+func reportedTarget(doc []byte) *v1alpha1.TargetStatus {
+	var p struct {
+		Status struct {
+			Target *v1alpha1.TargetStatus `json:"target"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(doc, &p); err != nil {
+		return nil
+	}
+	return p.Status.Target
 }
 
 func remount(path, dir string) string {
@@ -152,6 +191,12 @@ func compileRateLimitPolicies(docs, clusterDocs []load.Doc, v *admit.Validator, 
 		p.Generation = 1
 		p.CreationTimestamp = metav1.NewTime(simulationEpoch.Add(time.Duration(i) * time.Second))
 		p.Spec.StoreRef = nil
+		if t := p.Spec.TargetRef; t != nil {
+			if set.Targets == nil {
+				set.Targets = map[string]Target{}
+			}
+			set.Targets[p.Name] = Target{Ref: *t, Status: reportedTarget(d.JSON)}
+		}
 		policies = append(policies, p)
 		set.Sources = appendOnce(set.Sources, d.Source)
 	}
@@ -185,8 +230,23 @@ func compileRateLimitPolicies(docs, clusterDocs []load.Doc, v *admit.Validator, 
 	if err != nil {
 		return nil, err
 	}
+	// The policies with a targetRef, compiled as the manager compiles the
+	// central rate-limit service's document (the compiler leaves them out
+	// of a namespace's).
+	gw := compiler.Output{}
+	if len(set.Targets) > 0 {
+		gw, err = compiler.Compile(compiler.Input{
+			Policies:         policies,
+			Pods:             standInPods(ns, labels.Set{}, nil),
+			Stores:           map[string]*v1alpha1.CounterStore{v1alpha1.DefaultCounterStoreName: standInStore()},
+			RateLimitService: true,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	var errs []error
-	for _, r := range out.Policies {
+	for _, r := range append(slices.Clone(out.Policies), gw.Policies...) {
 		if len(r.Invalid) > 0 {
 			errs = append(errs, fmt.Errorf("RateLimitPolicy %q does not compile: %w", r.Name,
 				apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("RateLimitPolicy").GroupKind(), r.Name, r.Invalid)))
@@ -205,11 +265,15 @@ func compileRateLimitPolicies(docs, clusterDocs []load.Doc, v *admit.Validator, 
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if out.Config == nil {
+	if out.Config == nil && gw.Config == nil {
 		return nil, errors.New("the policies compiled to no config (a ClusterRateLimitPolicy alone applies only to the pods it selects)")
 	}
-	out.Config.Store = config.Store{Type: config.StoreMemory}
-	set.Config = out.Config
+	for _, c := range []*config.Config{out.Config, gw.Config} {
+		if c != nil {
+			c.Store = config.Store{Type: config.StoreMemory}
+		}
+	}
+	set.Config, set.Gateway = out.Config, gw.Config
 	return set, nil
 }
 
