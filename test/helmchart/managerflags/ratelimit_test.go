@@ -182,3 +182,78 @@ func TestRateLimitServiceFollowsContract(t *testing.T) {
 		t.Errorf("gateways without mTLS: %v, want the chart to refuse", r.Err)
 	}
 }
+
+// TestApplyGatewayConfigFollowsContract renders the chart with
+// rateLimitService.applyGatewayConfig on and off: on, the manager runs
+// with --apply-gateway-config and the values' classes, which it accepts,
+// and a ClusterRole grants exactly the kinds it applies and the
+// GatewayClasses it reads; off, neither the flag nor the grant exists.
+func TestApplyGatewayConfigFollowsContract(t *testing.T) {
+	t.Parallel()
+	values := filepath.Join(helmtest.RepoRoot(t), "test", "helmchart", "testdata", "values", "ratelimit-service.yaml")
+	const role = "floodgate-gateway-config"
+
+	off := helmtest.Manifest(t, "-f", values)
+	if off.Find("ClusterRole", role) != nil || off.Find("ClusterRoleBinding", role) != nil {
+		t.Errorf("ClusterRole %s rendered with applyGatewayConfig off", role)
+	}
+	var mgr appsv1.Deployment
+	convert(t, off, "Deployment", "floodgate-manager", &mgr)
+	for _, a := range mgr.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--apply-gateway") {
+			t.Errorf("with applyGatewayConfig off: argument %q", a)
+		}
+	}
+
+	on := helmtest.Manifest(t, "-f", values, "--set", "rateLimitService.applyGatewayConfig.enabled=true",
+		"--set", "rateLimitService.applyGatewayConfig.gatewayClasses={istio,eg}")
+	convert(t, on, "Deployment", "floodgate-manager", &mgr)
+	o := app.DefaultOptions()
+	fs := flag.NewFlagSet(app.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.BindFlags(fs)
+	if err := fs.Parse(mgr.Spec.Template.Spec.Containers[0].Args); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Errorf("the manager refuses the chart's flags: %v", err)
+	}
+	if !o.ApplyGatewayConfig || !slices.Equal(o.ApplyGatewayClasses, []string{"istio", "eg"}) {
+		t.Errorf("manager: --apply-gateway-config %v, --apply-gateway-classes %q; want on, with istio and eg", o.ApplyGatewayConfig, o.ApplyGatewayClasses)
+	}
+	var cr rbacv1.ClusterRole
+	convert(t, on, "ClusterRole", role, &cr)
+	granted := map[string][]string{}
+	for _, r := range cr.Rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				granted[g+"/"+res] = r.Verbs
+			}
+		}
+	}
+	write := []string{"get", "list", "watch", "create", "patch", "delete"}
+	want := map[string][]string{
+		"gateway.networking.k8s.io/gatewayclasses": {"get", "list", "watch"},
+		"networking.istio.io/envoyfilters":         write,
+		"gateway.envoyproxy.io/envoypatchpolicies": write,
+	}
+	if len(granted) != len(want) {
+		t.Errorf("ClusterRole %s grants %v, want %v", role, granted, want)
+	}
+	for res, verbs := range want {
+		if !slices.Equal(granted[res], verbs) {
+			t.Errorf("ClusterRole %s: %s verbs %v, want %v", role, res, granted[res], verbs)
+		}
+	}
+	var crb rbacv1.ClusterRoleBinding
+	convert(t, on, "ClusterRoleBinding", role, &crb)
+	if crb.RoleRef.Name != role || len(crb.Subjects) != 1 || crb.Subjects[0].Name != mgr.Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("ClusterRoleBinding %s binds %v to %v, want the manager's ServiceAccount %s", role, crb.RoleRef, crb.Subjects, mgr.Spec.Template.Spec.ServiceAccountName)
+	}
+
+	// Without the central service there is nothing to point gateways at.
+	r := helmtest.Run(t, helmtest.TemplateArgs(t, "--set", "rateLimitService.applyGatewayConfig.enabled=true")...)
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "rateLimitService.applyGatewayConfig needs rateLimitService.enabled") {
+		t.Errorf("applyGatewayConfig without the service: %v, want the chart to refuse", r.Err)
+	}
+}
