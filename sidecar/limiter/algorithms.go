@@ -191,10 +191,11 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	q, u, k, c, cu := p.TickMicros, p.TickUnits, p.TokenUnits, p.Capacity, p.CapacityUnits
 	a, f, b, debt := p.gcraDebt(s, sp, now)
 	n1 := max(n, 1) // a peek decides as a cost of 1
+	md := p.MaxDelayMicros
 	var allowed, write bool
-	var retry int64
+	var retry, wait int64
 	switch {
-	case n > c:
+	case md == 0 && n > c, md > 0 && n > p.MaxReserve:
 		retry = p.PeriodMicros
 	case debt+n1*k <= cu:
 		allowed = true
@@ -206,9 +207,26 @@ func (p *Params) gcra(s *State, sp *Params, now, n int64) (Decision, bool) {
 	default:
 		w := ceilDivBy(debt+n1*k-cu, u)
 		retry = (b+w)*q - now
+		if md > 0 && retry <= md {
+			// Its slot comes within MaxDelay: reserved now, the request
+			// waits for it. A peek reserves nothing and does not wait.
+			allowed = true
+			if n > 0 {
+				wait = retry
+				debt += n * k
+				a, f = b+div(debt, u), mod(debt, u)
+				write = true
+			}
+			retry = 0
+		} else if md > 0 {
+			// Admitted, with a wait within MaxDelay, from then on.
+			retry -= md
+		}
 	}
 	s.setGCRA(a, f)
-	return p.decision(allowed, max(0, cu-debt)/k, p.gcraReset(b, debt, now), retry), write
+	d := p.decision(allowed, max(0, cu-debt)/k, p.gcraReset(b, debt, now), retry)
+	d.Wait = micros(wait)
+	return d, write
 }
 
 // gcraDebt returns a GCRA key's theoretical arrival time (a whole ticks

@@ -88,7 +88,20 @@ type Limit struct {
 	// (the fail-open fallback). See Share. Only the in-memory store takes
 	// a shared limit.
 	Share Share
+	// MaxDelay, when positive, makes a GCRA limit delay instead of deny
+	// (a rule's onExceed: Delay): a request over the limit whose slot
+	// comes within MaxDelay is admitted with Decision.Wait, its slot
+	// reserved at once so that later requests queue behind it; past
+	// MaxDelay it is denied, and reserves nothing. Capacity is then how
+	// many requests an idle key passes at once. Only GCRA, never shared,
+	// at most MaxMaxDelay, a whole number of microseconds (ALGORITHMS.md
+	// section 10).
+	MaxDelay time.Duration
 }
+
+// MaxMaxDelay bounds Limit.MaxDelay: a request waits in the sidecar, with
+// its connection open, for at most this long.
+const MaxMaxDelay = time.Minute
 
 // MaxShareReplicas bounds Share.Of.
 const MaxShareReplicas = 100_000
@@ -157,6 +170,16 @@ func (l Limit) Validate() error {
 	} else if l.Share.Index < 0 || l.Share.Index >= max(l.Share.Of, 1) {
 		errs = append(errs, fmt.Errorf("share: index must be between 0 and %d, got %d", max(l.Share.Of, 1)-1, l.Share.Index))
 	}
+	switch {
+	case l.MaxDelay < 0 || l.MaxDelay > MaxMaxDelay:
+		errs = append(errs, fmt.Errorf("maxDelay: must be between 0 and %v, got %v", MaxMaxDelay, l.MaxDelay))
+	case l.MaxDelay%time.Microsecond != 0:
+		errs = append(errs, fmt.Errorf("maxDelay: must be a whole number of microseconds, got %v", l.MaxDelay))
+	case l.MaxDelay > 0 && l.Algorithm != GCRA:
+		errs = append(errs, fmt.Errorf("maxDelay: only GCRA delays requests, not %v", l.Algorithm))
+	case l.MaxDelay > 0 && l.Share.Of > 1:
+		errs = append(errs, errors.New("maxDelay: a shared limit (the fail-open fallback) does not delay"))
+	}
 	switch l.Algorithm {
 	case SlidingWindow, FixedWindow, SlidingLog:
 		if l.Burst != 0 {
@@ -187,8 +210,13 @@ type Decision struct {
 	// ResetAfter is how long until the key is back to full capacity.
 	ResetAfter time.Duration
 	// RetryAfter is how long until the same request would be admitted. It
-	// is 0 when Allowed, and at least one microsecond when denied.
+	// is 0 when Allowed, and at least one microsecond when denied. Under a
+	// Limit with MaxDelay it is how long until the request would be
+	// admitted with a Wait of at most MaxDelay.
 	RetryAfter time.Duration
+	// Wait, under a Limit with MaxDelay, is how long an admitted request
+	// waits for its reserved slot before it goes on; 0 otherwise.
+	Wait time.Duration
 }
 
 // Request is one decision asked of a Store.
@@ -235,6 +263,9 @@ func (d Decision) String() string {
 	verdict := "deny"
 	if d.Allowed {
 		verdict = "allow"
+	}
+	if d.Wait > 0 {
+		verdict += fmt.Sprintf(" wait=%v", d.Wait)
 	}
 	return fmt.Sprintf("{%s limit=%d remaining=%d reset=%v retry=%v}", verdict, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter)
 }

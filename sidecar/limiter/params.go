@@ -51,6 +51,12 @@ type Params struct {
 	// WindowTicks (PW) is the SlidingWindow window in ticks:
 	// ceil(PeriodMicros / TickMicros).
 	WindowTicks int64
+	// MaxDelayMicros (MD) is Limit.MaxDelay in microseconds.
+	MaxDelayMicros int64
+	// MaxReserve (MR), under a MaxDelay, bounds the cost that can ever be
+	// admitted: C + floor(ceil((MD + q) / q) * U / K) + 1. A larger cost is
+	// denied as one above the capacity is without MaxDelay.
+	MaxReserve int64
 }
 
 // Params validates l and returns its integer constants.
@@ -71,6 +77,10 @@ func NewParams(l Limit) (*Params, error) {
 		p.TickMicros, p.TickUnits, p.TokenUnits = s.q, s.u, s.k
 		p.CapacityUnits = p.Capacity * p.TokenUnits
 		p.FullTicks = ceilDiv(p.CapacityUnits, p.TickUnits)
+		if l.MaxDelay > 0 {
+			p.MaxDelayMicros = l.MaxDelay.Microseconds()
+			p.MaxReserve = p.Capacity + ceilDiv(p.MaxDelayMicros+p.TickMicros, p.TickMicros)*p.TickUnits/p.TokenUnits + 1
+		}
 	case SlidingWindow:
 		p.Capacity = l.Requests
 		p.TickMicros, p.WindowTicks = windowScale(p.PeriodMicros)
@@ -88,6 +98,9 @@ func (l Limit) String() string {
 	}
 	if l.Shared() {
 		s += fmt.Sprintf(" share %d of %d", l.Share.Index, l.Share.Of)
+	}
+	if l.MaxDelay > 0 {
+		s += fmt.Sprintf(" delay up to %v", l.MaxDelay)
 	}
 	return s
 }
@@ -136,8 +149,18 @@ func (l Limit) checkScale() error {
 	if fillHi > maxHi || (fillHi == maxHi && fillLo > maxLo) {
 		return fmt.Errorf("burst: a capacity of %d at %d per %v takes longer than %v to refill", c, l.Requests, l.Period, MaxFillTime)
 	}
-	if _, ok := bucketScale(l.Requests, pUs, c); !ok {
+	s, ok := bucketScale(l.Requests, pUs, c)
+	if !ok {
 		return fmt.Errorf("burst: a capacity of %d at %d per %v cannot be computed exactly; use a period of whole seconds or a rounder number of requests", c, l.Requests, l.Period)
+	}
+	if l.MaxDelay > 0 {
+		// The debt of a key with every slot up to MaxDelay reserved, and
+		// the largest cost the bound MaxReserve lets through, in units,
+		// stay exact doubles.
+		ticks := ceilDiv(l.MaxDelay.Microseconds()+s.q, s.q) + 2
+		if hi, lo := bits.Mul64(uint64(ticks), uint64(s.u)); hi != 0 || lo > maxCapacityUnits {
+			return fmt.Errorf("maxDelay: %v at %d per %v cannot be computed exactly; use a shorter delay", l.MaxDelay, l.Requests, l.Period)
+		}
 	}
 	return nil
 }
