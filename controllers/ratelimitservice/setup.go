@@ -83,17 +83,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 			return o.GetNamespace() == r.Namespace &&
 				(o.GetName() == config.RateLimitServiceConfigMapName || o.GetName() == GatewayConfigMapName)
 		})))
-	switch {
-	case !served:
-		mgr.GetLogger().Info("the API server serves no Gateway API HTTPRoutes and Gateways: policies with a targetRef report their target missing")
-	case !grpcServed:
-		mgr.GetLogger().Info("the API server serves no Gateway API GRPCRoutes: policies that target one report it missing")
-	default:
-		b = b.Watches(&gatewayv1.GRPCRoute{}, one, builder.WithPredicates(targetChanged()))
-	}
 	if served {
 		b = b.Watches(&gatewayv1.HTTPRoute{}, one, builder.WithPredicates(targetChanged())).
 			Watches(&gatewayv1.Gateway{}, one, builder.WithPredicates(targetChanged()))
+	} else {
+		mgr.GetLogger().Info("the API server serves no Gateway API HTTPRoutes and Gateways: policies with a targetRef report their target missing")
+	}
+	if grpcServed {
+		b = b.Watches(&gatewayv1.GRPCRoute{}, one, builder.WithPredicates(targetChanged()))
+	} else if served {
+		mgr.GetLogger().Info("the API server serves no Gateway API GRPCRoutes: policies that target one report it missing")
 	}
 	return b.Complete(r)
 }
