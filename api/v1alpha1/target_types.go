@@ -10,6 +10,11 @@ const (
 	// requests the route matches (all its rules, or the rule sectionName
 	// names), at every Gateway the route is attached to.
 	KindHTTPRoute = "HTTPRoute"
+	// KindGRPCRoute is a Gateway API GRPCRoute: the policy applies to the
+	// gRPC calls the route matches (all its rules, or the rule sectionName
+	// names), at every Gateway the route is attached to, as for an
+	// HTTPRoute.
+	KindGRPCRoute = "GRPCRoute"
 	// KindGateway is a Gateway API Gateway: the policy applies to every
 	// request the Gateway routes (on all its listeners, or on the listener
 	// sectionName names).
@@ -26,9 +31,9 @@ type TargetReference struct {
 	// +kubebuilder:validation:Enum=gateway.networking.k8s.io
 	Group string `json:"group"`
 
-	// Kind is HTTPRoute or Gateway.
+	// Kind is HTTPRoute, GRPCRoute or Gateway.
 	// +required
-	// +kubebuilder:validation:Enum=HTTPRoute;Gateway
+	// +kubebuilder:validation:Enum=HTTPRoute;GRPCRoute;Gateway
 	Kind string `json:"kind"`
 
 	// Name is the target's name, in the policy's namespace.
@@ -39,7 +44,7 @@ type TargetReference struct {
 	Name string `json:"name"`
 
 	// SectionName narrows the target: the name of one rule of an
-	// HTTPRoute, or of one listener of a Gateway. When unset, the policy
+	// HTTPRoute or a GRPCRoute, or of one listener of a Gateway. When unset, the policy
 	// applies to the whole target.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
@@ -71,15 +76,15 @@ type TargetStatus struct {
 	Found bool `json:"found"`
 
 	// Gateways are the Gateways, as namespace/name, that enforce the
-	// policy: the target itself, or the parents of an HTTPRoute that have
-	// accepted it.
+	// policy: the target itself, or the parents of an HTTPRoute or a
+	// GRPCRoute that have accepted it.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	Gateways []string `json:"gateways,omitempty"`
 
-	// Hostnames are the target's hostnames: an HTTPRoute's, or the
-	// Gateway listeners'. Empty means any host.
+	// Hostnames are the target's hostnames: an HTTPRoute's or a
+	// GRPCRoute's, or the Gateway listeners'. Empty means any host.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64

@@ -28,8 +28,8 @@ func (p *RateLimitPolicy) validateTarget(spec *field.Path) field.ErrorList {
 	if t.Group != GatewayAPIGroup {
 		errs = append(errs, field.NotSupported(path.Child("group"), t.Group, []string{GatewayAPIGroup}))
 	}
-	if t.Kind != KindHTTPRoute && t.Kind != KindGateway {
-		errs = append(errs, field.NotSupported(path.Child("kind"), t.Kind, []string{KindHTTPRoute, KindGateway}))
+	if t.Kind != KindHTTPRoute && t.Kind != KindGRPCRoute && t.Kind != KindGateway {
+		errs = append(errs, field.NotSupported(path.Child("kind"), t.Kind, []string{KindHTTPRoute, KindGRPCRoute, KindGateway}))
 	}
 	for _, msg := range validation.IsDNS1123Subdomain(t.Name) {
 		errs = append(errs, field.Invalid(path.Child("name"), t.Name, msg))

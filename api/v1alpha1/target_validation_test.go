@@ -39,6 +39,16 @@ func TestValidateSemanticsAcceptsAGatewayPolicy(t *testing.T) {
 	if errs := p.ValidateSemantics(); len(errs) != 0 {
 		t.Fatalf("ValidateSemantics() of a Gateway target = %v, want no errors", errs.ToAggregate())
 	}
+	// A GRPCRoute rule, and a rule that limits one gRPC method: its
+	// path, /<package>.<Service>/<Method>.
+	p = validGatewayPolicy()
+	p.Spec.TargetRef = &TargetReference{Group: GatewayAPIGroup, Kind: KindGRPCRoute, Name: "orders", SectionName: "create"}
+	p.Spec.Rules[0].Match = &RuleMatch{Path: &PathMatch{Type: PathMatchExact, Value: "/shop.v1.Orders/Create"}, Methods: []HTTPMethod{"POST"}}
+	if errs := p.ValidateSemantics(); len(errs) != 0 {
+		t.Fatalf("ValidateSemantics() of a GRPCRoute target = %v, want no errors", errs.ToAggregate())
+	}
+	p = validGatewayPolicy()
+	p.Spec.TargetRef = &TargetReference{Group: GatewayAPIGroup, Kind: KindGateway, Name: "public"}
 	if !p.GatewayEnforced() || validPolicy().GatewayEnforced() {
 		t.Errorf("GatewayEnforced() is %v for a targetRef policy and %v for a podSelector one, want true and false",
 			p.GatewayEnforced(), validPolicy().GatewayEnforced())
@@ -70,7 +80,7 @@ func TestValidateSemanticsRejectsWhatAGatewayCannotSend(t *testing.T) {
 		}, "spec.podSelector", "exactly one of podSelector and targetRef"},
 		{"another group", func(p *RateLimitPolicy) { p.Spec.TargetRef.Group = "networking.istio.io" },
 			"spec.targetRef.group", "Unsupported value"},
-		{"another kind", func(p *RateLimitPolicy) { p.Spec.TargetRef.Kind = "GRPCRoute" },
+		{"another kind", func(p *RateLimitPolicy) { p.Spec.TargetRef.Kind = "TCPRoute" },
 			"spec.targetRef.kind", "Unsupported value"},
 		{"a bad name", func(p *RateLimitPolicy) { p.Spec.TargetRef.Name = "Not_A_Name" },
 			"spec.targetRef.name", "Invalid value"},
@@ -129,6 +139,7 @@ func TestTargetReferenceString(t *testing.T) {
 	}{
 		{TargetReference{Kind: KindHTTPRoute, Name: "api"}, "HTTPRoute/api"},
 		{TargetReference{Kind: KindGateway, Name: "public", SectionName: "https"}, "Gateway/public/https"},
+		{TargetReference{Kind: KindGRPCRoute, Name: "orders", SectionName: "create"}, "GRPCRoute/orders/create"},
 	} {
 		if got := tc.ref.String(); got != tc.want {
 			t.Errorf("%#v.String() = %q, want %q", tc.ref, got, tc.want)

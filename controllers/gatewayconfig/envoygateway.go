@@ -57,9 +57,19 @@ const (
 //   - on each route configuration, set route.rate_limits of the routes the
 //     policies apply to: first every route with a route action, for the
 //     policies that target the Gateway, then the routes Envoy Gateway
-//     builds from each targeted HTTPRoute rule ("httproute/<namespace>/
-//     <name>/rule/<index>/..."), with every policy that applies to them,
-//     the Gateway's included (a JSON patch add replaces the list).
+//     builds from each targeted HTTPRoute or GRPCRoute rule
+//     ("httproute/<namespace>/<name>/rule/<index>/match/<m>/<host>", or
+//     "grpcroute/..."), with every policy that applies to them, the
+//     Gateway's included (a JSON patch add replaces the list).
+//
+// Envoy Gateway names a route's xDS routes after its kind in lower case
+// (internal/gatewayapi/helpers.go, irRoutePrefix and irRouteName:
+// "%s/%s/%s/" of strings.ToLower(route.GetRouteType()), namespace and
+// name, then "rule/%d/match/%d"), and a GRPCRoute's type is "GRPCRoute"
+// (internal/gatewayapi/contexts.go, GRPCRouteContext.GetRouteType;
+// internal/gatewayapi/route.go, processGRPCRouteRule names each match's
+// route with irRouteName, as processHTTPRouteRule does): read in
+// envoyproxy/gateway at d32f28294245 (August 2026).
 func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Unstructured, error) {
 	if err := gw.Validate(); err != nil {
 		return nil, err
@@ -129,11 +139,11 @@ func EnvoyGateway(gw *Gateway, svc Service, scheme NameScheme) (*unstructured.Un
 func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 	// Policies that target the Gateway, per route configuration.
 	gwWide := map[string][]Policy{}
-	// Per route configuration and HTTPRoute rule, the policies that
-	// target the rule's route.
+	// Per route configuration and HTTPRoute or GRPCRoute rule, the
+	// policies that target the rule's route.
 	type ruleKey struct {
-		config, namespace, name string
-		index                   int
+		config, kind, namespace, name string
+		index                         int
 	}
 	perRule := map[ruleKey][]Policy{}
 	var ruleOrder []ruleKey
@@ -158,7 +168,7 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 				continue
 			}
 			for _, r := range a.Route.Rules {
-				k := ruleKey{c, a.Route.Namespace, a.Route.Name, r.Index}
+				k := ruleKey{c, strings.ToLower(a.Route.kind()), a.Route.Namespace, a.Route.Name, r.Index}
 				if _, ok := perRule[k]; !ok {
 					ruleOrder = append(ruleOrder, k)
 				}
@@ -194,7 +204,7 @@ func egRoutePatches(gw *Gateway, scheme NameScheme) ([]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		prefix := fmt.Sprintf("^httproute/%s/%s/rule/%d/", k.namespace, k.name, k.index)
+		prefix := fmt.Sprintf("^%s/%s/%s/rule/%d/", k.kind, k.namespace, k.name, k.index)
 		out = append(out, map[string]any{
 			keyType: typeRouteConfig, keyName: k.config,
 			keyOperation: map[string]any{

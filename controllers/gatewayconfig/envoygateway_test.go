@@ -140,6 +140,17 @@ func TestEnvoyGatewayPatchesApply(t *testing.T) {
 				route("httproute/shop/api.v2/rule/0/match/0/api_example_com", false),
 				route("httproute/other/web/rule/0/match/0/api_example_com", false),
 				route("httproute/other/redirect/rule/0/match/0/api_example_com", true),
+				// A GRPCRoute of the HTTPRoute's name: another route.
+				route("grpcroute/shop/api/rule/0/match/0/api_example_com", false),
+			},
+		}, {
+			Name: "grpc_example_com", Domains: []string{"grpc.example.com"},
+			Routes: []*routev3.Route{
+				route("grpcroute/shop/orders/rule/0/match/0/grpc_example_com", false),
+				route("grpcroute/shop/orders/rule/1/match/0/grpc_example_com", false),
+				route("grpcroute/shop/orders/rule/1/match/1/grpc_example_com", false),
+				route("grpcroute/shop/orders/rule/1/match/-1/grpc_example_com", false),
+				route("httproute/shop/orders/rule/1/match/0/grpc_example_com", false),
 			},
 		}}}
 	}
@@ -230,6 +241,17 @@ func TestEnvoyGatewayPatchesApply(t *testing.T) {
 		"http-80 httproute/other/redirect/rule/0/match/0/api_example_com":       nil,
 		"infra/public/https httproute/shop/api/rule/0/match/0/api_example_com":  {"infra/edge", "infra/tls-only", "shop/api-limits"},
 		"infra/public/https httproute/other/web/rule/0/match/0/api_example_com": {"infra/edge", "infra/tls-only"},
+		// The GRPCRoute's rule 1, every match of it, on the https listener
+		// it attaches to; not its rule 0, nor an HTTPRoute of its name,
+		// nor a GRPCRoute of the HTTPRoute's name.
+		"infra/public/https grpcroute/shop/orders/rule/1/match/0/grpc_example_com":  {"infra/edge", "infra/tls-only", "shop/orders-limits"},
+		"infra/public/https grpcroute/shop/orders/rule/1/match/1/grpc_example_com":  {"infra/edge", "infra/tls-only", "shop/orders-limits"},
+		"infra/public/https grpcroute/shop/orders/rule/1/match/-1/grpc_example_com": {"infra/edge", "infra/tls-only", "shop/orders-limits"},
+		"infra/public/https grpcroute/shop/orders/rule/0/match/0/grpc_example_com":  {"infra/edge", "infra/tls-only"},
+		"infra/public/https httproute/shop/orders/rule/1/match/0/grpc_example_com":  {"infra/edge", "infra/tls-only"},
+		"infra/public/https grpcroute/shop/api/rule/0/match/0/api_example_com":      {"infra/edge", "infra/tls-only"},
+		"http-80 grpcroute/shop/orders/rule/1/match/0/grpc_example_com":             {"infra/edge"},
+		"http-80 grpcroute/shop/api/rule/0/match/0/api_example_com":                 {"infra/edge"},
 	}
 	for k, w := range want {
 		rc, name, _ := strings.Cut(k, " ")
@@ -273,6 +295,7 @@ func TestEnvoyGatewayNameSchemes(t *testing.T) {
 		"Cluster floodgate-ratelimit", "Listener tcp-80", "Listener tcp-443",
 		"RouteConfiguration http-80", "RouteConfiguration infra/public/https",
 		"RouteConfiguration http-80", "RouteConfiguration http-80", "RouteConfiguration infra/public/https", "RouteConfiguration infra/public/https",
+		"RouteConfiguration infra/public/https",
 	}; !slices.Equal(got, want) {
 		t.Errorf("scheme V2 patches %q, want %q", got, want)
 	}
@@ -280,6 +303,7 @@ func TestEnvoyGatewayNameSchemes(t *testing.T) {
 		"Cluster floodgate-ratelimit", "Listener infra/public/http", "Listener infra/public/https",
 		"RouteConfiguration infra/public/http", "RouteConfiguration infra/public/https",
 		"RouteConfiguration infra/public/http", "RouteConfiguration infra/public/http", "RouteConfiguration infra/public/https", "RouteConfiguration infra/public/https",
+		"RouteConfiguration infra/public/https",
 	}; !slices.Equal(got, want) {
 		t.Errorf("scheme V1 patches %q, want %q", got, want)
 	}

@@ -37,10 +37,11 @@ func plaintextService() Service {
 	return s
 }
 
-// fixtureGateway has an HTTP and an HTTPS listener, and three policies:
+// fixtureGateway has an HTTP and an HTTPS listener, and four policies:
 // shop/api-limits on two rules of HTTPRoute shop/api (one unnamed, one
-// named "login"), infra/edge on the whole Gateway, and infra/tls-only on
-// its https listener.
+// named "login"), infra/edge on the whole Gateway, infra/tls-only on its
+// https listener, and shop/orders-limits on the second (unnamed) rule of
+// GRPCRoute shop/orders, attached to the https listener.
 func fixtureGateway() *Gateway {
 	return &Gateway{
 		Namespace: "infra", Name: "public",
@@ -51,6 +52,9 @@ func fixtureGateway() *Gateway {
 					Rules: []RouteRule{{Index: 0}, {Index: 1, Name: "login"}}}},
 			{Policy: Policy{Namespace: "infra", Name: "edge"}},
 			{Policy: Policy{Namespace: "infra", Name: "tls-only"}, Listener: "https"},
+			{Policy: Policy{Namespace: "shop", Name: "orders-limits", Headers: []string{"X-Api-Key"}},
+				Route: &Route{Kind: KindGRPCRoute, Namespace: "shop", Name: "orders", Hostnames: []string{"grpc.example.com"},
+					Rules: []RouteRule{{Index: 1}}, Listeners: []string{"https"}}},
 		},
 	}
 }
@@ -179,6 +183,9 @@ func checkIstio(t *testing.T, svc Service) {
 			if got := rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName(); got != want {
 				t.Errorf("patch %d: the filter asks cluster %q, want %q", i, got, want)
 			}
+			if !rl.GetRateLimitedAsResourceExhausted() {
+				t.Errorf("patch %d: a refused gRPC call must get RESOURCE_EXHAUSTED, not the UNAVAILABLE Envoy maps a 429 to", i)
+			}
 		case istionet.EnvoyFilter_CLUSTER:
 			clusters++
 			if p.GetPatch().GetOperation() != istionet.EnvoyFilter_Patch_ADD || p.GetMatch().GetContext() != istionet.EnvoyFilter_GATEWAY {
@@ -226,11 +233,13 @@ func checkIstio(t *testing.T, svc Service) {
 		t.Errorf("%d cluster patches, want %d", clusters, want)
 	}
 	// api-limits: rule 0 by its generated name, rule 1 (login) by name on
-	// the route's host; edge on every route; tls-only on port 443.
-	if routes != 4 {
-		t.Errorf("%d route patches, want 4", routes)
+	// the route's host; edge on every route; tls-only on port 443;
+	// orders-limits on the GRPCRoute's rule 1, named as Istio names an
+	// HTTPRoute's rule, on port 443.
+	if routes != 5 {
+		t.Errorf("%d route patches, want 5", routes)
 	}
-	for _, n := range []string{"shop.api.0", "login", ""} {
+	for _, n := range []string{"shop.api.0", "login", "", "shop.orders.1"} {
 		if !routeNames[n] {
 			t.Errorf("no route patch for route name %q", n)
 		}
@@ -298,6 +307,11 @@ func TestInvalidInputs(t *testing.T) {
 	gw.Attachments[2].Listener = "nope"
 	if _, err := Istio(gw, fixtureService()); err == nil || !strings.Contains(err.Error(), `no listener "nope"`) {
 		t.Errorf("Istio with an unknown listener: %v, want an error naming it", err)
+	}
+	gw = fixtureGateway()
+	gw.Attachments[3].Route.Kind = "TLSRoute"
+	if _, err := EnvoyGateway(gw, fixtureService(), NameSchemeV2); err == nil || !strings.Contains(err.Error(), `kind "TLSRoute"`) {
+		t.Errorf("EnvoyGateway with a TLSRoute: %v, want an error naming its kind", err)
 	}
 	if _, err := EnvoyGateway(fixtureGateway(), Service{Name: "x", Namespace: "y"}, NameSchemeV2); err == nil || !strings.Contains(err.Error(), "port") {
 		t.Errorf("EnvoyGateway without a service port: %v, want an error naming the port", err)

@@ -26,13 +26,24 @@ const (
 //     unmeshed Service carries its auto-mTLS transport socket matches,
 //     which would win over a merged transport socket);
 //   - HTTP_ROUTE, MERGE: each policy's rate_limits entry on the routes
-//     Istio builds from the targeted HTTPRoute rules, which it names
-//     "<namespace>.<name>.<rule index>", or the rule's name when it has
-//     one (then on the route's hostnames only, as names need not be unique
-//     across routes); a policy that targets the Gateway goes on every
-//     route of its listeners. Only routes with a route action are patched,
-//     never redirects or direct responses. Istio merges repeated fields by
-//     appending, so policies on one route add up.
+//     Istio builds from the targeted HTTPRoute or GRPCRoute rules, which
+//     it names "<namespace>.<name>.<rule index>", or the rule's name when
+//     it has one (then on the route's hostnames only, as names need not be
+//     unique across routes); a policy that targets the Gateway goes on
+//     every route of its listeners. Only routes with a route action are
+//     patched, never redirects or direct responses. Istio merges repeated
+//     fields by appending, so policies on one route add up.
+//
+// Istio names the routes of a GRPCRoute rule exactly as those of an
+// HTTPRoute rule (pilot/pkg/config/kube/gateway/conversion.go:
+// convertGRPCRoute and convertHTTPRoute both set the rule's name, or
+// obj.Namespace + "." + obj.Name + "." + strconv.Itoa(pos), where
+// route_collections.go passes the rule's index as pos; pilot/pkg/
+// networking/core/route/route.go names the Envoy route after it): read in
+// istio/istio at 86c9f01fd735 (August 2026). So an HTTPRoute and a
+// GRPCRoute of the same namespace and name, on one Gateway, share route
+// names, and a policy on a rule of one also applies to the rule of the
+// same index (or name) of the other.
 func Istio(gw *Gateway, svc Service) (*unstructured.Unstructured, error) {
 	if err := gw.Validate(); err != nil {
 		return nil, err

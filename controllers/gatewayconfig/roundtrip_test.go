@@ -88,3 +88,96 @@ func TestGeneratedActionsCarryWhatTheRulesRead(t *testing.T) {
 		}
 	}
 }
+
+// grpcPolicy limits one method of a gRPC service, and the whole of
+// another service, by their paths: a gRPC call is an HTTP/2 POST to
+// /<package>.<Service>/<Method>.
+const grpcPolicy = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: orders
+  namespace: shop
+  uid: orders-1
+  rules:
+  - name: create
+    match:
+      path: {type: Exact, value: /shop.v1.Orders/Create}
+      methods: [POST]
+    key: [{header: X-Api-Key}]
+    limit: {requests: 3, per: 1h, algorithm: FixedWindow}
+  - name: admin
+    match:
+      path: {type: Prefix, value: /shop.v1.Admin}
+    key: [{header: X-Api-Key}]
+    limit: {requests: 1, per: 1h, algorithm: FixedWindow}
+`
+
+// TestGRPCMethodsRoundTrip sends gRPC calls, as a gateway describes them
+// with the generated route actions, to the central service: a method
+// limited on its own is refused exactly past its limit while the
+// service's other methods are not, and a service-wide rule covers every
+// method of that service and of no other whose name starts alike.
+func TestGRPCMethodsRoundTrip(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load([]byte(grpcPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rlstest.Serve(t, c)
+	rl := gatewayconfig.RateLimit(gatewayconfig.PolicyFor(&c.Policies[0]))
+	if err := rl.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	call := func(method, key string) string {
+		h := http.Header{"Content-Type": []string{"application/grpc"}, "Te": []string{"trailers"}, "X-Api-Key": []string{key}}
+		req, err := envoyemu.Call(config.GatewayDomain, []*routev3.RateLimit{rl}, gatewayconfig.Stage, &envoyemu.Request{
+			Method: http.MethodPost, Target: method, Authority: "grpc.example.com", Scheme: "https", Headers: h,
+			Client: netip.MustParseAddr("203.0.113.7"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode().String()
+	}
+	ok, over := rlsv3.RateLimitResponse_OK.String(), rlsv3.RateLimitResponse_OVER_LIMIT.String()
+	for i, tc := range []struct {
+		method, key, want string
+	}{
+		{"/shop.v1.Orders/Create", "k1", ok},
+		{"/shop.v1.Orders/Create", "k1", ok},
+		{"/shop.v1.Orders/Create", "k1", ok},
+		{"/shop.v1.Orders/Create", "k1", over},
+		{"/shop.v1.Orders/Get", "k1", ok},         // another method of the service
+		{"/shop.v1.Orders/Get", "k1", ok},         //
+		{"/shop.v1.Orders/Get", "k1", ok},         //
+		{"/shop.v1.Orders/Get", "k1", ok},         //
+		{"/shop.v1.Orders/CreateBatch", "k1", ok}, // Exact: not a method whose name starts alike
+		{"/shop.v2.Orders/Create", "k1", ok},      // nor the method of another package
+		{"/shop.v1.Orders/Create", "k2", ok},      // another key
+		{"/shop.v1.Admin/Purge", "k1", ok},
+		{"/shop.v1.Admin/Reindex", "k1", over},           // any method of the service
+		{"/shop.v1.AdminAudit/Read", "k1", ok},           // Prefix takes whole path elements
+		{"/shop.v1.AdminAudit/Read", "k1", ok},           //
+		{"/shop.v1.Orders/Create", "k1", over},           // still over
+		{"/shop.v1.Admin/Purge/extra", "k1", over},       // a deeper path is still the service's
+		{"/grpc.health.v1.Health/Check", "k1", ok},       // another service
+		{"/grpc.health.v1.Health/Check", "k1", ok},       //
+		{"/grpc.health.v1.Health/Check", "k1", ok},       //
+		{"/grpc.health.v1.Health/Check", "k1", ok},       //
+		{"/grpc.health.v1.Health/Check", "k1", ok},       //
+		{"/grpc.health.v1.Health/Check", "k3", ok},       //
+		{"/shop.v1.Orders/Create", "k3", ok},             //
+		{"/shop.v1.Orders/Create?x=1", "k3", ok},         // a query (never sent by gRPC) is not the path
+		{"/shop.v1.Orders/Create", "k3", ok},             //
+		{"/shop.v1.Orders/Create", "k3", over},           //
+		{"/shop.v1.orders/create", "k3", over},           // paths compare without regard to case: a name differing only in case counts too
+		{"/shop.v1.Orders/Create/../Create", "k3", over}, // the path is cleaned, as a sidecar cleans it
+	} {
+		if got := call(tc.method, tc.key); got != tc.want {
+			t.Errorf("call %d (%s, key %s) = %s, want %s", i, tc.method, tc.key, got, tc.want)
+		}
+	}
+}

@@ -34,21 +34,34 @@ type Listener struct {
 func (l Listener) http() bool { return l.Protocol == "HTTP" || l.Protocol == "HTTPS" }
 
 // Attachment is one policy enforced at a Gateway: on the routes Envoy
-// builds from the rules of one HTTPRoute, or on every route of the
-// Gateway.
+// builds from the rules of one HTTPRoute or GRPCRoute, or on every route
+// of the Gateway.
 type Attachment struct {
 	// Policy is the policy.
 	Policy Policy
-	// Route, when set, is the HTTPRoute whose rules the policy applies to.
+	// Route, when set, is the HTTPRoute or GRPCRoute whose rules the
+	// policy applies to.
 	Route *Route
 	// Listener, for a policy that targets the Gateway itself, names the
 	// one listener it applies to; empty means every listener.
 	Listener string
 }
 
-// Route is an HTTPRoute attached to the Gateway.
+// The kinds of Route, as the Gateway API names them.
+const (
+	KindHTTPRoute = "HTTPRoute"
+	KindGRPCRoute = "GRPCRoute"
+)
+
+// Route is an HTTPRoute or a GRPCRoute attached to the Gateway. Envoy
+// builds the routes of a GRPCRoute rule as it builds those of an
+// HTTPRoute rule (a gRPC call is an HTTP/2 POST to
+// /<package>.<Service>/<Method>), so both are patched alike; only Envoy
+// Gateway's route names tell the kinds apart.
 type Route struct {
-	// Namespace and Name identify the HTTPRoute.
+	// Kind is KindHTTPRoute or KindGRPCRoute; empty means KindHTTPRoute.
+	Kind string
+	// Namespace and Name identify the route.
 	Namespace, Name string
 	// Hostnames are its hostnames; empty means any.
 	Hostnames []string
@@ -59,9 +72,17 @@ type Route struct {
 	Listeners []string
 }
 
-// RouteRule is one rule of an HTTPRoute.
+// kind returns r's kind, KindHTTPRoute when unset.
+func (r *Route) kind() string {
+	if r.Kind == "" {
+		return KindHTTPRoute
+	}
+	return r.Kind
+}
+
+// RouteRule is one rule of an HTTPRoute or a GRPCRoute.
 type RouteRule struct {
-	// Index is the rule's position in the HTTPRoute's rules.
+	// Index is the rule's position in the route's rules.
 	Index int
 	// Name is the rule's name, or empty.
 	Name string
@@ -86,9 +107,13 @@ func (g *Gateway) Validate() error {
 		if a.Route == nil {
 			continue
 		}
+		if k := a.Route.kind(); k != KindHTTPRoute && k != KindGRPCRoute {
+			return fmt.Errorf("route %s/%s of policy %s/%s: kind %q is neither %s nor %s",
+				a.Route.Namespace, a.Route.Name, a.Policy.Namespace, a.Policy.Name, k, KindHTTPRoute, KindGRPCRoute)
+		}
 		for _, l := range a.Route.Listeners {
 			if !names[l] {
-				return fmt.Errorf("gateway %s/%s has no listener %q (HTTPRoute %s/%s)", g.Namespace, g.Name, l, a.Route.Namespace, a.Route.Name)
+				return fmt.Errorf("gateway %s/%s has no listener %q (%s %s/%s)", g.Namespace, g.Name, l, a.Route.kind(), a.Route.Namespace, a.Route.Name)
 			}
 		}
 	}

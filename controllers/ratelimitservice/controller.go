@@ -12,8 +12,8 @@
 // Programmed when the service's replicas (the pods labelled
 // config.RateLimitServicePodLabel) report the document's revision loaded;
 // enforcingPods, the replicas that do; and status.target, what the manager
-// found of the HTTPRoute or Gateway the policy names (targetedPods stays
-// 0).
+// found of the HTTPRoute, GRPCRoute or Gateway the policy names
+// (targetedPods stays 0), and the gateway objects it applied (apply.go).
 //
 // There is a single reconcile key, the ConfigMap, because one document
 // holds every such policy; every watched event maps to it. The ConfigMap
@@ -168,10 +168,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 const notInstalledRetry = time.Minute
 
 // targetObject is what the manager found of one policy's target: the
-// HTTPRoute or the Gateway it names, or neither when it is missing (or
-// the cluster serves no Gateway API).
+// HTTPRoute, the GRPCRoute or the Gateway it names, or none when it is
+// missing (or the cluster serves no Gateway API, or no GRPCRoutes).
 type targetObject struct {
 	route *gatewayv1.HTTPRoute
+	grpc  *gatewayv1.GRPCRoute
 	gw    *gatewayv1.Gateway
 }
 
@@ -263,6 +264,19 @@ func (r *Reconciler) observeTarget(ctx context.Context, p *v1alpha1.RateLimitPol
 			return targetObject{}, fmt.Errorf("get HTTPRoute %s: %w", key, err)
 		}
 		return targetObject{route: &route}, nil
+	case ref.Kind == v1alpha1.KindGRPCRoute:
+		var route gatewayv1.GRPCRoute
+		switch err := r.Client.Get(ctx, key, &route); {
+		case apierrors.IsNotFound(err), meta.IsNoMatchError(err):
+			// A cluster may serve HTTPRoutes and Gateways but not
+			// GRPCRoutes (an older Gateway API, or its experimental
+			// channel left out): the target is missing, and
+			// SetupWithManager watches no GRPCRoutes.
+			return targetObject{}, nil
+		case err != nil:
+			return targetObject{}, fmt.Errorf("get GRPCRoute %s: %w", key, err)
+		}
+		return targetObject{grpc: &route}, nil
 	default:
 		var gw gatewayv1.Gateway
 		switch err := r.Client.Get(ctx, key, &gw); {
@@ -277,8 +291,11 @@ func (r *Reconciler) observeTarget(ctx context.Context, p *v1alpha1.RateLimitPol
 
 // status is the status of a targetRef ref that names o.
 func (o targetObject) status(ref v1alpha1.TargetReference) v1alpha1.TargetStatus {
-	if ref.Kind == v1alpha1.KindHTTPRoute {
+	switch ref.Kind {
+	case v1alpha1.KindHTTPRoute:
 		return RouteTarget(ref, o.route)
+	case v1alpha1.KindGRPCRoute:
+		return GRPCRouteTarget(ref, o.grpc)
 	}
 	return GatewayTarget(ref, o.gw)
 }
@@ -438,7 +455,9 @@ func (r *Reconciler) target(p *v1alpha1.RateLimitPolicy, obj targetObject, pol g
 	case !r.GatewayAPI:
 		return st, nil
 	case obj.route != nil:
-		return st, routeAttachments(ref, pol, obj.route)
+		return st, routeAttachments(ref, pol, httpRoute(obj.route))
+	case obj.grpc != nil:
+		return st, routeAttachments(ref, pol, grpcRoute(obj.grpc))
 	case obj.gw != nil && st.Found:
 		key := client.ObjectKeyFromObject(obj.gw)
 		return st, []attachment{{gateway: key, Attachment: gatewayconfig.Attachment{Policy: pol, Listener: ref.SectionName}}}

@@ -52,18 +52,14 @@ type attachment struct {
 	gatewayconfig.Attachment
 }
 
-// routeAttachments are the attachments of a policy that targets route, at
-// each Gateway that accepted it.
-func routeAttachments(ref v1alpha1.TargetReference, pol gatewayconfig.Policy, route *gatewayv1.HTTPRoute) []attachment {
-	r := gatewayconfig.Route{Namespace: route.Namespace, Name: route.Name}
-	for _, h := range route.Spec.Hostnames {
+// routeAttachments are the attachments of a policy that targets route
+// (an HTTPRoute or a GRPCRoute), at each Gateway that accepted it.
+func routeAttachments(ref v1alpha1.TargetReference, pol gatewayconfig.Policy, route *routeView) []attachment {
+	r := gatewayconfig.Route{Kind: route.kind, Namespace: route.namespace, Name: route.name}
+	for _, h := range route.hostnames {
 		r.Hostnames = append(r.Hostnames, string(h))
 	}
-	for i, rule := range route.Spec.Rules {
-		name := ""
-		if rule.Name != nil {
-			name = string(*rule.Name)
-		}
+	for i, name := range route.ruleNames {
 		if ref.SectionName == "" || name == ref.SectionName {
 			r.Rules = append(r.Rules, gatewayconfig.RouteRule{Index: i, Name: name})
 		}
@@ -74,12 +70,12 @@ func routeAttachments(ref v1alpha1.TargetReference, pol gatewayconfig.Policy, ro
 	byGateway := map[types.NamespacedName][]string{}
 	var order []types.NamespacedName
 	whole := map[types.NamespacedName]bool{}
-	for _, gw := range RouteTarget(ref, route).Gateways {
+	for _, gw := range route.target(ref).Gateways {
 		ns, name, _ := strings.Cut(gw, "/")
 		key := types.NamespacedName{Namespace: ns, Name: name}
 		order = append(order, key)
-		for _, p := range route.Spec.ParentRefs {
-			pns := route.Namespace
+		for _, p := range route.parentRefs {
+			pns := route.namespace
 			if p.Namespace != nil {
 				pns = string(*p.Namespace)
 			}

@@ -31,10 +31,16 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/config"
 )
 
+// GRPCRoutes are read apart from HTTPRoutes and Gateways: a cluster may
+// serve those and not GRPCRoutes.
+//
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=grpcroutes,verbs=get;list;watch
+
 // SetupWithManager registers the controller with mgr. It watches Gateway
 // API HTTPRoutes and Gateways only when the API server serves them
 // (r.GatewayAPI), so a cluster without the Gateway API still runs the
-// manager.
+// manager; and GRPCRoutes only when it serves them too, so a cluster
+// without them still runs it and reports GRPCRoute targets missing.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	if r.Client == nil || r.Recorder == nil {
 		return errors.New("rate-limit service reconciler: Client and Recorder must be set")
@@ -45,13 +51,19 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	served, err := servesGatewayAPI(mgr.GetRESTMapper())
+	served, err := servesGatewayAPI(mgr.GetRESTMapper(), v1alpha1.KindHTTPRoute, v1alpha1.KindGateway)
 	if err != nil {
 		return err
 	}
 	r.GatewayAPI = served
 	r.mapper = mgr.GetRESTMapper()
 	r.log = mgr.GetLogger().WithName(ControllerName)
+	grpcServed := false
+	if served {
+		if grpcServed, err = servesGatewayAPI(mgr.GetRESTMapper(), v1alpha1.KindGRPCRoute); err != nil {
+			return err
+		}
+	}
 
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{r.Request()}
@@ -87,6 +99,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	} else {
 		mgr.GetLogger().Info("the API server serves no Gateway API HTTPRoutes and Gateways: policies with a targetRef report their target missing")
 	}
+	if grpcServed {
+		b = b.Watches(&gatewayv1.GRPCRoute{}, one, builder.WithPredicates(targetChanged()))
+	} else if served {
+		mgr.GetLogger().Info("the API server serves no Gateway API GRPCRoutes: policies that target one report it missing")
+	}
 	c, err := b.Build(r)
 	if err != nil {
 		return err
@@ -114,10 +131,10 @@ func appliedObject() predicate.Funcs {
 	})
 }
 
-// servesGatewayAPI reports whether HTTPRoute and Gateway of
-// gateway.networking.k8s.io/v1 are served.
-func servesGatewayAPI(m meta.RESTMapper) (bool, error) {
-	for _, kind := range []string{v1alpha1.KindHTTPRoute, v1alpha1.KindGateway} {
+// servesGatewayAPI reports whether every kind of kinds, of
+// gateway.networking.k8s.io/v1, is served.
+func servesGatewayAPI(m meta.RESTMapper, kinds ...string) (bool, error) {
+	for _, kind := range kinds {
 		_, err := m.RESTMapping(schema.GroupKind{Group: gatewayv1.GroupName, Kind: kind}, gatewayv1.GroupVersion.Version)
 		if meta.IsNoMatchError(err) {
 			return false, nil
@@ -179,21 +196,29 @@ func (r *Reconciler) servicePodChanged() predicate.Funcs {
 	}
 }
 
-// targetChanged passes what status.target reads of an HTTPRoute or a
-// Gateway: its spec (generation) and, for a route, its parents' status.
+// targetChanged passes what status.target reads of an HTTPRoute, a
+// GRPCRoute or a Gateway: its spec (generation) and, for a route, the
+// parents that accepted it.
 func targetChanged() predicate.Funcs {
+	accepted := func(o client.Object) ([]string, bool) {
+		switch r := o.(type) {
+		case *gatewayv1.HTTPRoute:
+			return httpRoute(r).acceptedBy(), true
+		case *gatewayv1.GRPCRoute:
+			return grpcRoute(r).acceptedBy(), true
+		}
+		return nil, false
+	}
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
 				return true
 			}
-			old, okOld := e.ObjectOld.(*gatewayv1.HTTPRoute)
-			now, okNew := e.ObjectNew.(*gatewayv1.HTTPRoute)
-			if !okOld || !okNew {
-				return false
-			}
-			a, b := RouteTarget(v1alpha1.TargetReference{}, old), RouteTarget(v1alpha1.TargetReference{}, now)
-			return !slices.Equal(a.Gateways, b.Gateways)
+			a, okOld := accepted(e.ObjectOld)
+			b, okNew := accepted(e.ObjectNew)
+			slices.Sort(a)
+			slices.Sort(b)
+			return okOld && okNew && !slices.Equal(slices.Compact(a), slices.Compact(b))
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}

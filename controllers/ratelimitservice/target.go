@@ -22,14 +22,75 @@ const (
 // namespace/name; its hostnames are spec.hostnames. With a sectionName,
 // the route must have a rule of that name to be Found.
 func RouteTarget(ref v1alpha1.TargetReference, route *gatewayv1.HTTPRoute) v1alpha1.TargetStatus {
-	st := v1alpha1.TargetStatus{Ref: ref.String()}
 	if route == nil {
-		return st
+		return v1alpha1.TargetStatus{Ref: ref.String()}
 	}
-	st.Found = ref.SectionName == "" || slices.ContainsFunc(route.Spec.Rules, func(r gatewayv1.HTTPRouteRule) bool {
-		return r.Name != nil && string(*r.Name) == ref.SectionName
-	})
-	for _, p := range route.Status.Parents {
+	return httpRoute(route).target(ref)
+}
+
+// GRPCRouteTarget is the status of a targetRef that names GRPCRoute
+// route, or a missing one when route is nil, read as RouteTarget reads an
+// HTTPRoute.
+func GRPCRouteTarget(ref v1alpha1.TargetReference, route *gatewayv1.GRPCRoute) v1alpha1.TargetStatus {
+	if route == nil {
+		return v1alpha1.TargetStatus{Ref: ref.String()}
+	}
+	return grpcRoute(route).target(ref)
+}
+
+// routeView is what a policy's target and its attachments read of an
+// HTTPRoute or a GRPCRoute, which the Gateway API shapes alike.
+type routeView struct {
+	kind, namespace, name string
+	hostnames             []gatewayv1.Hostname
+	// ruleNames are the rules' names, in spec order; "" for a rule
+	// without one.
+	ruleNames  []string
+	parentRefs []gatewayv1.ParentReference
+	parents    []gatewayv1.RouteParentStatus
+}
+
+func httpRoute(r *gatewayv1.HTTPRoute) *routeView {
+	v := &routeView{kind: v1alpha1.KindHTTPRoute, namespace: r.Namespace, name: r.Name, hostnames: r.Spec.Hostnames,
+		parentRefs: r.Spec.ParentRefs, parents: r.Status.Parents}
+	for _, rule := range r.Spec.Rules {
+		v.ruleNames = append(v.ruleNames, sectionName(rule.Name))
+	}
+	return v
+}
+
+func grpcRoute(r *gatewayv1.GRPCRoute) *routeView {
+	v := &routeView{kind: v1alpha1.KindGRPCRoute, namespace: r.Namespace, name: r.Name, hostnames: r.Spec.Hostnames,
+		parentRefs: r.Spec.ParentRefs, parents: r.Status.Parents}
+	for _, rule := range r.Spec.Rules {
+		v.ruleNames = append(v.ruleNames, sectionName(rule.Name))
+	}
+	return v
+}
+
+func sectionName(n *gatewayv1.SectionName) string {
+	if n == nil {
+		return ""
+	}
+	return string(*n)
+}
+
+// target is the status of ref, which names r.
+func (r *routeView) target(ref v1alpha1.TargetReference) v1alpha1.TargetStatus {
+	st := v1alpha1.TargetStatus{Ref: ref.String()}
+	st.Found = ref.SectionName == "" || slices.Contains(r.ruleNames, ref.SectionName)
+	st.Gateways = r.acceptedBy()
+	for _, h := range r.hostnames {
+		st.Hostnames = append(st.Hostnames, string(h))
+	}
+	return bounded(st)
+}
+
+// acceptedBy returns the Gateways, as namespace/name, among r's parents
+// whose status says they accepted it.
+func (r *routeView) acceptedBy() []string {
+	var out []string
+	for _, p := range r.parents {
 		if p.ParentRef.Group != nil && string(*p.ParentRef.Group) != gatewayv1.GroupName {
 			continue
 		}
@@ -39,16 +100,13 @@ func RouteTarget(ref v1alpha1.TargetReference, route *gatewayv1.HTTPRoute) v1alp
 		if !meta.IsStatusConditionTrue(p.Conditions, string(gatewayv1.RouteConditionAccepted)) {
 			continue
 		}
-		ns := route.Namespace
+		ns := r.namespace
 		if p.ParentRef.Namespace != nil {
 			ns = string(*p.ParentRef.Namespace)
 		}
-		st.Gateways = append(st.Gateways, ns+"/"+string(p.ParentRef.Name))
+		out = append(out, ns+"/"+string(p.ParentRef.Name))
 	}
-	for _, h := range route.Spec.Hostnames {
-		st.Hostnames = append(st.Hostnames, string(h))
-	}
-	return bounded(st)
+	return out
 }
 
 // GatewayTarget is the status of a targetRef that names Gateway gw, or a

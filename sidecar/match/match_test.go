@@ -87,6 +87,43 @@ func TestMatch(t *testing.T) {
 	}
 }
 
+// gRPC services and methods are paths (/<package>.<Service>/<Method>, an
+// HTTP/2 POST), which the sidecar and the central rate-limit service
+// match alike: a method by an Exact path, a service by a Prefix, a method
+// of any service by a RegularExpression.
+func TestMatchGRPCMethods(t *testing.T) {
+	t.Parallel()
+	m, err := New(rulesOf(t, []config.Match{
+		0: {Path: &config.PathMatch{Type: config.PathExact, Value: "/shop.v1.Orders/Create"}},
+		1: {Path: &config.PathMatch{Type: config.PathPrefix, Value: "/shop.v1.Orders"}},
+		2: {Path: &config.PathMatch{Type: config.PathRegularExpression, Value: `/[^/]+/Delete`}},
+	}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpc := http.Header{"Content-Type": {"application/grpc"}}
+	for _, tc := range []struct {
+		path string
+		want []int
+	}{
+		{"/shop.v1.Orders/Create", []int{0, 1}},
+		{"/shop.v1.Orders/Get", []int{1}},
+		{"/shop.v1.Orders/Delete", []int{1, 2}},
+		{"/shop.v1.Orders/CreateBatch", []int{1}},
+		{"/shop.v1.OrdersAdmin/Create", nil},
+		{"/shop.v2.Orders/Create", nil},
+		{"/shop.v1.Users/Delete", []int{2}},
+		{"/shop.v1.Users/DeleteAll", nil},
+		// Names compare without regard to case, as every path does.
+		{"/shop.v1.orders/create", []int{0, 1}},
+	} {
+		got := m.Match(request(http.MethodPost, tc.path, grpc, 1), nil)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("Match(%q) = %v, want %v", tc.path, got, tc.want)
+		}
+	}
+}
+
 // Paths that an application serves alike match alike: case and a trailing
 // slash do not sidestep a rule (the bypass of issue 18: /login/ and /LOGIN
 // skipped an Exact /login rule).

@@ -138,11 +138,12 @@ var _ = Describe("the gateways' objects the manager applies itself", Ordered, fu
 		startReplica(ctx, "floodgate-ratelimit-apply")
 	})
 	AfterAll(func(ctx SpecContext) {
-		// The suite's other specs count the central service's policies.
+		// The suite's other specs count the central service's policies,
+		// and name their own stores.
 		var all v1alpha1.RateLimitPolicyList
 		Expect(k8sClient.List(ctx, &all, client.InNamespace(ns))).To(Succeed())
 		for i := range all.Items {
-			Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, &all.Items[i]))).To(Succeed())
+			deleteGatewayPolicy(ctx, ns, all.Items[i].Name)
 		}
 	})
 

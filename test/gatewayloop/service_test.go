@@ -234,6 +234,7 @@ var _ = Describe("a RateLimitPolicy that targets an HTTPRoute", Ordered, func() 
 				}},
 			},
 		})).To(Succeed())
+		DeferCleanup(deleteGatewayPolicy, ns, "edge")
 	})
 
 	getPolicy := func(ctx context.Context) *v1alpha1.RateLimitPolicy {

@@ -2,37 +2,45 @@ package gatewayloop
 
 import (
 	"context"
+	"time"
 
+	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/floodgate-dev/floodgate/api/v1alpha1"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore"
 	"github.com/floodgate-dev/floodgate/controllers/counterstore/formation"
+	"github.com/floodgate-dev/floodgate/sidecar/config"
 	"github.com/floodgate-dev/floodgate/sidecar/store/redislayout"
 	"github.com/floodgate-dev/floodgate/test/redistest"
 )
 
-// store is the CounterStore of every policy of the suite: the central
-// service's document has one store.
+// store is the suite's CounterStore, started in BeforeSuite. The central
+// service's document has one store: the earliest policy's, so each spec
+// deletes its policies (deleteGatewayPolicy) before the next one names
+// another.
 const store = "gateway-store"
 
 // sidecarPassword is the password of the store user of the central
 // service's namespace.
 const sidecarPassword = "gateway-sidecar-0123456789abcdef"
 
-// startStore starts a real Redis Cluster and makes it the managed store
-// as the CounterStore controller keeps it: its auth Secret in the
-// manager's namespace holds the admin password; the central service's
-// namespace has its user, whose Secret holds its password, and which
-// every node has, with the counter functions on that namespace's keys
-// and nothing else; the masters have the functions. It runs once, from
-// BeforeSuite; the cluster stops with the suite.
-func startStore(ctx context.Context, t redistest.TB) {
-	redis := redistest.StartCluster(t, redistest.Options{Masters: 3, Password: "gateway-secret"})
+// startManagedStore starts a Redis Cluster of masters masters and
+// registers it as the managed CounterStore name, Ready, as the
+// CounterStore controller keeps one: its auth Secret in the manager's
+// namespace holds the admin password; the central service's namespace has
+// its user (password sidecarPassword) on every node, with the counter
+// functions on that namespace's keys and nothing else; the masters have
+// the functions. The cluster stops when the calling container ends (the
+// suite's own store, from BeforeSuite, with the suite).
+func startManagedStore(ctx context.Context, name string, masters int) *redistest.Cluster {
+	redis := redistest.StartCluster(GinkgoT(), redistest.Options{Masters: masters, Password: "gateway-secret"})
 	sess := formation.NewSession(formation.Dialer{Password: redis.Password()})
-	defer func() { _ = sess.Close() }()
+	DeferCleanup(sess.Close)
 	_, err := sess.EnsureUser(ctx, redis.Addrs(), formation.User{
 		Name: counterstore.NamespaceUser(serviceNamespace), Passwords: []string{sidecarPassword}, Rules: counterstore.NamespaceACLRules(serviceNamespace)})
 	Expect(err).NotTo(HaveOccurred())
@@ -40,11 +48,11 @@ func startStore(ctx context.Context, t redistest.TB) {
 	_, err = sess.EnsureLibrary(ctx, redis.Addrs(), libName, libSrc)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(k8sClient.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: counterstore.AuthSecretName(store), Namespace: serviceNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: counterstore.AuthSecretName(name), Namespace: serviceNamespace},
 		Data:       map[string][]byte{counterstore.PasswordKey: []byte(redis.Password())},
 	})).To(Succeed())
 	cs := &v1alpha1.CounterStore{
-		ObjectMeta: metav1.ObjectMeta{Name: store},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       v1alpha1.CounterStoreSpec{Managed: &v1alpha1.ManagedStore{}},
 	}
 	Expect(k8sClient.Create(ctx, cs)).To(Succeed())
@@ -56,7 +64,30 @@ func startStore(ctx context.Context, t redistest.TB) {
 			Message: "test store", LastTransitionTime: metav1.Now(), ObservedGeneration: cs.Generation}},
 		SlotsCovered:   v1alpha1.RedisClusterSlots,
 		Endpoints:      redis.Addrs(),
-		AuthSecretName: counterstore.AuthSecretName(store),
+		AuthSecretName: counterstore.AuthSecretName(name),
 	}
 	Expect(k8sClient.Status().Update(ctx, cs)).To(Succeed())
+	return redis
+}
+
+// deleteGatewayPolicy deletes policy namespace/name and waits until the
+// central service's document no longer holds it, so that the next spec
+// finds the document as if the policy had never been: the document's
+// store is its earliest policy's.
+func deleteGatewayPolicy(ctx SpecContext, namespace, name string) {
+	p := &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, p))).To(Succeed())
+	Eventually(func(g Gomega) {
+		var cm corev1.ConfigMap
+		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: config.RateLimitServiceConfigMapName}, &cm)
+		if apierrors.IsNotFound(err) {
+			return // no gateway policy is left
+		}
+		g.Expect(err).NotTo(HaveOccurred())
+		doc, err := config.Parse([]byte(cm.Data[config.DataKey]))
+		g.Expect(err).NotTo(HaveOccurred())
+		for _, q := range doc.Policies {
+			g.Expect(q.Namespace + "/" + q.Name).NotTo(Equal(namespace + "/" + name))
+		}
+	}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 }

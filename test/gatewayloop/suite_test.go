@@ -57,14 +57,15 @@ func TestGatewayLoop(t *testing.T) {
 	RunSpecs(t, "floodgate gateway loop suite")
 }
 
-// gatewayAPICRDs returns the standard-channel HTTPRoute, Gateway and
-// GatewayClass CRDs of the sigs.k8s.io/gateway-api module in go.mod.
+// gatewayAPICRDs returns the standard-channel HTTPRoute, GRPCRoute,
+// Gateway and GatewayClass CRDs of the sigs.k8s.io/gateway-api module in
+// go.mod.
 func gatewayAPICRDs() []string {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
 	Expect(err).NotTo(HaveOccurred(), "locating the sigs.k8s.io/gateway-api module")
 	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
 	var files []string
-	for _, kind := range []string{"gatewayclasses", "gateways", "httproutes"} {
+	for _, kind := range []string{"gatewayclasses", "gateways", "httproutes", "grpcroutes"} {
 		files = append(files, filepath.Join(dir, "gateway.networking.k8s.io_"+kind+".yaml"))
 	}
 	return files
@@ -164,7 +165,7 @@ var _ = BeforeSuite(func() {
 		defer GinkgoRecover()
 		managerDone <- mgr.Start(ctx)
 	}()
-	startStore(ctx, GinkgoT())
+	startManagedStore(ctx, store, 3)
 })
 
 var _ = AfterSuite(func() {
