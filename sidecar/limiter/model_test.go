@@ -42,6 +42,29 @@ func TestRandomTracesMatchModel(t *testing.T) {
 	}
 }
 
+// TestRandomDelayTracesMatchModel compares GCRA limits that delay
+// (MaxDelay) with the model, which pours a delayed request's cost in at
+// once and lets it go when the water has drained to the capacity.
+func TestRandomDelayTracesMatchModel(t *testing.T) {
+	t.Parallel()
+	rng := seed(t)
+	waits := 0
+	for range 24 {
+		l := limitertest.RandomDelayLimit(rng)
+		take := pureTake(t, l)
+		limitertest.CompareTrace(t, l, rng, 1500, func(now, n int64) (limiter.Decision, error) {
+			d, err := take(now, n)
+			if d.Wait > 0 {
+				waits++
+			}
+			return d, err
+		})
+	}
+	if waits == 0 {
+		t.Fatal("no decision of the traces waited: the traces do not exercise the delay")
+	}
+}
+
 // TestRandomTracesExtremeLimits compares the algorithms with the model for
 // very large and very small rates and windows from 1s to 366 days,
 // including limits whose clock resolution is coarser than 1µs.

@@ -73,9 +73,25 @@ func (m *Model) AllowN(now, n int64) limiter.Decision {
 	m.seen, m.newest = true, t
 	d := limiter.Decision{Limit: m.p.Capacity}
 	n1 := max(n, 1)
+	md := m.p.MaxDelayMicros
 	switch {
-	case n > m.p.Capacity:
+	case md == 0 && n > m.p.Capacity, md > 0 && n > m.p.MaxReserve:
 		d.RetryAfter = time.Duration(m.p.PeriodMicros) * time.Microsecond
+	case md > 0 && !m.sim.admits(t, n1):
+		// A delaying GCRA: the request pours its cost in now and goes
+		// when the water has drained to the capacity, if that is within
+		// MaxDelay (section 10 of ALGORITHMS.md).
+		ls := m.sim.(*leakySim)
+		at := m.search(t, func(x int64) bool { return ls.drained(t, n1, x) })
+		if wait := at - now; wait <= md {
+			d.Allowed = true
+			if n > 0 {
+				m.sim.add(t, n)
+				d.Wait = time.Duration(wait) * time.Microsecond
+			}
+		} else {
+			d.RetryAfter = time.Duration(wait-md) * time.Microsecond
+		}
 	case m.sim.admits(t, n1):
 		if n > 0 {
 			m.sim.add(t, n)
@@ -115,7 +131,15 @@ func (m *Model) horizon() int64 {
 	p := m.p
 	fill := new(big.Int).Mul(big.NewInt(p.Capacity), big.NewInt(p.PeriodMicros))
 	fill.Quo(fill, big.NewInt(p.Limit.Requests))
-	return fill.Int64() + 2*p.PeriodMicros + p.TickMicros + 1
+	h := fill.Int64() + 2*p.PeriodMicros + p.TickMicros + 1
+	if p.MaxDelayMicros > 0 {
+		// The water of a delaying key goes up to MaxReserve over the
+		// capacity.
+		more := new(big.Int).Mul(big.NewInt(p.MaxReserve), big.NewInt(p.PeriodMicros))
+		more.Quo(more, big.NewInt(p.Limit.Requests))
+		h += p.MaxDelayMicros + more.Int64() + p.PeriodMicros
+	}
+	return h
 }
 
 // ratePerTick returns the tokens refilled in elapsed ticks: elapsed*q*R/P.
@@ -175,7 +199,19 @@ func (s *leakySim) admits(t, n int64) bool {
 }
 
 func (s *leakySim) remaining(t int64) int64 {
-	return floorRat(new(big.Rat).Sub(big.NewRat(s.p.Capacity, 1), s.at(t)))
+	v := new(big.Rat).Sub(big.NewRat(s.p.Capacity, 1), s.at(t))
+	if v.Sign() < 0 {
+		return 0 // a delaying key holds reservations over the capacity
+	}
+	return floorRat(v)
+}
+
+// drained reports whether, with n poured in at t, the water has drained
+// to the capacity by x: when a delayed request's reserved slot comes.
+func (s *leakySim) drained(t, n, x int64) bool {
+	v := new(big.Rat).Add(s.at(t), big.NewRat(n, 1))
+	v.Sub(v, ratePerTick(s.p, x/s.p.TickMicros-t/s.p.TickMicros))
+	return v.Cmp(big.NewRat(s.p.Capacity, 1)) <= 0
 }
 
 func (s *leakySim) full(t int64) bool { return s.at(t).Sign() == 0 }

@@ -334,6 +334,18 @@ func RandomLimit(rng *rand.Rand, alg limiter.Algorithm) limiter.Limit {
 	return l
 }
 
+// RandomDelayLimit returns a valid GCRA limit that delays (MaxDelay), with
+// small numbers as RandomLimit's: a capacity of 1 to 4 (delayAfter), a
+// MaxDelay from a microsecond to a few emission intervals.
+func RandomDelayLimit(rng *rand.Rand) limiter.Limit {
+	l := RandomLimit(rng, limiter.GCRA)
+	l.Burst = 1 + rng.Int64N(4)
+	interval := l.Period / time.Duration(l.Requests)
+	delays := []time.Duration{time.Microsecond, interval / 3, interval, 3*interval + 7*time.Microsecond, 10 * interval}
+	l.MaxDelay = max(time.Microsecond, min(limiter.MaxMaxDelay, delays[rng.IntN(len(delays))].Truncate(time.Microsecond)))
+	return l
+}
+
 // CompareTrace drives a fresh key under l through steps random requests,
 // with the clock moving forward by random amounts (zero, a microsecond, a
 // fraction of the emission interval, up to two periods), and fails on the
@@ -347,9 +359,18 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 	per := l.Period.Microseconds()
 	interval := max(1, per/l.Requests)
 	now := 1_700_000_000_000_000 + rng.Int64N(per)
+	most := l.Capacity()
+	if l.MaxDelay > 0 {
+		// A delaying limit admits costs above the capacity too.
+		p, err := limiter.NewParams(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = p.MaxReserve
+	}
 	for i := range steps {
 		now = advance(rng, now, per, interval)
-		n := rng.Int64N(l.Capacity() + 2)
+		n := rng.Int64N(most + 2)
 		if rng.IntN(3) > 0 {
 			n = min(n, 1+rng.Int64N(2))
 		}
@@ -362,6 +383,9 @@ func CompareTrace(t testing.TB, l limiter.Limit, rng *rand.Rand, steps int, take
 		}
 		if !got.Allowed && got.RetryAfter <= 0 {
 			t.Fatalf("%v step %d: deny with RetryAfter %v", l, i, got.RetryAfter)
+		}
+		if got.Wait < 0 || got.Wait > l.MaxDelay || (got.Wait > 0 && !got.Allowed) {
+			t.Fatalf("%v step %d: %v: a wait outside 0..MaxDelay, or on a deny", l, i, got)
 		}
 	}
 }

@@ -43,6 +43,11 @@ func buildLimitArgs(p *limiter.Params, sc *script, extra int) *limitArgs {
 	switch p.Limit.Algorithm {
 	case limiter.TokenBucket, limiter.GCRA:
 		tail = []int64{p.Capacity, p.PeriodMicros, p.TickMicros, p.TickUnits, p.TokenUnits, p.CapacityUnits, p.FullTicks}
+		if p.MaxDelayMicros > 0 {
+			// A delaying take: no lease arguments (m = n, nothing given
+			// back), then MD and MR (lua/gcra.lua).
+			tail = append(tail, 0, 0, 0, p.MaxDelayMicros, p.MaxReserve)
+		}
 	case limiter.SlidingWindow:
 		tail = []int64{p.Capacity, p.PeriodMicros, p.TickMicros, p.WindowTicks}
 	default: // FixedWindow, SlidingLog
@@ -114,18 +119,25 @@ func checkReply(v [4]int64, p *limiter.Params) (limiter.Decision, error) {
 		return limiter.Decision{}, fmt.Errorf("reply remaining = %d, want 0 to %d", remaining, p.Capacity)
 	case reset < 0:
 		return limiter.Decision{}, fmt.Errorf("reply reset after = %dµs, want >= 0", reset)
-	case allowed == 1 && retry != 0:
+	case allowed == 1 && p.MaxDelayMicros > 0 && (retry < 0 || retry > p.MaxDelayMicros):
+		return limiter.Decision{}, fmt.Errorf("reply wait = %dµs, want 0 to %dµs", retry, p.MaxDelayMicros)
+	case allowed == 1 && p.MaxDelayMicros == 0 && retry != 0:
 		return limiter.Decision{}, fmt.Errorf("reply retry after = %dµs on an allow, want 0", retry)
 	case allowed == 0 && retry < 1:
 		return limiter.Decision{}, fmt.Errorf("reply retry after = %dµs on a deny, want >= 1µs", retry)
 	}
-	return limiter.Decision{
+	d := limiter.Decision{
 		Allowed:    allowed == 1,
 		Limit:      p.Capacity,
 		Remaining:  remaining,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
-		RetryAfter: time.Duration(retry) * time.Microsecond,
-	}, nil
+	}
+	if d.Allowed {
+		d.Wait = time.Duration(retry) * time.Microsecond
+	} else {
+		d.RetryAfter = time.Duration(retry) * time.Microsecond
+	}
+	return d, nil
 }
 
 // libraryName is the counter functions' library's name.

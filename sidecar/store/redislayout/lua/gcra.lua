@@ -22,9 +22,18 @@
 -- ARGV[11] r, unused tokens of an earlier lease to give back first (a
 --          lease; a take: 0)
 -- ARGV[12] the window of the earlier lease (unused: GCRA has none)
+-- ARGV[13] MD, for a take under a limit that delays (onExceed: Delay),
+--          the longest a request waits for its slot, in microseconds;
+--          absent or 0, a request over the limit is denied (ALGORITHMS.md
+--          section 10). A delaying take passes 0, 0, 0 as ARGV[10..12].
+-- ARGV[14] MR, with MD: the largest cost that can be admitted
+--          (limiter.Params.MaxReserve)
 -- Reply:   {allowed (1 or 0), remaining, reset_after_us, retry_after_us,
 --           granted, window (0), valid_for_us (0)}; a take answers the
---           first four
+--           first four. Under MD, an admitted request's retry_after_us is
+--           its wait for its reserved slot (0: it goes at once), and a
+--           denied one's is how long until it would be admitted with a
+--           wait of at most MD.
 --
 -- Every number the script computes is an integer below 2^53, so Lua's
 -- doubles are exact and math.floor(a / b), math.ceil(a / b) equal Go's
@@ -53,6 +62,7 @@ local C, P = tonumber(ARGV[3]), tonumber(ARGV[4])
 local q, U, K = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local CU, FT = tonumber(ARGV[8]), tonumber(ARGV[9])
 local m, r = tonumber(ARGV[10]) or n, tonumber(ARGV[11]) or 0
+local md, mr = tonumber(ARGV[13]) or 0, tonumber(ARGV[14]) or 0
 if m < n then m = n end
 if n <= C and m > C then m = C end
 if r > C then r = C end
@@ -103,7 +113,7 @@ local allowed, retry, g = 0, 0, 0
 local left = CU - D
 if left < 0 then left = 0 end
 local a = floor(left / K)
-if n > C then
+if (md == 0 and n > C) or (md > 0 and n > mr) then
   retry = P
 elseif a >= n1 then
   allowed = 1
@@ -112,6 +122,21 @@ elseif a >= n1 then
   D = D + g * K
 else
   retry = (b * q - now) + ceil((D + n1 * K - CU) / U) * q
+  if md > 0 then
+    if retry <= md then
+      -- Its slot comes within MD: reserved now, and the request waits
+      -- for it. A peek reserves nothing and does not wait.
+      allowed = 1
+      if n > 0 then
+        g = n
+        D = D + n * K
+      else
+        retry = 0
+      end
+    else
+      retry = retry - md
+    end
+  end
 end
 
 local reset = 0
