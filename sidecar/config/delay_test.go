@@ -73,7 +73,7 @@ func TestDelayCheck(t *testing.T) {
 		{"maxDelay not whole microseconds", func(l *Limit) { l.MaxDelay.Duration = time.Second + time.Nanosecond }, []string{"maxDelay"}},
 		{"delayAfter negative", func(l *Limit) { l.DelayAfter = -1 }, []string{"delayAfter"}},
 		{"delayAfter over the bound", func(l *Limit) { l.DelayAfter = limiter.MaxRequests + 1 }, []string{"delayAfter"}},
-		{"delayAfter too slow to refill", func(l *Limit) { l.Requests, l.Per.Duration, l.DelayAfter = 1, 8784 * time.Hour, 1000 }, []string{"delayAfter"}},
+		{"delayAfter too slow to refill", func(l *Limit) { l.Requests, l.Per.Duration, l.DelayAfter = 1, 8784*time.Hour, 1000 }, []string{"delayAfter"}},
 		{"burst", func(l *Limit) { l.Burst = 10 }, []string{"burst"}},
 		{"SlidingWindow", func(l *Limit) { l.Algorithm = "SlidingWindow" }, []string{"algorithm"}},
 		{"unknown algorithm, once", func(l *Limit) { l.Algorithm = "Leaky" }, []string{"algorithm"}},
