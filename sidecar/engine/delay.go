@@ -126,3 +126,20 @@ func (e *Engine) returnDelayed(ctx context.Context, hits []Hit, v *Verdict) {
 	}
 	v.Wait = 0
 }
+
+// RefuseDelayed makes an allowed verdict with a Wait a Deny, for a caller
+// that can only answer yes or no (Envoy's rate-limit API: the gateway
+// cannot be told to hold the request): the slots its delaying rules
+// reserved are given back, and RetryAfter, on the verdict and on the
+// binding result, is the wait the request would have had.
+func (e *Engine) RefuseDelayed(ctx context.Context, hits []Hit, v *Verdict) {
+	if v.Outcome != Allow || v.Wait <= 0 {
+		return
+	}
+	wait := v.Wait
+	e.returnDelayed(ctx, hits, v)
+	v.Outcome, v.RetryAfter = Deny, wait
+	if v.Binding >= 0 {
+		v.Results[v.Binding].RetryAfter = wait
+	}
+}

@@ -169,3 +169,47 @@ func TestDelayPastMaxDelayDenies(t *testing.T) {
 		t.Errorf("deny RetryAfter %v, want (0, 1m]: until a wait of at most maxDelay", last.RetryAfter)
 	}
 }
+
+// A caller that can only answer yes or no refuses a request that would
+// wait, with the wait as its RetryAfter, and the slot goes back.
+func TestRefuseDelayedGivesTheSlotBack(t *testing.T) {
+	t.Parallel()
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	e, err := engine.New(engine.Options{Store: ms, Fallback: fb, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Minute, Burst: 1, MaxDelay: time.Minute}, 1, false, false, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := []engine.Hit{{Rule: r, Key: "k", Cost: 1}}
+	var v engine.Verdict
+	e.Decide(context.Background(), hits, &v)
+	if v.Outcome != engine.Allow || v.Wait != 0 {
+		t.Fatalf("first: %v wait %v, want allow at once", v.Outcome, v.Wait)
+	}
+	e.Decide(context.Background(), hits, &v)
+	wait := v.Wait
+	if v.Outcome != engine.Allow || wait <= 0 {
+		t.Fatalf("second: %v wait %v, want allow with a wait", v.Outcome, wait)
+	}
+	e.RefuseDelayed(context.Background(), hits, &v)
+	if v.Outcome != engine.Deny || v.RetryAfter != wait || v.Results[v.Binding].RetryAfter != wait || v.Wait != 0 {
+		t.Fatalf("refused: %v retry %v (binding %v) wait %v, want deny with RetryAfter %v", v.Outcome, v.RetryAfter, v.Results[v.Binding].RetryAfter, v.Wait, wait)
+	}
+	// The slot came back: the next request waits for it, not for the
+	// one after (which would be a minute later).
+	e.Decide(context.Background(), hits, &v)
+	if v.Outcome != engine.Allow || v.Wait > wait || v.Wait < wait-10*time.Second {
+		t.Fatalf("after the refusal: %v wait %v, want the refused request's slot, about %v", v.Outcome, v.Wait, wait)
+	}
+}
