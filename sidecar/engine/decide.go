@@ -64,8 +64,19 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	for i := range hits {
 		h := &hits[i]
 		if h.Rule.Delays() {
-			// A delaying rule reserves each request's slot on the store:
-			// the deny cache knows no waits (see delay.go).
+			// A delaying rule reserves each request's slot on the store;
+			// the deny cache only remembers its denials (see delay.go).
+			if retry, limit, ok := e.deny.held(h.Key, h.Cost, now); ok {
+				v.Results[i] = Result{Decision: limiter.Decision{Limit: limit, RetryAfter: retry}, Source: FromDenyCache}
+				h.Rule.m.LocalDenials.Inc()
+				if h.Rule.Shadow {
+					h.Rule.m.ShadowDenied.Inc()
+				} else {
+					denied = true
+					h.Rule.m.Denied.Inc()
+				}
+				continue
+			}
 			c := call{hit: i, cost: h.Cost, deadline: deadline}
 			if h.Rule.Shadow {
 				shadowCalls = append(shadowCalls, c)
@@ -289,6 +300,11 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		e.markShard(sm, false, answered)
 		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
 		if h.Rule.Delays() {
+			if !d.Allowed && d.RetryAfter > 0 {
+				// Nothing of this cost is let in within maxDelay before
+				// then: later requests are denied locally until it.
+				e.deny.put(h.Key, answered, d.RetryAfter, max(c.cost, 1), d.Limit)
+			}
 			return
 		}
 		// The store decided at some instant between the call and its

@@ -38,12 +38,17 @@ const (
 // Await holds an allowed request whose verdict has a Wait until its
 // reserved slots come, counting it as waiting under each delaying rule
 // that made it wait. A rule with maxWaiting requests waiting already
-// refuses it (Overflow; maxWaiting 0 means no bound). When ctx ends first
-// the request is Abandoned. Either way its reserved slots are given back
-// (the reservation's cost returned to the store, as a lease's unused
-// tokens are). The wait counts from the call, which follows Decide: a
-// slot is never released early.
-func (e *Engine) Await(ctx context.Context, hits []Hit, v *Verdict, maxWaiting int64) AwaitOutcome {
+// refuses it (Overflow; maxWaiting 0 means no bound). When ctx ends first,
+// or sleep reports the client gone, the request is Abandoned. Either way
+// its reserved slots are given back (the reservation's cost returned to
+// the store, as a lease's unused tokens are). The wait counts from the
+// call, which follows Decide: a slot is never released early.
+//
+// sleep, when not nil, does the waiting: it returns after d, or early and
+// false when the client goes away (a front that can watch its client
+// while it waits, such as the lean core's read deadline, which costs no
+// goroutine of its own). nil waits on a runtime timer and ctx.
+func (e *Engine) Await(ctx context.Context, hits []Hit, v *Verdict, maxWaiting int64, sleep func(context.Context, time.Duration) bool) AwaitOutcome {
 	if v.Wait <= 0 || v.Outcome != Allow {
 		return Released
 	}
@@ -75,18 +80,10 @@ func (e *Engine) Await(ctx context.Context, hits []Hit, v *Verdict, maxWaiting i
 		return Overflow
 	}
 	if wait := v.Wait; wait > 0 {
-		var fired <-chan time.Time
-		stop := func() {}
-		if e.o.After != nil {
-			fired = e.o.After(wait)
-		} else {
-			t := time.NewTimer(wait)
-			fired, stop = t.C, func() { t.Stop() }
+		if sleep == nil || e.o.After != nil {
+			sleep = e.sleep
 		}
-		select {
-		case <-fired:
-		case <-ctx.Done():
-			stop()
+		if !sleep(ctx, wait) {
 			for _, r := range held {
 				r.dm.Abandoned.Inc()
 			}
@@ -132,6 +129,27 @@ func (e *Engine) returnDelayed(ctx context.Context, hits []Hit, v *Verdict) {
 		}
 	}
 	v.Wait = 0
+}
+
+// sleep waits d on a runtime timer (or Options.After), or until ctx ends,
+// which it reports false.
+func (e *Engine) sleep(ctx context.Context, d time.Duration) bool {
+	if e.o.After != nil {
+		select {
+		case <-e.o.After(d):
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // RefuseDelayed makes an allowed verdict with a Wait a Deny, for a caller

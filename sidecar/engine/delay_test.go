@@ -63,7 +63,7 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 		t.Fatalf("second request's wait %v, want (0, %v]", v2.Wait, interval)
 	}
 	start := time.Now()
-	if got := e.Await(context.Background(), hits, v2, 0); got != engine.Released {
+	if got := e.Await(context.Background(), hits, v2, 0, nil); got != engine.Released {
 		t.Fatalf("Await = %v, want Released", got)
 	}
 	if waited := time.Since(start); waited < v2.Wait {
@@ -79,14 +79,14 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 	w3 := v3.Wait
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
-	if got := e.Await(gone, hits, v3, 0); got != engine.Abandoned {
+	if got := e.Await(gone, hits, v3, 0, nil); got != engine.Abandoned {
 		t.Fatalf("Await with its client gone = %v, want Abandoned", got)
 	}
 	if v4 := decide(); v4.Wait > w3 {
 		t.Errorf("after a slot came back, the next request waits %v, more than the abandoned one's %v", v4.Wait, w3)
 	} else {
 		// v4 holds the slot now; free it for what follows.
-		if got := e.Await(context.Background(), hits, v4, 0); got != engine.Released {
+		if got := e.Await(context.Background(), hits, v4, 0, nil); got != engine.Released {
 			t.Fatalf("Await = %v, want Released", got)
 		}
 	}
@@ -98,7 +98,7 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 	// gives its slot back.
 	v5 := decide()
 	done := make(chan engine.AwaitOutcome, 1)
-	go func() { done <- e.Await(context.Background(), hits, v5, 1) }()
+	go func() { done <- e.Await(context.Background(), hits, v5, 1, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for r.Waiting.Load() != 1 {
 		if time.Now().After(deadline) {
@@ -111,7 +111,7 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 	}
 	v6 := decide()
 	w6 := v6.Wait
-	if got := e.Await(context.Background(), hits, v6, 1); got != engine.Overflow {
+	if got := e.Await(context.Background(), hits, v6, 1, nil); got != engine.Overflow {
 		t.Fatalf("Await over the bound = %v, want Overflow", got)
 	}
 	if v7 := decide(); v7.Wait > w6 {
@@ -167,6 +167,12 @@ func TestDelayPastMaxDelayDenies(t *testing.T) {
 	}
 	if last.RetryAfter <= 0 || last.RetryAfter > time.Minute {
 		t.Errorf("deny RetryAfter %v, want (0, 1m]: until a wait of at most maxDelay", last.RetryAfter)
+	}
+	// The denial is remembered: the next request is refused without a
+	// store call, until then.
+	e.Decide(context.Background(), hits, &last)
+	if last.Outcome != engine.Deny || last.Results[0].Source != engine.FromDenyCache {
+		t.Errorf("the next request: %v from %v, want a deny from the local deny cache", last.Outcome, last.Results[0].Source)
 	}
 }
 

@@ -123,6 +123,24 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	return lookup{kind: lookupGo, entry: e}
 }
 
+// held reports whether key is held for a request of cost at now, and for
+// how long, without claiming anything: a delaying rule's use of the
+// cache, which only remembers its denials (a local answer could not
+// reserve a slot).
+func (c *denyCache) held(key string, cost int64, now time.Time) (retry time.Duration, limit int64, ok bool) {
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[key]
+	if e == nil || max(cost, 1) < e.cost {
+		return 0, 0, false
+	}
+	if n := now.UnixNano(); n < e.until {
+		return time.Duration(e.until - n), e.limit, true
+	}
+	return 0, 0, false
+}
+
 // errBudgetSpent ends a wait that reached the decision's deadline.
 var errBudgetSpent = errors.New("the request's store budget is spent")
 

@@ -79,11 +79,11 @@ type State struct {
 	d   Decision
 	adm admission // concurrency slots and the shedder (admission.go)
 
-	// WatchClient, when a front sets it, is called when a request is to
-	// wait for a delayed slot: it returns a context that also ends when
-	// the client goes away, and a stop that ends the watch. The net/http
-	// front needs none: its request's context ends then already.
-	WatchClient func(context.Context) (context.Context, func())
+	// Sleep, when a front sets it, holds a request that waits for a
+	// delayed slot: it returns after d, or early and false when the client
+	// goes away (engine.Await). The net/http front needs none: its
+	// request's context ends when the client goes.
+	Sleep func(ctx context.Context, d time.Duration) bool
 }
 
 func (st *State) reset() {
@@ -244,21 +244,15 @@ const DefaultMaxDelayed = 10_000
 // slot and has no place in the shedder: it takes them again when it goes
 // on. It reports false, with the slots given back to the store, when the
 // rule's bound is reached or the client goes away (the request's context
-// ends, or State.WatchClient's). v.RetryAfter is then set for the answer.
+// ends, or State.Sleep says so). v.RetryAfter is then set for the answer.
 func (p *Proxy) await(r *http.Request, st *State) bool {
 	st.adm.sv.Held.Release()
-	ctx := r.Context()
-	if st.WatchClient != nil {
-		var stop func()
-		ctx, stop = st.WatchClient(ctx)
-		defer stop()
-	}
 	wait := st.v.Wait
 	limit := p.o.MaxDelayed
 	if limit == 0 {
 		limit = DefaultMaxDelayed
 	}
-	if p.o.Engine.Await(ctx, st.Hits, &st.v, limit) == engine.Released {
+	if p.o.Engine.Await(r.Context(), st.Hits, &st.v, limit, st.Sleep) == engine.Released {
 		return true
 	}
 	st.v.RetryAfter = wait

@@ -62,8 +62,8 @@ type conn struct {
 	vals  []string
 	canon map[string]string
 	st    proxy.State
-	// watch is c.watchClient, made once: the State's WatchClient.
-	watch func(context.Context) (context.Context, func())
+	// sleepFn is c.sleep, made once: the State's Sleep.
+	sleepFn func(context.Context, time.Duration) bool
 	chunk h1.Chunked
 
 	up  *upConn
@@ -117,7 +117,7 @@ type upConn struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{s: s, nc: nc, buf: make([]byte, bufSize), hdr: http.Header{}, canon: map[string]string{}, fresh: true}
-	c.watch = c.watchClient
+	c.sleepFn = c.sleep
 	c.remote = nc.RemoteAddr().String()
 	c.peer = c.remote
 	if host, _, err := net.SplitHostPort(c.remote); err == nil {
@@ -476,7 +476,7 @@ func (c *conn) serveOne(n int) bool {
 	if p == nil {
 		d = &noConfig
 	} else {
-		c.st.WatchClient = c.watch
+		c.st.Sleep = c.sleepFn
 		d = p.Check(r, &c.st)
 	}
 	// The connection keeps its State between requests; what the request

@@ -58,36 +58,40 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// watchClient is the State's WatchClient: while a request waits for a
-// delayed slot, it reads the client connection, and a client that goes
-// away (EOF or an error) ends the returned context, so that the request
-// gives its slot back at once. Bytes the client sends meanwhile (a
-// pipelined request) are kept in the request buffer; stop ends the watch.
-func (c *conn) watchClient(ctx context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	if c.w == len(c.buf) {
-		// No room to read into: no watch (the wait still ends).
-		return ctx, cancel
-	}
-	type result struct {
-		n   int
-		err error
-	}
-	done := make(chan result, 1)
-	_ = c.nc.SetReadDeadline(time.Time{})
+// sleep is the State's Sleep: a request that waits for a delayed slot
+// waits in a read of its client connection with the slot's instant as
+// the deadline, so that the wait costs no timer or goroutine of its own
+// and a client that goes away (EOF or an error) ends it at once, false.
+// Bytes the client sends meanwhile (a pipelined request) are kept in the
+// request buffer. With the buffer full it waits on a timer alone.
+func (c *conn) sleep(ctx context.Context, d time.Duration) bool {
+	until := time.Now().Add(d)
 	c.dlIdle = false
-	go func() {
-		n, err := c.nc.Read(c.buf[c.w:])
-		if n == 0 && err != nil && !isTimeout(err) {
-			cancel()
+	defer func() { _ = c.nc.SetReadDeadline(time.Time{}) }()
+	for {
+		left := time.Until(until)
+		if left <= 0 {
+			return true
 		}
-		done <- result{n, err}
-	}()
-	return ctx, func() {
-		_ = c.nc.SetReadDeadline(aLongTimeAgo)
-		res := <-done
-		_ = c.nc.SetReadDeadline(time.Time{})
-		c.w += res.n
-		cancel()
+		if c.w == len(c.buf) {
+			t := time.NewTimer(left)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		_ = c.nc.SetReadDeadline(until)
+		n, err := c.nc.Read(c.buf[c.w:])
+		c.w += n
+		switch {
+		case err == nil:
+		case isTimeout(err):
+			return true
+		default:
+			return false
+		}
 	}
 }
