@@ -64,7 +64,7 @@ type conn struct {
 	st    proxy.State
 	// sleepFn is c.sleep, made once: the State's Sleep.
 	sleepFn func(context.Context, time.Duration) bool
-	chunk h1.Chunked
+	chunk   h1.Chunked
 
 	up  *upConn
 	out []byte // the head being written; see scratch
