@@ -29,9 +29,12 @@ type Report struct {
 	Floodgate *Side `json:"floodgate,omitempty"`
 	Nginx     *Side `json:"nginx,omitempty"`
 	// CPURatio is the sidecars' CPU per delayed request over nginx's.
-	CPURatio   float64               `json:"cpuPerDelayedRatio,omitempty"`
-	Memory     *Memory               `json:"memory,omitempty"`
-	Acceptance []harness.Requirement `json:"acceptance"`
+	CPURatio float64 `json:"cpuPerDelayedRatio,omitempty"`
+	Memory   *Memory `json:"memory,omitempty"`
+	// NginxMemory is the memory phase's reference: nginx with the same
+	// per-key queue.
+	NginxMemory *Memory               `json:"nginxMemory,omitempty"`
+	Acceptance  []harness.Requirement `json:"acceptance"`
 	// Skipped says which phases did not run and why.
 	Skipped []string `json:"skipped,omitempty"`
 }
@@ -91,8 +94,12 @@ type Side struct {
 
 // Memory is the memory phase.
 type Memory struct {
-	Keys    int `json:"keys"`
-	Primed  int `json:"primed"`
+	Limiter string `json:"limiter"`
+	Keys    int    `json:"keys"`
+	Primed  int    `json:"primed"`
+	// Target is the requests meant to wait at once; Sent those sent to
+	// get there while the keys released some.
+	Target  int `json:"target"`
 	Sent    int `json:"sent"`
 	Refused int `json:"refused"`
 	Errors  int `json:"errors"`
@@ -162,6 +169,11 @@ func runBench(ctx context.Context, o options) (rep *Report, err error) {
 			return rep, fmt.Errorf("delay phase: %w", err)
 		}
 	}
+	if ng := harness.FindNginx(o.nginx); o.nginx != "off" && ng != "" {
+		if out, err := exec.Command(ng, "-v").CombinedOutput(); err == nil {
+			rep.Machine.Nginx = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "nginx version: "))
+		}
+	}
 	if o.phases["nginx"] {
 		if ng := harness.FindNginx(o.nginx); o.nginx != "off" && ng != "" {
 			if rep.Nginx, err = b.nginxPhase(ctx, ng, rep); err != nil {
@@ -174,8 +186,8 @@ func runBench(ctx context.Context, o options) (rep *Report, err error) {
 	if rep.Floodgate != nil && rep.Nginx != nil && rep.Nginx.CPUPerDelayedMicros > 0 {
 		rep.CPURatio = rep.Floodgate.CPUPerDelayedMicros / rep.Nginx.CPUPerDelayedMicros
 	}
-	if o.phases["memory"] {
-		if rep.Memory, err = b.memoryPhase(ctx); err != nil {
+	if o.phases["memory"] || o.phases["nginx-memory"] {
+		if err := b.memoryPhase(ctx, rep); err != nil {
 			return rep, fmt.Errorf("memory phase: %w", err)
 		}
 	}
@@ -580,18 +592,19 @@ func scrapeDelay(admins []string) (map[string]float64, error) {
 	return out, nil
 }
 
-// nginxDelayConf is nginx in the reference layout of floodgate-bench (one
-// process, one worker loop, kept upstream connections), with limit_req on
-// X-Key at the rule's rate, a burst, no nodelay (so the burst is a
-// queue), 429 past it, no logging of delays or refusals (error_log at
-// error; the sidecars run with --log-level warn), and $limit_req_status
-// passed to the application.
-const nginxDelayConf = `daemon off;
+// nginxConf is nginx in the reference layout of floodgate-bench (one
+// process, one worker loop, kept upstream connections), with a limit_req
+// zone (%[4]s) and limit_req (%[5]s) on X-Key, 429 past the burst, no
+// logging of delays or refusals (error_log at error; the sidecars run
+// with --log-level warn), and $limit_req_status passed to the
+// application.
+const nginxConf = `daemon off;
 master_process off;
 worker_processes 1;
+worker_rlimit_nofile 30000;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log error;
-events { worker_connections 8192; }
+events { worker_connections 16384; }
 http {
   client_body_temp_path %[1]s/body;
   proxy_temp_path %[1]s/proxy;
@@ -600,12 +613,12 @@ http {
   scgi_temp_path %[1]s/scgi;
   access_log off;
   upstream app { server %[2]s; keepalive 128; }
-  limit_req_zone $http_x_key zone=delay:10m rate=%[4]dr/s;
+  %[4]s
   limit_req_status 429;
   server {
     listen 127.0.0.1:%[3]s;
     location / {
-      limit_req zone=delay burst=%[5]d;
+      %[5]s
       proxy_pass http://app;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
@@ -615,36 +628,42 @@ http {
 }
 `
 
+// startNginx starts an nginx on CPU 0 in front of app with a limit_req
+// zone and directive, and returns its pid and base URL.
+func (b *bench) startNginx(ctx context.Context, bin, name, app, zone, limit string) (int, string, error) {
+	nd := filepath.Join(b.dir, "nginx-"+name)
+	if err := os.MkdirAll(nd, 0o755); err != nil {
+		return 0, "", err
+	}
+	port, err := freePort()
+	if err != nil {
+		return 0, "", err
+	}
+	conf := filepath.Join(nd, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, nd, app, port, zone, limit), 0o600); err != nil {
+		return 0, "", err
+	}
+	pid, err := b.start(ctx, 0, nil, bin, "-p", nd, "-c", conf)
+	if err != nil {
+		return 0, "", err
+	}
+	url := "http://127.0.0.1:" + port
+	if err := waitHTTP(ctx, url+"/", 200); err != nil {
+		log, _ := os.ReadFile(filepath.Join(nd, "error.log"))
+		return 0, "", fmt.Errorf("nginx not serving: %w: %s", err, log)
+	}
+	return pid, url, nil
+}
+
 func (b *bench) nginxPhase(ctx context.Context, bin string, rep *Report) (*Side, error) {
 	app, err := b.startApp(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out, err := exec.Command(bin, "-v").CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("%s -v: %w: %s", bin, err, out)
-	}
-	rep.Machine.Nginx = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "nginx version: "))
-	nd := filepath.Join(b.dir, "nginx")
-	if err := os.MkdirAll(nd, 0o755); err != nil {
-		return nil, err
-	}
-	port, err := freePort()
+	pid, url, err := b.startNginx(ctx, bin, "delay", app, fmt.Sprintf("limit_req_zone $http_x_key zone=delay:10m rate=%dr/s;", b.o.rate),
+		fmt.Sprintf("limit_req zone=delay burst=%d;", b.o.nginxBurst))
 	if err != nil {
 		return nil, err
-	}
-	conf := filepath.Join(nd, "nginx.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxDelayConf, nd, app, port, b.o.rate, b.o.nginxBurst), 0o600); err != nil {
-		return nil, err
-	}
-	pid, err := b.start(ctx, 0, nil, bin, "-p", nd, "-c", conf)
-	if err != nil {
-		return nil, err
-	}
-	url := "http://127.0.0.1:" + port
-	if err := waitHTTP(ctx, url+"/", 200); err != nil {
-		log, _ := os.ReadFile(filepath.Join(nd, "error.log"))
-		return nil, fmt.Errorf("nginx not serving: %w: %s", err, log)
 	}
 	b.logf("[nginx] %s: limit_req rate=%dr/s burst=%d (no nodelay); warm-up on another key", rep.Machine.Nginx, b.o.rate, b.o.nginxBurst)
 	urls := []string{url + "/delay"}

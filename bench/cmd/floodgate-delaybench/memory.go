@@ -17,35 +17,69 @@ import (
 	"github.com/floodgate-dev/floodgate/bench/harness"
 )
 
-// memoryPhase leaves o.memWaiting requests waiting in one sidecar and
-// measures its RSS.
-func (b *bench) memoryPhase(ctx context.Context) (*Memory, error) {
-	n, keys := b.o.memWaiting, b.o.memKeys
+// memoryPhase leaves o.memWaiting requests waiting in one sidecar, and then
+// in one nginx with the same per-key queue, and measures each one's RSS.
+func (b *bench) memoryPhase(ctx context.Context, rep *Report) error {
+	n := b.o.memWaiting
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(n+1000) {
-		return nil, fmt.Errorf("the file-descriptor limit is %d: %d connections need %d (ulimit -n)", lim.Cur, n, n+1000)
+		return fmt.Errorf("the file-descriptor limit is %d: %d connections need %d (ulimit -n)", lim.Cur, n, n+1000)
 	}
-	app, err := b.startApp(ctx)
-	if err != nil {
-		return nil, err
+	if b.o.phases["memory"] {
+		app, err := b.startApp(ctx)
+		if err != nil {
+			return err
+		}
+		limit := b.ruleLimit(1, "1s", time.Minute, 1)
+		pf, pods, err := b.policy("mem", 1, "/mem", limit)
+		if err != nil {
+			return err
+		}
+		pid, base, admin, err := b.sidecar(ctx, pf, pods[0], app)
+		if err != nil {
+			return err
+		}
+		b.logf("[memory] one sidecar, rule %s per key", limit)
+		m, err := b.waiting(ctx, pid, base, admin)
+		b.stop(pid)
+		if err != nil {
+			return err
+		}
+		m.Limiter = "floodgate-sidecar (Redis store), rule " + limit + " on X-Key"
+		rep.Memory = m
 	}
-	limit := b.ruleLimit(1, "1s", time.Minute, 1)
-	pf, pods, err := b.policy("mem", 1, "/mem", limit)
-	if err != nil {
-		return nil, err
+	if ng := harness.FindNginx(b.o.nginx); b.o.phases["nginx-memory"] && b.o.nginx != "off" && ng != "" {
+		app, err := b.startApp(ctx)
+		if err != nil {
+			return err
+		}
+		pid, base, err := b.startNginx(ctx, ng, "mem", app, "limit_req_zone $http_x_key zone=mem:10m rate=1r/s;", "limit_req zone=mem burst=59;")
+		if err != nil {
+			return err
+		}
+		b.logf("[memory] nginx, limit_req rate=1r/s burst=59 per key")
+		m, err := b.waiting(ctx, pid, base, "")
+		b.stop(pid)
+		if err != nil {
+			return err
+		}
+		m.Limiter = "nginx limit_req rate=1r/s burst=59 (no nodelay) on X-Key"
+		rep.NginxMemory = m
 	}
-	pid, base, admin, err := b.sidecar(ctx, pf, pods[0], app)
-	if err != nil {
-		return nil, err
-	}
-	defer b.stop(pid)
+	return nil
+}
+
+// waiting primes every key of the memory phase through base (one request
+// each, passed at once), then leaves o.memWaiting requests waiting on
+// o.memKeys keys, and samples the RSS of pid.
+func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memory, error) {
+	n, keys := b.o.memWaiting, b.o.memKeys
 	u, err := url.Parse(base)
 	if err != nil {
 		return nil, err
 	}
 	addr := u.Host
-	m := &Memory{Keys: keys, Sent: n}
-	b.logf("[memory] one sidecar, rule %s; %d primers (one per key, passed at once)", limit, keys)
+	m := &Memory{Keys: keys, Target: n}
 	// The primers take each key's delayAfter allowance, so that every
 	// request after them waits.
 	c := harness.NewClient()
@@ -68,43 +102,56 @@ func (b *bench) memoryPhase(ctx context.Context) (*Memory, error) {
 	var written, answered, refused, failed atomic.Int64
 	var conns sync.WaitGroup
 	release := make(chan struct{})
-	dials := make(chan struct{}, 128)
-	for i := range n {
-		conns.Go(func() {
-			dials <- struct{}{}
-			nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
-			if err != nil {
-				<-dials
-				failed.Add(1)
-				return
-			}
-			defer func() { _ = nc.Close() }()
-			_, err = fmt.Fprintf(nc, "GET /mem HTTP/1.1\r\nHost: %s\r\nX-Key: k%d\r\n\r\n", addr, i%keys)
+	dials := make(chan struct{}, 256)
+	conn := func(i int) {
+		nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
 			<-dials
-			if err != nil {
+			failed.Add(1)
+			return
+		}
+		defer func() { _ = nc.Close() }()
+		_, err = fmt.Fprintf(nc, "GET /mem HTTP/1.1\r\nHost: %s\r\nX-Key: k%d\r\n\r\n", addr, i%keys)
+		<-dials
+		if err != nil {
+			failed.Add(1)
+			return
+		}
+		written.Add(1)
+		read := make(chan string, 1)
+		go func() {
+			line, _ := bufio.NewReaderSize(nc, 256).ReadString('\n')
+			read <- line
+		}()
+		select {
+		case line := <-read:
+			answered.Add(1)
+			switch {
+			case strings.HasPrefix(line, "HTTP/1.1 429"):
+				refused.Add(1)
+			case !strings.HasPrefix(line, "HTTP/1.1 2"):
 				failed.Add(1)
+			}
+			<-release
+		case <-release:
+		}
+	}
+	// Connections are opened until n requests wait at once: the keys
+	// release keys requests a second meanwhile, so more than n are sent,
+	// up to 59 a key (each within maxDelay).
+	var sent atomic.Int64
+	spawned := make(chan struct{})
+	go func() {
+		defer close(spawned)
+		for i := range 59 * keys {
+			if written.Load()-answered.Load() >= int64(n) || ctx.Err() != nil {
 				return
 			}
-			written.Add(1)
-			read := make(chan string, 1)
-			go func() {
-				line, _ := bufio.NewReaderSize(nc, 256).ReadString('\n')
-				read <- line
-			}()
-			select {
-			case line := <-read:
-				answered.Add(1)
-				switch {
-				case strings.HasPrefix(line, "HTTP/1.1 429"):
-					refused.Add(1)
-				case !strings.HasPrefix(line, "HTTP/1.1 2"):
-					failed.Add(1)
-				}
-				<-release
-			case <-release:
-			}
-		})
-	}
+			dials <- struct{}{}
+			sent.Add(1)
+			conns.Go(func() { conn(i) })
+		}
+	}()
 	// Sample the waiting requests and the RSS until every request has been
 	// written and a second has passed, keeping the sample of the most
 	// waiting.
@@ -122,24 +169,30 @@ func (b *bench) memoryPhase(ctx context.Context) (*Memory, error) {
 			m.Waiting, m.RSSAt = w, r
 			m.Answered = int(answered.Load() - refused.Load())
 		}
-		if allWritten.IsZero() && written.Load()+failed.Load() >= int64(n) {
-			allWritten = time.Now()
+		if allWritten.IsZero() {
+			select {
+			case <-spawned:
+				allWritten = time.Now()
+			default:
+			}
 		}
 		if !allWritten.IsZero() && time.Since(allWritten) > time.Second {
 			break
 		}
 	}
-	if mt, err := scrapeDelay([]string{admin}); err == nil {
-		m.Metrics = mt
+	if admin != "" {
+		if mt, err := scrapeDelay([]string{admin}); err == nil {
+			m.Metrics = mt
+		}
 	}
-	m.Refused, m.Errors = int(refused.Load()), int(failed.Load())
+	m.Refused, m.Errors, m.Sent = int(refused.Load()), int(failed.Load()), int(sent.Load())
 	// The clients go away: their slots go back, and the sidecar is stopped.
 	close(release)
 	conns.Wait()
 	if m.Waiting > 0 {
 		m.BytesPerWaiting = float64(m.RSSAt-m.RSSBefore) / float64(m.Waiting)
 	}
-	m.Note = fmt.Sprintf("rule %s per key; the RSS delta over the requests waiting at the sample with the most, so a connection's whole cost (socket, buffers, goroutine) and the garbage of those released before it; keys release %d/s between them", limit, keys)
+	m.Note = fmt.Sprintf("the RSS delta over the requests waiting at the sample with the most: a connection's whole cost (socket buffers in the process, goroutine, parsed request) and what those released before it left; the keys release %d/s in all", keys)
 	b.logf("[memory] %d waiting: RSS %.1f -> %.1f MiB, %.0f bytes per waiting request; %d refused, %d errors", m.Waiting,
 		float64(m.RSSBefore)/(1<<20), float64(m.RSSAt)/(1<<20), m.BytesPerWaiting, m.Refused, m.Errors)
 	return m, nil
