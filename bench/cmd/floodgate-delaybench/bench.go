@@ -321,6 +321,9 @@ func (b *bench) startApp(ctx context.Context) (string, error) {
 
 // ruleLimit is the rule's limit in the sidecar config document.
 func (b *bench) ruleLimit(rate int, per string, maxDelay time.Duration, delayAfter int) string {
+	if b.o.limit != "" {
+		return b.o.limit
+	}
 	return fmt.Sprintf("{requests: %d, per: %s, algorithm: GCRA, onExceed: Delay, maxDelay: %s, delayAfter: %d}", rate, per, maxDelay, delayAfter)
 }
 
@@ -521,7 +524,11 @@ func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
 		return nil, err
 	}
 	for k, v := range before {
-		after[k] -= v
+		// Counters over the run; gauges as they are at its end.
+		name, _, _ := strings.Cut(k, "{")
+		if strings.HasSuffix(name, "_total") || strings.HasSuffix(name, "_count") || strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_bucket") {
+			after[k] -= v
+		}
 	}
 	s := &Side{Name: fmt.Sprintf("floodgate: %d sidecars on a 3-master Redis Cluster", n), Limiters: n, Apps: n, Metrics: after}
 	marked := false

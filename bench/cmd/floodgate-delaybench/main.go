@@ -78,6 +78,7 @@ type options struct {
 	memKeys    int
 	out        string
 	pin        bool
+	limit      string
 }
 
 func run(args []string) error {
@@ -107,6 +108,7 @@ func run(args []string) error {
 	fs.StringVar(&extra, "sidecar-args", "", "extra floodgate-sidecar flags for every sidecar, space-separated (e.g. a per-rule waiting bound)")
 	fs.IntVar(&o.memWaiting, "mem-waiting", 10000, "memory phase: requests left waiting")
 	fs.IntVar(&o.memKeys, "mem-keys", 200, "memory phase: keys they wait on (at 1/s and maxDelay 60s, at most 59 wait per key)")
+	fs.StringVar(&o.limit, "limit", "", "replace the rules' limit in the sidecar config document (default: built from -rate, -max-delay, -delay-after; checking the plumbing only)")
 	fs.StringVar(&o.out, "out", "", "write the JSON report here too")
 	fs.BoolVar(&o.pin, "pin", true, "pin the limiters to CPU 0 and the load, applications and Redis to CPU 1 with taskset, where it exists")
 	if err := fs.Parse(args); err != nil {
