@@ -356,7 +356,7 @@ policies:
 
 // sidecar starts one sidecar on CPU 0 on the Redis store in front of app,
 // and returns its pid, proxy URL and admin URL.
-func (b *bench) sidecar(ctx context.Context, policy, pod, app string) (int, string, string, error) {
+func (b *bench) sidecar(ctx context.Context, policy, pod, app string, extra ...string) (int, string, string, error) {
 	lp, err := freePort()
 	if err != nil {
 		return 0, "", "", err
@@ -368,7 +368,7 @@ func (b *bench) sidecar(ctx context.Context, policy, pod, app string) (int, stri
 	args := []string{"--listen", "127.0.0.1:" + lp, "--admin-listen", "127.0.0.1:" + ap,
 		"--upstream", "http://" + app, "--policy-file", policy, "--store", "redis",
 		"--redis-addrs", strings.Join(b.cluster.Addrs(), ","), "--log-level", "warn", "--pod-name", pod}
-	args = append(args, b.o.sidecarArg...)
+	args = append(append(args, b.o.sidecarArg...), extra...)
 	pid, err := b.start(ctx, 0, []string{"GOMAXPROCS=1"}, b.bin, args...)
 	if err != nil {
 		return 0, "", "", err

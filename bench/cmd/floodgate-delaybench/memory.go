@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,17 +36,24 @@ func (b *bench) memoryPhase(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		pid, base, admin, err := b.sidecar(ctx, pf, pods[0], app)
+		// The sidecar's bound on the requests waiting per rule
+		// (--max-delayed, 10,000 by default) is raised above the target,
+		// where the sidecar has it.
+		var extra []string
+		if help, _ := exec.CommandContext(ctx, b.bin, "--help").CombinedOutput(); strings.Contains(string(help), "-max-delayed") {
+			extra = []string{"--max-delayed", strconv.Itoa(2 * n)}
+		}
+		pid, base, admin, err := b.sidecar(ctx, pf, pods[0], app, extra...)
 		if err != nil {
 			return err
 		}
-		b.logf("[memory] one sidecar, rule %s per key", limit)
+		b.logf("[memory] one sidecar %s, rule %s per key", strings.Join(extra, " "), limit)
 		m, err := b.waiting(ctx, pid, base, admin)
 		b.stop(pid)
 		if err != nil {
 			return err
 		}
-		m.Limiter = "floodgate-sidecar (Redis store), rule " + limit + " on X-Key"
+		m.Limiter = "floodgate-sidecar (Redis store) " + strings.Join(extra, " ") + ", rule " + limit + " on X-Key"
 		rep.Memory = m
 	}
 	if ng := harness.FindNginx(b.o.nginx); b.o.phases["nginx-memory"] && b.o.nginx != "off" && ng != "" {
