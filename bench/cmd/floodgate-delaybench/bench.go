@@ -87,6 +87,17 @@ type Side struct {
 	CPUSeconds          float64 `json:"cpuSeconds"`
 	CPUPerDelayedMicros float64 `json:"cpuPerDelayedMicros"`
 	CPUPerSentMicros    float64 `json:"cpuPerSentMicros"`
+	// IdleCPUPerSec is the limiters' CPU seconds per second while idle,
+	// measured just before; CPUAboveIdlePerDelayedMicros the CPU per
+	// delayed request less that idle cost over the offer (OfferSeconds,
+	// with the drain).
+	IdleCPUPerSec                float64 `json:"idleCpuPerSec"`
+	OfferSeconds                 float64 `json:"offerSeconds"`
+	CPUAboveIdlePerDelayedMicros float64 `json:"cpuAboveIdlePerDelayedMicros"`
+	// DelayedReported is the sidecars' own count of the requests they
+	// released after a wait (floodgate_sidecar_delayed_total released);
+	// when there is one, the CPU per delayed request is divided by it.
+	DelayedReported int64 `json:"delayedReported,omitempty"`
 	// Metrics are the sidecars' metric families about delays and
 	// waiting, summed over the sidecars.
 	Metrics map[string]float64 `json:"metrics,omitempty"`
@@ -402,27 +413,43 @@ func (b *bench) warm(ctx context.Context, urls []string) error {
 
 // offer runs the measured load through urls and returns the load
 // generator's records and the CPU time pids spent meanwhile.
-func (b *bench) offer(ctx context.Context, urls []string, pids []int) ([]outcome, harness.Stats, time.Duration, error) {
+func (b *bench) offer(ctx context.Context, urls []string, pids []int) ([]outcome, harness.Stats, time.Duration, float64, error) {
+	// The limiters' CPU while idle first: what they spend whatever the
+	// traffic (runtime, timers, store health checks).
+	i0, err := cpuOf(pids)
+	if err != nil {
+		return nil, harness.Stats{}, 0, 0, err
+	}
+	t0 := time.Now()
+	time.Sleep(idleWindow)
+	i1, err := cpuOf(pids)
+	if err != nil {
+		return nil, harness.Stats{}, 0, 0, err
+	}
+	idle := (i1 - i0).Seconds() / time.Since(t0).Seconds()
 	cpu0, err := cpuOf(pids)
 	if err != nil {
-		return nil, harness.Stats{}, 0, err
+		return nil, harness.Stats{}, 0, 0, err
 	}
 	c := harness.NewClient()
 	st, recs, err := harness.OpenLoopRecords(ctx, c, harness.Target{URLs: urls, Header: header("one")}, b.o.offered, b.o.duration, b.o.workers)
 	if err != nil {
-		return nil, st, 0, err
+		return nil, st, 0, 0, err
 	}
 	cpu1, err := cpuOf(pids)
 	if err != nil {
-		return nil, st, 0, err
+		return nil, st, 0, 0, err
 	}
 	c.CloseIdle()
 	out := make([]outcome, len(recs))
 	for i, r := range recs {
 		out[i] = outcome{Due: r.Due, Done: r.Done, Status: r.Status}
 	}
-	return out, st, cpu1 - cpu0, nil
+	return out, st, cpu1 - cpu0, idle, nil
 }
+
+// idleWindow is how long the limiters' idle CPU is measured.
+const idleWindow = 4 * time.Second
 
 func cpuOf(pids []int) (time.Duration, error) {
 	var sum time.Duration
@@ -459,7 +486,7 @@ func arrivals(apps []string) ([]arrival, error) {
 }
 
 // summarise fills a Side from a run's records and arrivals.
-func (b *bench) summarise(s *Side, recs []outcome, arr []arrival, cpu time.Duration, delayed func(string, time.Duration) bool) {
+func (b *bench) summarise(s *Side, recs []outcome, arr []arrival, cpu time.Duration, idle float64, elapsed time.Duration, delayed func(string, time.Duration) bool) {
 	var delays, lats []time.Duration
 	var times []time.Time
 	s.Counts, delays, lats, times = classify(recs, arr, delayed)
@@ -472,12 +499,21 @@ func (b *bench) summarise(s *Side, recs []outcome, arr []arrival, cpu time.Durat
 	// The full seconds of the offer after the first: 1 .. D-1.
 	s.Bar = checkRate(s.PerSecond, 1, int(b.o.duration/time.Second)-1, float64(b.o.rate), 0.02)
 	s.CPUSeconds = cpu.Seconds()
-	if s.Delayed > 0 {
-		s.CPUPerDelayedMicros = float64(cpu.Microseconds()) / float64(s.Delayed)
-	}
+	s.IdleCPUPerSec = idle
+	s.OfferSeconds = elapsed.Seconds()
 	if s.Sent > 0 {
 		s.CPUPerSentMicros = float64(cpu.Microseconds()) / float64(s.Sent)
 	}
+	s.perDelayed(s.Delayed)
+}
+
+// perDelayed sets the CPU per delayed request, with n delayed.
+func (s *Side) perDelayed(n int64) {
+	if n <= 0 {
+		return
+	}
+	s.CPUPerDelayedMicros = s.CPUSeconds * 1e6 / float64(n)
+	s.CPUAboveIdlePerDelayedMicros = max(s.CPUSeconds-s.IdleCPUPerSec*s.OfferSeconds, 0) * 1e6 / float64(n)
 }
 
 // delayPhase is 3 sidecars on the Redis Cluster, each before its own
@@ -491,12 +527,16 @@ func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
 	}
 	var apps, urls, admins []string
 	var pids []int
+	var extra []string
+	if b.o.profile != "" {
+		extra = []string{"--admin-pprof"}
+	}
 	for i := range n {
 		app, err := b.startApp(ctx)
 		if err != nil {
 			return nil, err
 		}
-		pid, url, admin, err := b.sidecar(ctx, pf, pods[i], app)
+		pid, url, admin, err := b.sidecar(ctx, pf, pods[i], app, extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -511,7 +551,12 @@ func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
 		return nil, err
 	}
 	b.logf("[floodgate] offering %.0f/s for %v on one key over %d sidecars", b.o.offered, b.o.duration, n)
-	recs, st, cpu, err := b.offer(ctx, urls, pids)
+	var prof chan error
+	if b.o.profile != "" {
+		prof = make(chan error, 1)
+		go func() { prof <- b.cpuProfile(ctx, admins[0], b.o.duration-time.Second) }()
+	}
+	recs, st, cpu, idle, err := b.offer(ctx, urls, pids)
 	if err != nil {
 		return nil, err
 	}
@@ -544,9 +589,47 @@ func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
 		delayed = func(_ string, d time.Duration) bool { return d >= delayThreshold }
 		s.DelayedBy = fmt.Sprintf("no delay header seen: arrival at the application at least %v after the scheduled send", delayThreshold)
 	}
-	b.summarise(s, recs, arr, cpu, delayed)
+	b.summarise(s, recs, arr, cpu, idle, st.Elapsed, delayed)
+	// The sidecars count the requests they released after a wait: the
+	// exact number delayed, which the CPU is divided by.
+	for k, v := range s.Metrics {
+		if strings.HasPrefix(k, "floodgate_sidecar_delayed_total{") && strings.Contains(k, `result="released"`) {
+			s.DelayedReported += int64(v)
+		}
+	}
+	if s.DelayedReported > 0 {
+		s.perDelayed(s.DelayedReported)
+	}
+	if prof != nil {
+		if err := <-prof; err != nil {
+			return nil, fmt.Errorf("CPU profile: %w", err)
+		}
+		b.logf("[floodgate] CPU profile of the first sidecar in %s", b.o.profile)
+	}
 	b.logf("[floodgate] sent %d (%.0f/s achieved), 2xx %d (delayed %d), 429 %d, errors %d", st.Sent, st.Rate, s.OK, s.Delayed, s.Refused, s.Errors)
 	return s, nil
+}
+
+// cpuProfile fetches a CPU profile of the sidecar at admin over d into
+// the -profile file.
+func (b *bench) cpuProfile(ctx context.Context, admin string, d time.Duration) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", admin, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = res.Body.Close() }()
+	if res.StatusCode != 200 {
+		return fmt.Errorf("%s", res.Status)
+	}
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(b.o.profile, body, 0o644)
 }
 
 // delayThreshold tells a delayed request from one passed at once when the
@@ -678,7 +761,7 @@ func (b *bench) nginxPhase(ctx context.Context, bin string, rep *Report) (*Side,
 		return nil, err
 	}
 	b.logf("[nginx] offering %.0f/s for %v on one key", b.o.offered, b.o.duration)
-	recs, st, cpu, err := b.offer(ctx, urls, []int{pid})
+	recs, st, cpu, idle, err := b.offer(ctx, urls, []int{pid})
 	if err != nil {
 		return nil, err
 	}
@@ -687,7 +770,7 @@ func (b *bench) nginxPhase(ctx context.Context, bin string, rep *Report) (*Side,
 		return nil, err
 	}
 	s := &Side{Name: "nginx limit_req", Limiters: 1, Apps: 1, DelayedBy: "$limit_req_status = DELAYED, passed to the application"}
-	b.summarise(s, recs, arr, cpu, func(mark string, _ time.Duration) bool { return mark == "DELAYED" })
+	b.summarise(s, recs, arr, cpu, idle, st.Elapsed, func(mark string, _ time.Duration) bool { return mark == "DELAYED" })
 	b.logf("[nginx] sent %d (%.0f/s achieved), 2xx %d (delayed %d), 429 %d, errors %d", st.Sent, st.Rate, s.OK, s.Delayed, s.Refused, s.Errors)
 	b.stop(pid)
 	return s, nil

@@ -79,6 +79,7 @@ type options struct {
 	out        string
 	pin        bool
 	limit      string
+	profile    string
 }
 
 func run(args []string) error {
@@ -109,6 +110,7 @@ func run(args []string) error {
 	fs.IntVar(&o.memWaiting, "mem-waiting", 10000, "memory phase: requests left waiting")
 	fs.IntVar(&o.memKeys, "mem-keys", 200, "memory phase: keys they wait on (at 1/s and maxDelay 60s, at most 59 wait per key)")
 	fs.StringVar(&o.limit, "limit", "", "replace the rules' limit in the sidecar config document (default: built from -rate, -max-delay, -delay-after; checking the plumbing only)")
+	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of the first sidecar over the delay phase's offer here (go tool pprof)")
 	fs.StringVar(&o.out, "out", "", "write the JSON report here too")
 	fs.BoolVar(&o.pin, "pin", true, "pin the limiters to CPU 0 and the load, applications and Redis to CPU 1 with taskset, where it exists")
 	if err := fs.Parse(args); err != nil {

@@ -34,9 +34,10 @@ func (b *bench) accept(rep *Report) {
 	if rep.Floodgate != nil && rep.Nginx != nil {
 		rep.Acceptance = append(rep.Acceptance, harness.Requirement{
 			Name: "CPU per delayed request <= 1.2 x nginx limit_req's (same run)",
-			Measured: fmt.Sprintf("%.1f µs (3 sidecars, %.2f s for %d delayed) vs %.1f µs (nginx, %.2f s for %d delayed): %.2fx",
-				rep.Floodgate.CPUPerDelayedMicros, rep.Floodgate.CPUSeconds, rep.Floodgate.Delayed,
-				rep.Nginx.CPUPerDelayedMicros, rep.Nginx.CPUSeconds, rep.Nginx.Delayed, rep.CPURatio),
+			Measured: fmt.Sprintf("%.1f µs (3 sidecars, %.2f s for %d delayed) vs %.1f µs (nginx, %.2f s for %d delayed): %.2fx; above each one's idle CPU %.1f vs %.1f µs",
+				rep.Floodgate.CPUPerDelayedMicros, rep.Floodgate.CPUSeconds, rep.Floodgate.denominator(),
+				rep.Nginx.CPUPerDelayedMicros, rep.Nginx.CPUSeconds, rep.Nginx.Delayed, rep.CPURatio,
+				rep.Floodgate.CPUAboveIdlePerDelayedMicros, rep.Nginx.CPUAboveIdlePerDelayedMicros),
 			Pass: rep.CPURatio > 0 && rep.CPURatio <= 1.2,
 		})
 	}
@@ -102,9 +103,21 @@ func (r *Report) table(w io.Writer) {
 		row("limiter CPU s", func(s *Side) string { return fmt.Sprintf("%.2f", s.CPUSeconds) })
 		row("CPU µs per delayed request", func(s *Side) string { return fmt.Sprintf("%.1f", s.CPUPerDelayedMicros) })
 		row("CPU µs per request sent", func(s *Side) string { return fmt.Sprintf("%.1f", s.CPUPerSentMicros) })
+		row("idle CPU ms per second", func(s *Side) string { return fmt.Sprintf("%.1f", 1000*s.IdleCPUPerSec) })
+		row("CPU µs above idle per delayed", func(s *Side) string { return fmt.Sprintf("%.1f", s.CPUAboveIdlePerDelayedMicros) })
+		row("delayed, by the sidecars' count", func(s *Side) string {
+			if s.DelayedReported == 0 {
+				return "-"
+			}
+			return fmt.Sprint(s.DelayedReported)
+		})
 		_ = tw.Flush()
 		if r.CPURatio > 0 {
-			printf("  CPU per delayed request, floodgate / nginx: %.2fx\n", r.CPURatio)
+			printf("  CPU per delayed request, floodgate / nginx: %.2fx", r.CPURatio)
+			if r.Nginx.CPUAboveIdlePerDelayedMicros > 0 {
+				printf(" (above idle: %.2fx)", r.Floodgate.CPUAboveIdlePerDelayedMicros/r.Nginx.CPUAboveIdlePerDelayedMicros)
+			}
+			printf("\n")
 		}
 		for _, s := range sides {
 			printf("\n  %s: arrivals per second at the applications (second 0 = the first scheduled send); delayed told by %s\n   ", s.Name, s.DelayedBy)
@@ -158,4 +171,12 @@ func (r *Report) table(w io.Writer) {
 		}
 		printf("  [%s] %s: %s\n", mark, a.Name, a.Measured)
 	}
+}
+
+// denominator is the delayed count the CPU was divided by.
+func (s *Side) denominator() int64 {
+	if s.DelayedReported > 0 {
+		return s.DelayedReported
+	}
+	return s.Delayed
 }
