@@ -28,6 +28,11 @@ type Report struct {
 	// Floodgate and Nginx are the two limiters on the same traffic.
 	Floodgate *Side `json:"floodgate,omitempty"`
 	Nginx     *Side `json:"nginx,omitempty"`
+	// FloodgateDeny and NginxDeny, when run, are the same traffic through
+	// the same meter answering 429 at once (a burst of delayAfter; nginx
+	// without burst): what each costs per request without delays.
+	FloodgateDeny *Side `json:"floodgateDeny,omitempty"`
+	NginxDeny     *Side `json:"nginxDeny,omitempty"`
 	// CPURatio is the sidecars' CPU per delayed request over nginx's.
 	CPURatio float64 `json:"cpuPerDelayedRatio,omitempty"`
 	Memory   *Memory `json:"memory,omitempty"`
@@ -66,6 +71,7 @@ type Settings struct {
 // Side is one limiter's run.
 type Side struct {
 	Name     string `json:"name"`
+	Rule     string `json:"rule"`
 	Limiters int    `json:"limiters"`
 	Apps     int    `json:"apps"`
 	Counts
@@ -176,8 +182,13 @@ func runBench(ctx context.Context, o options) (rep *Report, err error) {
 		}
 	}
 	if o.phases["delay"] {
-		if rep.Floodgate, err = b.delayPhase(ctx); err != nil {
+		if rep.Floodgate, err = b.delayPhase(ctx, false); err != nil {
 			return rep, fmt.Errorf("delay phase: %w", err)
+		}
+	}
+	if o.phases["deny"] {
+		if rep.FloodgateDeny, err = b.delayPhase(ctx, true); err != nil {
+			return rep, fmt.Errorf("deny phase: %w", err)
 		}
 	}
 	if ng := harness.FindNginx(o.nginx); o.nginx != "off" && ng != "" {
@@ -187,7 +198,7 @@ func runBench(ctx context.Context, o options) (rep *Report, err error) {
 	}
 	if o.phases["nginx"] {
 		if ng := harness.FindNginx(o.nginx); o.nginx != "off" && ng != "" {
-			if rep.Nginx, err = b.nginxPhase(ctx, ng, rep); err != nil {
+			if rep.Nginx, err = b.nginxPhase(ctx, ng, false); err != nil {
 				return rep, fmt.Errorf("nginx phase: %w", err)
 			}
 		} else {
@@ -196,6 +207,11 @@ func runBench(ctx context.Context, o options) (rep *Report, err error) {
 	}
 	if rep.Floodgate != nil && rep.Nginx != nil && rep.Nginx.CPUPerDelayedMicros > 0 {
 		rep.CPURatio = rep.Floodgate.CPUPerDelayedMicros / rep.Nginx.CPUPerDelayedMicros
+	}
+	if ng := harness.FindNginx(o.nginx); o.phases["nginx-deny"] && o.nginx != "off" && ng != "" {
+		if rep.NginxDeny, err = b.nginxPhase(ctx, ng, true); err != nil {
+			return rep, fmt.Errorf("nginx deny phase: %w", err)
+		}
 	}
 	if o.phases["memory"] || o.phases["nginx-memory"] {
 		if err := b.memoryPhase(ctx, rep); err != nil {
@@ -518,10 +534,14 @@ func (s *Side) perDelayed(n int64) {
 
 // delayPhase is 3 sidecars on the Redis Cluster, each before its own
 // application.
-func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
+func (b *bench) delayPhase(ctx context.Context, deny bool) (*Side, error) {
 	const n = 3
-	limit := b.ruleLimit(b.o.rate, "1s", b.o.maxDelay, b.o.delayAfter)
-	pf, pods, err := b.policy("delay", n, "/delay", limit)
+	limit, prefix := b.ruleLimit(b.o.rate, "1s", b.o.maxDelay, b.o.delayAfter), "delay"
+	if deny {
+		// The same meter answering 429 at once: a burst of delayAfter.
+		limit, prefix = fmt.Sprintf("{requests: %d, per: 1s, algorithm: GCRA, burst: %d}", b.o.rate, b.o.delayAfter), "deny"
+	}
+	pf, pods, err := b.policy(prefix, n, "/delay", limit)
 	if err != nil {
 		return nil, err
 	}
@@ -575,7 +595,7 @@ func (b *bench) delayPhase(ctx context.Context) (*Side, error) {
 			after[k] -= v
 		}
 	}
-	s := &Side{Name: fmt.Sprintf("floodgate: %d sidecars on a 3-master Redis Cluster", n), Limiters: n, Apps: n, Metrics: after}
+	s := &Side{Name: fmt.Sprintf("floodgate: %d sidecars on a 3-master Redis Cluster", n), Limiters: n, Apps: n, Metrics: after, Rule: limit}
 	marked := false
 	for _, a := range arr {
 		if a.Mark != "" {
@@ -745,17 +765,20 @@ func (b *bench) startNginx(ctx context.Context, bin, name, app, zone, limit stri
 	return pid, url, nil
 }
 
-func (b *bench) nginxPhase(ctx context.Context, bin string, rep *Report) (*Side, error) {
+func (b *bench) nginxPhase(ctx context.Context, bin string, deny bool) (*Side, error) {
 	app, err := b.startApp(ctx)
 	if err != nil {
 		return nil, err
 	}
-	pid, url, err := b.startNginx(ctx, bin, "delay", app, fmt.Sprintf("limit_req_zone $http_x_key zone=delay:10m rate=%dr/s;", b.o.rate),
-		fmt.Sprintf("limit_req zone=delay burst=%d;", b.o.nginxBurst))
+	name, limit := "delay", fmt.Sprintf("limit_req zone=delay burst=%d;", b.o.nginxBurst)
+	if deny {
+		name, limit = "deny", "limit_req zone=delay;"
+	}
+	pid, url, err := b.startNginx(ctx, bin, name, app, fmt.Sprintf("limit_req_zone $http_x_key zone=delay:10m rate=%dr/s;", b.o.rate), limit)
 	if err != nil {
 		return nil, err
 	}
-	b.logf("[nginx] %s: limit_req rate=%dr/s burst=%d (no nodelay); warm-up on another key", rep.Machine.Nginx, b.o.rate, b.o.nginxBurst)
+	b.logf("[nginx] %s; warm-up on another key", limit)
 	urls := []string{url + "/delay"}
 	if err := b.warm(ctx, urls); err != nil {
 		return nil, err
@@ -769,7 +792,7 @@ func (b *bench) nginxPhase(ctx context.Context, bin string, rep *Report) (*Side,
 	if err != nil {
 		return nil, err
 	}
-	s := &Side{Name: "nginx limit_req", Limiters: 1, Apps: 1, DelayedBy: "$limit_req_status = DELAYED, passed to the application"}
+	s := &Side{Name: "nginx limit_req", Limiters: 1, Apps: 1, DelayedBy: "$limit_req_status = DELAYED, passed to the application", Rule: limit}
 	b.summarise(s, recs, arr, cpu, idle, st.Elapsed, func(mark string, _ time.Duration) bool { return mark == "DELAYED" })
 	b.logf("[nginx] sent %d (%.0f/s achieved), 2xx %d (delayed %d), 429 %d, errors %d", st.Sent, st.Rate, s.OK, s.Delayed, s.Refused, s.Errors)
 	b.stop(pid)

@@ -105,7 +105,7 @@ func run(args []string) error {
 	fs.IntVar(&o.delayAfter, "delay-after", 1, "the rule's delayAfter")
 	fs.IntVar(&o.nginxBurst, "nginx-burst", 200, "nginx limit_req burst (rate x maxDelay queues as long as the rule)")
 	fs.IntVar(&o.workers, "workers", 2000, "open-loop requests in flight at most")
-	fs.StringVar(&phases, "phases", "delay,nginx,memory,nginx-memory", "phases to run: delay (the sidecars), nginx (the same traffic through nginx), memory (requests waiting in a sidecar), nginx-memory (the same in nginx)")
+	fs.StringVar(&phases, "phases", "delay,nginx,memory,nginx-memory", "phases to run: delay (the sidecars), nginx (the same traffic through nginx), memory (requests waiting in a sidecar), nginx-memory (the same in nginx); not by default: deny and nginx-deny (the same traffic and meter answering 429 at once, for the cost per request without delays)")
 	fs.StringVar(&extra, "sidecar-args", "", "extra floodgate-sidecar flags for every sidecar, space-separated (e.g. a per-rule waiting bound)")
 	fs.IntVar(&o.memWaiting, "mem-waiting", 10000, "memory phase: requests left waiting")
 	fs.IntVar(&o.memKeys, "mem-keys", 200, "memory phase: keys they wait on (at 1/s and maxDelay 60s, at most 59 wait per key)")
@@ -119,7 +119,7 @@ func run(args []string) error {
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "delay", "nginx", "memory", "nginx-memory":
+		case "delay", "nginx", "memory", "nginx-memory", "deny", "nginx-deny":
 			o.phases[p] = true
 		case "":
 		default:

@@ -67,7 +67,7 @@ func (r *Report) table(w io.Writer) {
 	st := r.Settings
 	printf("  %.0f req/s offered open loop for %.0fs on one key; rule limit %s; nginx %s\n", st.OfferedPerSec, st.Seconds, st.Rule, st.NginxConf)
 	sides := []*Side{}
-	for _, s := range []*Side{r.Floodgate, r.Nginx} {
+	for _, s := range []*Side{r.Floodgate, r.Nginx, r.FloodgateDeny, r.NginxDeny} {
 		if s != nil {
 			sides = append(sides, s)
 		}
@@ -83,10 +83,15 @@ func (r *Report) table(w io.Writer) {
 		}
 		printf("\n")
 		row("", func(s *Side) string {
-			if s == r.Nginx {
-				return "nginx limit_req"
+			switch s {
+			case r.Nginx:
+				return "nginx delay"
+			case r.NginxDeny:
+				return "nginx deny"
+			case r.FloodgateDeny:
+				return fmt.Sprintf("floodgate deny (%d)", s.Limiters)
 			}
-			return fmt.Sprintf("floodgate (%d sidecars)", s.Limiters)
+			return fmt.Sprintf("floodgate delay (%d)", s.Limiters)
 		})
 		row("sent", func(s *Side) string { return fmt.Sprint(s.Sent) })
 		row("passed at once", func(s *Side) string { return fmt.Sprint(s.Immediate) })
@@ -119,8 +124,12 @@ func (r *Report) table(w io.Writer) {
 			}
 			printf("\n")
 		}
+		if r.FloodgateDeny != nil && r.NginxDeny != nil && r.NginxDeny.CPUPerSentMicros > 0 {
+			printf("  CPU per request sent without delays (deny arms), floodgate / nginx: %.2fx; with delays: %.2fx\n",
+				r.FloodgateDeny.CPUPerSentMicros/r.NginxDeny.CPUPerSentMicros, ratio(r.Floodgate, r.Nginx))
+		}
 		for _, s := range sides {
-			printf("\n  %s: arrivals per second at the applications (second 0 = the first scheduled send); delayed told by %s\n   ", s.Name, s.DelayedBy)
+			printf("\n  %s, %s: arrivals per second at the applications (second 0 = the first scheduled send); delayed told by %s\n   ", s.Name, s.Rule, s.DelayedBy)
 			for k, c := range s.PerSecond {
 				if k > 0 && k%10 == 0 {
 					printf("\n   ")
@@ -179,4 +188,12 @@ func (s *Side) denominator() int64 {
 		return s.DelayedReported
 	}
 	return s.Delayed
+}
+
+// ratio is a's CPU per request sent over b's (0 without both).
+func ratio(a, b *Side) float64 {
+	if a == nil || b == nil || b.CPUPerSentMicros == 0 {
+		return 0
+	}
+	return a.CPUPerSentMicros / b.CPUPerSentMicros
 }
