@@ -101,13 +101,16 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 		{"spec.trustedProxies.hops maximum", at(spec, "trustedProxies", "hops").Maximum, config.MaxHops},
 		{"spec.rules[].limit.split maximum", at(limit, "split").Maximum, limiter.MaxSplit},
 		{"spec.rules[].limit.split minimum", at(limit, "split").Minimum, 1},
+		{"spec.rules[].limit.delayAfter maximum", at(limit, "delayAfter").Maximum, limiter.MaxRequests},
+		{"spec.rules[].limit.delayAfter minimum", at(limit, "delayAfter").Minimum, 1},
 	} {
 		if tc.got == nil || *tc.got != float64(tc.want) {
 			t.Errorf("%s = %v, want %d", tc.name, derefF(tc.got), tc.want)
 		}
 	}
 
-	// The CEL rules: the period's range and SlidingLog's size.
+	// The CEL rules: the period's and maxDelay's ranges, and SlidingLog's
+	// size.
 	durations := regexp.MustCompile(`duration\('([^']+)'\)`)
 	var per []time.Duration
 	for _, v := range at(limit, "per").XValidations {
@@ -119,6 +122,17 @@ func TestCRDMarkersHoldTheBounds(t *testing.T) {
 	}
 	if len(per) != 2 || per[0] != limiter.MinPeriod || per[1] != limiter.MaxPeriod {
 		t.Errorf("spec.rules[].limit.per rule bounds %v, want [%v %v]", per, limiter.MinPeriod, limiter.MaxPeriod)
+	}
+	var maxDelay []time.Duration
+	for _, v := range at(limit, "maxDelay").XValidations {
+		for _, m := range durations.FindAllStringSubmatch(v.Rule, -1) {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				maxDelay = append(maxDelay, d)
+			}
+		}
+	}
+	if len(maxDelay) != 2 || maxDelay[0] != config.MinMaxDelay || maxDelay[1] != limiter.MaxMaxDelay {
+		t.Errorf("spec.rules[].limit.maxDelay rule bounds %v, want [%v %v]", maxDelay, config.MinMaxDelay, limiter.MaxMaxDelay)
 	}
 	slidingLog := regexp.MustCompile(`self\.algorithm != 'SlidingLog' \|\| self\.requests <= (\d+)`)
 	found := false

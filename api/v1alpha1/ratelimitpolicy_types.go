@@ -14,6 +14,7 @@ const DefaultCounterStoreName = "default"
 // limits, and where the shared counts live.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.jwt) || self.rules.all(r, (!has(r.key) || r.key.all(k, !has(k.jwtClaim))) && (!has(r.keys) || r.keys.all(a, a.all(k, !has(k.jwtClaim)))))",message="jwt must be set when a rule keys on a jwtClaim, so that tokens are verified before their claims count",fieldPath=".jwt"
+// +kubebuilder:validation:XValidation:rule="!has(self.targetRef) || self.rules.all(r, !has(r.limit) || !has(r.limit.onExceed) || r.limit.onExceed != 'Delay')",message="onExceed: Delay cannot go with targetRef: the central rate-limit service answers the gateway allow or deny and cannot hold a request; enforce a Delay rule with sidecars (podSelector)",fieldPath=".targetRef"
 // +kubebuilder:validation:XValidation:rule="has(self.podSelector) != has(self.targetRef)",message="set exactly one of podSelector (the pods whose sidecars enforce the policy) and targetRef (a Gateway API HTTPRoute or Gateway whose gateway enforces it)",fieldPath=".podSelector"
 type RateLimitPolicySpec struct {
 	// PodSelector selects the pods, in the policy's namespace, whose
@@ -130,11 +131,12 @@ type StoreReference struct {
 // +kubebuilder:validation:XValidation:rule="!(has(self.limit) && has(self.concurrency))",message="set limit (a rate) or concurrency (requests in flight), not both; use two rules for both; limit.split does not apply to a concurrency cap",fieldPath=".concurrency"
 // +kubebuilder:validation:XValidation:rule="has(self.limit) || has(self.concurrency) || has(self.priority)",message="a rule needs a limit, a concurrency cap, or a priority"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || has(self.limit)",message="cost applies to rate limits only: a concurrency rule holds one slot per request",fieldPath=".cost"
-// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.default) || self.cost.default <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset), or every request would be denied",fieldPath=".cost.default"
-// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.max) || self.cost.max <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset)",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.default) || self.cost.default <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset; limit.delayAfter, or 1, under onExceed: Delay), or every request would be denied",fieldPath=".cost.default"
+// +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.max) || self.cost.max <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset; limit.delayAfter, or 1, under onExceed: Delay)",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.onExceed) || self.limit.onExceed != 'Delay' || !has(self.mode) || self.mode != 'Shadow'",message="a Shadow rule never holds a request, so it cannot use onExceed: Delay; try the limit in Shadow with onExceed unset (Deny), then switch to Enforce with Delay",fieldPath=".mode"
 // +kubebuilder:validation:XValidation:rule="!has(self.keys) || !has(self.key) || size(self.key) == 0",message="set key or keys, not both: key is one alternative, keys a list of them",fieldPath=".keys"
-// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.split) || !has(self.cost) || !has(self.cost.default) || self.cost.default * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.default must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.default"
-// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.split) || !has(self.cost) || !has(self.cost.max) || self.cost.max * self.limit.split <= (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests)",message="cost.max must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.split) || !has(self.cost) || !has(self.cost.default) || self.cost.default * self.limit.split <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.default must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.default"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.split) || !has(self.cost) || !has(self.cost.max) || self.cost.max * self.limit.split <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.max must fit one sub-counter: at most the rule's capacity divided by limit.split",fieldPath=".cost.max"
 type Rule struct {
 	// Name identifies the rule within its policy: in metrics, in response
 	// headers and in the counter keys. Renaming a rule starts its counts
@@ -514,6 +516,13 @@ const MaxSlidingLogRequests = limiter.MaxLogRequests
 // +kubebuilder:validation:XValidation:rule="self.algorithm != 'SlidingLog' || self.requests <= 100000",message="SlidingLog keeps one entry per admitted request, so requests must be at most 100000; use SlidingWindow for larger limits",fieldPath=".requests"
 // +kubebuilder:validation:XValidation:rule="!has(self.split) || self.split <= self.requests",message="split must not exceed requests: each sub-counter needs at least one request per period",fieldPath=".split"
 // +kubebuilder:validation:XValidation:rule="!has(self.split) || !has(self.burst) || self.burst == 0 || self.split <= self.burst",message="split must not exceed burst: each sub-counter needs a capacity of at least one",fieldPath=".split"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxDelay) || (has(self.onExceed) && self.onExceed == 'Delay')",message="maxDelay applies only with onExceed: Delay",fieldPath=".maxDelay"
+// +kubebuilder:validation:XValidation:rule="!has(self.delayAfter) || (has(self.onExceed) && self.onExceed == 'Delay')",message="delayAfter applies only with onExceed: Delay",fieldPath=".delayAfter"
+// +kubebuilder:validation:XValidation:rule="!has(self.onExceed) || self.onExceed != 'Delay' || has(self.maxDelay)",message="maxDelay is required with onExceed: Delay: the longest a request over the limit waits for its slot before it is denied",fieldPath=".maxDelay"
+// +kubebuilder:validation:XValidation:rule="!has(self.onExceed) || self.onExceed != 'Delay' || !has(self.burst) || self.burst == 0",message="burst does not apply with onExceed: Delay: delayAfter sets how many requests of a burst pass at once",fieldPath=".burst"
+// +kubebuilder:validation:XValidation:rule="!has(self.onExceed) || self.onExceed != 'Delay' || !has(self.algorithm) || self.algorithm in ['TokenBucket', 'GCRA']",message="onExceed: Delay takes algorithm TokenBucket or GCRA: a Delay rule is metered with GCRA, which admits what TokenBucket admits",fieldPath=".algorithm"
+// +kubebuilder:validation:XValidation:rule="!has(self.onExceed) || self.onExceed != 'Delay' || !has(self.split) || self.split <= 1",message="a Delay rule never splits: its requests queue on one counter",fieldPath=".split"
+// +kubebuilder:validation:XValidation:rule="!has(self.onExceed) || self.onExceed != 'Delay' || !has(self.lease) || self.lease == 'Off'",message="a Delay rule never leases: each request reserves its slot on the shared count, in order; leave lease unset or Off",fieldPath=".lease"
 type Limit struct {
 	// Requests is the number of requests admitted per period. It sets the
 	// rate for TokenBucket and GCRA and the count per window for the
@@ -534,7 +543,7 @@ type Limit struct {
 
 	// Burst is the bucket capacity for TokenBucket and GCRA: how many
 	// requests a client that has been idle may send at once. When unset,
-	// it is Requests.
+	// it is Requests. Not with onExceed: Delay, where delayAfter sets it.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000000000
@@ -551,7 +560,8 @@ type Limit struct {
 	// counter store in one call and admit against it locally: the shared
 	// count is never exceeded, but a request may not see what other
 	// sidecars spent a moment ago. Off decides every request on the shared
-	// count (strict). SlidingLog never leases.
+	// count (strict). SlidingLog never leases, nor does a rule with
+	// onExceed: Delay, which refuses an explicit Auto.
 	// +optional
 	Lease LeaseMode `json:"lease,omitempty"`
 
@@ -560,12 +570,59 @@ type Limit struct {
 	// limit, for a key whose traffic is more than one shard can answer. A
 	// request is decided on one sub-counter and borrows from the others
 	// when it is spent, so the total stays the limit. A request's cost
-	// must fit one sub-counter. When unset, 1 (no split).
+	// must fit one sub-counter. When unset, 1 (no split). A rule with
+	// onExceed: Delay never splits.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=16
 	Split int32 `json:"split,omitempty"`
+
+	// OnExceed is what a request over the limit gets: Deny (the default
+	// when unset) answers 429; Delay holds it in the sidecar until its
+	// slot comes and then passes it to the application, and answers 429
+	// only when that slot is more than maxDelay away (leaky-bucket
+	// queueing, as nginx's limit_req without nodelay). A Delay rule is
+	// metered with GCRA: algorithm must be TokenBucket or GCRA, burst is
+	// unset (delayAfter sets it), it never leases (lease unset or Off) or
+	// splits, it cannot be in Shadow mode, and a policy with a targetRef
+	// cannot hold it. See docs/algorithms.md#delay-instead-of-deny.
+	// +optional
+	OnExceed OnExceed `json:"onExceed,omitempty"`
+
+	// MaxDelay, required with onExceed: Delay and refused without, is the
+	// longest a request over the limit waits for its slot; a request
+	// whose slot is further away is denied. Between 1ms and 1m, written as
+	// a Go duration such as 500ms or 2s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') || (duration(self) >= duration('1ms') && duration(self) <= duration('1m'))",message="must be between 1ms and 1m"
+	MaxDelay metav1.Duration `json:"maxDelay,omitzero"`
+
+	// DelayAfter, with onExceed: Delay only, is how many requests of a
+	// burst a key that has been idle passes at once without waiting, as
+	// nginx limit_req's delay=; those after it wait for their slots. When
+	// unset, 1: every request over the rate waits.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	DelayAfter int64 `json:"delayAfter,omitempty"`
 }
+
+// OnExceed is what a request over a rate limit gets.
+// +kubebuilder:validation:Enum=Deny;Delay
+type OnExceed string
+
+// The OnExceed values.
+const (
+	OnExceedDeny  OnExceed = "Deny"
+	OnExceedDelay OnExceed = "Delay"
+)
+
+// Delays reports whether the limit delays a request over it instead of
+// denying it.
+func (l Limit) Delays() bool { return l.OnExceed == OnExceedDelay }
 
 // LeaseMode says whether sidecars lease the tokens of hot keys.
 // +kubebuilder:validation:Enum=Auto;Off
@@ -578,8 +635,12 @@ const (
 )
 
 // Capacity returns the most a single key can spend at once: Burst, or
-// Requests when Burst is 0.
+// Requests when Burst is 0; under onExceed: Delay, DelayAfter, or 1 when
+// it is 0.
 func (l Limit) Capacity() int64 {
+	if l.Delays() {
+		return max(l.DelayAfter, 1)
+	}
 	if l.Burst > 0 {
 		return l.Burst
 	}

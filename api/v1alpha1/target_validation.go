@@ -62,6 +62,10 @@ func (p *RateLimitPolicy) validateTarget(spec *field.Path) field.ErrorList {
 			errs = append(errs, field.Forbidden(rp.Child("priority"),
 				"not used with targetRef: priorities are the sidecar's load shedder's classes"))
 		}
+		if r.Limit.Delays() {
+			errs = append(errs, field.Forbidden(rp.Child("limit", "onExceed"),
+				"onExceed: Delay cannot go with targetRef: the central rate-limit service answers the gateway allow or deny and cannot hold a request; enforce a Delay rule with sidecars (podSelector)"))
+		}
 	}
 	headers, err := config.RequestHeaders(headerReads(&p.Spec))
 	if err != nil {

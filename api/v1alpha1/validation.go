@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -182,6 +183,10 @@ func validateRule(r *Rule, path *field.Path, ctx *ruleContext) field.ErrorList {
 		errs = append(errs, validateLimit(r.Limit, path.Child("limit"))...)
 		if r.Cost != nil {
 			errs = append(errs, validateCost(r.Cost, r.Limit.Capacity()/int64(max(1, r.Limit.Split)), path.Child("cost"))...)
+		}
+		if r.Limit.Delays() && r.Mode == ModeShadow {
+			errs = append(errs, field.Invalid(path.Child("mode"), r.Mode,
+				"a Shadow rule never holds a request, so it cannot use onExceed: Delay; try the limit in Shadow with onExceed unset (Deny), then switch to Enforce with Delay"))
 		}
 	}
 	return errs
@@ -409,7 +414,8 @@ var algorithms = []Algorithm{AlgorithmTokenBucket, AlgorithmGCRA, AlgorithmSlidi
 // the limits a sidecar loads: bounds, SlidingLog's size, whole
 // microseconds, and buckets that refill in time.
 func validateLimit(l Limit, path *field.Path) field.ErrorList {
-	cl := config.Limit{Requests: l.Requests, Per: l.Per, Burst: l.Burst, Algorithm: string(l.Algorithm), Lease: string(l.Lease), Split: l.Split}
+	cl := config.Limit{Requests: l.Requests, Per: l.Per, Burst: l.Burst, Algorithm: string(l.Algorithm), Lease: string(l.Lease), Split: l.Split,
+		OnExceed: string(l.OnExceed), MaxDelay: l.MaxDelay, DelayAfter: l.DelayAfter}
 	lim, problems := cl.Check()
 	if len(problems) == 0 {
 		problems = cl.CheckSpread(lim)
@@ -418,7 +424,11 @@ func validateLimit(l Limit, path *field.Path) field.ErrorList {
 	for _, p := range problems {
 		switch p.Path {
 		case "algorithm":
-			errs = append(errs, field.NotSupported(path.Child("algorithm"), l.Algorithm, algorithms))
+			if l.Delays() && slices.Contains(algorithms, l.Algorithm) {
+				errs = append(errs, field.NotSupported(path.Child("algorithm"), l.Algorithm, []Algorithm{AlgorithmTokenBucket, AlgorithmGCRA}))
+			} else {
+				errs = append(errs, field.NotSupported(path.Child("algorithm"), l.Algorithm, algorithms))
+			}
 		case "requests":
 			errs = append(errs, field.Invalid(path.Child("requests"), l.Requests, p.Msg))
 		case "per":
@@ -426,9 +436,19 @@ func validateLimit(l Limit, path *field.Path) field.ErrorList {
 		case "burst":
 			errs = append(errs, field.Invalid(path.Child("burst"), l.Burst, p.Msg))
 		case "lease":
-			errs = append(errs, field.NotSupported(path.Child("lease"), l.Lease, []LeaseMode{LeaseAuto, LeaseOff}))
+			if l.Delays() && l.Lease == LeaseAuto {
+				errs = append(errs, field.Invalid(path.Child("lease"), l.Lease, p.Msg))
+			} else {
+				errs = append(errs, field.NotSupported(path.Child("lease"), l.Lease, []LeaseMode{LeaseAuto, LeaseOff}))
+			}
 		case "split":
 			errs = append(errs, field.Invalid(path.Child("split"), l.Split, p.Msg))
+		case "onExceed":
+			errs = append(errs, field.NotSupported(path.Child("onExceed"), l.OnExceed, []OnExceed{OnExceedDeny, OnExceedDelay}))
+		case "maxDelay":
+			errs = append(errs, field.Invalid(path.Child("maxDelay"), l.MaxDelay.Duration.String(), p.Msg))
+		case "delayAfter":
+			errs = append(errs, field.Invalid(path.Child("delayAfter"), l.DelayAfter, p.Msg))
 		default:
 			errs = append(errs, field.Invalid(path, field.OmitValueType{}, p.Msg))
 		}
@@ -445,7 +465,7 @@ func validateCost(c *Cost, capacity int64, path *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(path.Child("default"), c.Default, "must be at least 1"))
 	} else if c.Default > capacity {
 		errs = append(errs, field.Invalid(path.Child("default"), c.Default,
-			"cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set), or every request would be denied"))
+			"cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set; limit.delayAfter, or 1, under onExceed: Delay), or every request would be denied"))
 	}
 	if c.Max < 0 {
 		errs = append(errs, field.Invalid(path.Child("max"), c.Max, "must be at least 1"))
@@ -456,7 +476,7 @@ func validateCost(c *Cost, capacity int64, path *field.Path) field.ErrorList {
 		}
 		if c.Max > capacity {
 			errs = append(errs, field.Invalid(path.Child("max"), c.Max,
-				"cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set)"))
+				"cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset, divided by limit.split when set; limit.delayAfter, or 1, under onExceed: Delay)"))
 		}
 		if c.Default > c.Max {
 			errs = append(errs, field.Invalid(path.Child("default"), c.Default, "default must not exceed max"))

@@ -58,6 +58,29 @@ var _ = Describe("kubectl apply of bad input", func() {
 		GinkgoWriter.Print(report.String())
 	})
 
+	It("accepts a Delay rule, with and without delayAfter, and a Deny rule written out", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		doc := policycases.Manifest(policycases.Bad{Doc: `
+  podSelector: {}
+  rules:
+  - name: provider
+    key: [{header: X-Merchant}]
+    limit: {requests: 100, per: 1s, onExceed: Delay, maxDelay: 2s, delayAfter: 20}
+    cost: {fromHeader: X-Cost, max: 20}
+  - name: legacy
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, algorithm: GCRA, onExceed: Delay, maxDelay: 1m, lease: "Off", split: 1}
+  - name: plain
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s, burst: 20, onExceed: Deny}
+    mode: Shadow`})
+		out, err := kubectl.RunWithInput(ctx, []byte(doc), "apply", "-n", ns, "-f", "-")
+		Expect(err).NotTo(HaveOccurred(), out)
+		var p v1alpha1.RateLimitPolicy
+		Expect(yaml.Unmarshal([]byte(doc), &p)).To(Succeed())
+		Expect(p.ValidateSemantics()).To(BeEmpty())
+	})
+
 	It("accepts, at apply time, what only the controller can check, and reports it in status", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		doc := policycases.Manifest(policycases.Bad{Doc: `

@@ -449,6 +449,21 @@ type Limit struct {
 	// traffic exceeds what one shard can answer. 0 and 1 mean none; at
 	// most limiter.MaxSplit.
 	Split int32 `json:"split,omitempty"`
+	// OnExceed is what a request over the limit gets: "Deny" (the default
+	// when empty) answers 429; "Delay" holds it until its slot and then
+	// passes it on, or answers 429 when its slot is more than MaxDelay
+	// away. A Delay limit is metered with GCRA (Algorithm is empty,
+	// TokenBucket or GCRA), takes no Burst (DelayAfter sets it), never
+	// leases (Lease is empty or Off) and never splits.
+	OnExceed string `json:"onExceed,omitempty"`
+	// MaxDelay, required with Delay and refused without, is the longest a
+	// request waits for its slot: between MinMaxDelay and
+	// limiter.MaxMaxDelay, a whole number of microseconds.
+	MaxDelay metav1.Duration `json:"maxDelay,omitzero"`
+	// DelayAfter, with Delay only, is how many requests of a burst an idle
+	// key passes at once without waiting (nginx limit_req's delay=): the
+	// limiter's Burst. 0 means 1.
+	DelayAfter int64 `json:"delayAfter,omitempty"`
 }
 
 // Cost says what a request spends.

@@ -16,14 +16,20 @@ const (
 )
 
 // Leases reports whether the limit lets sidecars take leases: Lease is
-// not Off and the algorithm can lease.
+// not Off, the limit does not delay, and the algorithm can lease. A Delay
+// limit never leases: each request reserves its own slot, in order, on
+// the shared count, which a batch taken ahead would reorder.
 func (l Limit) Leases(alg limiter.Algorithm) bool {
-	return l.Lease != LeaseOff && alg.Leasable()
+	return l.Lease != LeaseOff && !l.Delays() && alg.Leasable()
 }
 
 // Parts returns how many sub-counters each counter of the limit is split
-// into: Split, or 1.
+// into: Split, or 1. A Delay limit never splits: its requests queue on
+// one counter.
 func (l Limit) Parts() int {
+	if l.Delays() {
+		return 1
+	}
 	return max(1, int(l.Split))
 }
 
@@ -48,6 +54,19 @@ func (l Limit) CheckSpread(lim limiter.Limit) []*FieldError {
 	default:
 		out = append(out, &FieldError{Path: "lease", Msg: fmt.Sprintf("must be %s or %s, got %q", LeaseAuto, LeaseOff, l.Lease)})
 	}
+	if l.Delays() {
+		// Lease and split are not used; refuse only what asks for them.
+		if l.Lease == LeaseAuto {
+			out = append(out, &FieldError{Path: "lease", Msg: fmt.Sprintf("a Delay limit never leases: each request reserves its slot on the shared count, in order; leave lease unset or %s", LeaseOff)})
+		}
+		if l.Split > 1 {
+			out = append(out, &FieldError{Path: "split", Msg: fmt.Sprintf("a Delay limit never splits: its requests queue on one counter; leave split unset or 1, got %d", l.Split)})
+		}
+		if l.Split < 0 {
+			out = append(out, &FieldError{Path: "split", Msg: fmt.Sprintf("must be 1 with onExceed: Delay, got %d", l.Split)})
+		}
+		return out
+	}
 	if l.Split < 0 {
 		out = append(out, &FieldError{Path: "split", Msg: fmt.Sprintf("must be between 1 and %d, got %d", limiter.MaxSplit, l.Split)})
 	} else if err := lim.ValidateSplit(l.Parts()); err != nil {
@@ -60,8 +79,12 @@ func (l Limit) CheckSpread(lim limiter.Limit) []*FieldError {
 	return out
 }
 
-// splitNote explains a capacity that a split divides, for cost errors.
+// splitNote explains a capacity that a split divides, or that delayAfter
+// sets, for cost errors.
 func (l Limit) splitNote() string {
+	if l.Delays() {
+		return " (limit.delayAfter, 1 when unset, under onExceed: Delay)"
+	}
 	if l.Parts() <= 1 {
 		return ""
 	}

@@ -443,6 +443,9 @@ func (r *Rule) validateRate(path string, errs *errList) {
 	if c.Max > 0 && c.Default > c.Max {
 		errs.add(path+".cost.default", "%d exceeds cost.max %d", c.Default, c.Max)
 	}
+	if r.Limit.Delays() && r.Mode == ModeShadow {
+		errs.add(path+".mode", "a Shadow rule never holds a request, so it cannot use onExceed: Delay; try the limit in Shadow with onExceed unset (Deny), then switch to Enforce with Delay")
+	}
 }
 
 // validate checks an exempt section of a policy or rule.
@@ -590,10 +593,15 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 		errs.add(path+".cost", "a descriptor rule is charged the call's hits_addend: cost must be empty")
 	}
 	l := r.Limit
+	if l.Delays() {
+		errs.add(path+".limit.onExceed", "a descriptor rule answers a rate-limit service call, which cannot hold the request: only %s", OnExceedDeny)
+		l.OnExceed, l.MaxDelay, l.DelayAfter = "", metav1.Duration{}, 0
+	}
 	switch {
 	case l.Unlimited:
-		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" || l.Lease != "" || l.Split != 0 {
-			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst, algorithm, lease or split")
+		if l.Requests != 0 || l.Per.Duration != 0 || l.Burst != 0 || l.Algorithm != "" || l.Lease != "" || l.Split != 0 ||
+			l.OnExceed != "" || l.MaxDelay.Duration != 0 || l.DelayAfter != 0 {
+			errs.add(path+".limit", "an unlimited rule takes no requests, per, burst, algorithm, lease, split, onExceed, maxDelay or delayAfter")
 		}
 	case l.Requests == 0:
 		// Denies every call; the limit still needs a valid period.
@@ -682,21 +690,36 @@ func (m *Match) validate(path string, p *Policy, errs *errList) {
 }
 
 // Limiter converts l to the limiter's form and validates it. The error
-// joins one error per problem, each starting with the field name.
+// joins one error per problem, each starting with the field name. A Delay
+// limit (OnExceed) becomes a GCRA limit whose Burst is DelayAfter (1 when
+// 0) and whose MaxDelay is MaxDelay; its capacity problems are reported on
+// delayAfter, which sets it.
 func (l Limit) Limiter() (limiter.Limit, error) {
 	alg := limiter.TokenBucket
 	var errs []error
+	parsed := true
 	if l.Algorithm != "" {
 		a, err := limiter.ParseAlgorithm(l.Algorithm)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("algorithm: %w", err))
+			parsed = false
 		} else {
 			alg = a
 		}
 	}
+	delayErrs := l.checkDelay(parsed)
+	errs = append(errs, delayErrs...)
 	out := limiter.Limit{Algorithm: alg, Requests: l.Requests, Period: l.Per.Duration, Burst: l.Burst}
+	if l.Delays() {
+		out = l.delayLimiter(delayErrs)
+	}
 	if err := out.Validate(); err != nil {
-		errs = append(errs, message.Unjoin(err)...)
+		for _, e := range message.Unjoin(err) {
+			if rest, ok := strings.CutPrefix(e.Error(), "burst: "); ok && l.Delays() {
+				e = errors.New("delayAfter: " + rest)
+			}
+			errs = append(errs, e)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return limiter.Limit{}, err
@@ -705,10 +728,11 @@ func (l Limit) Limiter() (limiter.Limit, error) {
 }
 
 // Check is Limiter with each problem as a *FieldError whose Path is the
-// field of the limit at fault ("requests", "per", "burst" or "algorithm"),
-// or empty when the problem is the limit as a whole. It is the one limit
-// check: the sidecar validates its config with it, and the
-// RateLimitPolicy API (api/v1alpha1) its rules' limits.
+// field of the limit at fault ("requests", "per", "burst", "algorithm",
+// "onExceed", "maxDelay" or "delayAfter"), or empty when the problem is
+// the limit as a whole. It is the one limit check: the sidecar validates
+// its config with it, and the RateLimitPolicy API (api/v1alpha1) its
+// rules' limits.
 func (l Limit) Check() (limiter.Limit, []*FieldError) {
 	lim, err := l.Limiter()
 	if err == nil {
@@ -716,14 +740,23 @@ func (l Limit) Check() (limiter.Limit, []*FieldError) {
 	}
 	var out []*FieldError
 	for _, e := range message.Unjoin(err) {
-		msg := e.Error()
-		if field, rest, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(field, " ") {
+		field, rest, ok := cutField(e.Error())
+		if ok {
 			out = append(out, &FieldError{Path: field, Msg: rest})
 		} else {
-			out = append(out, &FieldError{Msg: msg})
+			out = append(out, &FieldError{Msg: e.Error()})
 		}
 	}
 	return limiter.Limit{}, out
+}
+
+// cutField splits a problem "field: reason" into its field and reason.
+func cutField(msg string) (field, rest string, ok bool) {
+	field, rest, ok = strings.Cut(msg, ": ")
+	if !ok || field == "" || strings.ContainsAny(field, " ") {
+		return "", msg, false
+	}
+	return field, rest, true
 }
 
 func validName(s string) bool {

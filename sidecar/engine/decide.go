@@ -63,6 +63,17 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	denied, probing := false, false
 	for i := range hits {
 		h := &hits[i]
+		if h.Rule.Delays() {
+			// A delaying rule reserves each request's slot on the store:
+			// the deny cache knows no waits (see delay.go).
+			c := call{hit: i, cost: h.Cost, deadline: deadline}
+			if h.Rule.Shadow {
+				shadowCalls = append(shadowCalls, c)
+			} else {
+				calls = append(calls, c)
+			}
+			continue
+		}
 		var lc leaseCall
 		if e.leases != nil && h.Rule.leases {
 			var kind leaseKind
@@ -127,6 +138,9 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	e.unspendDenied(hits, v)
 	e.count(hits, v)
 	e.conclude(hits, v)
+	if v.Outcome != Allow {
+		e.returnDelayed(ctx, hits, v)
+	}
 	// The calls end with the decision: a Verdict kept for a connection
 	// would otherwise hold their deny-cache entries and leases, and
 	// through a lease its rule, after a config change has let them go.
@@ -274,6 +288,9 @@ func (e *Engine) take(ctx context.Context, h *Hit, c *call, now time.Time) {
 		sm.ok.Inc()
 		e.markShard(sm, false, answered)
 		c.res = Result{Decision: d, Source: FromStore, Taken: d.Allowed && c.cost > 0}
+		if h.Rule.Delays() {
+			return
+		}
 		// The store decided at some instant between the call and its
 		// answer. Holds count from the answer, the later bound, so a
 		// probe never goes out before the store could admit it.

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
@@ -25,10 +26,14 @@ type Rule struct {
 	FailClosed bool
 	// Shadow rules are counted and reported but never deny.
 	Shadow bool
+	// Waiting counts the requests of this rule that wait for a delayed
+	// slot (Limit.MaxDelay) in this sidecar; the front bounds it.
+	Waiting atomic.Int64
 
 	params   *limiter.Params
 	interval time.Duration // Period / Requests: the refill spacing
 	m        *metrics.Rule
+	dm       *metrics.DelayRule // a delaying rule's series, or nil
 	// Set by Spread: whether hot keys take leases, the sub-counters of a
 	// split rule, and the lease and split metrics.
 	leases bool
@@ -55,6 +60,9 @@ func NewSharedRule(policy, name string, lim limiter.Limit, share limiter.Share, 
 		return nil, fmt.Errorf("engine: rule limit %v is already a share", lim)
 	}
 	fb := lim
+	// The fallback never delays (limiter.Share refuses MaxDelay): while
+	// the store is unreachable, a delaying rule denies past its share.
+	fb.MaxDelay = 0
 	if share.Of > 1 {
 		fb.Share = share
 		if err := fb.Validate(); err != nil {
@@ -64,9 +72,17 @@ func NewSharedRule(policy, name string, lim limiter.Limit, share limiter.Share, 
 	if m == nil {
 		return nil, errors.New("engine: nil metrics")
 	}
-	return &Rule{Policy: policy, Name: name, Limit: lim, Fallback: fb, FailClosed: failClosed, Shadow: shadow,
-		params: p, interval: lim.Period / time.Duration(lim.Requests), m: m.ForRule(policy, name)}, nil
+	r := &Rule{Policy: policy, Name: name, Limit: lim, Fallback: fb, FailClosed: failClosed, Shadow: shadow,
+		params: p, interval: lim.Period / time.Duration(lim.Requests), m: m.ForRule(policy, name)}
+	if r.Delays() {
+		r.dm = m.ForDelayRule(policy, name)
+	}
+	return r, nil
 }
+
+// Delays reports whether the rule delays requests over its limit instead
+// of denying them (Limit.MaxDelay; a rule's onExceed: Delay).
+func (r *Rule) Delays() bool { return r.Limit.MaxDelay > 0 }
 
 // Hit is a rule that matched a request, with the request's counter key and
 // cost under that rule.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -34,7 +35,13 @@ func (r *Rule) Spread(lease bool, split int, m *metrics.Metrics) error {
 		return err
 	}
 	r.lm = m.Lease.ForLeaseRule(r.Policy, r.Name)
-	r.leases = lease && r.Limit.Algorithm.Leasable()
+	// A delaying rule reserves each request's slot on the store, one call
+	// per request: a lease or a sub-counter could not queue behind the
+	// other replicas' reservations.
+	r.leases = lease && r.Limit.Algorithm.Leasable() && !r.Delays()
+	if split > 1 && r.Delays() {
+		return errors.New("split: a rule that delays (onExceed: Delay) is not split")
+	}
 	if split > 1 {
 		sp := &splitRule{k: split, limits: make([]limiter.Limit, split), params: make([]*limiter.Params, split), calls: r.lm.SplitCalls(split)}
 		for i := range split {

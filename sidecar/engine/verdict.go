@@ -75,12 +75,16 @@ type Verdict struct {
 	// RetryAfter is how long the client should wait when the outcome is
 	// not Allow.
 	RetryAfter time.Duration
+	// Wait is, when the outcome is Allow, how long the request waits for
+	// the slots its delaying rules reserved (the longest of their
+	// Decision.Wait) before it goes on; see Engine.Await.
+	Wait time.Duration
 
 	scratch []call // reused store calls
 }
 
 func (v *Verdict) reset(n int) {
-	v.Outcome, v.Binding, v.RetryAfter = Allow, -1, 0
+	v.Outcome, v.Binding, v.RetryAfter, v.Wait = Allow, -1, 0, 0
 	if cap(v.Results) < n {
 		v.Results = make([]Result, n)
 	}
@@ -127,7 +131,11 @@ func (e *Engine) conclude(hits []Hit, v *Verdict) {
 			if v.Binding < 0 || tighter(r.Decision, v.Results[v.Binding].Decision) {
 				v.Binding = i
 			}
+			v.Wait = max(v.Wait, r.Wait)
 		}
+	}
+	if v.Outcome != Allow {
+		v.Wait = 0
 	}
 }
 

@@ -157,6 +157,10 @@ func (s *Server) decide(ctx context.Context, st *state, req *rlsv3.RateLimitRequ
 	v := &sc.v
 	if len(sc.hits) > 0 {
 		st.eng.Decide(ctx, sc.hits, v)
+		// A rule that would delay the request (onExceed: Delay) cannot
+		// here: the gateway asks yes or no. The request is refused and
+		// gives its slot back.
+		st.eng.RefuseDelayed(ctx, sc.hits, v)
 	} else {
 		v.Outcome, v.Binding, v.Results = engine.Allow, -1, v.Results[:0]
 	}

@@ -44,6 +44,17 @@ type Metrics struct {
 	// FallbackDecisionsTotal counts decisions taken on a local fallback
 	// bucket because the store was unavailable, by policy, rule and result.
 	FallbackDecisionsTotal *CounterVec
+	// DelayedTotal counts the requests a delaying rule (onExceed: Delay)
+	// held for their slot, by policy, rule and how the wait ended:
+	// released (the request went on), abandoned (its client went away and
+	// the slot was given back) or overflow (the rule's waiting bound was
+	// reached: answered 429, the slot given back).
+	DelayedTotal *CounterVec
+	// DelayedWaiting is the number of requests waiting for a delayed slot,
+	// by policy and rule.
+	DelayedWaiting *GaugeVec
+	// DelaySeconds observes the waits of the released requests.
+	DelaySeconds prometheus.Histogram
 	// FallbackActive is 1 while the last call to some shard of the store
 	// failed (decisions on its keys follow their rule's failure mode), 0
 	// once every shard's last call succeeded.
@@ -128,6 +139,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "fallback_decisions_total",
 			Help: "Decisions taken on a local fallback bucket while the store was unavailable, by policy, rule and result.",
 		}, []string{policyLabel, ruleLabel, resultLabel}),
+		DelayedTotal: NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "delayed_total",
+			Help: "Requests a delaying rule held for their slot, by policy, rule and result (released, abandoned, overflow).",
+		}, []string{policyLabel, ruleLabel, resultLabel}),
+		DelayedWaiting: NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "delayed_waiting",
+			Help: "Requests waiting for a delayed slot, by policy and rule.",
+		}, []string{policyLabel, ruleLabel}),
+		DelaySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "delay_seconds",
+			Help:    "How long the released delayed requests waited for their slot.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+		}),
 		FallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "fallback_active",
 			Help: "1 while the last call to some shard of the counter store failed, so rules on its keys follow their failure mode.",
@@ -183,7 +207,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "1 while the config in force is the last good one read back from --state-dir at start, because its source has not delivered one yet.",
 	})
 	reg.MustRegister(m.DecisionsTotal, m.DecisionDuration, m.StoreOpsTotal, m.StoreOpDuration,
-		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.FallbackActive, m.DenyCacheKeys,
+		m.LocalDenialsTotal, m.FallbackDecisionsTotal, m.DelayedTotal, m.DelayedWaiting, m.DelaySeconds, m.FallbackActive, m.DenyCacheKeys,
 		m.ConfigInfo, m.ConfigLoadsTotal, m.ConfigErrorsTotal, m.ConfigValid, m.ConfigLastSuccess,
 		m.DenyEventsTotal, m.ExemptTotal, m.RequestsTotal, m.PolicyFailed, m.ConfigFromState)
 	m.Lease = newLeases()
@@ -204,6 +228,26 @@ type Rule struct {
 	FallbackAllowed, FallbackDenied            prometheus.Counter
 }
 
+// DelayRule is a delaying rule's series: DelayedTotal's released,
+// abandoned and overflow, and DelayedWaiting's.
+type DelayRule struct {
+	Released, Abandoned, Overflow prometheus.Counter
+	Waiting                       prometheus.Gauge
+	Seconds                       prometheus.Observer
+}
+
+// ForDelayRule resolves a delaying rule's series; a rule that does not
+// delay has none.
+func (m *Metrics) ForDelayRule(policy, rule string) *DelayRule {
+	return &DelayRule{
+		Released:  m.DelayedTotal.WithLabelValues(policy, rule, DelayReleased),
+		Abandoned: m.DelayedTotal.WithLabelValues(policy, rule, DelayAbandoned),
+		Overflow:  m.DelayedTotal.WithLabelValues(policy, rule, DelayOverflow),
+		Waiting:   m.DelayedWaiting.WithLabelValues(policy, rule),
+		Seconds:   m.DelaySeconds,
+	}
+}
+
 // ForRule resolves a rule's counters.
 func (m *Metrics) ForRule(policy, rule string) *Rule {
 	return &Rule{
@@ -217,6 +261,13 @@ func (m *Metrics) ForRule(policy, rule string) *Rule {
 	}
 }
 
+// The results of DelayedTotal.
+const (
+	DelayReleased  = "released"
+	DelayAbandoned = "abandoned"
+	DelayOverflow  = "overflow"
+)
+
 // ForgetRule deletes the series of a rule that is no longer configured.
 // It deletes each series by its exact labels, the ones ForRule made, so its
 // cost does not grow with the number of series: forgetting n rules is
@@ -228,6 +279,10 @@ func (m *Metrics) ForgetRule(policy, rule string) {
 	m.LocalDenialsTotal.DeleteLabelValues(policy, rule)
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultAllowed)
 	m.FallbackDecisionsTotal.DeleteLabelValues(policy, rule, ResultDenied)
+	for _, result := range []string{DelayReleased, DelayAbandoned, DelayOverflow} {
+		m.DelayedTotal.DeleteLabelValues(policy, rule, result)
+	}
+	m.DelayedWaiting.DeleteLabelValues(policy, rule)
 	m.ExemptTotal.DeleteLabelValues(policy, rule)
 	m.Lease.forget(policy, rule)
 	m.forgetAdmission(policy, rule)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,6 +40,9 @@ type backend struct {
 	peak     atomic.Int64
 	seen     atomic.Int64
 	gone     atomic.Int64 // requests whose client (the sidecar) went away
+
+	mu       sync.Mutex
+	arrivals []time.Time // when each /fast/ request arrived
 }
 
 func newBackend(t *testing.T) *backend {
@@ -54,6 +58,9 @@ func newBackend(t *testing.T) *backend {
 	}
 	mux.HandleFunc("/fast/", func(w http.ResponseWriter, r *http.Request) {
 		defer enter()()
+		b.mu.Lock()
+		b.arrivals = append(b.arrivals, time.Now())
+		b.mu.Unlock()
 		_, _ = io.WriteString(w, "fast")
 	})
 	mux.HandleFunc("/slow/", func(w http.ResponseWriter, r *http.Request) {
@@ -196,10 +203,16 @@ policies:
 // loadShedding line, or "".
 func fronts(t *testing.T, b *backend, shedding string) []*front {
 	t.Helper()
+	return frontsFor(t, b, fmt.Sprintf(admissionDoc, shedding))
+}
+
+// frontsFor is fronts with the config document doc.
+func frontsFor(t *testing.T, b *backend, doc string) []*front {
+	t.Helper()
 	var out []*front
 	for _, name := range []string{"net/http", "lean"} {
 		f := &front{name: name}
-		c, err := config.Load([]byte(fmt.Sprintf(admissionDoc, shedding)))
+		c, err := config.Load([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -77,6 +78,12 @@ type State struct {
 	v   engine.Verdict
 	d   Decision
 	adm admission // concurrency slots and the shedder (admission.go)
+
+	// WatchClient, when a front sets it, is called when a request is to
+	// wait for a delayed slot: it returns a context that also ends when
+	// the client goes away, and a stop that ends the watch. The net/http
+	// front needs none: its request's context ends then already.
+	WatchClient func(context.Context) (context.Context, func())
 }
 
 func (st *State) reset() {
@@ -190,6 +197,18 @@ func (p *Proxy) check(r *http.Request, st *State) *Decision {
 	}
 	v := &st.v
 	p.o.Engine.Decide(r.Context(), st.Hits, v)
+	if v.Outcome == engine.Allow && v.Wait > 0 {
+		if !p.await(r, st) {
+			// Refused after all: the rule's waiting bound was reached,
+			// or the client went away. Its slots went back.
+			v.Outcome = engine.Deny
+			if v.Binding >= 0 {
+				v.Results[v.Binding].RetryAfter = max(time.Second, v.RetryAfter)
+			}
+		} else if !p.acquireSlots(set, r, st, d) {
+			return d
+		}
+	}
 	if v.Outcome != engine.Allow {
 		st.abortAdmission()
 	}
@@ -214,6 +233,36 @@ func (p *Proxy) check(r *http.Request, st *State) *Decision {
 		d.Outcome = Unavailable
 	}
 	return d
+}
+
+// DefaultMaxDelayed is Options.MaxDelayed's default.
+const DefaultMaxDelayed = 10_000
+
+// await holds a request that delaying rules admitted with a wait until its
+// reserved slots come (engine.Await: a runtime timer, counted per rule
+// and bounded by Options.MaxDelayed). Meanwhile it holds no concurrency
+// slot and has no place in the shedder: it takes them again when it goes
+// on. It reports false, with the slots given back to the store, when the
+// rule's bound is reached or the client goes away (the request's context
+// ends, or State.WatchClient's). v.RetryAfter is then set for the answer.
+func (p *Proxy) await(r *http.Request, st *State) bool {
+	st.adm.sv.Held.Release()
+	ctx := r.Context()
+	if st.WatchClient != nil {
+		var stop func()
+		ctx, stop = st.WatchClient(ctx)
+		defer stop()
+	}
+	wait := st.v.Wait
+	limit := p.o.MaxDelayed
+	if limit == 0 {
+		limit = DefaultMaxDelayed
+	}
+	if p.o.Engine.Await(ctx, st.Hits, &st.v, limit) == engine.Released {
+		return true
+	}
+	st.v.RetryAfter = wait
+	return false
 }
 
 // publish queues a deny event for each denying hit, shadow ones included.

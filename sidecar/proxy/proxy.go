@@ -86,6 +86,10 @@ const (
 type Options struct {
 	// Upstream is the application, e.g. http://127.0.0.1:8080. Required.
 	Upstream *url.URL
+	// MaxDelayed bounds, per delaying rule (onExceed: Delay), the requests
+	// that wait in this sidecar for their slot; the next one is refused
+	// (429) and gives its slot back. 0 means DefaultMaxDelayed.
+	MaxDelayed int64
 	// UpstreamH2C speaks HTTP/2 without TLS (h2c) to the upstream, for
 	// gRPC applications. Otherwise HTTP/1.1 is used.
 	UpstreamH2C bool

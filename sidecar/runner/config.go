@@ -89,6 +89,9 @@ type Config struct {
 	RedisBreakerFailures int
 	RedisBreakerCooldown time.Duration
 	MaxHeaderBytes       int
+	// MaxDelayed bounds the requests that wait for a delayed slot, per
+	// delaying rule (proxy.Options.MaxDelayed).
+	MaxDelayed int64
 	// LeanHTTP1 serves keep-alive HTTP/1.1 with the lean proxy core
 	// (package proxy/lean); false sends every connection through
 	// net/http.
@@ -219,6 +222,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RedisBreakerCooldown, "redis-breaker-cooldown", redisstore.DefaultBreakerCooldown,
 		"how long, on average, an open breaker fails fast before one probe call tests the shard again (each cooldown is drawn at random between half and 1.5 times this)")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (request line and fields, as HTTP/1.1 sends them); larger gets 431")
+	fs.Int64Var(&c.MaxDelayed, "max-delayed", proxy.DefaultMaxDelayed, "most requests that wait for their slot at once, per rule with onExceed: Delay; the next one gets 429 and gives its slot back")
 	fs.BoolVar(&c.AllowUnderscoreHeaders, "allow-underscore-headers", false, "forward request header fields whose names contain an underscore, and let rules read them; by default they are dropped, because CGI-style servers (WSGI, Rack, PHP) read X_Api_Key as X-Api-Key")
 	fs.BoolVar(&c.LeanHTTP1, "lean-http1", true, "serve keep-alive HTTP/1.1 to a plain-HTTP upstream with floodgate's lean proxy core; false: every connection through Go's net/http (h2c, upgrades and gRPC always are)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest a client may take to send a request head; slower ones get 408 and are disconnected")
@@ -390,6 +394,9 @@ func (c *Config) Validate() error {
 		} else if !st.IsDir() {
 			bad("state-dir", "%s is not a directory", c.StateDir)
 		}
+	}
+	if c.MaxDelayed < 1 || c.MaxDelayed > 1_000_000 {
+		bad("max-delayed", "must be between 1 and 1000000, got %d", c.MaxDelayed)
 	}
 	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 16<<20 {
 		bad("max-header-bytes", "must be between 4096 and 16777216, got %d", c.MaxHeaderBytes)

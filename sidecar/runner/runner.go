@@ -566,7 +566,7 @@ func (r *Runner) openLocked(c *config.Config) error {
 	}
 	up, _ := url.Parse(r.cfg.Upstream) // validated
 	px, err := proxy.New(proxy.Options{Upstream: up, UpstreamH2C: r.cfg.UpstreamH2C, Engine: eng, Metrics: r.m, Events: r.ev, Log: r.log,
-		MaxHeaderBytes: r.cfg.MaxHeaderBytes, BodyTimeout: r.cfg.BodyTimeout, BodyMinRate: r.cfg.BodyMinRate,
+		MaxHeaderBytes: r.cfg.MaxHeaderBytes, MaxDelayed: r.cfg.MaxDelayed, BodyTimeout: r.cfg.BodyTimeout, BodyMinRate: r.cfg.BodyMinRate,
 		AllowUnderscoreHeaders: r.cfg.AllowUnderscoreHeaders, Checked: r.checked})
 	if err != nil {
 		_ = closeStore(st)

@@ -28,14 +28,14 @@ var admissionSchema = []Bad{
     key: [{clientIP: {}}]
     limit: {requests: 10, per: 1s, split: 2}
     concurrency: {max: 5}`,
-		Want: []string{"spec.rules[0].limit.split", "does not apply to a concurrency rule"}},
+		Want: []string{limitSplit, "does not apply to a concurrency rule"}},
 	{Name: "concurrency max 0", Doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{clientIP: {}}]
     concurrency: {max: 0}`,
-		Want: []string{"spec.rules[0].concurrency.max", "should be greater than or equal to 1"}},
+		Want: []string{"spec.rules[0].concurrency.max", atLeastOne}},
 	{Name: "concurrency max above 100000", Doc: `
   podSelector: {}
   rules:

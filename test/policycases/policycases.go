@@ -45,6 +45,12 @@ const okRule = `
 // unsupported is how the API server refuses a value outside an enum.
 const unsupported = "Unsupported value"
 
+// atLeastOne is how the schema words a minimum of 1.
+const atLeastOne = "should be greater than or equal to 1"
+
+// limitSplit is the field path of the first rule's limit.split.
+const limitSplit = "spec.rules[0].limit.split"
+
 // Schema are the inputs that the CRD's OpenAPI schema and CEL rules
 // refuse, RateLimitPolicies and CounterStores.
 var Schema = []Bad{
@@ -65,7 +71,7 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 0, per: 1s}`,
-		Want: []string{"spec.rules[0].limit.requests", "should be greater than or equal to 1"}},
+		Want: []string{"spec.rules[0].limit.requests", atLeastOne}},
 	{Name: "negative burst", Doc: `
   podSelector: {}
   rules:
@@ -144,21 +150,21 @@ var Schema = []Bad{
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 100, per: 1s, split: 17}`,
-		Want: []string{"spec.rules[0].limit.split", "should be less than or equal to 16"}},
+		Want: []string{limitSplit, "should be less than or equal to 16"}},
 	{Name: "split above requests", Doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 2, per: 1s, split: 3}`,
-		Want: []string{"spec.rules[0].limit.split", "split must not exceed requests"}},
+		Want: []string{limitSplit, "split must not exceed requests"}},
 	{Name: "split above burst", Doc: `
   podSelector: {}
   rules:
   - name: r
     key: [{clientIP: {}}]
     limit: {requests: 100, per: 1s, burst: 2, split: 3}`,
-		Want: []string{"spec.rules[0].limit.split", "split must not exceed burst"}},
+		Want: []string{limitSplit, "split must not exceed burst"}},
 	{Name: "cost.default above one sub-counter", Doc: `
   podSelector: {}
   rules:
@@ -191,7 +197,7 @@ var Schema = []Bad{
     limit: {requests: 10, per: 1s}
     cost: {default: 0}`,
 		// In Go an explicit 0 is the unset default, so only the schema sees it.
-		Want: []string{"spec.rules[0].cost.default", "should be greater than or equal to 1"}, SchemaOnly: true},
+		Want: []string{"spec.rules[0].cost.default", atLeastOne}, SchemaOnly: true},
 	{Name: "a pattern in a Prefix path", Doc: `
   podSelector: {}
   rules:
@@ -436,7 +442,7 @@ kind: CounterStore
 metadata: {name: empty}
 spec:
   managed: {shards: 0}`,
-		Want: []string{"spec.managed.shards", "should be greater than or equal to 1"}, SchemaOnly: true},
+		Want: []string{"spec.managed.shards", atLeastOne}, SchemaOnly: true},
 }
 
 // ClusterSchema are the ClusterRateLimitPolicies that the CRD's schema and

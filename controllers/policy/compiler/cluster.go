@@ -133,9 +133,10 @@ func overlaps(c *v1alpha1.ClusterRateLimitPolicy, team *v1alpha1.RateLimitPolicy
 // replacement decides whether a team policy's rule replaces the cluster
 // default of the same name. It does when it tightens the default: the
 // same rule (match, key, missing-key behaviour, cost, exemptions,
-// algorithm, under the same trusted proxies and without an exemption of
-// the team policy's own), failing closed where the default does, enforced
-// where the default is, with no more requests per period and no more
+// algorithm and onExceed, under the same trusted proxies and without an
+// exemption of the team policy's own), failing closed where the default
+// does, enforced where the default is, holding a request no longer than a
+// Delay default does, with no more requests per period and no more
 // capacity (for a concurrency cap: the same priority and no more requests
 // in flight). Otherwise the default keeps applying beside the team's rule.
 func replacement(c *v1alpha1.ClusterRateLimitPolicy, d *v1alpha1.Rule, team *v1alpha1.RateLimitPolicy, r *v1alpha1.Rule) v1alpha1.ClusterDefaultStatus {
@@ -174,8 +175,12 @@ func replacement(c *v1alpha1.ClusterRateLimitPolicy, d *v1alpha1.Rule, team *v1a
 		return differs(fmt.Sprintf("its priority is %q, the default's %q", cr.Priority, cd.Priority))
 	case cd.Concurrency != nil && cr.Concurrency.Max > cd.Concurrency.Max:
 		return loosens(fmt.Sprintf("%d requests in flight is more than %d", cr.Concurrency.Max, cd.Concurrency.Max))
+	case cd.Limit.OnExceed != cr.Limit.OnExceed:
+		return differs(fmt.Sprintf("its onExceed is %s, the default's %s", or(cr.Limit.OnExceed, config.OnExceedDeny), or(cd.Limit.OnExceed, config.OnExceedDeny)))
 	case cd.Limit.Algorithm != cr.Limit.Algorithm:
 		return differs(fmt.Sprintf("its algorithm is %s, the default's %s", cr.Limit.Algorithm, cd.Limit.Algorithm))
+	case cr.Limit.MaxDelay.Duration > cd.Limit.MaxDelay.Duration:
+		return loosens(fmt.Sprintf("it holds a request up to %v, the default %v, so it denies fewer", cr.Limit.MaxDelay.Duration, cd.Limit.MaxDelay.Duration))
 	case cd.Mode == config.ModeEnforce && cr.Mode == config.ModeShadow:
 		return loosens("it is in Shadow mode, the default enforces")
 	case cd.FailureMode == config.FailureClosed && cr.FailureMode == config.FailureOpen:

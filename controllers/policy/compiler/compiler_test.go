@@ -583,3 +583,36 @@ func TestExternalStoreTLS(t *testing.T) {
 		t.Errorf("store TLS = %+v, want %+v", got, want)
 	}
 }
+
+// A Delay rule is no tightening of a Deny default, nor the reverse, and
+// one that holds requests longer than a Delay default loosens it.
+func TestDelayReplacesADefaultOnlyAsATightening(t *testing.T) {
+	t.Parallel()
+	per := metav1.Duration{Duration: time.Second}
+	delay := func(maxDelay time.Duration, delayAfter int64) v1alpha1.Limit {
+		return v1alpha1.Limit{Requests: 100, Per: per, OnExceed: v1alpha1.OnExceedDelay,
+			MaxDelay: metav1.Duration{Duration: maxDelay}, DelayAfter: delayAfter}
+	}
+	deny := v1alpha1.Limit{Requests: 100, Per: per}
+	for _, tc := range []struct {
+		name          string
+		def, team     v1alpha1.Limit
+		replaced      bool
+		reason, words string
+	}{
+		{"Delay under a Deny default", deny, delay(time.Second, 0), false, v1alpha1.ReasonDiffers, "its onExceed is Delay, the default's Deny"},
+		{"Deny under a Delay default", delay(time.Second, 0), deny, false, v1alpha1.ReasonDiffers, "its onExceed is Deny, the default's Delay"},
+		{"a longer maxDelay", delay(time.Second, 0), delay(2*time.Second, 0), false, v1alpha1.ReasonLoosens, "holds a request up to 2s, the default 1s"},
+		{"a larger delayAfter", delay(time.Second, 0), delay(time.Second, 5), false, v1alpha1.ReasonLoosens, "a capacity of 5 is more than 1"},
+		{"a shorter maxDelay", delay(2*time.Second, 5), delay(time.Second, 5), true, v1alpha1.ReasonTightens, "tightens"},
+	} {
+		c := &v1alpha1.ClusterRateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Name: "base"}}
+		team := &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Name: "team", Namespace: "a"}}
+		d := &v1alpha1.Rule{Name: "r", Limit: tc.def}
+		r := &v1alpha1.Rule{Name: "r", Limit: tc.team}
+		st := replacement(c, d, team, r)
+		if st.Replaced != tc.replaced || st.Reason != tc.reason || !strings.Contains(st.Message, tc.words) {
+			t.Errorf("%s: replacement = %v %s %q, want %v %s saying %q", tc.name, st.Replaced, st.Reason, st.Message, tc.replaced, tc.reason, tc.words)
+		}
+	}
+}

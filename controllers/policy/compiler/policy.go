@@ -163,6 +163,15 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 	if c := r.Cost; c != nil {
 		out.Cost = config.Cost{FromHeader: c.FromHeader, Default: max(c.Default, 1), Max: c.Max}
 	}
+	if r.Limit.Delays() {
+		// A Delay rule is metered with GCRA, whatever of TokenBucket and
+		// GCRA it names; a Deny rule writes none of the Delay fields, so
+		// its document is what it was before they existed.
+		out.Limit.Algorithm = string(v1alpha1.AlgorithmGCRA)
+		out.Limit.OnExceed = config.OnExceedDelay
+		out.Limit.MaxDelay = metav1.Duration{Duration: r.Limit.MaxDelay.Duration}
+		out.Limit.DelayAfter = max(r.Limit.DelayAfter, 1)
+	}
 	compileKind(r, &out)
 	return out
 }

@@ -1,6 +1,7 @@
 package lean
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -61,6 +62,8 @@ type conn struct {
 	vals  []string
 	canon map[string]string
 	st    proxy.State
+	// watch is c.watchClient, made once: the State's WatchClient.
+	watch func(context.Context) (context.Context, func())
 	chunk h1.Chunked
 
 	up  *upConn
@@ -114,6 +117,7 @@ type upConn struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{s: s, nc: nc, buf: make([]byte, bufSize), hdr: http.Header{}, canon: map[string]string{}, fresh: true}
+	c.watch = c.watchClient
 	c.remote = nc.RemoteAddr().String()
 	c.peer = c.remote
 	if host, _, err := net.SplitHostPort(c.remote); err == nil {
@@ -472,6 +476,7 @@ func (c *conn) serveOne(n int) bool {
 	if p == nil {
 		d = &noConfig
 	} else {
+		c.st.WatchClient = c.watch
 		d = p.Check(r, &c.st)
 	}
 	// The connection keeps its State between requests; what the request

@@ -1,6 +1,7 @@
 package lean
 
 import (
+	"context"
 	"errors"
 	"net"
 	"time"
@@ -55,4 +56,38 @@ func (c *conn) readResponseHeadWatched(up *upConn, d *proxy.Decision) error {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// watchClient is the State's WatchClient: while a request waits for a
+// delayed slot, it reads the client connection, and a client that goes
+// away (EOF or an error) ends the returned context, so that the request
+// gives its slot back at once. Bytes the client sends meanwhile (a
+// pipelined request) are kept in the request buffer; stop ends the watch.
+func (c *conn) watchClient(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	if c.w == len(c.buf) {
+		// No room to read into: no watch (the wait still ends).
+		return ctx, cancel
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.dlIdle = false
+	go func() {
+		n, err := c.nc.Read(c.buf[c.w:])
+		if n == 0 && err != nil && !isTimeout(err) {
+			cancel()
+		}
+		done <- result{n, err}
+	}()
+	return ctx, func() {
+		_ = c.nc.SetReadDeadline(aLongTimeAgo)
+		res := <-done
+		_ = c.nc.SetReadDeadline(time.Time{})
+		c.w += res.n
+		cancel()
+	}
 }

@@ -1,0 +1,117 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+)
+
+const delayDoc = `apiVersion: floodgate.dev/sidecar-config/v1
+policies:
+- name: p
+  uid: uid-p
+  rules:
+  - name: smooth
+    match: {path: {type: Prefix, value: /fast/x}}
+    key: [{header: X-Tenant}]
+    limit: {requests: 10, per: 1s, algorithm: GCRA, onExceed: Delay, maxDelay: 250ms, delayAfter: 1}
+  - name: queued
+    match: {path: {type: Prefix, value: /fast/q}}
+    key: [{header: X-Tenant}]
+    limit: {requests: 1, per: 1m, algorithm: GCRA, onExceed: Delay, maxDelay: 1m, delayAfter: 1}
+`
+
+// A delaying rule of 10/s (one at once, up to 250ms of wait) on both
+// fronts: of four requests sent at once, the application gets three, at
+// least 100ms apart from the first decision on (never early), and the
+// fourth, whose slot is 300ms away, is refused with 429; a request whose
+// client goes away while it waits never reaches the application and gives
+// its slot back.
+func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t)
+	for _, f := range frontsFor(t, b, delayDoc) {
+		t.Run(f.name, func(t *testing.T) {
+			tenant := "t-" + f.name
+			b.mu.Lock()
+			before := len(b.arrivals)
+			b.mu.Unlock()
+			start := time.Now()
+			replies := make(chan reply, 4)
+			for range 4 {
+				_, br := send(t, f.url, "/fast/x", "X-Tenant", tenant)
+				go func() { replies <- readReplyNoFail(br) }()
+			}
+			statuses := map[int]int{}
+			for range 4 {
+				r := <-replies
+				statuses[r.status]++
+				if r.status == http.StatusTooManyRequests && r.header.Get("Retry-After") == "" {
+					t.Errorf("a refused request without Retry-After: %v", r.header)
+				}
+			}
+			if statuses[http.StatusOK] != 3 || statuses[http.StatusTooManyRequests] != 1 {
+				t.Fatalf("statuses %v, want 3 OK (one at once, two delayed) and one 429 (past maxDelay)", statuses)
+			}
+			b.mu.Lock()
+			got := append([]time.Time(nil), b.arrivals[before:]...)
+			b.mu.Unlock()
+			if len(got) != 3 {
+				t.Fatalf("the application got %d requests, want 3", len(got))
+			}
+			for k, at := range got {
+				if min := time.Duration(k) * 100 * time.Millisecond; at.Sub(start) < min {
+					t.Errorf("request %d reached the application %v after the first was sent, before its slot at %v", k, at.Sub(start), min)
+				}
+			}
+
+			// A request that waits a minute and whose client leaves,
+			// behind one that went at once.
+			if r := do(t, f.url, "/fast/q", "X-Tenant", tenant); r.status != http.StatusOK {
+				t.Fatalf("first request of the queued rule: %d", r.status)
+			}
+			abandoned := func() float64 {
+				return testutil.ToFloat64(f.m.DelayedTotal.WithLabelValues("p", "queued", metrics.DelayAbandoned))
+			}
+			was := abandoned()
+			b.mu.Lock()
+			seen := len(b.arrivals)
+			b.mu.Unlock()
+			nc, _ := send(t, f.url, "/fast/q", "X-Tenant", tenant)
+			deadline := time.Now().Add(10 * time.Second)
+			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "queued")) < 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the request never waited")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			_ = nc.Close()
+			for abandoned() == was {
+				if time.Now().After(deadline) {
+					t.Fatal("the request whose client left was never counted abandoned")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			b.mu.Lock()
+			after := len(b.arrivals)
+			b.mu.Unlock()
+			if after != seen {
+				t.Errorf("the application got %d requests after their client left, want 0", after-seen)
+			}
+			// Its slot came back: the next request waits for that same
+			// slot, about a minute away, not two.
+			nc2, _ := send(t, f.url, "/fast/q", "X-Tenant", tenant)
+			defer func() { _ = nc2.Close() }()
+			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "queued")) < 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the next request never waited: the abandoned slot was not given back")
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
