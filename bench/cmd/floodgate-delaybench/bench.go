@@ -607,7 +607,7 @@ func (b *bench) delayPhase(ctx context.Context, deny bool) (*Side, error) {
 	s.DelayedBy = "the sidecar's delay header on the forwarded request"
 	if !marked {
 		delayed = func(_ string, d time.Duration) bool { return d >= delayThreshold }
-		s.DelayedBy = fmt.Sprintf("no delay header seen: arrival at the application at least %v after the scheduled send", delayThreshold)
+		s.DelayedBy = fmt.Sprintf("arrival at the application at least %v after the scheduled send (the sidecar forwards a delayed request unchanged; its exact count is delayed_total{result=\"released\"})", delayThreshold)
 	}
 	b.summarise(s, recs, arr, cpu, idle, st.Elapsed, delayed)
 	// The sidecars count the requests they released after a wait: the
