@@ -128,7 +128,7 @@ type Memory struct {
 	RSSAt           int64   `json:"rssAtPeakWaitingBytes"`
 	RSSMax          int64   `json:"rssMaxBytes"`
 	BytesPerWaiting float64 `json:"bytesPerWaiting"`
-	// Answered were released (2xx) while the phase ran.
+	// Answered were answered (released, refused) before the sample.
 	Answered int `json:"answeredDuring"`
 	// Metrics are the sidecar's delay and waiting metrics at the sample.
 	Metrics map[string]float64 `json:"metrics,omitempty"`
@@ -680,7 +680,8 @@ func scrapeDelay(admins []string) (map[string]float64, error) {
 				name = name[:i]
 			}
 			l := strings.ToLower(name)
-			if !strings.Contains(l, "delay") && !strings.Contains(l, "wait") && !strings.Contains(l, "queue") &&
+			if !strings.Contains(l, "delay") && !strings.Contains(l, "wait") && !strings.Contains(l, "queue") && !strings.Contains(l, "fallback") &&
+				!strings.HasPrefix(l, "floodgate_sidecar_store_operations_total") &&
 				l != "go_memstats_heap_inuse_bytes" && l != "go_goroutines" {
 				continue
 			}

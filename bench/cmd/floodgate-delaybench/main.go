@@ -27,12 +27,13 @@
 // of the limiting processes (the 3 sidecars; nginx) per delayed request,
 // from /proc; the bar is the sidecars' at most 1.2 times nginx's.
 //
-// Memory phase: one sidecar (Redis store) and a rule of 1/s per key with
-// maxDelay 60s and delayAfter 1; one request per key first (passed at
-// once), then -mem-waiting connections each sending one request on
-// -mem-keys keys (at most 59 per key, so each comes within maxDelay):
-// the sidecar's RSS before and at the most requests waiting, and bytes
-// per waiting request.
+// Memory phase: one sidecar (Redis store, --max-delayed raised) and a
+// rule of 1 a minute per key with maxDelay 60s and delayAfter 1; one
+// primer per key (passed at once), then -mem-waiting connections, one per
+// key, each sending one request that waits for the rest of the minute, so
+// that none is released while the phase runs: the sidecar's RSS before
+// and with them all waiting, and bytes per waiting request. Then the same
+// in nginx (limit_req rate=1r/m burst=1).
 //
 // Where taskset exists and there are two CPUs, the limiting processes
 // (sidecars, nginx) run on CPU 0, the load generator, the applications
@@ -75,7 +76,7 @@ type options struct {
 	phases     map[string]bool
 	sidecarArg []string
 	memWaiting int
-	memKeys    int
+	memRate    float64
 	out        string
 	pin        bool
 	limit      string
@@ -108,7 +109,7 @@ func run(args []string) error {
 	fs.StringVar(&phases, "phases", "delay,nginx,memory,nginx-memory", "phases to run: delay (the sidecars), nginx (the same traffic through nginx), memory (requests waiting in a sidecar), nginx-memory (the same in nginx); not by default: deny and nginx-deny (the same traffic and meter answering 429 at once, for the cost per request without delays)")
 	fs.StringVar(&extra, "sidecar-args", "", "extra floodgate-sidecar flags for every sidecar, space-separated (e.g. a per-rule waiting bound)")
 	fs.IntVar(&o.memWaiting, "mem-waiting", 10000, "memory phase: requests left waiting")
-	fs.IntVar(&o.memKeys, "mem-keys", 200, "memory phase: keys they wait on (at 1/s and maxDelay 60s, at most 59 wait per key)")
+	fs.Float64Var(&o.memRate, "mem-rate", 1000, "memory phase: primers, then connections, sent per second")
 	fs.StringVar(&o.limit, "limit", "", "replace the rules' limit in the sidecar config document (default: built from -rate, -max-delay, -delay-after; checking the plumbing only)")
 	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of the first sidecar over the delay phase's offer here (go tool pprof)")
 	fs.StringVar(&o.out, "out", "", "write the JSON report here too")
@@ -130,8 +131,8 @@ func run(args []string) error {
 	if o.rate <= 0 || o.offered <= 0 || o.duration < 3*time.Second || o.maxDelay <= 0 || o.delayAfter < 1 || o.workers <= 0 {
 		return errors.New("-rate, -offered, -max-delay, -workers must be positive, -delay-after at least 1 and -duration at least 3s")
 	}
-	if o.memKeys <= 0 || o.memWaiting > 59*o.memKeys {
-		return errors.New("-mem-keys must be positive and at least -mem-waiting / 59")
+	if o.memWaiting <= 0 || o.memRate <= 0 {
+		return errors.New("-mem-waiting and -mem-rate must be positive")
 	}
 	rep, err := runBench(ctx, o)
 	if rep != nil {

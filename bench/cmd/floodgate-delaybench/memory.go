@@ -19,19 +19,30 @@ import (
 )
 
 // memoryPhase leaves o.memWaiting requests waiting in one sidecar, and then
-// in one nginx with the same per-key queue, and measures each one's RSS.
+// in one nginx with the same queue, and measures each one's RSS.
+//
+// Each waiting request has a key of its own, limited to 1 a minute with
+// delayAfter 1 and maxDelay 60s: a primer per key passes at once, and the
+// key's next request then waits for the rest of the minute. So none is
+// released while the phase runs (it ends well within the minute), and the
+// requests waiting are exactly the requests sent. (At 1/s on fewer keys,
+// as at first, at most 59 wait per key and the keys release requests
+// throughout, which the RSS would mix in.)
 func (b *bench) memoryPhase(ctx context.Context, rep *Report) error {
 	n := b.o.memWaiting
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(n+1000) {
 		return fmt.Errorf("the file-descriptor limit is %d: %d connections need %d (ulimit -n)", lim.Cur, n, n+1000)
 	}
+	if float64(2*n)/b.o.memRate > 40 {
+		return fmt.Errorf("-mem-rate %.0f: %d primers and %d waiting requests take more than 40s, and the first waiting ones would be released within the phase", b.o.memRate, n, n)
+	}
 	if b.o.phases["memory"] {
 		app, err := b.startApp(ctx)
 		if err != nil {
 			return err
 		}
-		limit := b.ruleLimit(1, "1s", time.Minute, 1)
+		limit := b.ruleLimit(1, "1m", time.Minute, 1)
 		pf, pods, err := b.policy("mem", 1, "/mem", limit)
 		if err != nil {
 			return err
@@ -61,67 +72,63 @@ func (b *bench) memoryPhase(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		pid, base, err := b.startNginx(ctx, ng, "mem", app, "limit_req_zone $http_x_key zone=mem:10m rate=1r/s;", "limit_req zone=mem burst=59;")
+		pid, base, err := b.startNginx(ctx, ng, "mem", app, "limit_req_zone $http_x_key zone=mem:10m rate=1r/m;", "limit_req zone=mem burst=1;")
 		if err != nil {
 			return err
 		}
-		b.logf("[memory] nginx, limit_req rate=1r/s burst=59 per key")
+		b.logf("[memory] nginx, limit_req rate=1r/m burst=1 per key")
 		m, err := b.waiting(ctx, pid, base, "")
 		b.stop(pid)
 		if err != nil {
 			return err
 		}
-		m.Limiter = "nginx limit_req rate=1r/s burst=59 (no nodelay) on X-Key"
+		m.Limiter = "nginx limit_req rate=1r/m burst=1 (no nodelay) on X-Key"
 		rep.NginxMemory = m
 	}
 	return nil
 }
 
-// waiting primes every key of the memory phase through base (one request
-// each, passed at once), then leaves o.memWaiting requests waiting on
-// o.memKeys keys, and samples the RSS of pid.
+// waiting primes o.memWaiting keys through base (one request each, passed
+// at once), then sends one request on each key over a connection of its
+// own, paced at o.memRate, and samples the RSS of pid until they are all
+// sent and a second more.
 func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memory, error) {
-	n, keys := b.o.memWaiting, b.o.memKeys
+	n := b.o.memWaiting
 	u, err := url.Parse(base)
 	if err != nil {
 		return nil, err
 	}
 	addr := u.Host
-	m := &Memory{Keys: keys, Target: n}
-	// The primers take each key's delayAfter allowance, so that every
-	// request after them waits.
+	m := &Memory{Keys: n, Target: n}
+	run := time.Now().UnixNano()
+	key := func(dst []byte, i int64) []byte { return fmt.Appendf(dst, "X-Key: m%d-%d\r\n", run, i) }
 	c := harness.NewClient()
-	st, err := harness.OpenLoop(ctx, c, harness.Target{URLs: []string{base + "/mem"}, Header: func(dst []byte, i int64) []byte {
-		return fmt.Appendf(dst, "X-Key: k%d\r\n", i)
-	}}, float64(4*keys), 250*time.Millisecond, 64)
+	st, err := harness.OpenLoop(ctx, c, harness.Target{URLs: []string{base + "/mem"}, Header: key}, b.o.memRate, time.Duration(float64(n)/b.o.memRate*float64(time.Second)), 256)
 	if err != nil {
 		return nil, err
 	}
 	c.CloseIdle()
 	m.Primed = int(st.OK)
-	if st.OK != int64(keys) {
-		return nil, fmt.Errorf("primers: %d of %d passed (%d refused, %d errors)", st.OK, keys, st.Limited, st.Errors)
+	if st.OK != int64(n) {
+		return nil, fmt.Errorf("primers: %d of %d passed (%d refused, %d errors)", st.OK, n, st.Limited, st.Errors)
 	}
 	time.Sleep(time.Second)
 	if m.RSSBefore, err = rss(pid); err != nil {
 		return nil, err
 	}
-	b.logf("[memory] RSS %.1f MiB; %d connections, one request each, on %d keys", float64(m.RSSBefore)/(1<<20), n, keys)
+	b.logf("[memory] RSS %.1f MiB after %d primers; %d connections at %.0f/s, one request each", mib(m.RSSBefore), n, n, b.o.memRate)
 	var written, answered, refused, failed atomic.Int64
 	var conns sync.WaitGroup
 	release := make(chan struct{})
-	dials := make(chan struct{}, 256)
 	conn := func(i int) {
 		nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
 		if err != nil {
-			<-dials
 			failed.Add(1)
 			return
 		}
 		defer func() { _ = nc.Close() }()
-		_, err = fmt.Fprintf(nc, "GET /mem HTTP/1.1\r\nHost: %s\r\nX-Key: k%d\r\n\r\n", addr, i%keys)
-		<-dials
-		if err != nil {
+		req := append(fmt.Appendf(nil, "GET /mem HTTP/1.1\r\nHost: %s\r\n", addr), key(nil, int64(i))...)
+		if _, err := nc.Write(append(req, "\r\n"...)); err != nil {
 			failed.Add(1)
 			return
 		}
@@ -133,6 +140,7 @@ func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memo
 		}()
 		select {
 		case line := <-read:
+			// Answered while the others wait: the connection closes.
 			answered.Add(1)
 			switch {
 			case strings.HasPrefix(line, "HTTP/1.1 429"):
@@ -140,31 +148,27 @@ func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memo
 			case !strings.HasPrefix(line, "HTTP/1.1 2"):
 				failed.Add(1)
 			}
-			<-release
 		case <-release:
 		}
 	}
-	// Connections are opened until n requests wait at once: the keys
-	// release keys requests a second meanwhile, so more than n are sent,
-	// up to 59 a key (each within maxDelay).
-	var sent atomic.Int64
 	spawned := make(chan struct{})
 	go func() {
 		defer close(spawned)
-		for i := range 59 * keys {
-			if written.Load()-answered.Load() >= int64(n) || ctx.Err() != nil {
+		start := time.Now()
+		for i := range n {
+			if ctx.Err() != nil {
 				return
 			}
-			dials <- struct{}{}
-			sent.Add(1)
+			if d := time.Until(start.Add(time.Duration(float64(i) * float64(time.Second) / b.o.memRate))); d > 0 {
+				time.Sleep(d)
+			}
 			conns.Go(func() { conn(i) })
 		}
 	}()
-	// Sample the waiting requests and the RSS until every request has been
-	// written and a second has passed, keeping the sample of the most
-	// waiting.
-	var allWritten time.Time
-	deadline := time.Now().Add(60 * time.Second)
+	// Sample the requests waiting and the RSS, keeping the sample of the
+	// most waiting.
+	var allSent time.Time
+	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 		r, err := rss(pid)
@@ -175,16 +179,16 @@ func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memo
 		w := int(written.Load() - answered.Load())
 		if w >= m.Waiting {
 			m.Waiting, m.RSSAt = w, r
-			m.Answered = int(answered.Load() - refused.Load())
+			m.Answered = int(answered.Load())
 		}
-		if allWritten.IsZero() {
+		if allSent.IsZero() {
 			select {
 			case <-spawned:
-				allWritten = time.Now()
+				allSent = time.Now()
 			default:
 			}
 		}
-		if !allWritten.IsZero() && time.Since(allWritten) > time.Second {
+		if !allSent.IsZero() && time.Since(allSent) > time.Second {
 			break
 		}
 	}
@@ -193,16 +197,17 @@ func (b *bench) waiting(ctx context.Context, pid int, base, admin string) (*Memo
 			m.Metrics = mt
 		}
 	}
-	m.Refused, m.Errors, m.Sent = int(refused.Load()), int(failed.Load()), int(sent.Load())
-	// The clients go away: their slots go back, and the sidecar is stopped.
+	m.Sent = int(written.Load())
+	m.Refused, m.Errors = int(refused.Load()), int(failed.Load())
+	// The clients go away (their slots go back), then the limiter stops.
 	close(release)
 	conns.Wait()
 	if m.Waiting > 0 {
 		m.BytesPerWaiting = float64(m.RSSAt-m.RSSBefore) / float64(m.Waiting)
 	}
-	m.Note = fmt.Sprintf("the RSS delta over the requests waiting at the sample with the most: a connection's whole cost (socket buffers in the process, goroutine, parsed request) and what those released before it left; the keys release %d/s in all", keys)
-	b.logf("[memory] %d waiting: RSS %.1f -> %.1f MiB, %.0f bytes per waiting request; %d refused, %d errors", m.Waiting,
-		float64(m.RSSBefore)/(1<<20), float64(m.RSSAt)/(1<<20), m.BytesPerWaiting, m.Refused, m.Errors)
+	m.Note = "the RSS delta over the requests waiting at the sample with the most: each one's whole cost (its connection's socket and buffers, goroutine or event, parsed request, timer)"
+	b.logf("[memory] %d waiting: RSS %.1f -> %.1f MiB, %.0f bytes per waiting request; %d answered before the sample (%d refused), %d errors", m.Waiting,
+		mib(m.RSSBefore), mib(m.RSSAt), m.BytesPerWaiting, m.Answered, m.Refused, m.Errors)
 	return m, nil
 }
 

@@ -155,7 +155,7 @@ func (r *Report) table(w io.Writer) {
 			continue
 		}
 		printf("\nMemory: %s; %d requests on %d keys after %d primers\n", m.Limiter, m.Sent, m.Keys, m.Primed)
-		printf("  waiting at the sample %d (%d released before it); RSS before %.1f MiB, at the sample %.1f MiB, max %.1f MiB\n",
+		printf("  waiting at the sample %d (%d answered before it); RSS before %.1f MiB, at the sample %.1f MiB, max %.1f MiB\n",
 			m.Waiting, m.Answered, mib(m.RSSBefore), mib(m.RSSAt), mib(m.RSSMax))
 		printf("  %.0f bytes per waiting request; %d refused, %d errors\n  (%s)\n", m.BytesPerWaiting, m.Refused, m.Errors, m.Note)
 		if len(m.Metrics) > 0 {
