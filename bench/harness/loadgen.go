@@ -51,11 +51,12 @@ type recorder struct {
 }
 
 // Record is one open-loop request's outcome: when it was due (its
-// scheduled send time), when its answer was read, and its status (0 for a
-// transport error).
+// scheduled send time), when a worker took it up to send (later than Due
+// when every worker was busy or the generator was descheduled), when its
+// answer was read, and its status (0 for a transport error).
 type Record struct {
-	Due, Done time.Time
-	Status    int
+	Due, Sent, Done time.Time
+	Status          int
 }
 
 func (r *recorder) add(local []float64) {
@@ -258,12 +259,13 @@ func openLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Dur
 				if ctx.Err() != nil {
 					continue
 				}
+				sentAt := time.Now()
 				status, ok := do(ctx, c, ct, first+i, rec)
 				if ok {
 					local = append(local, float64(time.Since(due(i)).Microseconds()))
 				}
 				if rec.records != nil && i < int64(len(rec.records)) {
-					rec.records[i] = Record{Due: due(i), Done: time.Now(), Status: status}
+					rec.records[i] = Record{Due: due(i), Sent: sentAt, Done: time.Now(), Status: status}
 				}
 			}
 		})

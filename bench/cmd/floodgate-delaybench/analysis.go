@@ -132,11 +132,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // outcome is one request joined with its arrival.
 type outcome struct {
-	Due, Done time.Time
-	Status    int
-	Arrived   bool
-	At        time.Time
-	Mark      string
+	Due, Sent, Done time.Time
+	Status          int
+	Arrived         bool
+	At              time.Time
+	Mark            string
 }
 
 // Counts classify the requests of a run.
@@ -160,9 +160,10 @@ type Counts struct {
 // with the applications' arrivals and counts the outcomes. delayed tells
 // whether a 2xx request was held, from its marker and its delay (arrival
 // less scheduled send). It returns the counts, the delays of the delayed
-// requests, the latencies (answer less scheduled send) of all the 2xx and
-// the arrival times.
-func classify(recs []outcome, arrivals []arrival, delayed func(mark string, delay time.Duration) bool) (Counts, []time.Duration, []time.Duration, []time.Time) {
+// requests (from the scheduled send, and from the actual send: the time
+// the limiter held it, and the proxying), the latencies (answer less
+// scheduled send) of all the 2xx and the arrival times.
+func classify(recs []outcome, arrivals []arrival, delayed func(mark string, delay time.Duration) bool) (Counts, []time.Duration, []time.Duration, []time.Duration, []time.Time) {
 	var c Counts
 	at := make(map[int64]arrival, len(arrivals))
 	times := make([]time.Time, 0, len(arrivals))
@@ -171,7 +172,7 @@ func classify(recs []outcome, arrivals []arrival, delayed func(mark string, dela
 		times = append(times, a.At)
 	}
 	c.Arrivals = int64(len(arrivals))
-	var delays, lats []time.Duration
+	var delays, held, lats []time.Duration
 	for i, r := range recs {
 		if r.Due.IsZero() {
 			continue
@@ -190,6 +191,9 @@ func classify(recs []outcome, arrivals []arrival, delayed func(mark string, dela
 			if delayed(a.Mark, d) {
 				c.Delayed++
 				delays = append(delays, d)
+				if !r.Sent.IsZero() {
+					held = append(held, a.At.Sub(r.Sent))
+				}
 			} else {
 				c.Immediate++
 			}
@@ -199,5 +203,5 @@ func classify(recs []outcome, arrivals []arrival, delayed func(mark string, dela
 			c.Errors++
 		}
 	}
-	return c, delays, lats, times
+	return c, delays, held, lats, times
 }

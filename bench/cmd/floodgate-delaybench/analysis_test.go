@@ -81,9 +81,9 @@ func TestParseArrivals(t *testing.T) {
 func TestClassify(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	recs := []outcome{
-		{Due: t0, Done: t0.Add(time.Millisecond), Status: 200},       // 0: immediate
-		{Due: t0, Done: t0.Add(500 * time.Millisecond), Status: 200}, // 1: delayed
-		{Due: t0, Done: t0.Add(time.Millisecond), Status: 429},       // 2: refused
+		{Due: t0, Done: t0.Add(time.Millisecond), Status: 200},                                       // 0: immediate
+		{Due: t0, Sent: t0.Add(time.Millisecond), Done: t0.Add(500 * time.Millisecond), Status: 200}, // 1: delayed
+		{Due: t0, Done: t0.Add(time.Millisecond), Status: 429},                                       // 2: refused
 		{Due: t0, Status: 0}, // 3: error
 		{},                   // 4: never sent
 		{Due: t0, Done: t0.Add(time.Millisecond), Status: 200},                 // 5: no arrival
@@ -95,13 +95,16 @@ func TestClassify(t *testing.T) {
 		{ID: 6, At: t0.Add(time.Second + time.Millisecond), Mark: "DELAYED"},
 	}
 	delayed := func(mark string, d time.Duration) bool { return mark == "DELAYED" || d > 100*time.Millisecond }
-	c, delays, lats, times := classify(recs, arr, delayed)
+	c, delays, held, lats, times := classify(recs, arr, delayed)
 	want := Counts{Sent: 6, OK: 4, Delayed: 2, Immediate: 1, Refused: 1, Errors: 1, Unmatched: 1, Arrivals: 3}
 	if c != want {
 		t.Fatalf("counts = %+v, want %+v", c, want)
 	}
 	if !slices.Equal(delays, []time.Duration{499 * time.Millisecond, time.Millisecond}) {
 		t.Fatalf("delays = %v", delays)
+	}
+	if !slices.Equal(held, []time.Duration{498 * time.Millisecond}) {
+		t.Fatalf("held = %v (from the actual send, where there is one)", held)
 	}
 	if len(lats) != 4 || len(times) != 3 {
 		t.Fatalf("%d latencies, %d arrival times", len(lats), len(times))

@@ -83,6 +83,10 @@ type Side struct {
 	// their scheduled send.
 	Delay   Dist `json:"delay"`
 	Latency Dist `json:"latency2xx"`
+	// Held is the delayed requests' arrival less their actual send (a
+	// worker took them up): the delay without the load generator's own
+	// lateness, which a busy CPU 1 adds.
+	Held Dist `json:"heldFromSend"`
 	// PerSecond are the applications' arrivals in each second from the
 	// first request's scheduled send; Bar the check of the full seconds
 	// of the offer after the first.
@@ -459,7 +463,7 @@ func (b *bench) offer(ctx context.Context, urls []string, pids []int) ([]outcome
 	c.CloseIdle()
 	out := make([]outcome, len(recs))
 	for i, r := range recs {
-		out[i] = outcome{Due: r.Due, Done: r.Done, Status: r.Status}
+		out[i] = outcome{Due: r.Due, Sent: r.Sent, Done: r.Done, Status: r.Status}
 	}
 	return out, st, cpu1 - cpu0, idle, nil
 }
@@ -503,10 +507,10 @@ func arrivals(apps []string) ([]arrival, error) {
 
 // summarise fills a Side from a run's records and arrivals.
 func (b *bench) summarise(s *Side, recs []outcome, arr []arrival, cpu time.Duration, idle float64, elapsed time.Duration, delayed func(string, time.Duration) bool) {
-	var delays, lats []time.Duration
+	var delays, held, lats []time.Duration
 	var times []time.Time
-	s.Counts, delays, lats, times = classify(recs, arr, delayed)
-	s.Delay, s.Latency = dist(delays), dist(lats)
+	s.Counts, delays, held, lats, times = classify(recs, arr, delayed)
+	s.Delay, s.Held, s.Latency = dist(delays), dist(held), dist(lats)
 	var t0 time.Time
 	if len(recs) > 0 {
 		t0 = recs[0].Due

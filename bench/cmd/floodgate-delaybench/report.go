@@ -25,10 +25,10 @@ func (b *bench) accept(rep *Report) {
 		})
 		rep.Acceptance = append(rep.Acceptance, harness.Requirement{
 			Name:     fmt.Sprintf("no request waits past maxDelay (%s)", b.o.maxDelay),
-			Measured: fmt.Sprintf("max delay %.1f ms (arrival at the application less scheduled send)", s.Delay.Max),
+			Measured: fmt.Sprintf("max %.1f ms from the actual send to the arrival at the application (%.1f ms from the scheduled send, with the load generator's lateness)", s.Held.Max, s.Delay.Max),
 			// The arrival includes the proxying on either side of the
 			// wait; 50ms is far above it on loopback.
-			Pass: s.Delay.Max <= ms(b.o.maxDelay)+50,
+			Pass: s.Held.Max <= ms(b.o.maxDelay)+50,
 		})
 	}
 	if rep.Floodgate != nil && rep.Nginx != nil {
@@ -102,6 +102,7 @@ func (r *Report) table(w io.Writer) {
 		row("delay p90 ms", func(s *Side) string { return fmt.Sprintf("%.1f", s.Delay.P90) })
 		row("delay p99 ms", func(s *Side) string { return fmt.Sprintf("%.1f", s.Delay.P99) })
 		row("delay max ms", func(s *Side) string { return fmt.Sprintf("%.1f", s.Delay.Max) })
+		row("held (from actual send) p99 / max ms", func(s *Side) string { return fmt.Sprintf("%.1f / %.1f", s.Held.P99, s.Held.Max) })
 		row("2xx latency p50 / p99 ms", func(s *Side) string { return fmt.Sprintf("%.1f / %.1f", s.Latency.P50, s.Latency.P99) })
 		row(fmt.Sprintf("arrivals/s, seconds %d-%d: min-max", sides[0].Bar.From, sides[0].Bar.To), func(s *Side) string { return fmt.Sprintf("%d-%d", s.Bar.Min, s.Bar.Max) })
 		row("seconds outside ±2%", func(s *Side) string { return fmt.Sprint(len(s.Bar.Outside)) })
