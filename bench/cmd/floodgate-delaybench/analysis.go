@@ -158,8 +158,8 @@ type Counts struct {
 
 // classify joins the load generator's records (index = request number)
 // with the applications' arrivals and counts the outcomes. delayed tells
-// whether a 2xx request was held, from its marker and its delay (arrival
-// less scheduled send). It returns the counts, the delays of the delayed
+// whether a 2xx request was held, from its marker and its arrival less
+// its actual send (less its scheduled send when that is unknown). It returns the counts, the delays of the delayed
 // requests (from the scheduled send, and from the actual send: the time
 // the limiter held it, and the proxying), the latencies (answer less
 // scheduled send) of all the 2xx and the arrival times.
@@ -188,7 +188,13 @@ func classify(recs []outcome, arrivals []arrival, delayed func(mark string, dela
 				continue
 			}
 			d := a.At.Sub(r.Due)
-			if delayed(a.Mark, d) {
+			// Told by the time from the actual send where there is one:
+			// a late generator does not make a request delayed.
+			since := d
+			if !r.Sent.IsZero() {
+				since = a.At.Sub(r.Sent)
+			}
+			if delayed(a.Mark, since) {
 				c.Delayed++
 				delays = append(delays, d)
 				if !r.Sent.IsZero() {

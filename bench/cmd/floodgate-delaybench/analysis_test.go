@@ -86,17 +86,19 @@ func TestClassify(t *testing.T) {
 		{Due: t0, Done: t0.Add(time.Millisecond), Status: 429},                                       // 2: refused
 		{Due: t0, Status: 0}, // 3: error
 		{},                   // 4: never sent
-		{Due: t0, Done: t0.Add(time.Millisecond), Status: 200},                 // 5: no arrival
-		{Due: t0.Add(time.Second), Done: t0.Add(2 * time.Second), Status: 204}, // 6: delayed by mark
+		{Due: t0, Done: t0.Add(time.Millisecond), Status: 200},                                             // 5: no arrival
+		{Due: t0.Add(time.Second), Done: t0.Add(2 * time.Second), Status: 204},                             // 6: delayed by mark
+		{Due: t0, Sent: t0.Add(300 * time.Millisecond), Done: t0.Add(302 * time.Millisecond), Status: 200}, // 7: sent late, not delayed
 	}
 	arr := []arrival{
 		{ID: 0, At: t0.Add(time.Millisecond / 2), Mark: "PASSED"},
 		{ID: 1, At: t0.Add(499 * time.Millisecond)},
 		{ID: 6, At: t0.Add(time.Second + time.Millisecond), Mark: "DELAYED"},
+		{ID: 7, At: t0.Add(301 * time.Millisecond)},
 	}
 	delayed := func(mark string, d time.Duration) bool { return mark == "DELAYED" || d > 100*time.Millisecond }
 	c, delays, held, lats, times := classify(recs, arr, delayed)
-	want := Counts{Sent: 6, OK: 4, Delayed: 2, Immediate: 1, Refused: 1, Errors: 1, Unmatched: 1, Arrivals: 3}
+	want := Counts{Sent: 7, OK: 5, Delayed: 2, Immediate: 2, Refused: 1, Errors: 1, Unmatched: 1, Arrivals: 4}
 	if c != want {
 		t.Fatalf("counts = %+v, want %+v", c, want)
 	}
@@ -106,7 +108,7 @@ func TestClassify(t *testing.T) {
 	if !slices.Equal(held, []time.Duration{498 * time.Millisecond}) {
 		t.Fatalf("held = %v (from the actual send, where there is one)", held)
 	}
-	if len(lats) != 4 || len(times) != 3 {
+	if len(lats) != 5 || len(times) != 4 {
 		t.Fatalf("%d latencies, %d arrival times", len(lats), len(times))
 	}
 }
