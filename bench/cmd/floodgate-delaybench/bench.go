@@ -108,6 +108,10 @@ type Side struct {
 	// released after a wait (floodgate_sidecar_delayed_total released);
 	// when there is one, the CPU per delayed request is divided by it.
 	DelayedReported int64 `json:"delayedReported,omitempty"`
+	// Fallback is the sidecars' decisions made without the store (a call
+	// over --redis-timeout, 50ms by default, on a busy machine): those
+	// never delay, and admit on the replica's share of the rate.
+	Fallback int64 `json:"fallbackDecisions"`
 	// Metrics are the sidecars' metric families about delays and
 	// waiting, summed over the sidecars.
 	Metrics map[string]float64 `json:"metrics,omitempty"`
@@ -611,7 +615,7 @@ func (b *bench) delayPhase(ctx context.Context, deny bool) (*Side, error) {
 	s.DelayedBy = "the sidecar's delay header on the forwarded request"
 	if !marked {
 		delayed = func(_ string, d time.Duration) bool { return d >= delayThreshold }
-		s.DelayedBy = fmt.Sprintf("arrival at the application at least %v after the scheduled send (the sidecar forwards a delayed request unchanged; its exact count is delayed_total{result=\"released\"})", delayThreshold)
+		s.DelayedBy = fmt.Sprintf("arrival at the application at least %v after the request was sent (the sidecar forwards a delayed request unchanged; its exact count is delayed_total{result=\"released\"})", delayThreshold)
 	}
 	b.summarise(s, recs, arr, cpu, idle, st.Elapsed, delayed)
 	// The sidecars count the requests they released after a wait: the
@@ -623,6 +627,11 @@ func (b *bench) delayPhase(ctx context.Context, deny bool) (*Side, error) {
 	}
 	if s.DelayedReported > 0 {
 		s.perDelayed(s.DelayedReported)
+	}
+	for k, v := range s.Metrics {
+		if strings.HasPrefix(k, "floodgate_sidecar_fallback_decisions_total{") {
+			s.Fallback += int64(v)
+		}
 	}
 	if prof != nil {
 		if err := <-prof; err != nil {
