@@ -75,11 +75,18 @@ func (e *Engine) Await(ctx context.Context, hits []Hit, v *Verdict, maxWaiting i
 		return Overflow
 	}
 	if wait := v.Wait; wait > 0 {
-		t := time.NewTimer(wait)
+		var fired <-chan time.Time
+		stop := func() {}
+		if e.o.After != nil {
+			fired = e.o.After(wait)
+		} else {
+			t := time.NewTimer(wait)
+			fired, stop = t.C, func() { t.Stop() }
+		}
 		select {
-		case <-t.C:
+		case <-fired:
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			for _, r := range held {
 				r.dm.Abandoned.Inc()
 			}

@@ -213,3 +213,55 @@ func TestRefuseDelayedGivesTheSlotBack(t *testing.T) {
 		t.Fatalf("after the refusal: %v wait %v, want the refused request's slot, about %v", v.Outcome, v.Wait, wait)
 	}
 }
+
+// A request that another rule refuses leaves no reservation behind on its
+// delaying rule: the next request queues for the same slot.
+func TestAnotherRulesDenialReservesNothing(t *testing.T) {
+	t.Parallel()
+	ms, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
+	e, err := engine.New(engine.Options{Store: ms, Fallback: fb, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delay, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second, Burst: 1, MaxDelay: time.Minute}, 1, false, false, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quota, err := engine.NewRule("pol", "quota", limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 2, Period: time.Hour}, 1, false, false, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := []engine.Hit{{Rule: delay, Key: "d", Cost: 1}, {Rule: quota, Key: "q", Cost: 1}}
+	var v engine.Verdict
+	var waits []time.Duration
+	for range 2 {
+		e.Decide(context.Background(), both, &v)
+		if v.Outcome != engine.Allow {
+			t.Fatalf("request within the quota: %v", v.Outcome)
+		}
+		waits = append(waits, v.Wait)
+	}
+	// The quota is spent: the third is refused by it, and must not keep
+	// the slot 200ms out that the delaying rule would give it.
+	for range 3 {
+		e.Decide(context.Background(), both, &v)
+		if v.Outcome != engine.Deny || v.Wait != 0 {
+			t.Fatalf("request over the quota: %v wait %v, want deny", v.Outcome, v.Wait)
+		}
+	}
+	alone := []engine.Hit{{Rule: delay, Key: "d", Cost: 1}}
+	e.Decide(context.Background(), alone, &v)
+	// Its slot is the one after the second request's: 100ms after it,
+	// less the time since; had the refusals reserved, 400ms after it.
+	if v.Outcome != engine.Allow || v.Wait > waits[1]+100*time.Millisecond {
+		t.Fatalf("after the refusals the delaying rule's next slot is %v away, want at most %v (the slot after the second request's): the refused requests reserved slots", v.Wait, waits[1]+100*time.Millisecond)
+	}
+}

@@ -36,6 +36,10 @@ type Options struct {
 	// the shards' health; default time.Now. Tests set it to control time.
 	// The stores keep clocks of their own.
 	Now func() time.Time
+	// After, when set, replaces time.NewTimer for the waits of delayed
+	// requests (Await), for a simulated clock: it returns a channel that
+	// fires after d on that clock. nil uses the runtime's timers.
+	After func(d time.Duration) <-chan time.Time
 	// Budget, when positive, is the most a decision waits for the store in
 	// all, counted from its arrival (the Decide call): its waits in the
 	// deny cache for another request's call on a key, and the store calls

@@ -23,14 +23,18 @@ policies:
     match: {path: {type: Prefix, value: /fast/q}}
     key: [{header: X-Tenant}]
     limit: {requests: 1, per: 1m, algorithm: GCRA, onExceed: Delay, maxDelay: 1m, delayAfter: 1}
+  - name: qconc
+    match: {path: {type: Prefix, value: /fast/q}}
+    key: [{header: X-Tenant}]
+    concurrency: {max: 1}
 `
 
 // A delaying rule of 10/s (one at once, up to 250ms of wait) on both
 // fronts: of four requests sent at once, the application gets three, at
 // least 100ms apart from the first decision on (never early), and the
-// fourth, whose slot is 300ms away, is refused with 429; a request whose
-// client goes away while it waits never reaches the application and gives
-// its slot back.
+// fourth, whose slot is 300ms away, is refused with 429; a request that
+// waits holds no concurrency slot, and one whose client goes away while
+// it waits never reaches the application and gives its slot back.
 func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 	t.Parallel()
 	b := newBackend(t)
@@ -74,6 +78,9 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 			if r := do(t, f.url, "/fast/q", "X-Tenant", tenant); r.status != http.StatusOK {
 				t.Fatalf("first request of the queued rule: %d", r.status)
 			}
+			// Its concurrency slot comes back once its response is done,
+			// which may be just after the client has it.
+			f.waitInFlight(t, "qconc", 0)
 			abandoned := func() float64 {
 				return testutil.ToFloat64(f.m.DelayedTotal.WithLabelValues("p", "queued", metrics.DelayAbandoned))
 			}
@@ -88,6 +95,11 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 					t.Fatal("the request never waited")
 				}
 				time.Sleep(time.Millisecond)
+			}
+			// Waiting is not in flight: the concurrency rule's slot is
+			// free while the request waits.
+			if got := f.inFlight(t, "qconc"); got != 0 {
+				t.Errorf("a waiting request holds %v concurrency slots, want 0", got)
 			}
 			_ = nc.Close()
 			for abandoned() == was {

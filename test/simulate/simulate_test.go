@@ -30,7 +30,8 @@ import (
 
 // policy has rules of every algorithm, several rules on one request
 // (tightest wins), a cost header, a key read through trusted proxies, a
-// shadow rule and a rule that rejects requests without its key.
+// shadow rule, a rule that rejects requests without its key, and one that
+// delays instead of denying.
 const policy = `apiVersion: ratelimit.floodgate.dev/v1alpha1
 kind: RateLimitPolicy
 metadata: {name: shop, namespace: agree}
@@ -65,6 +66,10 @@ spec:
     key: [{header: X-Tenant}]
     onMissingKey: Reject
     limit: {requests: 3, per: 2s}
+  - name: smooth
+    match: {path: {type: Prefix, value: /smooth}}
+    key: [{header: X-API-Key}]
+    limit: {requests: 4, per: 1s, onExceed: Delay, maxDelay: 500ms, delayAfter: 1}
   - name: trial
     mode: Shadow
     key: [{clientIP: {}}]
@@ -88,7 +93,9 @@ func traceLines(n int) string {
 		}
 		xff := "X-Forwarded-For:" + clients[rng.IntN(len(clients))]
 		var line string
-		switch rng.IntN(7) {
+		switch rng.IntN(9) {
+		case 7, 8:
+			line = fmt.Sprintf("GET /smooth/x X-API-Key:%s %s", keys[rng.IntN(2)], xff)
 		case 0, 1:
 			line = fmt.Sprintf("GET /api/orders X-API-Key:%s %s", keys[rng.IntN(len(keys))], xff)
 			if rng.IntN(3) == 0 {
@@ -207,12 +214,14 @@ func TestSimulateAgreesWithASidecar(t *testing.T) {
 			req.Header.Set(n, v)
 		}
 		before := reached.Load()
+		sent := time.Now()
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
+		took := time.Since(sent)
 
 		where := fmt.Sprintf("request %d (%s %s %v at +%v)", i, d.Method, d.Target, d.Request, d.At.Sub(start))
 		if got, want := resp.StatusCode, d.Status; got != want {
@@ -232,18 +241,30 @@ func TestSimulateAgreesWithASidecar(t *testing.T) {
 				t.Errorf("%s: problem detail: sidecar %q, simulate %q", where, pb.Detail, d.Detail)
 			}
 		}
+		if d.Delay != "" {
+			// The sidecar holds the request on a real timer for the
+			// wait the simulation reports: never shorter.
+			wait, err := time.ParseDuration(d.Delay)
+			if err != nil {
+				t.Fatalf("%s: delay %q: %v", where, d.Delay, err)
+			}
+			if took < wait {
+				t.Errorf("%s: the sidecar answered in %v, before the simulated delay of %v", where, took, wait)
+			}
+			outcomes["delayed"]++
+		}
 		outcomes[d.Outcome]++
 		rule, _, _ := strings.Cut(d.Headers["Ratelimit"], ";")
 		rules[rule]++
 	}
 	t.Logf("replayed %d requests: outcomes %v, binding rules %v", len(rep.Decisions), outcomes, rules)
 	// The trace must have exercised what it is meant to compare.
-	for _, o := range []string{"allowed", "denied", "rejected"} {
+	for _, o := range []string{"allowed", "denied", "rejected", "delayed"} {
 		if outcomes[o] == 0 {
 			t.Errorf("no request was %s: the trace does not exercise it", o)
 		}
 	}
-	for _, r := range []string{`"shop.per-key"`, `"shop.quota"`, `"shop.login"`, `"shop.search"`, `"shop.export"`, `"shop.tenant"`} {
+	for _, r := range []string{`"shop.per-key"`, `"shop.quota"`, `"shop.login"`, `"shop.search"`, `"shop.export"`, `"shop.tenant"`, `"shop.smooth"`} {
 		if rules[r] == 0 {
 			t.Errorf("rule %s never bound an answer: the trace does not exercise it", r)
 		}

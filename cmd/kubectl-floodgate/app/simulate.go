@@ -45,12 +45,15 @@ type SimulateReport struct {
 // SimSummary counts the outcomes of the requests of one binding rule
 // ("policy.rule", or "" for requests no enforced rule matched).
 type SimSummary struct {
-	Rule        string `json:"rule"`
-	Requests    int    `json:"requests"`
-	Allowed     int    `json:"allowed"`
-	Denied      int    `json:"denied"`
-	Rejected    int    `json:"rejected,omitempty"`
-	Unavailable int    `json:"unavailable,omitempty"`
+	Rule     string `json:"rule"`
+	Requests int    `json:"requests"`
+	Allowed  int    `json:"allowed"`
+	// Delayed counts the allowed requests a rule with onExceed: Delay
+	// held before they went on.
+	Delayed     int `json:"delayed,omitempty"`
+	Denied      int `json:"denied"`
+	Rejected    int `json:"rejected,omitempty"`
+	Unavailable int `json:"unavailable,omitempty"`
 }
 
 type simulateFlags struct {
@@ -170,6 +173,9 @@ func runSimulate(o *options, f *simulateFlags, args []string) error {
 		switch d.Outcome {
 		case sim.Allowed:
 			sm.Allowed++
+			if d.Delay != "" {
+				sm.Delayed++
+			}
 		case sim.Denied:
 			sm.Denied++
 		case sim.Rejected:
@@ -258,21 +264,25 @@ func printSimulation(o *options, rep SimulateReport, quiet bool) {
 	o.printf("\n")
 	if !quiet {
 		tw := tabwriter.NewWriter(o.streams.Out, 0, 4, 2, ' ', 0)
-		fprintf(tw, "\nTIME\tMETHOD\tPATH\tSTATUS\tRULE\tREMAINING\tRESET\tRETRY-AFTER\tREQUEST\n")
+		fprintf(tw, "\nTIME\tMETHOD\tPATH\tSTATUS\tRULE\tREMAINING\tRESET\tRETRY-AFTER\tDELAY\tREQUEST\n")
 		for _, d := range rep.Decisions {
 			rl := d.Headers["Ratelimit"]
-			fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status,
-				bindingRule(rl), param(rl, "r"), seconds(param(rl, "t")), seconds(d.Headers["Retry-After"]), keyNote(d))
+			delay := d.Delay
+			if delay == "" {
+				delay = "-"
+			}
+			fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", offset(d.At.Sub(rep.Start)), d.Method, d.Target, d.Status,
+				bindingRule(rl), param(rl, "r"), seconds(param(rl, "t")), seconds(d.Headers["Retry-After"]), delay, keyNote(d))
 		}
 		_ = tw.Flush()
 	}
-	o.printf("\n%-32s %9s %8s %7s %9s %12s\n", "binding rule", "requests", "allowed", "denied", "rejected", "unavailable")
+	o.printf("\n%-32s %9s %8s %8s %7s %9s %12s\n", "binding rule", "requests", "allowed", "delayed", "denied", "rejected", "unavailable")
 	for _, s := range rep.Summary {
 		rule := s.Rule
 		if rule == "" {
 			rule = "(no rule)"
 		}
-		o.printf("%-32s %9d %8d %7d %9d %12d\n", rule, s.Requests, s.Allowed, s.Denied, s.Rejected, s.Unavailable)
+		o.printf("%-32s %9d %8d %8d %7d %9d %12d\n", rule, s.Requests, s.Allowed, s.Delayed, s.Denied, s.Rejected, s.Unavailable)
 	}
 }
 

@@ -38,3 +38,53 @@ func TestDelayTracesMatchModel(t *testing.T) {
 		t.Fatal("no decision waited: the traces do not exercise the delay")
 	}
 }
+
+// TestDelayReservationsAcrossSidecars has three stores, as three sidecars,
+// send 90 requests at once for one key of a delaying limit (20/s, one at
+// once, up to 1s of wait) at one instant: the counter function reserves
+// each admitted request's slot atomically, so exactly 21 are admitted,
+// one at once and one in each of the next 20 slots 50ms apart, whichever
+// store asked, and the others are denied.
+func TestDelayReservationsAcrossSidecars(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	stores := make([]*redisstore.Store, 3)
+	for i := range stores {
+		stores[i] = newStore(t, cluster, redisstore.Options{BatchWindow: redisstore.DefaultBatchWindow, Timeout: suiteTimeout, Now: clock})
+	}
+	l := limiter.Limit{Algorithm: limiter.GCRA, Requests: 20, Period: time.Second, Burst: 1, MaxDelay: time.Second}
+	key := uniqueKey(t)
+	type answer struct {
+		d   limiter.Decision
+		err error
+	}
+	answers := make(chan answer, 90)
+	for i := range 90 {
+		go func() {
+			d, _, err := stores[i%3].Take(t.Context(), limiter.Request{Key: key, Limit: l, Cost: 1})
+			answers <- answer{d, err}
+		}()
+	}
+	slots := map[time.Duration]int{}
+	denied := 0
+	for range 90 {
+		a := <-answers
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		if !a.d.Allowed {
+			denied++
+			continue
+		}
+		slots[a.d.Wait]++
+	}
+	if len(slots) != 21 || denied != 69 {
+		t.Fatalf("%d distinct waits (%v), %d denied; want 21 slots and 69 denied", len(slots), slots, denied)
+	}
+	for k := range 21 {
+		if w := time.Duration(k) * 50 * time.Millisecond; slots[w] != 1 {
+			t.Errorf("slot at +%v admitted %d requests, want 1", w, slots[w])
+		}
+	}
+}

@@ -62,6 +62,10 @@ type Decision struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Detail is the problem detail of an answer the sidecar gave itself.
 	Detail string `json:"detail,omitempty"`
+	// Delay is how long a rule with onExceed: Delay held the request
+	// before it went on to the application, as a Go duration; empty when
+	// it went at once.
+	Delay string `json:"delay,omitempty"`
 }
 
 // Options configure a Simulator.
@@ -82,6 +86,10 @@ type Simulator struct {
 	clock *clock
 	px    *proxy.Proxy
 	set   *ruleset.Set
+	// delay is the wait of the request being decided: the engine's timer
+	// fires at once on the simulated clock, which does not move during a
+	// request, and records it.
+	delay time.Duration
 }
 
 // New builds a simulator.
@@ -109,7 +117,14 @@ func New(o Options) (*Simulator, error) {
 	if err != nil {
 		return nil, err
 	}
-	eng, err := engine.New(engine.Options{Store: store, StoreName: config.StoreMemory, Fallback: fallback, Metrics: m, Now: clk.Now})
+	s := &Simulator{clock: clk}
+	eng, err := engine.New(engine.Options{Store: store, StoreName: config.StoreMemory, Fallback: fallback, Metrics: m, Now: clk.Now,
+		After: func(d time.Duration) <-chan time.Time {
+			s.delay = d
+			fired := make(chan time.Time, 1)
+			fired <- clk.Now().Add(d)
+			return fired
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +134,8 @@ func New(o Options) (*Simulator, error) {
 		return nil, err
 	}
 	px.SetRules(set)
-	return &Simulator{clock: clk, px: px, set: set}, nil
+	s.px, s.set = px, set
+	return s, nil
 }
 
 // Rules is the number of rate rules in force; Ignored names the policies
@@ -141,6 +157,7 @@ func (s *Simulator) Do(r trace.Request) (Decision, error) {
 		return Decision{}, fmt.Errorf("request at %v comes before the previous one", r.At)
 	}
 	s.clock.set(r.At)
+	s.delay = 0
 	req := httptest.NewRequest(r.Method, "http://application.invalid"+r.Target, nil)
 	req.Header = r.Header.Clone()
 	if r.Host != "" {
@@ -168,6 +185,9 @@ func (s *Simulator) Do(r trace.Request) (Decision, error) {
 	switch {
 	case resp.Header.Get(appHeader) != "":
 		d.Outcome = Allowed
+		if s.delay > 0 {
+			d.Delay = s.delay.String()
+		}
 	case resp.StatusCode == http.StatusTooManyRequests:
 		d.Outcome = Denied
 	case resp.StatusCode == http.StatusBadRequest:
