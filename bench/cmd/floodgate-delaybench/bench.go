@@ -866,7 +866,7 @@ func delayHeaders(h http.Header) string {
 		}
 	}
 	sort.Strings(names)
-	var parts []string
+	parts := make([]string, 0, len(names))
 	for _, k := range names {
 		parts = append(parts, k+"="+strings.Join(h[k], ","))
 	}
