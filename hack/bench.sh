@@ -70,3 +70,6 @@ hack/with-reaper.sh go run ./bench/cmd/floodgate-rlsbench -out "$OUT/rls.json"
 echo "== load shedder: an application of capacity C under 3 x C, 20% critical; the shedder against no shedding and a static concurrency cap (critical success and p99, goodput)"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-shedbench -out "$OUT/shed.json"
 hack/with-reaper.sh go run ./bench/cmd/floodgate-shedbench -reserve-critical 60 -reserve-default 0 -out "$OUT/shed-reserve60.json"
+
+echo "== delay instead of deny: 3 sidecars on Redis with onExceed: Delay (100/s, maxDelay 2s) under 300/s on one key, beside nginx limit_req burst=200 (no nodelay): arrivals per second, delayed and refused, delay percentiles, CPU per delayed request; RSS with 10,000 requests waiting in a sidecar and in nginx"
+hack/with-reaper.sh go run ./bench/cmd/floodgate-delaybench -out "$OUT/delay.json" | tee "$OUT/delay.txt"

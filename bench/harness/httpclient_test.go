@@ -93,7 +93,7 @@ func TestClientReusesConnectionsAndSendsHeaders(t *testing.T) {
 	}
 	rec := &recorder{}
 	for range 5 {
-		if !do(context.Background(), c, ct, 7, rec) {
+		if _, ok := do(context.Background(), c, ct, 7, rec); !ok {
 			t.Fatalf("request failed: %d errors", rec.errors.Load())
 		}
 	}

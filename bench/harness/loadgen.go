@@ -45,6 +45,18 @@ type recorder struct {
 	ok, limited, errors atomic.Int64
 	mu                  sync.Mutex
 	lat                 []float64 // microseconds
+	// records, when not nil, receives each open-loop request's Record at
+	// its request number (OpenLoopRecords).
+	records []Record
+}
+
+// Record is one open-loop request's outcome: when it was due (its
+// scheduled send time), when a worker took it up to send (later than Due
+// when every worker was busy or the generator was descheduled), when its
+// answer was read, and its status (0 for a transport error).
+type Record struct {
+	Due, Sent, Done time.Time
+	Status          int
 }
 
 func (r *recorder) add(local []float64) {
@@ -94,7 +106,7 @@ func compile(t Target) (compiled, error) {
 	return c, nil
 }
 
-func do(ctx context.Context, c *Client, t compiled, i int64, rec *recorder) bool {
+func do(ctx context.Context, c *Client, t compiled, i int64, rec *recorder) (int, bool) {
 	var hdr func([]byte) []byte
 	if t.header != nil {
 		hdr = func(dst []byte) []byte { return t.header(dst, i) }
@@ -104,7 +116,7 @@ func do(ctx context.Context, c *Client, t compiled, i int64, rec *recorder) bool
 		if ctx.Err() == nil {
 			rec.errors.Add(1)
 		}
-		return false
+		return 0, false
 	}
 	switch {
 	case status/100 == 2:
@@ -114,7 +126,7 @@ func do(ctx context.Context, c *Client, t compiled, i int64, rec *recorder) bool
 	default:
 		rec.errors.Add(1)
 	}
-	return true
+	return status, true
 }
 
 // OpenLoop sends requests at a fixed rate for d, whatever the server does:
@@ -128,6 +140,19 @@ func OpenLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Dur
 		return Stats{}, err
 	}
 	return rec.stats(sent, elapsed), nil
+}
+
+// OpenLoopRecords is OpenLoop that also returns every request's Record,
+// indexed by request number (rate*d of them; a request never sent keeps
+// a zero Record). Target.Header sees the same numbers, so a header can
+// carry the number for the server to log.
+func OpenLoopRecords(ctx context.Context, c *Client, t Target, rate float64, d time.Duration, workers int) (Stats, []Record, error) {
+	rec := &recorder{records: make([]Record, int64(rate*d.Seconds()))}
+	sent, elapsed, err := openLoop(ctx, c, t, rate, d, workers, 0, rec)
+	if err != nil {
+		return Stats{}, nil, err
+	}
+	return rec.stats(sent, elapsed), rec.records, nil
 }
 
 // Path is one side of an interleaved comparison: a target and the client
@@ -234,8 +259,13 @@ func openLoop(ctx context.Context, c *Client, t Target, rate float64, d time.Dur
 				if ctx.Err() != nil {
 					continue
 				}
-				if do(ctx, c, ct, first+i, rec) {
+				sentAt := time.Now()
+				status, ok := do(ctx, c, ct, first+i, rec)
+				if ok {
 					local = append(local, float64(time.Since(due(i)).Microseconds()))
+				}
+				if rec.records != nil && i < int64(len(rec.records)) {
+					rec.records[i] = Record{Due: due(i), Sent: sentAt, Done: time.Now(), Status: status}
 				}
 			}
 		})
@@ -277,7 +307,7 @@ func ClosedLoop(ctx context.Context, c *Client, t Target, d time.Duration, conns
 			for ctx.Err() == nil {
 				i := next.Add(1) - 1
 				t0 := time.Now()
-				if do(ctx, c, ct, i, rec) {
+				if _, ok := do(ctx, c, ct, i, rec); ok {
 					local = append(local, float64(time.Since(t0).Microseconds()))
 				}
 			}
