@@ -48,9 +48,9 @@ func GRPCStatus(httpStatus int) int {
 // percent-encoded as gRPC requires), grpc-retry-pushback-ms when retry is
 // positive and b's mode is not ModeNone (the wait in milliseconds,
 // rounded up to whole seconds as Retry-After is, so the two agree), then,
-// when b is not nil, the rate-limit fields b sends. A front sends them as the trailers of a
-// Trailers-Only answer: HTTP status 200, Content-Type GRPCContentType, no
-// message, END_STREAM on the one HEADERS frame. gRPC clients then see the
+// when b is not nil, the rate-limit fields b sends. A front sends them as
+// the trailers of a Trailers-Only answer: HTTP status 200, Content-Type
+// GRPCContentType, no message, END_STREAM on the one HEADERS frame. gRPC clients then see the
 // status, read grpc-retry-pushback-ms to space their retries (retry
 // policies honour it), and find the rate-limit fields in the call's
 // trailer metadata.
