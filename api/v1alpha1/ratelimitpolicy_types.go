@@ -131,6 +131,7 @@ type StoreReference struct {
 // +kubebuilder:validation:XValidation:rule="!(has(self.limit) && has(self.concurrency))",message="set limit (a rate) or concurrency (requests in flight), not both; use two rules for both; limit.split does not apply to a concurrency cap",fieldPath=".concurrency"
 // +kubebuilder:validation:XValidation:rule="has(self.limit) || has(self.concurrency) || has(self.priority)",message="a rule needs a limit, a concurrency cap, or a priority"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || has(self.limit)",message="cost applies to rate limits only: a concurrency rule holds one slot per request",fieldPath=".cost"
+// +kubebuilder:validation:XValidation:rule="!has(self.responseHeaders) || has(self.limit)",message="responseHeaders applies to rate limits only: it says which of a rate rule's numbers its answers carry",fieldPath=".responseHeaders"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.default) || self.cost.default <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.default must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset; limit.delayAfter, or 1, under onExceed: Delay), or every request would be denied",fieldPath=".cost.default"
 // +kubebuilder:validation:XValidation:rule="!has(self.cost) || !has(self.limit) || !has(self.cost.max) || self.cost.max <= (has(self.limit.onExceed) && self.limit.onExceed == 'Delay' ? (has(self.limit.delayAfter) ? self.limit.delayAfter : 1) : (has(self.limit.burst) && self.limit.burst > 0 ? self.limit.burst : self.limit.requests))",message="cost.max must not exceed the rule's capacity (limit.burst, or limit.requests when burst is unset; limit.delayAfter, or 1, under onExceed: Delay)",fieldPath=".cost.max"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit) || !has(self.limit.onExceed) || self.limit.onExceed != 'Delay' || !has(self.mode) || self.mode != 'Shadow'",message="a Shadow rule never holds a request, so it cannot use onExceed: Delay; try the limit in Shadow with onExceed unset (Deny), then switch to Enforce with Delay",fieldPath=".mode"
@@ -225,7 +226,29 @@ type Rule struct {
 	// policy's exempt section applies too.
 	// +optional
 	Exempt *Exempt `json:"exempt,omitempty"`
+
+	// ResponseHeaders says which rate-limit response fields the answers
+	// this rule binds carry: Full (the default) sends X-RateLimit-Limit,
+	// X-RateLimit-Remaining, X-RateLimit-Reset, RateLimit-Policy,
+	// RateLimit, and Retry-After on a refusal; RetryAfter sends only
+	// Retry-After on a refusal; None sends none of them, and a refusal's
+	// body states no number. RetryAfter and None keep a threshold, such
+	// as a denial-of-service guard's, from being advertised.
+	// +optional
+	ResponseHeaders ResponseHeaders `json:"responseHeaders,omitempty"`
 }
+
+// ResponseHeaders says which rate-limit response fields a rule's answers
+// carry.
+// +kubebuilder:validation:Enum=Full;RetryAfter;None
+type ResponseHeaders string
+
+// The ResponseHeaders values.
+const (
+	ResponseHeadersFull       ResponseHeaders = "Full"
+	ResponseHeadersRetryAfter ResponseHeaders = "RetryAfter"
+	ResponseHeadersNone       ResponseHeaders = "None"
+)
 
 // KeyAlternatives returns the rule's key alternatives: Keys, or Key as the
 // only one (which may be empty: a global rule).

@@ -177,6 +177,12 @@ func validateRule(r *Rule, path *field.Path, ctx *ruleContext) field.ErrorList {
 	errs = append(errs, enumValue(path.Child("failureMode"), string(r.FailureMode),
 		FailureModeOpen, FailureModeClosed)...)
 	errs = append(errs, enumValue(path.Child("mode"), string(r.Mode), ModeEnforce, ModeShadow)...)
+	errs = append(errs, enumValue(path.Child("responseHeaders"), string(r.ResponseHeaders),
+		ResponseHeadersFull, ResponseHeadersRetryAfter, ResponseHeadersNone)...)
+	if r.ResponseHeaders != "" && r.Limit == (Limit{}) {
+		errs = append(errs, field.Invalid(path.Child("responseHeaders"), r.ResponseHeaders,
+			"responseHeaders applies to rate limits only: it says which of a rate rule's numbers its answers carry"))
+	}
 
 	errs = append(errs, validateRuleKind(r, path)...)
 	if r.Limit != (Limit{}) {

@@ -34,6 +34,8 @@ func validPolicy() *RateLimitPolicy {
 				Match: &RuleMatch{Path: &PathMatch{Type: PathMatchRegularExpression, Value: `^/items/[0-9]+$`}},
 				Key:   []KeyPart{{Path: &PathKey{}}, {Method: &MethodKey{}}, {Query: "tenant"}},
 				Limit: Limit{Requests: 10000, Per: metav1.Duration{Duration: 24 * time.Hour}, Algorithm: AlgorithmSlidingWindow},
+				// A threshold that is not advertised.
+				ResponseHeaders: ResponseHeadersNone,
 			}},
 			TrustedProxies: &TrustedProxies{CIDRs: []CIDR{"10.0.0.0/8", "fd00::/8"}, Hops: 1},
 			JWT:            &JWT{HMACSecretRef: &KeyReference{Name: "jwt", Key: "hmac"}, Issuer: "https://auth.example.com"},
@@ -154,6 +156,13 @@ func TestValidateSemanticsRejects(t *testing.T) {
 			"spec.rules[0].failureMode", "Unsupported value"},
 		{"unknown mode", func(p *RateLimitPolicy) { p.Spec.Rules[0].Mode = "Audit" },
 			"spec.rules[0].mode", "Unsupported value"},
+		{"unknown responseHeaders", func(p *RateLimitPolicy) { p.Spec.Rules[0].ResponseHeaders = "Limit" },
+			"spec.rules[0].responseHeaders", "Unsupported value"},
+		{"responseHeaders on a concurrency rule", func(p *RateLimitPolicy) {
+			p.Spec.Rules[0].Limit, p.Spec.Rules[0].Cost = Limit{}, nil
+			p.Spec.Rules[0].Concurrency = &Concurrency{Max: 10}
+			p.Spec.Rules[0].ResponseHeaders = ResponseHeadersNone
+		}, "spec.rules[0].responseHeaders", "rate limits only"},
 		{"unknown onMissingKey", func(p *RateLimitPolicy) { p.Spec.Rules[0].OnMissingKey = "Drop" },
 			"spec.rules[0].onMissingKey", "Unsupported value"},
 		{"unknown method", func(p *RateLimitPolicy) { p.Spec.Rules[0].Match.Methods = []HTTPMethod{"FETCH"} },

@@ -217,6 +217,11 @@ type Rule struct {
 	// Exempt, when set, lists requests the rule matches but never limits
 	// (see Exempt). The policy's Exempt applies too.
 	Exempt *Exempt `json:"exempt,omitempty"`
+	// ResponseHeaders says which rate-limit response fields the answers
+	// this rule binds carry: "Full" (default) all of them, "RetryAfter"
+	// only Retry-After on a refusal, "None" none, and a refusal's body
+	// then states no number. Only a rate rule takes it.
+	ResponseHeaders string `json:"responseHeaders,omitempty"`
 	// ReplacedBy lists the UIDs of other policies of the document. A
 	// sidecar that enforces any of them does not enforce this rule: a
 	// namespace's policy has replaced it there. floodgate-manager sets it

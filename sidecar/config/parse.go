@@ -34,6 +34,13 @@ const (
 	FailureClosed = "Closed"
 )
 
+// Values of Rule.ResponseHeaders.
+const (
+	ResponseHeadersFull       = "Full"
+	ResponseHeadersRetryAfter = "RetryAfter"
+	ResponseHeadersNone       = "None"
+)
+
 // Values of Rule.Mode.
 const (
 	ModeEnforce = "Enforce"

@@ -621,7 +621,8 @@ func (r *Rule) validateDescriptorRule(path string, errs *errList) {
 	r.validateModes(path, errs)
 }
 
-// validateModes checks the failureMode and mode that every rule has.
+// validateModes checks the failureMode, mode and responseHeaders that
+// every rule has.
 func (r *Rule) validateModes(path string, errs *errList) {
 	switch r.FailureMode {
 	case "", FailureOpen, FailureClosed:
@@ -632,6 +633,15 @@ func (r *Rule) validateModes(path string, errs *errList) {
 	case "", ModeEnforce, ModeShadow:
 	default:
 		errs.add(path+".mode", "must be %s or %s, got %q", ModeEnforce, ModeShadow, r.Mode)
+	}
+	switch r.ResponseHeaders {
+	case "", ResponseHeadersFull, ResponseHeadersRetryAfter, ResponseHeadersNone:
+		if r.ResponseHeaders != "" && r.Limit == (Limit{}) {
+			errs.add(path+".responseHeaders", "applies to rate limits only: it says which of a rate rule's numbers its answers carry")
+		}
+	default:
+		errs.add(path+".responseHeaders", "must be %s, %s or %s, got %q",
+			ResponseHeadersFull, ResponseHeadersRetryAfter, ResponseHeadersNone, r.ResponseHeaders)
 	}
 }
 

@@ -11,7 +11,10 @@
 // are counted and reported as if each were the only rule, but never change
 // the outcome. The headers describe one hit, the binding one: the denying
 // rule with the longest wait, or else the enforced rule with least
-// remaining.
+// remaining, a rule that is not Quiet before a Quiet one: a rule whose
+// answers keep its numbers hidden never binds an admitted request that a
+// rule showing its numbers also matched, so the presence and values of
+// that rule's fields say nothing of the hidden rule's count.
 //
 // A hit of cost 0 (the Envoy front's hits_addend 0: "is at least one
 // unit left?") is a peek, decided as a cost of 1 would be and never

@@ -26,6 +26,13 @@ type Rule struct {
 	FailClosed bool
 	// Shadow rules are counted and reported but never deny.
 	Shadow bool
+	// Quiet rules keep their numbers out of the answers they bind (their
+	// responseHeaders is RetryAfter or None). An admitted request's
+	// binding hit is a quiet one only when no enforced rule that is not
+	// quiet matched it, so that the answer shows the numbers of a rule
+	// that shows them, whatever the quiet rules' counts. Set it before
+	// the rule decides.
+	Quiet bool
 	// Waiting counts the requests of this rule that wait for a delayed
 	// slot (Limit.MaxDelay) in this sidecar; the front bounds it.
 	Waiting atomic.Int64

@@ -128,7 +128,7 @@ func (e *Engine) conclude(hits []Hit, v *Verdict) {
 				v.Outcome, v.Binding, v.RetryAfter = Deny, i, r.RetryAfter
 			}
 		case v.Outcome == Allow:
-			if v.Binding < 0 || tighter(r.Decision, v.Results[v.Binding].Decision) {
+			if v.Binding < 0 || binds(hits[i].Rule, r.Decision, hits[v.Binding].Rule, v.Results[v.Binding].Decision) {
 				v.Binding = i
 			}
 			v.Wait = max(v.Wait, r.Wait)
@@ -137,6 +137,16 @@ func (e *Engine) conclude(hits []Hit, v *Verdict) {
 	if v.Outcome != Allow {
 		v.Wait = 0
 	}
+}
+
+// binds reports whether an admitting hit of rule ra with decision a binds
+// rather than one of rule rb with decision b: a rule that shows its
+// numbers before a quiet one, then the tighter.
+func binds(ra *Rule, a limiter.Decision, rb *Rule, b limiter.Decision) bool {
+	if ra.Quiet != rb.Quiet {
+		return !ra.Quiet
+	}
+	return tighter(a, b)
 }
 
 // tighter reports whether a leaves less room than b.

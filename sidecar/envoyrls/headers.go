@@ -13,7 +13,8 @@ import (
 
 // headers builds the response fields of the call's binding rule, as the
 // HTTP proxy sets them (package ratelimitheaders): the first enforced rule
-// that denies every call when one matched, else the engine's binding hit.
+// that denies every call when one matched, else the engine's binding hit;
+// only those its mode (responseHeaders) sends.
 func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.Time) []*corev3.HeaderValue {
 	var b ratelimitheaders.Binding
 	switch {
@@ -31,17 +32,20 @@ func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.
 		}
 	case v.Binding >= 0:
 		r := sc.hrule[v.Binding]
-		b = ratelimitheaders.Bind(r.PolicyName, r.Limit, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
+		b = ratelimitheaders.Bind(r.PolicyName, r.Limit, r.Fields, v.Results[v.Binding].Decision, v.Outcome != engine.Allow)
 	default:
 		return nil
 	}
 	vals := ratelimitheaders.Format(&b)
 	// The values share one string, the header values one array.
-	n := vals.Len()
-	hv := make([]corev3.HeaderValue, n)
-	out := make([]*corev3.HeaderValue, n)
-	for i := range n {
-		f := ratelimitheaders.Field(i)
+	lo, hi := vals.Span()
+	if lo == hi {
+		return nil
+	}
+	hv := make([]corev3.HeaderValue, hi-lo)
+	out := make([]*corev3.HeaderValue, hi-lo)
+	for i := range hv {
+		f := lo + ratelimitheaders.Field(i)
 		hv[i].Key, hv[i].Value = ratelimitheaders.Names[f], vals.Get(f)
 		out[i] = &hv[i]
 	}
@@ -52,6 +56,6 @@ func (s *Server) headers(sc *scratch, v *engine.Verdict, blocked bool, now time.
 // remains until the end of its window.
 func blockBinding(r *ruleset.DescriptorRule, now time.Time) ratelimitheaders.Binding {
 	left := windowLeft(r, now)
-	return ratelimitheaders.Bind(r.PolicyName, r.Limit,
+	return ratelimitheaders.Bind(r.PolicyName, r.Limit, r.Fields,
 		limiter.Decision{Limit: r.Limit.Capacity(), ResetAfter: left, RetryAfter: left}, true)
 }

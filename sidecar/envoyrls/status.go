@@ -86,6 +86,12 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 			if c.rule.Shadow {
 				return
 			}
+		case c.rule.Fields.Quiet() != best.rule.Fields.Quiet():
+			// A rule that shows its numbers describes the descriptor
+			// before one that hides them.
+			if c.rule.Fields.Quiet() {
+				return
+			}
 		case c.remaining >= best.remaining:
 			return
 		}
@@ -120,6 +126,12 @@ func (s *Server) descriptorStatus(i int, sc *scratch, v *engine.Verdict, now tim
 	}
 	if best.denied {
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if best.rule.Fields.Quiet() {
+		// Envoy makes its own X-RateLimit fields of these numbers
+		// (enable_x_ratelimit_headers): a rule that hides them answers
+		// the code alone.
+		return ds
 	}
 	ds.CurrentLimit = currentLimit(best.rule, blk)
 	ds.LimitRemaining = uint32(min(max(best.remaining, 0), math.MaxUint32))

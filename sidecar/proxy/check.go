@@ -215,7 +215,7 @@ func (p *Proxy) check(r *http.Request, st *State) *Decision {
 	if v.Binding >= 0 {
 		rule := &set.Rules[st.Rules[v.Binding]]
 		d.Rule, d.Result = rule, v.Results[v.Binding]
-		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, d.Result.Decision, v.Outcome != engine.Allow)
+		d.Binding = ratelimitheaders.Bind(rule.PolicyName, rule.Engine.Limit, rule.Fields, d.Result.Decision, v.Outcome != engine.Allow)
 	}
 	p.publish(r, st, v)
 	if v.Outcome == engine.Allow && !p.enter(r.Context(), st, d) {
@@ -316,13 +316,15 @@ func (d *Decision) problem() problemSpec {
 	switch d.Outcome {
 	case Denied:
 		r := d.Rule.Engine
-		return problemSpec{status: http.StatusTooManyRequests, typ: ProblemRateLimited, title: "Too Many Requests",
+		ps := problemSpec{status: http.StatusTooManyRequests, typ: ProblemRateLimited, title: "Too Many Requests",
 			d0: "rate limit of policy ", d1: r.Policy, d2: ", rule ", d3: r.Name, d4: " exceeded", secs: d.Binding.RetrySeconds()}
+		return d.quiet(ps, "rate limit exceeded")
 	case Unavailable:
 		r := d.Rule.Engine
-		return problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: titleUnavailable,
+		ps := problemSpec{status: http.StatusServiceUnavailable, typ: ProblemUnavailable, title: titleUnavailable,
 			d0: "the counter store for policy ", d1: r.Policy, d2: ", rule ", d3: r.Name,
 			d4: " is unreachable and the rule fails closed", secs: d.Binding.RetrySeconds()}
+		return d.quiet(ps, "the counter store is unreachable and the rule fails closed")
 	case Rejected:
 		return problemSpec{status: http.StatusBadRequest, typ: ProblemBadRequest, title: "Bad Request", d0: d.Detail}
 	case ConcurrencyDenied, ConcurrencyUnavailable, Shed:
@@ -341,26 +343,44 @@ func (d *Decision) problem() problemSpec {
 	return problemSpec{status: http.StatusBadGateway, typ: ProblemUpstream, title: "Bad Gateway", d0: "the application did not answer"}
 }
 
+// quiet trims the problem of a refusal by a rule whose numbers are hidden
+// (responseHeaders RetryAfter or None): its detail names neither the
+// policy nor the rule, whose names an operator may have made of the
+// numbers ("login-5-per-minute"), and under None the body does not carry
+// retryAfter either, as the answer carries no Retry-After. detail is
+// the detail then.
+func (d *Decision) quiet(ps problemSpec, detail string) problemSpec {
+	switch d.Rule.Fields {
+	case ratelimitheaders.ModeFull:
+		return ps
+	case ratelimitheaders.ModeNone:
+		ps.secs = 0
+	}
+	ps.d0, ps.d1, ps.d2, ps.d3, ps.d4 = detail, "", "", "", ""
+	return ps
+}
+
 // UpstreamError is the Decision whose AppendProblem is the 502 answer to a
 // request the application did not answer.
 var UpstreamError = Decision{Outcome: 0xff}
 
-// AppendFields appends the binding rule's response fields, each as a
-// "Name: value\r\n" line (Retry-After among them when the rule refused the
-// request), or nothing when the decision has no binding rule.
+// AppendFields appends the response fields the binding rule sends (see
+// ratelimitheaders.Binding.Span), each as a "Name: value\r\n" line
+// (Retry-After among them when the rule refused the request and its mode
+// sends it), or nothing when the decision has no binding rule.
 func AppendFields(b []byte, d *Decision) []byte {
 	if d.Rule == nil {
 		return b
 	}
 	var vals [192]byte
-	v, ends, n := ratelimitheaders.Append(vals[:0], &d.Binding)
+	v, ends, lo, hi := ratelimitheaders.Append(vals[:0], &d.Binding)
 	begin := 0
-	for i, end := range ends[:n] {
-		b = append(b, fieldNames[i]...)
+	for f := lo; f < hi; f++ {
+		b = append(b, fieldNames[f]...)
 		b = append(b, ": "...)
-		b = append(b, v[begin:end]...)
+		b = append(b, v[begin:ends[f]]...)
 		b = append(b, "\r\n"...)
-		begin = end
+		begin = ends[f]
 	}
 	return b
 }

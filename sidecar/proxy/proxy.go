@@ -319,8 +319,11 @@ var fieldNames = func() (n [ratelimitheaders.NumFields + 1]string) {
 // setFields sets the response fields of b on h.
 func setFields(h http.Header, b *ratelimitheaders.Binding) {
 	var buf [192]byte
-	out, ends, n := ratelimitheaders.Append(buf[:0], b)
-	setValues(h, string(out), ends[:n], fieldNames[:n])
+	out, ends, lo, hi := ratelimitheaders.Append(buf[:0], b)
+	if lo == hi {
+		return
+	}
+	setValues(h, string(out), ends[lo:hi], fieldNames[lo:hi])
 }
 
 // setValues sets header names[i] to the piece of all that ends at
@@ -380,9 +383,10 @@ func isGRPC(r *http.Request) bool {
 	return len(ct) == 1 && ratelimitheaders.IsGRPC(ct[0])
 }
 
-// refuse answers a request that binding b refused: its response fields
-// (Retry-After among them), and the problem+json body ps, whose
-// retryAfter is the Retry-After field; for a gRPC call, the gRPC answer.
+// refuse answers a request that binding b refused: the response fields b
+// sends (Retry-After among them unless its mode is ModeNone), and the
+// problem+json body ps, whose retryAfter is the Retry-After field; for a
+// gRPC call, the gRPC answer.
 func refuse(w http.ResponseWriter, r *http.Request, b *ratelimitheaders.Binding, ps *problemSpec) {
 	if isGRPC(r) {
 		WriteGRPCRefusal(w, b, ps.status, ps.detail(), time.Duration(b.RetrySeconds())*time.Second)
@@ -392,13 +396,14 @@ func refuse(w http.ResponseWriter, r *http.Request, b *ratelimitheaders.Binding,
 	// The fields and Content-Length share one string and one backing
 	// array.
 	var buf [224]byte
-	out, fe, n := ratelimitheaders.Append(buf[:0], b)
+	out, fe, lo, hi := ratelimitheaders.Append(buf[:0], b)
 	out = strconv.AppendInt(out, int64(len(body)), 10)
+	n := int(hi - lo)
 	var ends [ratelimitheaders.NumFields + 1]int
-	copy(ends[:], fe[:n])
+	copy(ends[:], fe[lo:hi])
 	ends[n] = len(out)
 	var names [ratelimitheaders.NumFields + 1]string
-	copy(names[:], fieldNames[:n])
+	copy(names[:], fieldNames[lo:hi])
 	names[n] = "Content-Length"
 	h := w.Header()
 	setValues(h, string(out), ends[:n+1], names[:n+1])

@@ -46,22 +46,23 @@ func GRPCStatus(httpStatus int) int {
 // GRPCRefusal appends to dst, as name/value pairs, the fields of a gRPC
 // call the sidecar refuses: grpc-status, grpc-message (msg,
 // percent-encoded as gRPC requires), grpc-retry-pushback-ms when retry is
-// positive (the wait in milliseconds, rounded up to whole seconds as
-// Retry-After is, so the two agree), then, when b is not nil, the
-// rate-limit fields of b. A front sends them as the trailers of a
-// Trailers-Only answer: HTTP status 200, Content-Type GRPCContentType, no
-// message, END_STREAM on the one HEADERS frame. gRPC clients then see the
+// positive and b's mode is not ModeNone (the wait in milliseconds,
+// rounded up to whole seconds as Retry-After is, so the two agree), then,
+// when b is not nil, the rate-limit fields b sends. A front sends them as
+// the trailers of a Trailers-Only answer: HTTP status 200, Content-Type
+// GRPCContentType, no message, END_STREAM on the one HEADERS frame. gRPC clients then see the
 // status, read grpc-retry-pushback-ms to space their retries (retry
 // policies honour it), and find the rate-limit fields in the call's
 // trailer metadata.
 func GRPCRefusal(dst []string, b *Binding, code int, msg string, retry time.Duration) []string {
 	dst = append(dst, "grpc-status", strconv.Itoa(code), "grpc-message", grpcMessage(msg))
-	if retry > 0 {
+	if retry > 0 && (b == nil || b.Mode != ModeNone) {
 		dst = append(dst, "grpc-retry-pushback-ms", strconv.FormatInt(RetrySeconds(retry)*1000, 10))
 	}
 	if b != nil {
 		v := Format(b)
-		for f := range Field(v.Len()) {
+		lo, hi := v.Span()
+		for f := lo; f < hi; f++ {
 			dst = append(dst, strings.ToLower(Names[f]), v.Get(f))
 		}
 	}

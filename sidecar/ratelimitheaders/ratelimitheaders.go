@@ -28,6 +28,19 @@
 // The RateLimit fields are draft-ietf-httpapi-ratelimit-headers-09's, in
 // their structured-field form; the item names the rule as
 // "<policy>.<rule>".
+//
+// # Hidden thresholds
+//
+// A rule's Mode (its responseHeaders) may keep its numbers from its
+// answers, so that a threshold, such as a denial-of-service guard's, is
+// not advertised to the clients that probe it. ModeFull sends the fields
+// above; ModeRetryAfter sends only Retry-After, on a refusal; ModeNone
+// sends none. The fields describe the binding rule alone (one item in
+// RateLimit-Policy and RateLimit, never a list of every rule that
+// matched), so a hidden rule's numbers cannot come out through another
+// rule's fields; and the engine makes a hidden rule bind an admitted
+// request only when no rule that shows its numbers matched it (see
+// engine.Rule.Quiet).
 package ratelimitheaders
 
 import (
@@ -62,6 +75,49 @@ var Names = [NumFields]string{
 	RetryAfter: "Retry-After",
 }
 
+// Mode says which fields the answers a rule binds carry. The zero Mode
+// is ModeFull.
+type Mode uint8
+
+// The modes.
+const (
+	// ModeFull sends every field.
+	ModeFull Mode = iota
+	// ModeRetryAfter sends Retry-After on a refusal and nothing else.
+	ModeRetryAfter
+	// ModeNone sends no field.
+	ModeNone
+)
+
+// ParseMode returns the Mode of a rule's responseHeaders: "RetryAfter",
+// "None", or "Full" and "" (the default) for ModeFull. The sidecar's
+// config validation has already refused other values; ParseMode reads
+// them as ModeNone, the mode that tells least.
+func ParseMode(s string) Mode {
+	switch s {
+	case "", "Full":
+		return ModeFull
+	case "RetryAfter":
+		return ModeRetryAfter
+	}
+	return ModeNone
+}
+
+// Quiet reports whether m keeps the rule's numbers (its limit, what
+// remains, its window) from its answers.
+func (m Mode) Quiet() bool { return m != ModeFull }
+
+// String returns the mode as a rule's responseHeaders spells it.
+func (m Mode) String() string {
+	switch m {
+	case ModeFull:
+		return "Full"
+	case ModeRetryAfter:
+		return "RetryAfter"
+	}
+	return "None"
+}
+
 // Binding is what the fields report: the decision on the binding rule.
 type Binding struct {
 	// Name is the rule's item name, "<policy>.<rule>". Rule and policy
@@ -81,16 +137,37 @@ type Binding struct {
 	// Denied reports that the rule refused the request: a deny, or a
 	// fail-closed rule whose store is unreachable.
 	Denied bool
+	// Mode is the rule's: which of the fields are sent.
+	Mode Mode
 }
 
-// Bind returns the binding of the rule named name, with limit lim, whose
-// key got decision d; denied reports that the rule refused the request.
-func Bind(name string, lim limiter.Limit, d limiter.Decision, denied bool) Binding {
+// Bind returns the binding of the rule named name, with limit lim and
+// mode m, whose key got decision d; denied reports that the rule refused
+// the request.
+func Bind(name string, lim limiter.Limit, m Mode, d limiter.Decision, denied bool) Binding {
 	return Binding{
 		Name: name, Requests: lim.Requests, Period: lim.Period,
 		Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter,
-		Denied: denied,
+		Denied: denied, Mode: m,
 	}
+}
+
+// Span returns the fields b sends, lo to hi-1: every field but
+// Retry-After on an admitted request, all of them on a refusal, for
+// ModeFull; Retry-After alone on a refusal for ModeRetryAfter; none
+// (lo == hi) otherwise.
+func (b *Binding) Span() (lo, hi Field) {
+	hi = RetryAfter
+	if b.Denied {
+		hi = NumFields
+	}
+	switch b.Mode {
+	case ModeFull:
+		return 0, hi
+	case ModeRetryAfter:
+		return RetryAfter, hi
+	}
+	return hi, hi
 }
 
 // RetrySeconds returns the Retry-After value of a denied binding: its
@@ -109,22 +186,21 @@ func (b *Binding) RetrySeconds() int64 {
 // Values holds the fields' values in one string. The zero Values has no
 // field.
 type Values struct {
-	all  string
-	ends [NumFields]int
-	n    int
+	all    string
+	ends   [NumFields]int
+	lo, hi Field
 }
 
-// Len returns the number of fields: NumFields on a deny, NumFields-1
-// (no Retry-After) otherwise.
-func (v *Values) Len() int { return v.n }
+// Span returns the fields sent, lo to hi-1 (see Binding.Span).
+func (v *Values) Span() (lo, hi Field) { return v.lo, v.hi }
 
 // Get returns the value of field f, or "" when it is not sent.
 func (v *Values) Get(f Field) string {
-	if int(f) >= v.n {
+	if f < v.lo || f >= v.hi {
 		return ""
 	}
 	begin := 0
-	if f > 0 {
+	if f > v.lo {
 		begin = v.ends[f-1]
 	}
 	return v.all[begin:v.ends[f]]
@@ -133,16 +209,35 @@ func (v *Values) Get(f Field) string {
 // Format computes the fields of b. It allocates the one string they share.
 func Format(b *Binding) Values {
 	var buf [192]byte
-	out, ends, n := Append(buf[:0], b)
-	return Values{all: string(out), ends: ends, n: n}
+	out, ends, lo, hi := Append(buf[:0], b)
+	return Values{all: string(out), ends: ends, lo: lo, hi: hi}
 }
 
-// Append appends the values of the fields of b to dst, one after another,
-// and returns the extended slice, the offset in it where each value ends,
-// and how many fields there are (Retry-After is the last, and only sent on
-// a deny). It is for callers that keep more values in the same buffer;
-// Format is the simple form.
-func Append(dst []byte, b *Binding) (out []byte, ends [NumFields]int, n int) {
+// Append appends the values of the fields b sends (see Binding.Span) to
+// dst, one after another, and returns the extended slice, the offset in
+// it where each value ends, and the span of the fields sent: field lo
+// begins where dst ended, and each later one where the one before it
+// ends. Retry-After, when sent, is the last. It is for callers that keep
+// more values in the same buffer; Format is the simple form.
+func Append(dst []byte, b *Binding) (out []byte, ends [NumFields]int, lo, hi Field) {
+	lo, hi = b.Span()
+	if lo == hi {
+		return dst, ends, lo, hi
+	}
+	if lo < RetryAfter {
+		dst, ends = appendNumbers(dst, b)
+	}
+	if hi == NumFields {
+		dst = strconv.AppendInt(dst, b.RetrySeconds(), 10)
+		ends[RetryAfter] = len(dst)
+	}
+	return dst, ends, lo, hi
+}
+
+// appendNumbers appends the values of the fields that state b's numbers:
+// every field but Retry-After.
+func appendNumbers(dst []byte, b *Binding) ([]byte, [NumFields]int) {
+	var ends [NumFields]int
 	remaining := b.Remaining
 	if b.Denied {
 		remaining = 0
@@ -166,12 +261,7 @@ func Append(dst []byte, b *Binding) (out []byte, ends [NumFields]int, n int) {
 	dst = append(dst, ";t="...)
 	dst = strconv.AppendInt(dst, reset, 10)
 	ends[RateLimit] = len(dst)
-	if !b.Denied {
-		return dst, ends, int(RetryAfter)
-	}
-	dst = strconv.AppendInt(dst, b.RetrySeconds(), 10)
-	ends[RetryAfter] = len(dst)
-	return dst, ends, int(NumFields)
+	return dst, ends
 }
 
 // CeilSeconds rounds d up to whole seconds, and to at least floor.

@@ -1,6 +1,7 @@
 package ratelimitheaders
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,12 +57,12 @@ func TestFormat(t *testing.T) {
 				`"p.r";r=999999999;t=3162240000`, ""}},
 	} {
 		v := Format(&tc.b)
-		wantLen := int(NumFields)
+		wantHi := NumFields
 		if !tc.b.Denied {
-			wantLen--
+			wantHi--
 		}
-		if got := v.Len(); got != wantLen {
-			t.Errorf("%s: Len() = %d, want %d", tc.name, got, wantLen)
+		if lo, hi := v.Span(); lo != 0 || hi != wantHi {
+			t.Errorf("%s: Span() = %d, %d, want 0, %d", tc.name, lo, hi, wantHi)
 		}
 		for f := range NumFields {
 			if got, want := v.Get(f), tc.want[f]; got != want {
@@ -76,9 +77,9 @@ func TestAppendAfterOtherValues(t *testing.T) {
 	t.Parallel()
 	b := Binding{Name: "p.r", Requests: 10, Period: time.Second, Limit: 10, Remaining: 0,
 		ResetAfter: time.Second, RetryAfter: 100 * time.Millisecond, Denied: true}
-	out, ends, n := Append([]byte("prefix"), &b)
-	if got, want := n, int(NumFields); got != want {
-		t.Fatalf("n = %d, want %d", got, want)
+	out, ends, lo, hi := Append([]byte("prefix"), &b)
+	if lo != 0 || hi != NumFields {
+		t.Fatalf("span = %d, %d, want 0, %d", lo, hi, NumFields)
 	}
 	begin := len("prefix")
 	want := [NumFields]string{"10", "0", "1", `"p.r";q=10;w=1`, `"p.r";r=0;t=1`, "1"}
@@ -99,11 +100,82 @@ func TestBind(t *testing.T) {
 	t.Parallel()
 	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Minute, Burst: 20}
 	d := limiter.Decision{Limit: 10, Remaining: 3, ResetAfter: time.Second, RetryAfter: 2 * time.Second}
-	got := Bind("p.r", lim, d, true)
+	got := Bind("p.r", lim, ModeRetryAfter, d, true)
 	want := Binding{Name: "p.r", Requests: 100, Period: time.Minute, Limit: 10, Remaining: 3,
-		ResetAfter: time.Second, RetryAfter: 2 * time.Second, Denied: true}
+		ResetAfter: time.Second, RetryAfter: 2 * time.Second, Denied: true, Mode: ModeRetryAfter}
 	if got != want {
 		t.Errorf("Bind() = %+v, want %+v", got, want)
+	}
+}
+
+// A rule's mode decides which fields are sent: RetryAfter keeps only
+// Retry-After, on a refusal; None keeps nothing; a prefix in dst stays.
+func TestModes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		mode   Mode
+		denied bool
+		want   map[Field]string
+	}{
+		{ModeFull, false, map[Field]string{XLimit: "10", XRemaining: "4", XReset: "6", Policy: `"p.r";q=10;w=60`, RateLimit: `"p.r";r=4;t=6`}},
+		{ModeFull, true, map[Field]string{XLimit: "10", XRemaining: "0", XReset: "6", Policy: `"p.r";q=10;w=60`, RateLimit: `"p.r";r=0;t=6`, RetryAfter: "2"}},
+		{ModeRetryAfter, false, map[Field]string{}},
+		{ModeRetryAfter, true, map[Field]string{RetryAfter: "2"}},
+		{ModeNone, false, map[Field]string{}},
+		{ModeNone, true, map[Field]string{}},
+	} {
+		b := Binding{Name: "p.r", Requests: 10, Period: time.Minute, Limit: 10, Remaining: 4,
+			ResetAfter: 6 * time.Second, RetryAfter: 1500 * time.Millisecond, Denied: tc.denied, Mode: tc.mode}
+		v := Format(&b)
+		lo, hi := v.Span()
+		if got, want := int(hi-lo), len(tc.want); got != want {
+			t.Errorf("%v, denied %v: %d fields, want %d", tc.mode, tc.denied, got, want)
+		}
+		for f := range NumFields {
+			if got, want := v.Get(f), tc.want[f]; got != want {
+				t.Errorf("%v, denied %v: %s = %q, want %q", tc.mode, tc.denied, Names[f], got, want)
+			}
+		}
+		out, ends, lo, hi := Append([]byte("prefix"), &b)
+		begin := len("prefix")
+		for f := lo; f < hi; f++ {
+			if got, want := string(out[begin:ends[f]]), tc.want[f]; got != want {
+				t.Errorf("%v, denied %v: Append: %s = %q, want %q", tc.mode, tc.denied, Names[f], got, want)
+			}
+			begin = ends[f]
+		}
+		if got, want := len(out), begin; got != want {
+			t.Errorf("%v, denied %v: Append wrote %d bytes past its fields", tc.mode, tc.denied, got-want)
+		}
+	}
+}
+
+func TestParseMode(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]Mode{"": ModeFull, "Full": ModeFull, "RetryAfter": ModeRetryAfter, "None": ModeNone, "bogus": ModeNone} {
+		if got := ParseMode(in); got != want {
+			t.Errorf("ParseMode(%q) = %v, want %v", in, got, want)
+		}
+	}
+	if ModeFull.Quiet() || !ModeRetryAfter.Quiet() || !ModeNone.Quiet() {
+		t.Error("Quiet: only Full shows the numbers")
+	}
+}
+
+// A gRPC refusal by a None rule carries no rate-limit field and no
+// pushback; by a RetryAfter rule, both.
+func TestGRPCRefusalModes(t *testing.T) {
+	t.Parallel()
+	b := Binding{Name: "p.r", Requests: 10, Period: time.Minute, Limit: 10, RetryAfter: 2 * time.Second, Denied: true}
+	for mode, want := range map[Mode][]string{
+		ModeNone:       {"grpc-status", "8", "grpc-message", "rate limit exceeded"},
+		ModeRetryAfter: {"grpc-status", "8", "grpc-message", "rate limit exceeded", "grpc-retry-pushback-ms", "2000", "retry-after", "2"},
+	} {
+		b.Mode = mode
+		got := GRPCRefusal(nil, &b, GRPCResourceExhausted, "rate limit exceeded", 2*time.Second)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%v: GRPCRefusal() = %q, want %q", mode, got, want)
+		}
 	}
 }
 
@@ -136,8 +208,8 @@ func BenchmarkFormat(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		v := Format(&bd)
-		if v.Len() != int(NumFields) {
-			b.Fatal(v.Len())
+		if _, hi := v.Span(); hi != NumFields {
+			b.Fatal(hi)
 		}
 	}
 }

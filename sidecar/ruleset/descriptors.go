@@ -8,6 +8,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 )
 
 // Descriptors indexes the descriptor rules of a set (rules with
@@ -65,6 +66,10 @@ type DescriptorRule struct {
 	Block bool
 	// Shadow rules are counted and reported but never deny.
 	Shadow bool
+	// Fields says which response fields and which numbers of the
+	// descriptor status the rule's answers carry (its responseHeaders);
+	// Engine.Quiet agrees with it.
+	Fields ratelimitheaders.Mode
 	// Replaces are the rules this rule replaces when both match one call.
 	Replaces []*DescriptorRule
 	// Metrics are the rule's counters, for the decisions taken without the
@@ -178,6 +183,7 @@ func prepare(p *config.Policy, r *config.Rule, share limiter.Share, m *metrics.M
 		Policy: p.Name, Name: r.Name, PolicyName: p.Name + "." + r.Name, Domain: dm.Domain,
 		Prefix: p.UID + ":" + r.Name + ":", Shadow: r.Mode == config.ModeShadow,
 		Unlimited: r.Limit.Unlimited, Metrics: m.ForRule(p.Name, r.Name),
+		Fields: ratelimitheaders.ParseMode(r.ResponseHeaders),
 	}
 	switch {
 	case r.Limit.Unlimited:
@@ -199,6 +205,7 @@ func prepare(p *config.Policy, r *config.Rule, share limiter.Share, m *metrics.M
 		if err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
 		}
+		er.Quiet = dr.Fields.Quiet()
 		if err := er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m); err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
 		}

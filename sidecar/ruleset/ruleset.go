@@ -21,6 +21,7 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
 	"github.com/floodgate-dev/floodgate/sidecar/match"
 	"github.com/floodgate-dev/floodgate/sidecar/metrics"
+	"github.com/floodgate-dev/floodgate/sidecar/ratelimitheaders"
 )
 
 // Set is a compiled config.
@@ -162,6 +163,9 @@ type Rule struct {
 	PolicyName string
 	// Namespace is the policy's namespace.
 	Namespace string
+	// Fields says which response fields the answers the rule binds
+	// carry (its responseHeaders); Engine.Quiet agrees with it.
+	Fields ratelimitheaders.Mode
 }
 
 // Cost computes a request's cost under a rule.
@@ -422,8 +426,10 @@ func compilePolicy(index, pi int, p *config.Policy, share limiter.Share, selecte
 			errs = append(errs, fmt.Errorf("%s.limit: %w", rp, err))
 			continue
 		}
+		fields := ratelimitheaders.ParseMode(r.ResponseHeaders)
 		er, err := engine.NewSharedRule(p.Name, r.Name, lim, share, r.FailureMode == config.FailureClosed, r.Mode == config.ModeShadow, m)
 		if err == nil {
+			er.Quiet = fields.Quiet()
 			err = er.Spread(r.Limit.Leases(lim.Algorithm), r.Limit.Parts(), m)
 		}
 		if err != nil {
@@ -450,7 +456,7 @@ func compilePolicy(index, pi int, p *config.Policy, share limiter.Share, selecte
 			errs = append(errs, fmt.Errorf("%s: %w", rp, err))
 			continue
 		}
-		rule := Rule{Engine: er, Extract: ex, Cost: cost, Exempt: exempt, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace}
+		rule := Rule{Engine: er, Extract: ex, Cost: cost, Exempt: exempt, PolicyName: p.Name + "." + r.Name, Namespace: p.Namespace, Fields: fields}
 		if exempt != nil {
 			rule.Exempted = m.ExemptTotal.WithLabelValues(p.Name, r.Name)
 		}

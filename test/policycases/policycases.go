@@ -280,6 +280,22 @@ var Schema = []Bad{
     limit: {requests: 10, per: 1s}
     failureMode: Maybe`,
 		Want: []string{"spec.rules[0].failureMode", unsupported, "Maybe"}},
+	{Name: "unknown responseHeaders", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    limit: {requests: 10, per: 1s}
+    responseHeaders: Limit`,
+		Want: []string{"spec.rules[0].responseHeaders", unsupported, "Limit"}},
+	{Name: "responseHeaders on a concurrency rule", Doc: `
+  podSelector: {}
+  rules:
+  - name: r
+    key: [{clientIP: {}}]
+    concurrency: {max: 10}
+    responseHeaders: None`,
+		Want: []string{"spec.rules[0].responseHeaders", "rate limits only"}},
 	{Name: "unknown mode", Doc: `
   podSelector: {}
   rules:

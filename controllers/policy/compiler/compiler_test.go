@@ -616,3 +616,35 @@ func TestDelayReplacesADefaultOnlyAsATightening(t *testing.T) {
 		}
 	}
 }
+
+// A rule's responseHeaders reaches the sidecar document, and is validated
+// there; Full, the default, is written as unset so that both spellings
+// make one document.
+func TestCompileResponseHeaders(t *testing.T) {
+	t.Parallel()
+	in := readInput(t, "testdata/defaults.yaml")
+	p := &in.Policies[0]
+	lim := v1alpha1.Limit{Requests: 10, Per: metav1.Duration{Duration: time.Second}}
+	p.Spec.Rules = []v1alpha1.Rule{
+		{Name: "unset", Limit: lim},
+		{Name: "full", Limit: lim, ResponseHeaders: v1alpha1.ResponseHeadersFull},
+		{Name: "retry", Limit: lim, ResponseHeaders: v1alpha1.ResponseHeadersRetryAfter},
+		{Name: "none", Limit: lim, ResponseHeaders: v1alpha1.ResponseHeadersNone},
+	}
+	out, err := Compile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Policies[0].Invalid) > 0 || out.Config == nil {
+		t.Fatalf("not compiled: %v", out.Policies[0].Invalid)
+	}
+	if err := out.Config.Validate(); err != nil {
+		t.Fatalf("the document does not validate: %v", err)
+	}
+	for i, want := range []string{"", "", config.ResponseHeadersRetryAfter, config.ResponseHeadersNone} {
+		r := out.Config.Policies[0].Rules[i]
+		if got := r.ResponseHeaders; got != want {
+			t.Errorf("rule %s: responseHeaders = %q, want %q", r.Name, got, want)
+		}
+	}
+}

@@ -119,6 +119,10 @@ func compileRule(r *v1alpha1.Rule) config.Rule {
 		FailureMode: or(string(r.FailureMode), config.FailureOpen),
 		Mode:        or(string(r.Mode), config.ModeEnforce),
 	}
+	if r.ResponseHeaders != v1alpha1.ResponseHeadersFull {
+		// Full is the default: unset and Full make one document.
+		out.ResponseHeaders = string(r.ResponseHeaders)
+	}
 	if m := r.Match; m != nil {
 		if m.Path != nil {
 			out.Match.Path = &config.PathMatch{

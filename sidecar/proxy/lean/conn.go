@@ -98,7 +98,12 @@ type denyKey struct {
 	// address is never another rule's: an allocation of its own, where a
 	// *ruleset.Rule, an element of its set's array, would keep every rule
 	// of a replaced set alive for as long as the connection lasts.
-	rule                *engine.Rule
+	rule *engine.Rule
+	// fields is the rule's responseHeaders, which decides what of the
+	// rest the answer shows. A rule's mode is fixed when the rule is
+	// built, so rule implies it today; the key names it all the same, so
+	// that an answer built under one mode is never served under another.
+	fields              ratelimitheaders.Mode
 	limit, reset, retry int64
 	closing             bool
 }
@@ -517,10 +522,10 @@ func (c *conn) answer(d *proxy.Decision, n int) bool {
 	date := c.s.date.Load()
 	var out []byte
 	if d.Outcome == proxy.Denied {
-		// The prebuilt answer depends on the rule and on these values of
-		// its binding only (a deny reports Remaining 0).
+		// The prebuilt answer depends on the rule, its mode and these
+		// values of its binding only (a deny reports Remaining 0).
 		b := &d.Binding
-		k := denyKey{rule: d.Rule.Engine, limit: b.Limit,
+		k := denyKey{rule: d.Rule.Engine, fields: b.Mode, limit: b.Limit,
 			reset: ratelimitheaders.CeilSeconds(max(b.ResetAfter, b.RetryAfter), 0),
 			retry: b.RetrySeconds(), closing: closing}
 		if k != c.denyKey || date != c.denyDate || c.deny == nil {
