@@ -138,6 +138,31 @@ func yamlBlocks(t *testing.T, file string) []string {
 // block returns the one YAML document among blocks that declares kind.
 func block(t *testing.T, blocks []string, kind string) []byte {
 	t.Helper()
+	found := ofKind(blocks, kind)
+	if len(found) != 1 {
+		t.Fatalf("%d YAML documents of kind %s, want 1", len(found), kind)
+	}
+	return []byte(found[0])
+}
+
+// namedBlock is block for a page with several documents of kind: the one
+// whose metadata names name.
+func namedBlock(t *testing.T, blocks []string, kind, name string) []byte {
+	t.Helper()
+	var found []string
+	for _, doc := range ofKind(blocks, kind) {
+		if strings.Contains(doc, "{name: "+name+",") || strings.Contains(doc, "\n  name: "+name+"\n") {
+			found = append(found, doc)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d YAML documents of kind %s named %s, want 1", len(found), kind, name)
+	}
+	return []byte(found[0])
+}
+
+// ofKind returns the YAML documents of kind in blocks.
+func ofKind(blocks []string, kind string) []string {
 	var found []string
 	for _, b := range blocks {
 		for doc := range strings.SplitSeq(b, "\n---\n") {
@@ -146,10 +171,7 @@ func block(t *testing.T, blocks []string, kind string) []byte {
 			}
 		}
 	}
-	if len(found) != 1 {
-		t.Fatalf("%d YAML documents of kind %s, want 1", len(found), kind)
-	}
-	return []byte(found[0])
+	return found
 }
 
 // decodeStrict decodes a YAML document as the API server would: field
@@ -198,7 +220,7 @@ func actionStrings(rl *routev3.RateLimit) []string {
 func TestContourPage(t *testing.T) {
 	t.Parallel()
 	var policy v1alpha1.RateLimitPolicy
-	if err := decodeStrict(t, block(t, yamlBlocks(t, "../../docs/gateways.md"), "RateLimitPolicy"), &policy); err != nil {
+	if err := decodeStrict(t, namedBlock(t, yamlBlocks(t, "../../docs/gateways.md"), "RateLimitPolicy", "edge"), &policy); err != nil {
 		t.Fatalf("the policy of docs/gateways.md: %v", err)
 	}
 	contour := yamlBlocks(t, "../../docs/gateways/contour.md")
@@ -284,6 +306,26 @@ func TestContourPage(t *testing.T) {
 	} {
 		if got := ask(tc.path, tc.key); got != tc.want {
 			t.Errorf("GET %s with X-Api-Key %q = %s, want %s", tc.path, tc.key, got, tc.want)
+		}
+	}
+}
+
+// TestGatewaysPagePolicies: every RateLimitPolicy docs/gateways.md shows
+// decodes as the API server would and passes the admission checks.
+func TestGatewaysPagePolicies(t *testing.T) {
+	t.Parallel()
+	docs := ofKind(yamlBlocks(t, "../../docs/gateways.md"), "RateLimitPolicy")
+	if len(docs) < 2 {
+		t.Fatalf("%d RateLimitPolicies on docs/gateways.md, want the HTTPRoute's and the GRPCRoute's at least", len(docs))
+	}
+	for i, doc := range docs {
+		var p v1alpha1.RateLimitPolicy
+		if err := decodeStrict(t, []byte(doc), &p); err != nil {
+			t.Errorf("policy %d of docs/gateways.md: %v", i, err)
+			continue
+		}
+		if errs := p.ValidateSemantics(); len(errs) > 0 {
+			t.Errorf("policy %d of docs/gateways.md (%s): %v", i, p.Name, errs.ToAggregate())
 		}
 	}
 }
