@@ -27,6 +27,11 @@ var benchCases = []struct {
 	{"hot-denied", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Period: time.Hour}, 1},
 	{"cold-keys", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 100, Period: time.Second}, 1 << 20},
 	{"hot-allowed-leased", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxRequests, Period: time.Second}, 1},
+	// onExceed: Delay: every decision reserves the next slot with a wait
+	// (the loop outruns a million a second), or is denied past maxDelay
+	// and then from the deny cache.
+	{"hot-delayed", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1_000_000, Period: time.Second, Burst: 1, MaxDelay: time.Minute}, 1},
+	{"hot-delay-denied", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Hour, Burst: 1, MaxDelay: time.Millisecond}, 1},
 }
 
 // leased reports whether a bench case's rule takes leases on its hot keys.
