@@ -122,6 +122,9 @@ type Rule struct {
 	// Priority is the load-shedding class of the requests the rule
 	// matches, when it sets one.
 	Priority string `json:"priority,omitempty"`
+	// ResponseHeaders is RetryAfter or None when the rule keeps its
+	// numbers out of its answers; empty for Full.
+	ResponseHeaders string `json:"responseHeaders,omitempty"`
 }
 
 // Concurrency is a concurrency rule's numbers.
@@ -143,6 +146,10 @@ type Limit struct {
 	Per       string `json:"per"`
 	Burst     int64  `json:"burst,omitempty"`
 	Algorithm string `json:"algorithm"`
+	// MaxDelay, for a rule with onExceed: Delay, is how long a request
+	// over the limit may wait for its slot, as a Go duration; Burst is
+	// then how many an idle key passes at once (delayAfter).
+	MaxDelay string `json:"maxDelay,omitempty"`
 	// SharedBy, on a fail-open fallback, is the number of replicas that
 	// deal the limit's tokens out among themselves (each spends every
 	// SharedBy-th one): Requests and Burst are then each replica's share,
@@ -196,6 +203,9 @@ func selects(p *config.Policy) string {
 
 func rule(p *config.Policy, r *config.Rule, m *metrics.Metrics) (Rule, error) {
 	out := Rule{Name: r.Name, Shadow: r.Mode == config.ModeShadow, Priority: r.Priority}
+	if r.ResponseHeaders != "" && r.ResponseHeaders != config.ResponseHeadersFull {
+		out.ResponseHeaders = r.ResponseHeaders
+	}
 	if d := r.Match.Descriptors; d != nil {
 		return descriptorRule(p, r, out, m)
 	}
@@ -254,6 +264,12 @@ func limited(out *Rule, p *config.Policy, r *config.Rule, m *metrics.Metrics) (l
 	out.Limit = limitOf(er.Limit)
 	out.Failure, out.Fallback = failure(er, p.Replicas)
 	out.Summary = summary(out.Counter, er.Limit, out.Failure, out.Shadow)
+	switch out.ResponseHeaders {
+	case config.ResponseHeadersRetryAfter:
+		out.Summary += "; answers show Retry-After only"
+	case config.ResponseHeadersNone:
+		out.Summary += "; answers show no rate-limit fields"
+	}
 	return lim, nil
 }
 
@@ -309,8 +325,10 @@ func summary(counter string, l limiter.Limit, failure string, shadow bool) strin
 // limitWords is "5 requests per 10 s, burst 5, TokenBucket".
 func limitWords(l limiter.Limit) string {
 	s := requests(l.Requests) + " per " + rlsimport.Period(l.Period)
-	switch l.Algorithm {
-	case limiter.TokenBucket, limiter.GCRA:
+	switch {
+	case l.MaxDelay > 0:
+		s += ", " + strconv.FormatInt(l.Capacity(), 10) + " at once, then delayed up to " + l.MaxDelay.String()
+	case l.Algorithm == limiter.TokenBucket || l.Algorithm == limiter.GCRA:
 		s += ", burst " + strconv.FormatInt(l.Capacity(), 10)
 	}
 	return s + ", " + l.Algorithm.String()
@@ -322,6 +340,9 @@ func limitOf(l limiter.Limit) *Limit {
 	case limiter.TokenBucket, limiter.GCRA:
 		out.Burst = l.Capacity()
 	}
+	if l.MaxDelay > 0 {
+		out.MaxDelay = l.MaxDelay.String()
+	}
 	return out
 }
 
@@ -331,6 +352,7 @@ func failure(er *engine.Rule, replicas int32) (string, *Limit) {
 	}
 	n := int64(max(replicas, 1))
 	l := er.Limit
+	l.MaxDelay = 0 // the fallback never delays
 	fb := limitOf(l)
 	if n == 1 {
 		s := fmt.Sprintf("fails open to %s per %s per replica on 1 replica", requests(l.Requests), rlsimport.Period(l.Period))

@@ -45,6 +45,15 @@ func TestRuleSummaries(t *testing.T) {
 		// The client IP is always there: no request lacks every alternative.
 		missing: "",
 	}, {
+		name:     "a rule that delays and keeps its numbers out of its answers",
+		replicas: 1,
+		rule: config.Rule{Name: "smooth", Key: []config.KeyPart{{Header: "X-API-Key"}}, ResponseHeaders: config.ResponseHeadersNone,
+			Limit: config.Limit{Requests: 100, Per: per(time.Second), OnExceed: "Delay", MaxDelay: per(2 * time.Second), DelayAfter: 10}},
+		summary: "each X-API-Key: 100 requests per second, 10 at once, then delayed up to 2s, GCRA; fails open to 100 requests per second per replica on 1 replica (burst 10); answers show no rate-limit fields",
+		applies: "all requests",
+		cost:    "1 per request",
+		missing: "requests without X-API-Key share one counter",
+	}, {
 		name:     "a burst that divides into a different share",
 		replicas: 4,
 		rule: config.Rule{Name: "r", Key: []config.KeyPart{{JWTClaim: "sub"}}, OnMissingKey: config.OnMissingKeyReject,
