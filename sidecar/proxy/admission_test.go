@@ -72,6 +72,16 @@ func newBackend(t *testing.T) *backend {
 			b.gone.Add(1)
 		}
 	})
+	// /echo/ answers the request's body.
+	mux.HandleFunc("/echo/", func(w http.ResponseWriter, r *http.Request) {
+		defer enter()()
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		_, _ = w.Write(body)
+	})
 	// /stream/ answers its head at once and its body when released.
 	mux.HandleFunc("/stream/", func(w http.ResponseWriter, r *http.Request) {
 		defer enter()()

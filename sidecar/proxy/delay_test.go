@@ -1,7 +1,13 @@
 package proxy_test
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +29,10 @@ policies:
     match: {path: {type: Prefix, value: /fast/q}}
     key: [{header: X-Tenant}]
     limit: {requests: 1, per: 1m, algorithm: GCRA, onExceed: Delay, maxDelay: 1m, delayAfter: 1}
+  - name: echo
+    match: {path: {type: Prefix, value: /echo}}
+    key: [{header: X-Tenant}]
+    limit: {requests: 5, per: 1s, algorithm: GCRA, onExceed: Delay, maxDelay: 1s, delayAfter: 1}
   - name: qconc
     match: {path: {type: Prefix, value: /fast/q}}
     key: [{header: X-Tenant}]
@@ -126,4 +136,62 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A delayed request whose body, and a pipelined request after it, arrive
+// while it waits: on both fronts the application gets the whole body with
+// its request and the pipelined request as a request of its own, never
+// the body's bytes read as a request.
+func TestDelayedRequestKeepsItsBodyAndThePipelinedOne(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t)
+	for _, f := range frontsFor(t, b, delayDoc) {
+		t.Run(f.name, func(t *testing.T) {
+			tenant := "body-" + f.name
+			if r := do(t, f.url, "/echo/first", "X-Tenant", tenant); r.status != http.StatusOK {
+				t.Fatalf("first request: %d", r.status)
+			}
+			u, _ := url.Parse(f.url)
+			conn, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			body := strings.Repeat("b", 3000) + "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+			req := fmt.Sprintf("POST /echo/second HTTP/1.1\r\nHost: test\r\nX-Tenant: %s\r\nContent-Length: %d\r\n\r\n", tenant, len(body))
+			next := "GET /echo/third HTTP/1.1\r\nHost: test\r\nX-Tenant: " + tenant + "\r\nContent-Length: 5\r\n\r\nthird"
+			// The head first: the request starts waiting for its slot
+			// (200ms away); then its body and the pipelined request.
+			if _, err := io.WriteString(conn, req); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "echo")) < 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the POST never waited")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if _, err := io.WriteString(conn, body+next); err != nil {
+				t.Fatal(err)
+			}
+			rd := bufio.NewReader(conn)
+			for _, want := range []string{body, "third"} {
+				r := readReply(t, rd)
+				if r.status != http.StatusOK || r.body != want {
+					t.Fatalf("answer %d %q (%d bytes), want 200 with the request's own body (%d bytes)", r.status, clip(r.body), len(r.body), len(want))
+				}
+			}
+		})
+	}
+}
+
+func clip(s string) string {
+	if len(s) > 60 {
+		return s[:60] + "..."
+	}
+	return s
 }
