@@ -5,12 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/limiter"
-	"github.com/floodgate-dev/floodgate/sidecar/metrics"
-	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 )
 
 // An admitted request's answer describes a rule that shows its numbers
@@ -19,20 +15,9 @@ import (
 // refusal is bound by the refusing rule, quiet or not.
 func TestBindingPrefersARuleThatShowsItsNumbers(t *testing.T) {
 	t.Parallel()
-	ms, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
-	e, err := engine.New(engine.Options{Store: ms, Fallback: ms, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, m := newMemoryEngine(t)
 	rule := func(name string, requests int64, quiet bool) *engine.Rule {
-		r, err := engine.NewRule("pol", name, limiter.Limit{Algorithm: limiter.FixedWindow, Requests: requests, Period: time.Hour}, 1, false, false, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := newRule(t, m, name, limiter.Limit{Algorithm: limiter.FixedWindow, Requests: requests, Period: time.Hour})
 		r.Quiet = quiet
 		return r
 	}

@@ -14,12 +14,9 @@ import (
 	"github.com/floodgate-dev/floodgate/sidecar/store/memstore"
 )
 
-// A delaying rule admits a request over its rate with a wait for its
-// reserved slot; Await releases it after the wait, gives the slot back
-// when the client goes away or the rule's waiting bound is reached, and
-// counts each in delayed_total.
-func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
-	t.Parallel()
+// newMemoryEngine is an engine on memory stores, with its metrics.
+func newMemoryEngine(t *testing.T) (*engine.Engine, *metrics.Metrics) {
+	t.Helper()
 	ms, err := memstore.New()
 	if err != nil {
 		t.Fatal(err)
@@ -33,13 +30,30 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 10 per second, one at once, queued up to 2s: the emission interval
-	// is 100ms.
-	const interval = 100 * time.Millisecond
-	r, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second, Burst: 1, MaxDelay: 2 * time.Second}, 1, false, false, m)
+	return e, m
+}
+
+// newRule is engine.NewRule on one replica, enforcing, failing open.
+func newRule(t *testing.T, m *metrics.Metrics, name string, l limiter.Limit) *engine.Rule {
+	t.Helper()
+	r, err := engine.NewRule("pol", name, l, 1, false, false, m)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// A delaying rule admits a request over its rate with a wait for its
+// reserved slot; Await releases it after the wait, gives the slot back
+// when the client goes away or the rule's waiting bound is reached, and
+// counts each in delayed_total.
+func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
+	t.Parallel()
+	e, m := newMemoryEngine(t)
+	// 10 per second, one at once, queued up to 2s: the emission interval
+	// is 100ms.
+	const interval = 100 * time.Millisecond
+	r := newRule(t, m, "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second, Burst: 1, MaxDelay: 2 * time.Second})
 	hits := []engine.Hit{{Rule: r, Key: "k", Cost: 1}}
 	decide := func() *engine.Verdict {
 		v := &engine.Verdict{}
@@ -95,37 +109,56 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 	}
 
 	// With one request waiting and a bound of 1, the next is refused and
-	// gives its slot back.
-	v5 := decide()
+	// gives its slot back. A rule of 2 a minute: the waiting one's slot
+	// is 30s away, so that it still waits, whatever the machine's load,
+	// until the test lets it go.
+	q := newRule(t, m, "queued", limiter.Limit{Algorithm: limiter.GCRA, Requests: 2, Period: time.Minute, Burst: 1, MaxDelay: time.Minute})
+	qhits := []engine.Hit{{Rule: q, Key: "q", Cost: 1}}
+	decideQ := func() *engine.Verdict {
+		v := &engine.Verdict{}
+		e.Decide(context.Background(), qhits, v)
+		if v.Outcome != engine.Allow {
+			t.Fatalf("queued rule: %v %+v, want Allow", v.Outcome, v.Results)
+		}
+		return v
+	}
+	if v := decideQ(); v.Wait != 0 {
+		t.Fatalf("queued rule's first request waits %v, want 0", v.Wait)
+	}
+	v5 := decideQ()
+	leave, cancelV5 := context.WithCancel(context.Background())
+	defer cancelV5()
 	done := make(chan engine.AwaitOutcome, 1)
-	go func() { done <- e.Await(context.Background(), hits, v5, 1, nil) }()
+	go func() { done <- e.Await(leave, qhits, v5, 1, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
-	for r.Waiting.Load() != 1 {
+	for q.Waiting.Load() != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the first request never counted as waiting")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if got := testutil.ToFloat64(m.DelayedWaiting.WithLabelValues("pol", "smooth")); got != 1 {
+	if got := testutil.ToFloat64(m.DelayedWaiting.WithLabelValues("pol", "queued")); got != 1 {
 		t.Errorf("delayed_waiting = %v while one waits, want 1", got)
 	}
-	v6 := decide()
+	v6 := decideQ()
 	w6 := v6.Wait
-	if got := e.Await(context.Background(), hits, v6, 1, nil); got != engine.Overflow {
+	if got := e.Await(context.Background(), qhits, v6, 1, nil); got != engine.Overflow {
 		t.Fatalf("Await over the bound = %v, want Overflow", got)
 	}
-	if v7 := decide(); v7.Wait > w6 {
+	if v7 := decideQ(); v7.Wait > w6 {
 		t.Errorf("after an overflow gave its slot back, the next request waits %v, more than the refused one's %v", v7.Wait, w6)
 	}
-	if got := <-done; got != engine.Released {
-		t.Errorf("the waiting request: %v, want Released", got)
+	cancelV5()
+	if got := <-done; got != engine.Abandoned {
+		t.Errorf("the waiting request, its client gone: %v, want Abandoned", got)
 	}
-	if got := testutil.ToFloat64(m.DelayedTotal.WithLabelValues("pol", "smooth", metrics.DelayOverflow)); got != 1 {
+	if got := testutil.ToFloat64(m.DelayedTotal.WithLabelValues("pol", "queued", metrics.DelayOverflow)); got != 1 {
 		t.Errorf("delayed_total{overflow} = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.DelayedWaiting.WithLabelValues("pol", "smooth")); got != 0 {
+	if got := testutil.ToFloat64(m.DelayedWaiting.WithLabelValues("pol", "queued")); got != 0 {
 		t.Errorf("delayed_waiting = %v after every wait ended, want 0", got)
 	}
+
 }
 
 // A request past maxDelay is denied with the time until it would be
@@ -133,23 +166,8 @@ func TestAwaitReleasesAbandonsAndBounds(t *testing.T) {
 // leases.
 func TestDelayPastMaxDelayDenies(t *testing.T) {
 	t.Parallel()
-	ms, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
-	e, err := engine.New(engine.Options{Store: ms, Fallback: fb, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Minute, Burst: 1, MaxDelay: time.Minute}, 1, false, false, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, m := newMemoryEngine(t)
+	r := newRule(t, m, "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Minute, Burst: 1, MaxDelay: time.Minute})
 	if err := r.Spread(true, 1, m); err != nil {
 		t.Fatal(err)
 	}
@@ -180,23 +198,8 @@ func TestDelayPastMaxDelayDenies(t *testing.T) {
 // wait, with the wait as its RetryAfter, and the slot goes back.
 func TestRefuseDelayedGivesTheSlotBack(t *testing.T) {
 	t.Parallel()
-	ms, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
-	e, err := engine.New(engine.Options{Store: ms, Fallback: fb, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Minute, Burst: 1, MaxDelay: time.Minute}, 1, false, false, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, m := newMemoryEngine(t)
+	r := newRule(t, m, "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 1, Period: time.Minute, Burst: 1, MaxDelay: time.Minute})
 	hits := []engine.Hit{{Rule: r, Key: "k", Cost: 1}}
 	var v engine.Verdict
 	e.Decide(context.Background(), hits, &v)
@@ -224,27 +227,9 @@ func TestRefuseDelayedGivesTheSlotBack(t *testing.T) {
 // delaying rule: the next request queues for the same slot.
 func TestAnotherRulesDenialReservesNothing(t *testing.T) {
 	t.Parallel()
-	ms, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, err := memstore.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.NewMetrics(prometheus.NewPedanticRegistry())
-	e, err := engine.New(engine.Options{Store: ms, Fallback: fb, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	delay, err := engine.NewRule("pol", "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second, Burst: 1, MaxDelay: time.Minute}, 1, false, false, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	quota, err := engine.NewRule("pol", "quota", limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 2, Period: time.Hour}, 1, false, false, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, m := newMemoryEngine(t)
+	delay := newRule(t, m, "smooth", limiter.Limit{Algorithm: limiter.GCRA, Requests: 10, Period: time.Second, Burst: 1, MaxDelay: time.Minute})
+	quota := newRule(t, m, "quota", limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 2, Period: time.Hour})
 	both := []engine.Hit{{Rule: delay, Key: "d", Cost: 1}, {Rule: quota, Key: "q", Cost: 1}}
 	var v engine.Verdict
 	var waits []time.Duration
