@@ -63,40 +63,25 @@ func (e *Engine) Decide(ctx context.Context, hits []Hit, v *Verdict) {
 	denied, probing := false, false
 	for i := range hits {
 		h := &hits[i]
-		if h.Rule.Delays() {
-			// A delaying rule reserves each request's slot on the store;
-			// the deny cache only remembers its denials (see delay.go).
-			if retry, limit, ok := e.deny.held(h.Key, h.Cost, now); ok {
-				v.Results[i] = Result{Decision: limiter.Decision{Limit: limit, RetryAfter: retry}, Source: FromDenyCache}
-				h.Rule.m.LocalDenials.Inc()
-				if h.Rule.Shadow {
-					h.Rule.m.ShadowDenied.Inc()
-				} else {
-					denied = true
-					h.Rule.m.Denied.Inc()
-				}
-				continue
-			}
-			c := call{hit: i, cost: h.Cost, deadline: deadline}
-			if h.Rule.Shadow {
-				shadowCalls = append(shadowCalls, c)
-			} else {
-				calls = append(calls, c)
-			}
-			continue
-		}
 		var lc leaseCall
-		if e.leases != nil && h.Rule.leases {
-			var kind leaseKind
-			if kind, lc = e.leases.lookup(h, now, &v.Results[i]); kind == leaseHit {
-				continue
-			}
-		}
-		// Never wait for another request's probe while holding one: two
-		// requests could otherwise wait on each other.
 		var l lookup
-		l, now = e.check(ctx, h, now, probing, deadline)
-		probing = probing || l.kind == lookupGo
+		if h.Rule.Delays() {
+			// A delaying rule reserves each request's slot on the store:
+			// it takes no lease, and the deny cache only remembers its
+			// denials, claiming and waiting for nothing (see delay.go).
+			l = e.deny.held(h.Key, h.Cost, now)
+		} else {
+			if e.leases != nil && h.Rule.leases {
+				var kind leaseKind
+				if kind, lc = e.leases.lookup(h, now, &v.Results[i]); kind == leaseHit {
+					continue
+				}
+			}
+			// Never wait for another request's probe while holding one:
+			// two requests could otherwise wait on each other.
+			l, now = e.check(ctx, h, now, probing, deadline)
+			probing = probing || l.kind == lookupGo
+		}
 		if l.kind == lookupDeny {
 			e.leases.release(&lc)
 			v.Results[i] = Result{Decision: limiter.Decision{Limit: l.limit, RetryAfter: l.retry}, Source: FromDenyCache}

@@ -131,17 +131,22 @@ func (e *Engine) returnDelayed(ctx context.Context, hits []Hit, v *Verdict) {
 	v.Wait = 0
 }
 
-// sleep waits d on a runtime timer (or Options.After), or until ctx ends,
-// which it reports false.
+// sleep waits d on Options.After's clock, or Sleep's.
 func (e *Engine) sleep(ctx context.Context, d time.Duration) bool {
-	if e.o.After != nil {
-		select {
-		case <-e.o.After(d):
-			return true
-		case <-ctx.Done():
-			return false
-		}
+	if e.o.After == nil {
+		return Sleep(ctx, d)
 	}
+	select {
+	case <-e.o.After(d):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Sleep waits d on a runtime timer, or until ctx ends, which it reports
+// false: Await's wait when the front does not watch its client itself.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

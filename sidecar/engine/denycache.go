@@ -123,22 +123,22 @@ func (c *denyCache) lookup(key string, cost int64, now time.Time) lookup {
 	return lookup{kind: lookupGo, entry: e}
 }
 
-// held reports whether key is held for a request of cost at now, and for
-// how long, without claiming anything: a delaying rule's use of the
-// cache, which only remembers its denials (a local answer could not
-// reserve a slot).
-func (c *denyCache) held(key string, cost int64, now time.Time) (retry time.Duration, limit int64, ok bool) {
+// held is lookup without claims: lookupDeny while key is held for a
+// request of cost at now, else lookupMiss. A delaying rule uses the cache
+// so, remembering only its denials: a local answer could not reserve a
+// slot.
+func (c *denyCache) held(key string, cost int64, now time.Time) lookup {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[key]
 	if e == nil || max(cost, 1) < e.cost {
-		return 0, 0, false
+		return lookup{kind: lookupMiss}
 	}
 	if n := now.UnixNano(); n < e.until {
-		return time.Duration(e.until - n), e.limit, true
+		return lookup{kind: lookupDeny, retry: time.Duration(e.until - n), limit: e.limit}
 	}
-	return 0, 0, false
+	return lookup{kind: lookupMiss}
 }
 
 // errBudgetSpent ends a wait that reached the decision's deadline.

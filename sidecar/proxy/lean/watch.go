@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/floodgate-dev/floodgate/sidecar/engine"
 	"github.com/floodgate-dev/floodgate/sidecar/proxy"
 )
 
@@ -74,14 +75,7 @@ func (c *conn) sleep(ctx context.Context, d time.Duration) bool {
 			return true
 		}
 		if c.w == len(c.buf) {
-			t := time.NewTimer(left)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return true
-			case <-ctx.Done():
-				return false
-			}
+			return engine.Sleep(ctx, left)
 		}
 		_ = c.nc.SetReadDeadline(until)
 		n, err := c.nc.Read(c.buf[c.w:])
