@@ -24,7 +24,7 @@ policies:
   - name: smooth
     match: {path: {type: Prefix, value: /fast/x}}
     key: [{header: X-Tenant}]
-    limit: {requests: 10, per: 1s, algorithm: GCRA, onExceed: Delay, maxDelay: 250ms, delayAfter: 1}
+    limit: {requests: 60, per: 1m, algorithm: GCRA, onExceed: Delay, maxDelay: 2500ms, delayAfter: 1}
   - name: queued
     match: {path: {type: Prefix, value: /fast/q}}
     key: [{header: X-Tenant}]
@@ -32,17 +32,19 @@ policies:
   - name: echo
     match: {path: {type: Prefix, value: /echo}}
     key: [{header: X-Tenant}]
-    limit: {requests: 5, per: 1s, algorithm: GCRA, onExceed: Delay, maxDelay: 1s, delayAfter: 1}
+    limit: {requests: 30, per: 1m, algorithm: GCRA, onExceed: Delay, maxDelay: 5s, delayAfter: 1}
   - name: qconc
     match: {path: {type: Prefix, value: /fast/q}}
     key: [{header: X-Tenant}]
     concurrency: {max: 1}
 `
 
-// A delaying rule of 10/s (one at once, up to 250ms of wait) on both
-// fronts: of four requests sent at once, the application gets three, at
-// least 100ms apart from the first decision on (never early), and the
-// fourth, whose slot is 300ms away, is refused with 429; a request that
+// A delaying rule of one a second (one at once, up to 2.5s of wait) on
+// both fronts: of four requests sent at once, the application gets three,
+// each no earlier than its slot, a second apart from the first decision
+// on, and the fourth, whose slot is 3s away, is refused with 429 (it
+// would be let in only if decided 0.5s after the first, far more than a
+// busy machine takes to decide four requests); a request that
 // waits holds no concurrency slot, and one whose client goes away while
 // it waits never reaches the application and gives its slot back.
 func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
@@ -78,7 +80,7 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 				t.Fatalf("the application got %d requests, want 3", len(got))
 			}
 			for k, at := range got {
-				if min := time.Duration(k) * 100 * time.Millisecond; at.Sub(start) < min {
+				if min := time.Duration(k) * time.Second; at.Sub(start) < min {
 					t.Errorf("request %d reached the application %v after the first was sent, before its slot at %v", k, at.Sub(start), min)
 				}
 			}
@@ -99,25 +101,14 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 			seen := len(b.arrivals)
 			b.mu.Unlock()
 			nc, _ := send(t, f.url, "/fast/q", "X-Tenant", tenant)
-			deadline := time.Now().Add(10 * time.Second)
-			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "queued")) < 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the request never waited")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the request never waited", func() bool { return f.waiting("queued") >= 1 })
 			// Waiting is not in flight: the concurrency rule's slot is
 			// free while the request waits.
 			if got := f.inFlight(t, "qconc"); got != 0 {
 				t.Errorf("a waiting request holds %v concurrency slots, want 0", got)
 			}
 			_ = nc.Close()
-			for abandoned() == was {
-				if time.Now().After(deadline) {
-					t.Fatal("the request whose client left was never counted abandoned")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the request whose client left was never counted abandoned", func() bool { return abandoned() != was })
 			b.mu.Lock()
 			after := len(b.arrivals)
 			b.mu.Unlock()
@@ -128,12 +119,7 @@ func TestDelayedRequestsReachTheAppAtTheRate(t *testing.T) {
 			// slot, about a minute away, not two.
 			nc2, _ := send(t, f.url, "/fast/q", "X-Tenant", tenant)
 			defer func() { _ = nc2.Close() }()
-			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "queued")) < 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the next request never waited: the abandoned slot was not given back")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the next request never waited: the abandoned slot was not given back", func() bool { return f.waiting("queued") >= 1 })
 		})
 	}
 }
@@ -162,19 +148,15 @@ func TestDelayedRequestKeepsItsBodyAndThePipelinedOne(t *testing.T) {
 			}
 			body := strings.Repeat("b", 3000) + "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 			req := fmt.Sprintf("POST /echo/second HTTP/1.1\r\nHost: test\r\nX-Tenant: %s\r\nContent-Length: %d\r\n\r\n", tenant, len(body))
-			next := "GET /echo/third HTTP/1.1\r\nHost: test\r\nX-Tenant: " + tenant + "\r\nContent-Length: 5\r\n\r\nthird"
+			// The pipelined request is another tenant's: it goes at once.
+			next := "GET /echo/third HTTP/1.1\r\nHost: test\r\nX-Tenant: other-" + tenant + "\r\nContent-Length: 5\r\n\r\nthird"
 			// The head first: the request starts waiting for its slot
-			// (200ms away); then its body and the pipelined request.
+			// (2s away: the test sees it waiting on any machine); then
+			// its body and the pipelined request.
 			if _, err := io.WriteString(conn, req); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", "echo")) < 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the POST never waited")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the POST never waited", func() bool { return f.waiting("echo") >= 1 })
 			if _, err := io.WriteString(conn, body+next); err != nil {
 				t.Fatal(err)
 			}
@@ -194,4 +176,22 @@ func clip(s string) string {
 		return s[:60] + "..."
 	}
 	return s
+}
+
+// waiting is the requests of rule that wait for a delayed slot.
+func (f *front) waiting(rule string) float64 {
+	return testutil.ToFloat64(f.m.DelayedWaiting.WithLabelValues("p", rule))
+}
+
+// waitUntil polls cond until it holds, and fails the test with what
+// after 10s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
