@@ -299,7 +299,7 @@ func (h *harness) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}
@@ -307,7 +307,7 @@ func (h *harness) setup(ctx context.Context) error {
 	if err := h.start(ctx, 1, nil, exe, "backend", "-listen", h.backend); err != nil {
 		return err
 	}
-	if err := waitHTTP(ctx, "http://"+h.backend+"/", 0); err != nil {
+	if err := WaitHTTP(ctx, "http://"+h.backend+"/", 0); err != nil {
 		return fmt.Errorf("backend: %w", err)
 	}
 	if h.o.Redis {
@@ -361,11 +361,11 @@ func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...st
 		return nil, nil, err
 	}
 	for i := range n {
-		lp, err := freePort()
+		lp, err := FreePort()
 		if err != nil {
 			return nil, nil, err
 		}
-		ap, err := freePort()
+		ap, err := FreePort()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -382,7 +382,7 @@ func (h *harness) sidecars(ctx context.Context, store string, n int, extra ...st
 		if err := h.start(ctx, 0, []string{"GOMAXPROCS=1"}, h.bin, args...); err != nil {
 			return nil, nil, err
 		}
-		if err := waitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
+		if err := WaitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
 			return nil, nil, fmt.Errorf("sidecar not ready (logs in %s): %w", h.dir, err)
 		}
 		urls = append(urls, "http://127.0.0.1:"+lp)
@@ -724,7 +724,8 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-func freePort() (string, error) {
+// FreePort is a free TCP port of 127.0.0.1, for a process to listen on.
+func FreePort() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
@@ -734,8 +735,8 @@ func freePort() (string, error) {
 	return p, err
 }
 
-// waitHTTP polls url until it answers (with status want, when non-zero).
-func waitHTTP(ctx context.Context, url string, want int) error {
+// WaitHTTP polls url until it answers (with status want, when non-zero).
+func WaitHTTP(ctx context.Context, url string, want int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	var last error
 	for time.Now().Before(deadline) {

@@ -153,14 +153,14 @@ func TestFloorsServe(t *testing.T) {
 	}
 	const conns, each = 4, 5
 	for name, serve := range addrs {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
 		addr := "127.0.0.1:" + port
 		served := make(chan error, 1)
 		go func() { served <- serve(addr) }()
-		if err := waitHTTP(ctx, "http://"+addr+"/", 0); err != nil {
+		if err := WaitHTTP(ctx, "http://"+addr+"/", 0); err != nil {
 			select {
 			case serr := <-served:
 				t.Fatalf("%s: %v (the floor: %v)", name, err, serr)

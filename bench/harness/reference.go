@@ -149,7 +149,7 @@ func (h *harness) startNginx(ctx context.Context) (*nginx, error) {
 	}
 	ports := make([]string, 3)
 	for i := range ports {
-		p, err := freePort()
+		p, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +169,7 @@ func (h *harness) startNginx(ctx context.Context) (*nginx, error) {
 	}
 	n.pid = h.procs[len(h.procs)-1].Process.Pid
 	n.proxy, n.limit, n.quiet = "http://127.0.0.1:"+ports[0], "http://127.0.0.1:"+ports[1], "http://127.0.0.1:"+ports[2]
-	if err := waitHTTP(ctx, n.proxy+"/", 200); err != nil {
+	if err := WaitHTTP(ctx, n.proxy+"/", 200); err != nil {
 		b, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
 		return nil, fmt.Errorf("nginx not serving: %w: %s", err, b)
 	}
@@ -361,7 +361,7 @@ func (h *harness) startFloors(ctx context.Context) ([]floorProc, error) {
 	}
 	var out []floorProc
 	for _, sp := range specs {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -370,7 +370,7 @@ func (h *harness) startFloors(ctx context.Context) ([]floorProc, error) {
 			return nil, err
 		}
 		f := floorProc{name: sp.name, url: "http://127.0.0.1:" + port, pid: h.procs[len(h.procs)-1].Process.Pid}
-		if err := waitHTTP(ctx, f.url+"/lat", 0); err != nil {
+		if err := WaitHTTP(ctx, f.url+"/lat", 0); err != nil {
 			return nil, fmt.Errorf("%s: %w", sp.name, err)
 		}
 		out = append(out, f)

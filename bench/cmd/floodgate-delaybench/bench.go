@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -340,7 +339,7 @@ func (b *bench) close() {
 
 // startApp starts an application on CPU 1 and returns its address.
 func (b *bench) startApp(ctx context.Context) (string, error) {
-	port, err := freePort()
+	port, err := harness.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -348,7 +347,7 @@ func (b *bench) startApp(ctx context.Context) (string, error) {
 	if _, err := b.start(ctx, 1, nil, b.self, "app", "-listen", addr); err != nil {
 		return "", err
 	}
-	if err := waitHTTP(ctx, "http://"+addr+"/__arrivals", 200); err != nil {
+	if err := harness.WaitHTTP(ctx, "http://"+addr+"/__arrivals", 200); err != nil {
 		return "", fmt.Errorf("application: %w", err)
 	}
 	return addr, nil
@@ -392,11 +391,11 @@ policies:
 // sidecar starts one sidecar on CPU 0 on the Redis store in front of app,
 // and returns its pid, proxy URL and admin URL.
 func (b *bench) sidecar(ctx context.Context, policy, pod, app string, extra ...string) (int, string, string, error) {
-	lp, err := freePort()
+	lp, err := harness.FreePort()
 	if err != nil {
 		return 0, "", "", err
 	}
-	ap, err := freePort()
+	ap, err := harness.FreePort()
 	if err != nil {
 		return 0, "", "", err
 	}
@@ -408,7 +407,7 @@ func (b *bench) sidecar(ctx context.Context, policy, pod, app string, extra ...s
 	if err != nil {
 		return 0, "", "", err
 	}
-	if err := waitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
+	if err := harness.WaitHTTP(ctx, "http://127.0.0.1:"+ap+"/readyz", 200); err != nil {
 		log, _ := os.ReadFile(filepath.Join(b.dir, fmt.Sprintf("proc-%d.log", len(b.procs)-1)))
 		return 0, "", "", fmt.Errorf("sidecar not ready: %w: %s", err, log)
 	}
@@ -759,7 +758,7 @@ func (b *bench) startNginx(ctx context.Context, bin, name, app, zone, limit stri
 	if err := os.MkdirAll(nd, 0o755); err != nil {
 		return 0, "", err
 	}
-	port, err := freePort()
+	port, err := harness.FreePort()
 	if err != nil {
 		return 0, "", err
 	}
@@ -772,7 +771,7 @@ func (b *bench) startNginx(ctx context.Context, bin, name, app, zone, limit stri
 		return 0, "", err
 	}
 	url := "http://127.0.0.1:" + port
-	if err := waitHTTP(ctx, url+"/", 200); err != nil {
+	if err := harness.WaitHTTP(ctx, url+"/", 200); err != nil {
 		log, _ := os.ReadFile(filepath.Join(nd, "error.log"))
 		return 0, "", fmt.Errorf("nginx not serving: %w: %s", err, log)
 	}
@@ -871,38 +870,4 @@ func delayHeaders(h http.Header) string {
 		parts = append(parts, k+"="+strings.Join(h[k], ","))
 	}
 	return strings.Join(parts, ";")
-}
-
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = l.Close() }()
-	_, p, err := net.SplitHostPort(l.Addr().String())
-	return p, err
-}
-
-// waitHTTP polls url until it answers (with status want, when non-zero).
-func waitHTTP(ctx context.Context, url string, want int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	var last error
-	for time.Now().Before(deadline) {
-		res, err := http.Get(url)
-		if err == nil {
-			_ = res.Body.Close()
-			if want == 0 || res.StatusCode == want {
-				return nil
-			}
-			last = fmt.Errorf("status %d", res.StatusCode)
-		} else {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return errors.Join(errors.New("timed out"), last)
 }

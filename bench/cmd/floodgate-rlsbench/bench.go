@@ -339,7 +339,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*Report, error) {
 	}
 	ports := make([]string, 9)
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = harness.FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -596,7 +596,7 @@ func startPeerProcess(bin, dir string, cluster *redistest.Cluster, start func([]
 	}
 	var ports [3]string
 	for i := range ports {
-		p, err := freePort()
+		p, err := harness.FreePort()
 		if err != nil {
 			return peer{}, err
 		}
@@ -784,16 +784,6 @@ func parseStatCPU(s string) (time.Duration, error) { return harness.ParseStatCPU
 func roundRatio(xs, floor []float64) float64 { return harness.RoundRatio(xs, floor) }
 
 func median(xs []float64) float64 { return harness.Median(xs) }
-
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = ln.Close() }()
-	_, p, err := net.SplitHostPort(ln.Addr().String())
-	return p, err
-}
 
 // nullServer answers every call OK at once: the floor of a
 // ShouldRateLimit server on this machine and gRPC version.
