@@ -110,23 +110,6 @@ func listeners(gw *gatewayv1.Gateway) []gatewayconfig.Listener {
 	return out
 }
 
-// GenerateGatewayConfig renders, for each Gateway, its generated
-// configuration of every flavor, keyed by GatewayConfigKey. A Gateway the
-// generators refuse is reported in the error and left out; the others
-// are still rendered.
-func GenerateGatewayConfig(gateways []*gatewayconfig.Gateway, svc gatewayconfig.Service) (map[string]string, error) {
-	gens := make([]generated, len(gateways))
-	for i, gw := range gateways {
-		gens[i].gw = gw
-	}
-	genErr := generateObjects(gens, svc)
-	data, err := renderObjects(gens)
-	if err != nil {
-		return nil, err
-	}
-	return data, genErr
-}
-
 // generateObjects fills in each Gateway's objects of every flavor. A
 // Gateway the generators refuse is reported in the error and keeps no
 // objects; the others are still generated.
